@@ -1,0 +1,188 @@
+//! Unvalidated documents: the shapes that are read from JSON and checked.
+//!
+//! A draft has public fields and no invariants. It is what a document
+//! deserializes into before validation, and what a caller fills in to build
+//! a value: `TrainRunInfo::try_from(draft)` (or [`TrainRunInfoDraft::validate`])
+//! checks every rule and returns a [`ValidationError`](crate::ValidationError)
+//! that names the field path and the rule.
+//!
+//! The JSON Schemas of this crate are the schemas of these drafts, with the
+//! rules that a schema can express (lengths, patterns, minimums); the rules
+//! that span fields (ranks, nodes, times) are in the descriptions.
+
+use serde::{Deserialize, Serialize};
+
+use crate::resources::Resources;
+use crate::status::{ActorStatus, RunCause, RunStatus};
+
+/// One worker of a run, unvalidated.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[cfg_attr(
+    feature = "schemars",
+    schemars(
+        rename = "TrainWorkerInfo",
+        description = "One worker of a training run, as Ray's V1 `TrainWorkerInfo`. Across a run's workers: world ranks are exactly 0..n-1; on each node, local ranks are unique and one node rank is used; distinct nodes have distinct node ranks."
+    )
+)]
+pub struct TrainWorkerInfoDraft {
+    /// The worker's actor id. Non-empty, at most 1,024 characters, no control characters.
+    #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = 1024)))]
+    pub actor_id: String,
+    /// Rank among all workers of the run: the workers' world ranks are exactly 0..n-1.
+    pub world_rank: u32,
+    /// Rank among the workers on the same node; unique per node.
+    pub local_rank: u32,
+    /// Rank of the worker's node; one per node, distinct nodes have distinct node ranks.
+    pub node_rank: u32,
+    /// Id of the node the worker runs on. Non-empty, at most 1,024 characters, no control characters.
+    #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = 1024)))]
+    pub node_id: String,
+    /// IP address (IPv4 or IPv6) of the node the worker runs on.
+    pub node_ip: String,
+    /// Process id of the worker, greater than 0.
+    #[cfg_attr(feature = "schemars", schemars(range(min = 1)))]
+    pub pid: u32,
+    /// Ids of the GPUs the worker sees, unique within the worker.
+    #[cfg_attr(feature = "schemars", schemars(extend("uniqueItems" = true)))]
+    pub gpu_ids: Vec<u32>,
+    /// Whether the worker's process is alive. Unconstrained by the run's status.
+    pub status: ActorStatus,
+    /// Resources allocated to the worker: name to amount (finite, ≥ 0).
+    pub resources: Resources,
+    /// Path of the worker's log file on its node, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_log_file_path: Option<String>,
+}
+
+/// One dataset of a run, unvalidated.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[cfg_attr(
+    feature = "schemars",
+    schemars(
+        rename = "TrainDatasetInfo",
+        description = "One dataset of a training run, as Ray's V1 `TrainDatasetInfo`."
+    )
+)]
+pub struct TrainDatasetInfoDraft {
+    /// The key the trainer was given the dataset under; unique within a run.
+    #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = 1024)))]
+    pub name: String,
+    /// The dataset's unique id.
+    #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = 1024)))]
+    pub dataset_uuid: String,
+    /// `<name>_<the dataset's own name>`, to find it on a data dashboard; null when unknown.
+    #[serde(default)]
+    #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = 1024)))]
+    pub dataset_name: Option<String>,
+}
+
+/// One worker group of a run (the first, or one after an elastic resize or
+/// a restart after a failure), unvalidated.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[cfg_attr(
+    feature = "schemars",
+    schemars(
+        rename = "RunAttempt",
+        description = "Extension: one worker group of a run (the first, or one started by an elastic resize or a restart after a failure)."
+    )
+)]
+pub struct RunAttemptDraft {
+    /// Id chosen by the caller; unique within the run.
+    #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = 1024)))]
+    pub attempt_id: String,
+    /// When the attempt's workers started (Unix ms).
+    pub start_time_ms: u64,
+    /// When the attempt ended (Unix ms); null for the current attempt of a live run.
+    #[serde(default)]
+    pub end_time_ms: Option<u64>,
+    /// The attempt's workers, sorted by world rank. Present on ended attempts; absent on
+    /// the current (last) attempt, whose workers are the run's `workers`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workers: Option<Vec<TrainWorkerInfoDraft>>,
+}
+
+/// One training run, unvalidated.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[cfg_attr(
+    feature = "schemars",
+    schemars(
+        rename = "TrainRunInfo",
+        description = "One training run, as Ray's V1 `TrainRunInfo`, with trainstate's extensions. Workers are sorted by world rank; a RUNNING run has a null end_time_ms; end_time_ms, when set, is not before start_time_ms."
+    )
+)]
+pub struct TrainRunInfoDraft {
+    /// The run's name. Non-empty, at most 1,024 characters, no control characters.
+    #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = 1024)))]
+    pub name: String,
+    /// The run's id: `^[A-Za-z0-9_-]{1,128}$`.
+    #[cfg_attr(feature = "schemars", schemars(with = "crate::RunId"))]
+    pub id: String,
+    /// The id of the job that started the run.
+    #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = 1024)))]
+    pub job_id: String,
+    /// The actor id of the run's controller.
+    #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = 1024)))]
+    pub controller_actor_id: String,
+    /// The workers of the current attempt, sorted by world rank (0..n-1).
+    pub workers: Vec<TrainWorkerInfoDraft>,
+    /// The datasets given to the trainer.
+    pub datasets: Vec<TrainDatasetInfoDraft>,
+    /// The run's status. `STARTED` is read as `RUNNING`.
+    pub run_status: RunStatus,
+    /// Human-readable detail of the status; `""` when there is nothing to say.
+    /// Any text but NUL, at most 50,100 characters.
+    #[serde(default)]
+    #[cfg_attr(feature = "schemars", schemars(length(max = 50100)))]
+    pub status_detail: String,
+    /// When the run started (Unix ms).
+    pub start_time_ms: u64,
+    /// When the run ended (Unix ms); null while the run is live. Not before `start_time_ms`.
+    #[serde(default)]
+    pub end_time_ms: Option<u64>,
+    /// Each worker's resources, in the order of `workers`. Derived from `workers` when absent.
+    #[serde(default)]
+    pub resources: Option<Vec<Resources>>,
+    /// Extension: every attempt (worker group) of the run, oldest first. The last is the
+    /// current one. Empty for runs reported without attempt history (as Ray reports them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attempts: Vec<RunAttemptDraft>,
+    /// Extension: when the run's controller was last heard from (Unix ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heartbeat_ms: Option<u64>,
+    /// Extension: the machine-readable cause of an `ERRORED` or `ABORTED` run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<RunCause>,
+    /// Extension: the id of the run this run was restored from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schemars", schemars(with = "Option<crate::RunId>"))]
+    pub restored_from: Option<String>,
+    /// Path of the controller's log file on the head, when known (Ray's later V1 name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub controller_log_file_path: Option<String>,
+}
+
+impl TrainRunInfoDraft {
+    /// Checks every rule and returns the validated run.
+    pub fn validate(self) -> Result<crate::TrainRunInfo, crate::ValidationError> {
+        crate::TrainRunInfo::try_from(self)
+    }
+}
+
+impl TrainWorkerInfoDraft {
+    /// Checks every rule of a single worker (the rules across workers need the
+    /// whole run) and returns the validated worker.
+    pub fn validate(self) -> Result<crate::TrainWorkerInfo, crate::ValidationError> {
+        crate::TrainWorkerInfo::try_from(self)
+    }
+}
+
+impl TrainDatasetInfoDraft {
+    /// Checks every rule and returns the validated dataset.
+    pub fn validate(self) -> Result<crate::TrainDatasetInfo, crate::ValidationError> {
+        crate::TrainDatasetInfo::try_from(self)
+    }
+}

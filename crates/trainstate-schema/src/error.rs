@@ -1,0 +1,176 @@
+//! The one error of this crate: a value broke a rule of the wire format.
+
+use std::fmt;
+
+/// A document or value broke one rule of the wire format.
+///
+/// It names the field by its path in the JSON document (for example
+/// `workers[3].world_rank`) and the rule that was broken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidationError {
+    field: String,
+    rule: Rule,
+}
+
+impl ValidationError {
+    /// Builds an error for `field` (a JSON path such as `workers[3].pid`).
+    pub fn new(field: impl Into<String>, rule: Rule) -> Self {
+        Self { field: field.into(), rule }
+    }
+
+    /// The path of the offending field, for example `workers[3].world_rank`.
+    pub fn field(&self) -> &str {
+        &self.field
+    }
+
+    /// The rule that was broken.
+    pub fn rule(&self) -> &Rule {
+        &self.rule
+    }
+}
+
+impl fmt::Display for ValidationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.rule)
+    }
+}
+
+impl std::error::Error for ValidationError {}
+
+/// The rules of the wire format, one variant each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Rule {
+    /// A run id must match `^[A-Za-z0-9_-]{1,128}$`.
+    RunIdFormat,
+    /// The text must not be empty.
+    Empty,
+    /// The text is longer than the limit, counted in characters.
+    TooLong {
+        /// The limit, in characters.
+        max: usize,
+    },
+    /// The text contains a control character.
+    ControlCharacter,
+    /// The text contains a NUL character.
+    NulCharacter,
+    /// The list is longer than the limit.
+    TooMany {
+        /// The limit, in items.
+        max: usize,
+    },
+    /// Two workers have the same `world_rank`.
+    DuplicateWorldRank {
+        /// The rank that appears twice.
+        rank: u32,
+    },
+    /// A `world_rank` is outside `0..n` for `n` workers.
+    WorldRankOutOfRange {
+        /// The rank.
+        rank: u32,
+        /// The number of workers.
+        workers: usize,
+    },
+    /// Two workers on the same node have the same `local_rank`.
+    DuplicateLocalRank {
+        /// The rank that appears twice on the node.
+        rank: u32,
+    },
+    /// Workers on one node disagree about the node's `node_rank`.
+    InconsistentNodeRank {
+        /// The node rank given by the first worker on the node.
+        expected: u32,
+    },
+    /// Two distinct nodes have the same `node_rank`.
+    NodeRankShared {
+        /// The node rank used by both nodes.
+        rank: u32,
+    },
+    /// The text is not an IPv4 or IPv6 address.
+    IpAddress,
+    /// A pid must be greater than zero.
+    PidZero,
+    /// A GPU id appears twice on one worker.
+    DuplicateGpuId {
+        /// The GPU id that appears twice.
+        gpu_id: u32,
+    },
+    /// A resource amount must be finite.
+    NotFinite,
+    /// A resource amount must be zero or more.
+    Negative,
+    /// Two datasets of a run have the same `name`.
+    DuplicateDatasetName,
+    /// Two attempts of a run have the same `attempt_id`.
+    DuplicateAttemptId,
+    /// A live (`RUNNING`) run has no end time.
+    EndTimeWhileRunning,
+    /// An end time is before its start time.
+    EndBeforeStart,
+    /// A time is before the start of the run or of the attempt before it.
+    StartBeforePrevious,
+    /// The run's `resources` must list each worker's `resources`, in worker order.
+    ResourcesMismatch,
+    /// An ended attempt must list its workers and its end time.
+    EndedAttemptIncomplete,
+    /// The current (last) attempt's workers are the run's `workers`; it must not list its own.
+    CurrentAttemptHasWorkers,
+    /// The current attempt of a live run has no end time.
+    CurrentAttemptEnded,
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rule::RunIdFormat => f.write_str("must match ^[A-Za-z0-9_-]{1,128}$"),
+            Rule::Empty => f.write_str("must not be empty"),
+            Rule::TooLong { max } => write!(f, "must be at most {max} characters"),
+            Rule::ControlCharacter => f.write_str("must not contain control characters"),
+            Rule::NulCharacter => f.write_str("must not contain NUL characters"),
+            Rule::TooMany { max } => write!(f, "must have at most {max} items"),
+            Rule::DuplicateWorldRank { rank } => {
+                write!(f, "world_rank {rank} is used by more than one worker")
+            }
+            Rule::WorldRankOutOfRange { rank, workers } => write!(
+                f,
+                "world_rank {rank} is out of range: world ranks of {workers} workers are 0..{workers}"
+            ),
+            Rule::DuplicateLocalRank { rank } => {
+                write!(f, "local_rank {rank} is used twice on this node")
+            }
+            Rule::InconsistentNodeRank { expected } => write!(
+                f,
+                "all workers on one node_id must share one node_rank (first seen: {expected})"
+            ),
+            Rule::NodeRankShared { rank } => {
+                write!(f, "node_rank {rank} is used by more than one node_id")
+            }
+            Rule::IpAddress => f.write_str("must be an IPv4 or IPv6 address"),
+            Rule::PidZero => f.write_str("must be greater than 0"),
+            Rule::DuplicateGpuId { gpu_id } => {
+                write!(f, "gpu id {gpu_id} appears twice on this worker")
+            }
+            Rule::NotFinite => f.write_str("must be a finite number"),
+            Rule::Negative => f.write_str("must be zero or more"),
+            Rule::DuplicateDatasetName => f.write_str("dataset names must be unique within a run"),
+            Rule::DuplicateAttemptId => f.write_str("attempt ids must be unique within a run"),
+            Rule::EndTimeWhileRunning => f.write_str("must be null while the run is RUNNING"),
+            Rule::EndBeforeStart => f.write_str("must not be before the start time"),
+            Rule::StartBeforePrevious => {
+                f.write_str("must not be before the run's start or the previous attempt's start")
+            }
+            Rule::ResourcesMismatch => {
+                f.write_str("must list each worker's resources, in the order of workers")
+            }
+            Rule::EndedAttemptIncomplete => {
+                f.write_str("an ended attempt must list its workers and its end_time_ms")
+            }
+            Rule::CurrentAttemptHasWorkers => f.write_str(
+                "the current (last) attempt must not list workers: its workers are the run's workers",
+            ),
+            Rule::CurrentAttemptEnded => {
+                f.write_str("the current attempt of a RUNNING run must have end_time_ms null")
+            }
+        }
+    }
+}

@@ -1,0 +1,39 @@
+//! Size limits of the wire format.
+//!
+//! Every limit is generous enough for the largest training runs seen in
+//! practice (32,768 workers over 4,096 nodes with 8 GPUs each) and small
+//! enough that one document cannot exhaust the head's memory.
+
+/// Longest run id, in characters. Run ids appear in URL paths.
+pub const MAX_RUN_ID_LEN: usize = 128;
+
+/// Longest name or non-run id (`job_id`, `actor_id`, `node_id`, ...), in characters.
+pub const MAX_NAME_LEN: usize = 1_024;
+
+/// Longest file path (log file paths), in characters.
+pub const MAX_PATH_LEN: usize = 4_096;
+
+/// Longest error trace kept in a `status_detail`, in characters.
+///
+/// Ray keeps the last 50,000 characters of a worker's traceback.
+pub const MAX_TRACE_LEN: usize = 50_000;
+
+/// Longest `status_detail`, in characters: Ray's
+/// `Rank {r} worker raised an error. \n` prefix plus a trace of
+/// [`MAX_TRACE_LEN`] characters.
+pub const MAX_STATUS_DETAIL_LEN: usize = 50_100;
+
+/// Most workers in one run (or one attempt).
+pub const MAX_WORKERS: usize = 65_536;
+
+/// Most GPU ids on one worker.
+pub const MAX_GPUS_PER_WORKER: usize = 1_024;
+
+/// Most resource entries on one worker.
+pub const MAX_RESOURCES_PER_WORKER: usize = 256;
+
+/// Most datasets in one run.
+pub const MAX_DATASETS: usize = 1_024;
+
+/// Most attempts (worker groups) kept in one run's history.
+pub const MAX_ATTEMPTS: usize = 256;

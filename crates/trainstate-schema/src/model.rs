@@ -1,0 +1,617 @@
+//! The validated wire types: immutable values that always obey the rules.
+
+use std::collections::HashSet;
+
+use serde::ser::SerializeStruct;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::draft::{
+    RunAttemptDraft, TrainDatasetInfoDraft, TrainRunInfoDraft, TrainWorkerInfoDraft,
+};
+use crate::error::{Rule, ValidationError};
+use crate::id::RunId;
+use crate::limits::{MAX_ATTEMPTS, MAX_DATASETS};
+use crate::resources::Resources;
+use crate::status::{ActorStatus, RunCause, RunStatus};
+use crate::validate;
+
+/// One worker of a run, as Ray's `TrainWorkerInfo`.
+///
+/// Built from a [`TrainWorkerInfoDraft`] (or deserialized), which checks the
+/// rules of a single worker; the rules across workers are checked by the run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TrainWorkerInfo {
+    actor_id: String,
+    world_rank: u32,
+    local_rank: u32,
+    node_rank: u32,
+    node_id: String,
+    node_ip: String,
+    pid: u32,
+    gpu_ids: Vec<u32>,
+    status: ActorStatus,
+    resources: Resources,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    worker_log_file_path: Option<String>,
+}
+
+impl TrainWorkerInfo {
+    /// The worker's actor id.
+    pub fn actor_id(&self) -> &str {
+        &self.actor_id
+    }
+    /// Rank among all workers of the run.
+    pub fn world_rank(&self) -> u32 {
+        self.world_rank
+    }
+    /// Rank among the workers on the same node.
+    pub fn local_rank(&self) -> u32 {
+        self.local_rank
+    }
+    /// Rank of the worker's node.
+    pub fn node_rank(&self) -> u32 {
+        self.node_rank
+    }
+    /// Id of the worker's node.
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+    /// IP address of the worker's node, as reported.
+    pub fn node_ip(&self) -> &str {
+        &self.node_ip
+    }
+    /// Process id of the worker.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+    /// GPU ids the worker sees.
+    pub fn gpu_ids(&self) -> &[u32] {
+        &self.gpu_ids
+    }
+    /// Whether the worker's process is alive.
+    pub fn status(&self) -> ActorStatus {
+        self.status
+    }
+    /// Resources allocated to the worker.
+    pub fn resources(&self) -> &Resources {
+        &self.resources
+    }
+    /// Path of the worker's log file, when known.
+    pub fn worker_log_file_path(&self) -> Option<&str> {
+        self.worker_log_file_path.as_deref()
+    }
+
+    /// True when both describe the same worker, whatever their `status`.
+    pub fn same_identity(&self, other: &TrainWorkerInfo) -> bool {
+        let Self { status: _, .. } = self;
+        self.actor_id == other.actor_id
+            && self.world_rank == other.world_rank
+            && self.local_rank == other.local_rank
+            && self.node_rank == other.node_rank
+            && self.node_id == other.node_id
+            && self.node_ip == other.node_ip
+            && self.pid == other.pid
+            && self.gpu_ids == other.gpu_ids
+            && self.resources == other.resources
+            && self.worker_log_file_path == other.worker_log_file_path
+    }
+
+    /// The unvalidated form, to change and validate again.
+    pub fn into_draft(self) -> TrainWorkerInfoDraft {
+        TrainWorkerInfoDraft {
+            actor_id: self.actor_id,
+            world_rank: self.world_rank,
+            local_rank: self.local_rank,
+            node_rank: self.node_rank,
+            node_id: self.node_id,
+            node_ip: self.node_ip,
+            pid: self.pid,
+            gpu_ids: self.gpu_ids,
+            status: self.status,
+            resources: self.resources,
+            worker_log_file_path: self.worker_log_file_path,
+        }
+    }
+
+    fn from_checked(d: TrainWorkerInfoDraft) -> Self {
+        Self {
+            actor_id: d.actor_id,
+            world_rank: d.world_rank,
+            local_rank: d.local_rank,
+            node_rank: d.node_rank,
+            node_id: d.node_id,
+            node_ip: d.node_ip,
+            pid: d.pid,
+            gpu_ids: d.gpu_ids,
+            status: d.status,
+            resources: d.resources,
+            worker_log_file_path: d.worker_log_file_path,
+        }
+    }
+}
+
+impl TryFrom<TrainWorkerInfoDraft> for TrainWorkerInfo {
+    type Error = ValidationError;
+
+    fn try_from(draft: TrainWorkerInfoDraft) -> Result<Self, ValidationError> {
+        validate::worker("", &draft)?;
+        Ok(Self::from_checked(draft))
+    }
+}
+
+/// One dataset of a run, as Ray's `TrainDatasetInfo`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TrainDatasetInfo {
+    name: String,
+    dataset_uuid: String,
+    dataset_name: Option<String>,
+}
+
+impl TrainDatasetInfo {
+    /// The key the trainer was given the dataset under.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// The dataset's unique id.
+    pub fn dataset_uuid(&self) -> &str {
+        &self.dataset_uuid
+    }
+    /// `<name>_<the dataset's own name>`, when known.
+    pub fn dataset_name(&self) -> Option<&str> {
+        self.dataset_name.as_deref()
+    }
+
+    /// The unvalidated form, to change and validate again.
+    pub fn into_draft(self) -> TrainDatasetInfoDraft {
+        TrainDatasetInfoDraft {
+            name: self.name,
+            dataset_uuid: self.dataset_uuid,
+            dataset_name: self.dataset_name,
+        }
+    }
+
+    fn check(prefix: &str, d: &TrainDatasetInfoDraft) -> Result<(), ValidationError> {
+        validate::name(|| format!("{prefix}name"), &d.name)?;
+        validate::name(|| format!("{prefix}dataset_uuid"), &d.dataset_uuid)?;
+        if let Some(dataset_name) = &d.dataset_name {
+            validate::name(|| format!("{prefix}dataset_name"), dataset_name)?;
+        }
+        Ok(())
+    }
+}
+
+impl TryFrom<TrainDatasetInfoDraft> for TrainDatasetInfo {
+    type Error = ValidationError;
+
+    fn try_from(draft: TrainDatasetInfoDraft) -> Result<Self, ValidationError> {
+        Self::check("", &draft)?;
+        Ok(Self {
+            name: draft.name,
+            dataset_uuid: draft.dataset_uuid,
+            dataset_name: draft.dataset_name,
+        })
+    }
+}
+
+/// One worker group of a run: the first, or one started by an elastic resize
+/// or a restart after a failure.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunAttempt {
+    attempt_id: String,
+    start_time_ms: u64,
+    end_time_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    workers: Option<Vec<TrainWorkerInfo>>,
+}
+
+impl RunAttempt {
+    /// Id chosen by the caller, unique within the run.
+    pub fn attempt_id(&self) -> &str {
+        &self.attempt_id
+    }
+    /// When the attempt started (Unix ms).
+    pub fn start_time_ms(&self) -> u64 {
+        self.start_time_ms
+    }
+    /// When the attempt ended (Unix ms), if it has.
+    pub fn end_time_ms(&self) -> Option<u64> {
+        self.end_time_ms
+    }
+    /// The workers of an ended attempt; `None` for the current attempt,
+    /// whose workers are the run's [`TrainRunInfo::workers`].
+    pub fn workers(&self) -> Option<&[TrainWorkerInfo]> {
+        self.workers.as_deref()
+    }
+
+    /// The unvalidated form, to change and validate again.
+    pub fn into_draft(self) -> RunAttemptDraft {
+        RunAttemptDraft {
+            attempt_id: self.attempt_id,
+            start_time_ms: self.start_time_ms,
+            end_time_ms: self.end_time_ms,
+            workers: self
+                .workers
+                .map(|ws| ws.into_iter().map(TrainWorkerInfo::into_draft).collect()),
+        }
+    }
+}
+
+/// One training run, as Ray's V1 `TrainRunInfo`, with trainstate's extensions.
+///
+/// A value always obeys every rule of the wire format: it is built from a
+/// [`TrainRunInfoDraft`] through [`TryFrom`] (or [`TrainRunInfoDraft::validate`]),
+/// and deserializing runs the same checks. Workers are sorted by world rank.
+/// To change a run, take its draft ([`TrainRunInfo::into_draft`]), change it,
+/// and validate it again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainRunInfo {
+    name: String,
+    id: RunId,
+    job_id: String,
+    controller_actor_id: String,
+    workers: Vec<TrainWorkerInfo>,
+    datasets: Vec<TrainDatasetInfo>,
+    run_status: RunStatus,
+    status_detail: String,
+    start_time_ms: u64,
+    end_time_ms: Option<u64>,
+    attempts: Vec<RunAttempt>,
+    last_heartbeat_ms: Option<u64>,
+    cause: Option<RunCause>,
+    restored_from: Option<RunId>,
+    controller_log_file_path: Option<String>,
+}
+
+impl TrainRunInfo {
+    /// The run's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// The run's id.
+    pub fn id(&self) -> &RunId {
+        &self.id
+    }
+    /// The id of the job that started the run.
+    pub fn job_id(&self) -> &str {
+        &self.job_id
+    }
+    /// The actor id of the run's controller.
+    pub fn controller_actor_id(&self) -> &str {
+        &self.controller_actor_id
+    }
+    /// The workers of the current attempt, sorted by world rank.
+    pub fn workers(&self) -> &[TrainWorkerInfo] {
+        &self.workers
+    }
+    /// The datasets given to the trainer.
+    pub fn datasets(&self) -> &[TrainDatasetInfo] {
+        &self.datasets
+    }
+    /// The run's status.
+    pub fn run_status(&self) -> RunStatus {
+        self.run_status
+    }
+    /// Human-readable detail of the status; empty when there is nothing to say.
+    pub fn status_detail(&self) -> &str {
+        &self.status_detail
+    }
+    /// When the run started (Unix ms).
+    pub fn start_time_ms(&self) -> u64 {
+        self.start_time_ms
+    }
+    /// When the run ended (Unix ms); `None` while it is live.
+    pub fn end_time_ms(&self) -> Option<u64> {
+        self.end_time_ms
+    }
+    /// Every attempt (worker group), oldest first; the last is the current one.
+    pub fn attempts(&self) -> &[RunAttempt] {
+        &self.attempts
+    }
+    /// When the controller was last heard from (Unix ms).
+    pub fn last_heartbeat_ms(&self) -> Option<u64> {
+        self.last_heartbeat_ms
+    }
+    /// The machine-readable cause of an `ERRORED` or `ABORTED` run.
+    pub fn cause(&self) -> Option<RunCause> {
+        self.cause
+    }
+    /// The run this one was restored from.
+    pub fn restored_from(&self) -> Option<&RunId> {
+        self.restored_from.as_ref()
+    }
+    /// Path of the controller's log file, when known.
+    pub fn controller_log_file_path(&self) -> Option<&str> {
+        self.controller_log_file_path.as_deref()
+    }
+
+    /// The workers of the run's first attempt: part of its static metadata.
+    pub fn first_attempt_workers(&self) -> &[TrainWorkerInfo] {
+        self.attempts.first().and_then(RunAttempt::workers).unwrap_or(&self.workers)
+    }
+
+    /// True when both have the same static metadata: `name`, `id`, `job_id`,
+    /// `controller_actor_id`, `datasets`, `start_time_ms` and the first
+    /// attempt's workers (whatever their `status`). This is what a repeated
+    /// registration of a run must match.
+    pub fn same_static_metadata(&self, other: &TrainRunInfo) -> bool {
+        let (mine, theirs) = (self.first_attempt_workers(), other.first_attempt_workers());
+        self.name == other.name
+            && self.id == other.id
+            && self.job_id == other.job_id
+            && self.controller_actor_id == other.controller_actor_id
+            && self.datasets == other.datasets
+            && self.start_time_ms == other.start_time_ms
+            && mine.len() == theirs.len()
+            && mine.iter().zip(theirs).all(|(a, b)| a.same_identity(b))
+    }
+
+    /// The unvalidated form, to change and validate again.
+    pub fn into_draft(self) -> TrainRunInfoDraft {
+        TrainRunInfoDraft {
+            name: self.name,
+            id: self.id.as_str().to_owned(),
+            job_id: self.job_id,
+            controller_actor_id: self.controller_actor_id,
+            workers: self.workers.into_iter().map(TrainWorkerInfo::into_draft).collect(),
+            datasets: self.datasets.into_iter().map(TrainDatasetInfo::into_draft).collect(),
+            run_status: self.run_status,
+            status_detail: self.status_detail,
+            start_time_ms: self.start_time_ms,
+            end_time_ms: self.end_time_ms,
+            resources: None,
+            attempts: self.attempts.into_iter().map(RunAttempt::into_draft).collect(),
+            last_heartbeat_ms: self.last_heartbeat_ms,
+            cause: self.cause,
+            restored_from: self.restored_from.map(|id| id.as_str().to_owned()),
+            controller_log_file_path: self.controller_log_file_path,
+        }
+    }
+}
+
+/// Validates a list of workers and returns them sorted by world rank.
+fn checked_workers(
+    prefix: &str,
+    drafts: Vec<TrainWorkerInfoDraft>,
+) -> Result<Vec<TrainWorkerInfo>, ValidationError> {
+    let order = validate::workers(prefix, &drafts)?;
+    let mut slots: Vec<Option<TrainWorkerInfoDraft>> = drafts.into_iter().map(Some).collect();
+    Ok(order
+        .into_iter()
+        .filter_map(|i| slots[i].take())
+        .map(TrainWorkerInfo::from_checked)
+        .collect())
+}
+
+impl TryFrom<TrainRunInfoDraft> for TrainRunInfo {
+    type Error = ValidationError;
+
+    fn try_from(d: TrainRunInfoDraft) -> Result<Self, ValidationError> {
+        validate::name(|| "name".into(), &d.name)?;
+        RunId::check(&d.id).map_err(|rule| ValidationError::new("id", rule))?;
+        validate::name(|| "job_id".into(), &d.job_id)?;
+        validate::name(|| "controller_actor_id".into(), &d.controller_actor_id)?;
+
+        if let Some(resources) = &d.resources {
+            let matches = resources.len() == d.workers.len()
+                && resources.iter().zip(&d.workers).all(|(r, w)| *r == w.resources);
+            if !matches {
+                return Err(ValidationError::new("resources", Rule::ResourcesMismatch));
+            }
+        }
+        let workers = checked_workers("workers", d.workers)?;
+
+        if d.datasets.len() > MAX_DATASETS {
+            return Err(ValidationError::new("datasets", Rule::TooMany { max: MAX_DATASETS }));
+        }
+        let mut dataset_names = HashSet::with_capacity(d.datasets.len());
+        for (i, dataset) in d.datasets.iter().enumerate() {
+            TrainDatasetInfo::check(&format!("datasets[{i}]."), dataset)?;
+            if !dataset_names.insert(dataset.name.as_str()) {
+                return Err(ValidationError::new(
+                    format!("datasets[{i}].name"),
+                    Rule::DuplicateDatasetName,
+                ));
+            }
+        }
+        let datasets = d
+            .datasets
+            .into_iter()
+            .map(|ds| TrainDatasetInfo {
+                name: ds.name,
+                dataset_uuid: ds.dataset_uuid,
+                dataset_name: ds.dataset_name,
+            })
+            .collect();
+
+        validate::status_detail(&d.status_detail)?;
+        if let Some(end) = d.end_time_ms {
+            if d.run_status == RunStatus::Running {
+                return Err(ValidationError::new("end_time_ms", Rule::EndTimeWhileRunning));
+            }
+            if end < d.start_time_ms {
+                return Err(ValidationError::new("end_time_ms", Rule::EndBeforeStart));
+            }
+        }
+
+        let attempts = checked_attempts(d.attempts, d.start_time_ms, d.run_status)?;
+
+        let restored_from = match d.restored_from {
+            Some(text) => {
+                RunId::check(&text).map_err(|rule| ValidationError::new("restored_from", rule))?;
+                Some(RunId::from_checked(text))
+            }
+            None => None,
+        };
+        if let Some(path) = &d.controller_log_file_path {
+            validate::file_path(|| "controller_log_file_path".into(), path)?;
+        }
+
+        Ok(Self {
+            name: d.name,
+            id: RunId::from_checked(d.id),
+            job_id: d.job_id,
+            controller_actor_id: d.controller_actor_id,
+            workers,
+            datasets,
+            run_status: d.run_status,
+            status_detail: d.status_detail,
+            start_time_ms: d.start_time_ms,
+            end_time_ms: d.end_time_ms,
+            attempts,
+            last_heartbeat_ms: d.last_heartbeat_ms,
+            cause: d.cause,
+            restored_from,
+            controller_log_file_path: d.controller_log_file_path,
+        })
+    }
+}
+
+fn checked_attempts(
+    drafts: Vec<RunAttemptDraft>,
+    run_start_ms: u64,
+    status: RunStatus,
+) -> Result<Vec<RunAttempt>, ValidationError> {
+    if drafts.len() > MAX_ATTEMPTS {
+        return Err(ValidationError::new("attempts", Rule::TooMany { max: MAX_ATTEMPTS }));
+    }
+    let last = drafts.len().saturating_sub(1);
+    let mut ids = HashSet::with_capacity(drafts.len());
+    let mut previous_start = run_start_ms;
+    let mut attempts = Vec::with_capacity(drafts.len());
+    for (i, a) in drafts.into_iter().enumerate() {
+        let path = |field: &str| format!("attempts[{i}].{field}");
+        validate::name(|| path("attempt_id"), &a.attempt_id)?;
+        if !ids.insert(a.attempt_id.clone()) {
+            return Err(ValidationError::new(path("attempt_id"), Rule::DuplicateAttemptId));
+        }
+        if a.start_time_ms < previous_start {
+            return Err(ValidationError::new(path("start_time_ms"), Rule::StartBeforePrevious));
+        }
+        previous_start = a.start_time_ms;
+        if a.end_time_ms.is_some_and(|end| end < a.start_time_ms) {
+            return Err(ValidationError::new(path("end_time_ms"), Rule::EndBeforeStart));
+        }
+        let workers = if i == last {
+            if a.workers.is_some() {
+                return Err(ValidationError::new(path("workers"), Rule::CurrentAttemptHasWorkers));
+            }
+            if status == RunStatus::Running && a.end_time_ms.is_some() {
+                return Err(ValidationError::new(path("end_time_ms"), Rule::CurrentAttemptEnded));
+            }
+            None
+        } else {
+            match (a.workers, a.end_time_ms) {
+                (Some(workers), Some(_)) => Some(checked_workers(&path("workers"), workers)?),
+                (None, _) => {
+                    return Err(ValidationError::new(
+                        path("workers"),
+                        Rule::EndedAttemptIncomplete,
+                    ));
+                }
+                (Some(_), None) => {
+                    return Err(ValidationError::new(
+                        path("end_time_ms"),
+                        Rule::EndedAttemptIncomplete,
+                    ));
+                }
+            }
+        };
+        attempts.push(RunAttempt {
+            attempt_id: a.attempt_id,
+            start_time_ms: a.start_time_ms,
+            end_time_ms: a.end_time_ms,
+            workers,
+        });
+    }
+    Ok(attempts)
+}
+
+impl Serialize for TrainRunInfo {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        struct EachWorkersResources<'a>(&'a [TrainWorkerInfo]);
+        impl Serialize for EachWorkersResources<'_> {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_seq(self.0.iter().map(TrainWorkerInfo::resources))
+            }
+        }
+
+        let extensions = usize::from(!self.attempts.is_empty())
+            + usize::from(self.last_heartbeat_ms.is_some())
+            + usize::from(self.cause.is_some())
+            + usize::from(self.restored_from.is_some())
+            + usize::from(self.controller_log_file_path.is_some());
+        let mut s = serializer.serialize_struct("TrainRunInfo", 11 + extensions)?;
+        s.serialize_field("name", &self.name)?;
+        s.serialize_field("id", &self.id)?;
+        s.serialize_field("job_id", &self.job_id)?;
+        s.serialize_field("controller_actor_id", &self.controller_actor_id)?;
+        s.serialize_field("workers", &self.workers)?;
+        s.serialize_field("datasets", &self.datasets)?;
+        s.serialize_field("run_status", &self.run_status)?;
+        s.serialize_field("status_detail", &self.status_detail)?;
+        s.serialize_field("start_time_ms", &self.start_time_ms)?;
+        s.serialize_field("end_time_ms", &self.end_time_ms)?;
+        s.serialize_field("resources", &EachWorkersResources(&self.workers))?;
+        if !self.attempts.is_empty() {
+            s.serialize_field("attempts", &self.attempts)?;
+        }
+        if let Some(at) = self.last_heartbeat_ms {
+            s.serialize_field("last_heartbeat_ms", &at)?;
+        }
+        if let Some(cause) = &self.cause {
+            s.serialize_field("cause", cause)?;
+        }
+        if let Some(id) = &self.restored_from {
+            s.serialize_field("restored_from", id)?;
+        }
+        if let Some(path) = &self.controller_log_file_path {
+            s.serialize_field("controller_log_file_path", path)?;
+        }
+        s.end()
+    }
+}
+
+/// Deserializes through the draft and validates it: an invalid document
+/// never becomes a value. The error message names the field path and rule.
+macro_rules! deserialize_through_draft {
+    ($($validated:ident <- $draft:ident),* $(,)?) => {$(
+        impl<'de> Deserialize<'de> for $validated {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let draft = $draft::deserialize(deserializer)?;
+                $validated::try_from(draft).map_err(serde::de::Error::custom)
+            }
+        }
+
+        #[cfg(feature = "schemars")]
+        impl schemars::JsonSchema for $validated {
+            fn schema_name() -> std::borrow::Cow<'static, str> {
+                <$draft as schemars::JsonSchema>::schema_name()
+            }
+
+            fn schema_id() -> std::borrow::Cow<'static, str> {
+                <$draft as schemars::JsonSchema>::schema_id()
+            }
+
+            fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+                <$draft as schemars::JsonSchema>::json_schema(generator)
+            }
+        }
+    )*};
+}
+
+deserialize_through_draft! {
+    TrainRunInfo <- TrainRunInfoDraft,
+    TrainWorkerInfo <- TrainWorkerInfoDraft,
+    TrainDatasetInfo <- TrainDatasetInfoDraft,
+}
+
+#[cfg(feature = "schemars")]
+impl schemars::JsonSchema for RunAttempt {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        <RunAttemptDraft as schemars::JsonSchema>::schema_name()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        <RunAttemptDraft as schemars::JsonSchema>::json_schema(generator)
+    }
+}

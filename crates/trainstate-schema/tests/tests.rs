@@ -1,0 +1,7 @@
+//! Integration tests of trainstate-schema: one binary, one module per concern.
+
+mod common;
+mod compat;
+mod invalid;
+mod properties;
+mod schema;

@@ -1,0 +1,11 @@
+//! Code generation for trainstate: the committed JSON Schemas and schema docs.
+//!
+//! Every generated file is a pure function of the Rust types, so the same
+//! generator writes the files (`cargo xtask codegen`), checks them
+//! (`cargo xtask codegen --check`) and runs in-process in a test that fails
+//! when a committed file is stale.
+
+mod codegen;
+mod schema_doc;
+
+pub use codegen::{GeneratedFile, check, generated_files, workspace_root, write};

@@ -1,0 +1,42 @@
+//! `cargo xtask`: the workspace's code generator.
+
+use std::process::ExitCode;
+
+const USAGE: &str = "usage: cargo xtask codegen [--check]
+
+  codegen          write schemas/*.schema.json and docs/schema.md
+  codegen --check  exit non-zero, naming each stale file, if any differs";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let root = xtask::workspace_root();
+    match args.as_slice() {
+        ["codegen"] => match xtask::write(&root) {
+            Ok(()) => {
+                println!("wrote {} files", xtask::generated_files().len());
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("error: writing generated files: {err}");
+                ExitCode::FAILURE
+            }
+        },
+        ["codegen", "--check"] => {
+            let stale = xtask::check(&root);
+            if stale.is_empty() {
+                println!("generated files are fresh");
+                ExitCode::SUCCESS
+            } else {
+                for path in &stale {
+                    eprintln!("stale: {path} (run `cargo xtask codegen`)");
+                }
+                ExitCode::FAILURE
+            }
+        }
+        _ => {
+            eprintln!("{USAGE}");
+            ExitCode::from(2)
+        }
+    }
+}

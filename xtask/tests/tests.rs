@@ -1,0 +1,5 @@
+//! Workspace-wide checks: generated files are fresh, and each crate keeps to
+//! the dependencies its role allows.
+
+mod dependencies;
+mod generated;
