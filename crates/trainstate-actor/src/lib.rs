@@ -1,7 +1,56 @@
-//! The trainstate state actor and head service.
+//! The trainstate state actor: a durable, supervised singleton that keeps
+//! every training run.
 //!
-//! This crate will hold the `TrainStateActor`: the run state machine, the
-//! SQLite store with group commit, retention, liveness sweeps and
-//! supervision; and the head service (HTTP API, live events, web page) with
-//! the `trainstate` binary. It is a skeleton until the state-actor work
-//! lands.
+//! [`launch_state_actor`] starts it on the head: a detached supervisor, the
+//! store (SQLite in WAL mode, or memory only) with its writer thread, and the
+//! `TrainStateActor` registered under a well-known name. Every other part of
+//! the process reaches it through a [`trainstate_client::StateHandle`].
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! use trainstate_actor::{StateConfig, launch_state_actor};
+//!
+//! let service = launch_state_actor(StateConfig::sqlite("trainstate.db")).await?;
+//! let state = service.handle();
+//! let page = state.list(Default::default()).await?;
+//! println!("{} runs", page.total);
+//! service.shutdown().await;
+//! # Ok(()) }
+//! ```
+//!
+//! The guarantees (ordering, durability, idempotency, restarts, retention,
+//! liveness) are written down in `docs/state-actor.md`.
+//!
+//! # Features
+//!
+//! - `fault-injection`: test-only hooks ([`Faults`]) that make the actor
+//!   panic or hold the store writer. Never enable it in production.
+
+mod actor;
+mod clock;
+mod config;
+mod errors;
+#[cfg(feature = "fault-injection")]
+mod faults;
+mod record;
+mod state;
+mod store;
+mod supervisor;
+mod view;
+mod writer;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use config::{
+    DEFAULT_EVENT_BACKLOG, DEFAULT_LEASE, DEFAULT_MAX_IN_FLIGHT_WRITES, DEFAULT_MAX_RUNS,
+    Retention, StateConfig, StoreConfig, Synchronous,
+};
+pub use errors::{LaunchError, StoreError};
+#[cfg(feature = "fault-injection")]
+pub use faults::Faults;
+pub use supervisor::{
+    StateService, get_or_launch_state_actor, launch_state_actor, shutdown_state_actor,
+};
+pub use writer::StoreStats;
+
+/// The schema version of the SQLite store this build writes.
+pub const STORE_SCHEMA_VERSION: u32 = store::SCHEMA_VERSION;

@@ -1,8 +1,38 @@
-//! The message protocol of the trainstate state actor and `StateHandle`,
+//! The message protocol of the trainstate state actor and [`StateHandle`],
 //! the one typed async API to it.
 //!
-//! This crate will hold the messages the `TrainStateActor` answers, the
-//! typed errors of the protocol, `StateHandle` (local, over an in-process
-//! actor reference, or remote, over HTTP behind a feature) and
-//! `get_state_actor()`, which finds the running actor and never launches one.
-//! It is a skeleton until the state-actor work lands.
+//! The state actor (in `trainstate-actor`) is a singleton registered under a
+//! well-known name. [`get_state_actor`] finds it and never launches one: a
+//! controller on a worker node must not start the head's actor.
+//!
+//! ```no_run
+//! # async fn example(run: trainstate_schema::TrainRunInfo) -> Result<(), trainstate_client::StateError> {
+//! use trainstate_client::{StatusUpdate, get_state_actor};
+//!
+//! let Some(state) = get_state_actor() else {
+//!     // No state actor in this process: run-state tracking is off.
+//!     return Ok(());
+//! };
+//! let registration = state.register(run.clone()).await?;
+//! println!("lease: {:?}", registration.lease);
+//! state.set_status(run.id().clone(), StatusUpdate::finished()).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Every call has a deadline ([`StateHandle::with_timeout`]). A handle
+//! survives restarts of the actor: it looks the actor up again by name.
+
+mod error;
+mod events;
+mod handle;
+mod protocol;
+mod query;
+
+pub use error::StateError;
+pub use events::{EventKind, StateEvent, Subscription};
+pub use handle::{DEFAULT_CALL_TIMEOUT, StateHandle, get_state_actor, get_state_actor_named};
+pub use protocol::{
+    DEFAULT_STATE_ACTOR_NAME, NewAttempt, Registration, Reply, RunDocument, StateMessage,
+    StatusUpdate,
+};
+pub use query::{Cursor, MAX_PAGE_LIMIT, RunPage, RunQuery};

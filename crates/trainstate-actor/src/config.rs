@@ -1,0 +1,189 @@
+//! The configuration of the state actor: a value, never the environment.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use trainstate_client::DEFAULT_STATE_ACTOR_NAME;
+
+use crate::clock::{Clock, SystemClock};
+
+/// The default lease of a live run: without a heartbeat for this long, the
+/// run is aborted as "lost controller".
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+
+/// The default number of runs kept.
+pub const DEFAULT_MAX_RUNS: usize = 10_000;
+
+/// The default bound on writes in flight (queued for the store, not yet
+/// committed). Past it, writes are refused as overloaded.
+pub const DEFAULT_MAX_IN_FLIGHT_WRITES: usize = 16_384;
+
+/// The default number of recent events kept so a subscriber can resume.
+pub const DEFAULT_EVENT_BACKLOG: usize = 4_096;
+
+/// How the state actor is configured.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct StateConfig {
+    /// The registry name of the actor (its supervisor is `<name>.supervisor`).
+    pub name: String,
+    /// Where runs are kept.
+    pub store: StoreConfig,
+    /// How long a live run stays live without a heartbeat.
+    pub lease: Duration,
+    /// How many ended runs are kept, and for how long.
+    pub retention: Retention,
+    /// Writes in flight past which new writes are refused as overloaded.
+    pub max_in_flight_writes: usize,
+    /// How often the liveness sweep runs; `None` picks a quarter of the lease.
+    pub sweep_interval: Option<Duration>,
+    /// How many recent events are kept for subscribers that resume.
+    pub event_backlog: usize,
+    /// The clock that leases, end times and retention ages are read from.
+    pub clock: Arc<dyn Clock>,
+    /// Test-only fault hooks.
+    #[cfg(feature = "fault-injection")]
+    pub faults: Arc<crate::faults::Faults>,
+}
+
+impl StateConfig {
+    /// A durable store in the SQLite file at `path` (created if missing).
+    pub fn sqlite(path: impl Into<PathBuf>) -> Self {
+        Self::with_store(StoreConfig::Sqlite { path: path.into(), synchronous: Synchronous::Full })
+    }
+
+    /// An ephemeral store: runs live in memory only and are lost when the
+    /// process ends.
+    pub fn in_memory() -> Self {
+        Self::with_store(StoreConfig::InMemory)
+    }
+
+    fn with_store(store: StoreConfig) -> Self {
+        Self {
+            name: DEFAULT_STATE_ACTOR_NAME.to_owned(),
+            store,
+            lease: DEFAULT_LEASE,
+            retention: Retention::default(),
+            max_in_flight_writes: DEFAULT_MAX_IN_FLIGHT_WRITES,
+            sweep_interval: None,
+            event_backlog: DEFAULT_EVENT_BACKLOG,
+            clock: Arc::new(SystemClock),
+            #[cfg(feature = "fault-injection")]
+            faults: Arc::default(),
+        }
+    }
+
+    /// Registers the actor under `name` instead of the default.
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Sets the lease of live runs.
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Sets the retention policy.
+    pub fn with_retention(mut self, retention: Retention) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// Sets the bound on writes in flight.
+    pub fn with_max_in_flight_writes(mut self, max: usize) -> Self {
+        self.max_in_flight_writes = max;
+        self
+    }
+
+    /// Sets how often the liveness sweep runs.
+    pub fn with_sweep_interval(mut self, interval: Duration) -> Self {
+        self.sweep_interval = Some(interval);
+        self
+    }
+
+    /// Reads time from `clock`.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Sets SQLite's `synchronous` level (durable stores only).
+    pub fn with_synchronous(mut self, level: Synchronous) -> Self {
+        if let StoreConfig::Sqlite { synchronous, .. } = &mut self.store {
+            *synchronous = level;
+        }
+        self
+    }
+
+    /// Installs test-only fault hooks.
+    #[cfg(feature = "fault-injection")]
+    pub fn with_faults(mut self, faults: Arc<crate::faults::Faults>) -> Self {
+        self.faults = faults;
+        self
+    }
+
+    pub(crate) fn sweep_every(&self) -> Duration {
+        self.sweep_interval.unwrap_or(self.lease / 4).max(Duration::from_millis(10))
+    }
+}
+
+/// Where runs are kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreConfig {
+    /// A SQLite database file (WAL mode). Durable: a write is acknowledged
+    /// only once committed.
+    Sqlite {
+        /// The database file; its directory must exist.
+        path: PathBuf,
+        /// SQLite's `synchronous` level.
+        synchronous: Synchronous,
+    },
+    /// Memory only: nothing survives the process.
+    InMemory,
+}
+
+/// SQLite's `synchronous` level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Synchronous {
+    /// `FULL`: a commit survives power loss. The default.
+    #[default]
+    Full,
+    /// `NORMAL`: in WAL mode, a commit survives a process crash but the last
+    /// commits may be lost on power loss.
+    Normal,
+}
+
+/// Which runs are kept. Only ended runs are evicted, oldest first; a live
+/// run is never evicted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Retention {
+    /// The most runs kept. When exceeded, the oldest ended runs are evicted.
+    pub max_runs: usize,
+    /// Ended runs older than this (since their end) are evicted.
+    pub max_age: Option<Duration>,
+}
+
+impl Retention {
+    /// Keeps at most `max_runs` runs, of any age.
+    pub fn max_runs(max_runs: usize) -> Self {
+        Self { max_runs, max_age: None }
+    }
+
+    /// Also evicts ended runs that ended more than `max_age` ago.
+    pub fn with_max_age(mut self, max_age: Duration) -> Self {
+        self.max_age = Some(max_age);
+        self
+    }
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self::max_runs(DEFAULT_MAX_RUNS)
+    }
+}

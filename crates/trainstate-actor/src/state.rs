@@ -1,0 +1,446 @@
+//! The run state machine: the actor's working state and every transition.
+//!
+//! The working state is ahead of the committed view by the writes in flight;
+//! transitions are decided here, in message order, and their effects are
+//! committed by the writer before anyone is answered.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use trainstate_client::{
+    EventKind, NewAttempt, Registration, RunDocument, StateError, StatusUpdate,
+};
+use trainstate_schema::limits::MAX_STATUS_DETAIL_LEN;
+use trainstate_schema::text::{errored_status_detail, last_chars};
+use trainstate_schema::{
+    ActorStatus, CauseKind, RunAttemptDraft, RunId, RunStatus, TrainRunInfo, TrainRunInfoDraft,
+};
+
+use crate::config::Retention;
+use crate::record::RunRecord;
+use crate::store::StoreOp;
+use crate::writer::PendingEvent;
+
+/// The id given to a run's first attempt when its registration names none.
+pub(crate) const FIRST_ATTEMPT_ID: &str = "0";
+
+/// The result of a request: either nothing to write (a repeat), or a change
+/// to commit before answering.
+pub(crate) enum Outcome<T> {
+    Unchanged(T),
+    Changed(Change<T>),
+}
+
+/// Writes to commit, events to announce after, and the answer.
+pub(crate) struct Change<T> {
+    pub(crate) ops: Vec<StoreOp>,
+    pub(crate) events: Vec<PendingEvent>,
+    pub(crate) answer: T,
+}
+
+struct Entry {
+    record: Arc<RunRecord>,
+    /// When the controller was last heard from (live runs; memory only).
+    last_heard_ms: u64,
+}
+
+/// Every retained run, as the actor sees it (committed and in flight).
+pub(crate) struct Runs {
+    by_id: HashMap<RunId, Entry>,
+    /// Ended runs by (start_time_ms, id): eviction takes the oldest first.
+    ended: BTreeSet<(u64, RunId)>,
+    lease: Duration,
+    retention: Retention,
+}
+
+impl Runs {
+    /// The working state after loading the store. Every live run gets a
+    /// fresh lease from `now`.
+    pub(crate) fn load(
+        records: Vec<Arc<RunRecord>>,
+        now_ms: u64,
+        lease: Duration,
+        retention: Retention,
+    ) -> Self {
+        let mut runs = Self {
+            by_id: HashMap::with_capacity(records.len()),
+            ended: BTreeSet::new(),
+            lease,
+            retention,
+        };
+        for record in records {
+            runs.put(record, now_ms);
+        }
+        runs
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    fn put(&mut self, record: Arc<RunRecord>, last_heard_ms: u64) {
+        if record.status.is_terminal() {
+            self.ended.insert((record.start_time_ms, record.id.clone()));
+        }
+        self.by_id.insert(record.id.clone(), Entry { record, last_heard_ms });
+    }
+
+    fn remove(&mut self, id: &RunId) -> Option<Arc<RunRecord>> {
+        let entry = self.by_id.remove(id)?;
+        self.ended.remove(&(entry.record.start_time_ms, id.clone()));
+        Some(entry.record)
+    }
+
+    fn entry(&self, id: &RunId) -> Result<&Entry, StateError> {
+        self.by_id.get(id).ok_or_else(|| StateError::NotFound { id: id.clone() })
+    }
+
+    /// A live run's last heartbeat; `None` for ended or unknown runs.
+    pub(crate) fn heartbeat_of(&self, record: &RunRecord) -> Option<u64> {
+        if record.status.is_terminal() {
+            return None;
+        }
+        self.by_id.get(&record.id).map(|e| e.last_heard_ms)
+    }
+
+    fn document(&self, record: &Arc<RunRecord>) -> RunDocument {
+        record.document(self.heartbeat_of(record))
+    }
+
+    /// Registers a run, or recognises a repeat of the same registration.
+    pub(crate) fn register(
+        &mut self,
+        run: TrainRunInfo,
+        now_ms: u64,
+    ) -> Result<Outcome<Registration>, StateError> {
+        if let Some(entry) = self.by_id.get_mut(run.id()) {
+            let stored = entry.record.run()?;
+            if let Some(field) = static_difference(&stored, &run) {
+                return Err(StateError::Conflict {
+                    id: run.id().clone(),
+                    reason: format!(
+                        "already registered with a different {field}; a run's static metadata never changes"
+                    ),
+                });
+            }
+            if !entry.record.status.is_terminal() {
+                entry.last_heard_ms = now_ms;
+            }
+            let record = entry.record.clone();
+            return Ok(Outcome::Unchanged(Registration::new(
+                self.document(&record),
+                self.lease,
+                false,
+            )));
+        }
+
+        let mut draft = run.into_draft();
+        draft.last_heartbeat_ms = None;
+        if draft.attempts.is_empty() {
+            draft.attempts.push(RunAttemptDraft {
+                attempt_id: FIRST_ATTEMPT_ID.to_owned(),
+                start_time_ms: draft.start_time_ms,
+                end_time_ms: None,
+                workers: None,
+            });
+        }
+        if draft.run_status.is_terminal() {
+            let end = draft.end_time_ms.unwrap_or_else(|| now_ms.max(draft.start_time_ms));
+            draft.end_time_ms = Some(end);
+            end_current_attempt(&mut draft, end);
+        }
+        let record = RunRecord::new(&draft.validate()?);
+        let id = record.id.clone();
+        self.put(record.clone(), now_ms);
+
+        let mut change = Change {
+            ops: vec![StoreOp::Put(record.clone())],
+            events: vec![PendingEvent {
+                kind: EventKind::Registered,
+                run_id: id,
+                record: Some(record.clone()),
+            }],
+            answer: Registration::new(self.document(&record), self.lease, true),
+        };
+        self.evict_over_capacity(&mut change.ops, &mut change.events);
+        Ok(Outcome::Changed(change))
+    }
+
+    /// Sets a run's status along a legal transition.
+    pub(crate) fn set_status(
+        &mut self,
+        id: &RunId,
+        update: StatusUpdate,
+        now_ms: u64,
+    ) -> Result<Outcome<RunDocument>, StateError> {
+        let record = self.entry(id)?.record.clone();
+        let from = record.status;
+        let to = update.status;
+        let illegal = |reason: &str| StateError::IllegalTransition {
+            id: id.clone(),
+            from,
+            to,
+            reason: reason.to_owned(),
+        };
+        if matches!(to, RunStatus::Running | RunStatus::Finished) && update.cause.is_some() {
+            return Err(StateError::invalid("cause", "only an ERRORED or ABORTED run has a cause"));
+        }
+        if to == RunStatus::Running {
+            return if from == RunStatus::Running {
+                Ok(Outcome::Unchanged(self.document(&record)))
+            } else {
+                Err(illegal("a terminal status is final"))
+            };
+        }
+        if from.is_terminal() {
+            let stored = record.run()?;
+            if from == to && stored.cause() == update.cause {
+                return Ok(Outcome::Unchanged(self.document(&record)));
+            }
+            if !record.lost_controller {
+                return Err(illegal("a terminal status is final"));
+            }
+            // The controller's own late report replaces a lost-controller abort.
+        }
+
+        let mut draft = record.run()?.into_draft();
+        let end = update.end_time_ms.unwrap_or_else(|| now_ms.max(draft.start_time_ms));
+        draft.run_status = to;
+        draft.status_detail = match (to, update.cause) {
+            (RunStatus::Errored, cause) => {
+                errored_status_detail(cause.and_then(|c| c.failed_world_rank), &update.detail)
+            }
+            _ => last_chars(&update.detail, MAX_STATUS_DETAIL_LEN).to_owned(),
+        };
+        draft.cause = update.cause;
+        draft.end_time_ms = Some(end);
+        end_current_attempt(&mut draft, end);
+        let record = RunRecord::new(&draft.validate()?);
+        self.put(record.clone(), now_ms);
+        Ok(Outcome::Changed(Change {
+            ops: vec![StoreOp::Put(record.clone())],
+            events: vec![PendingEvent {
+                kind: EventKind::StatusChanged,
+                run_id: id.clone(),
+                record: Some(record.clone()),
+            }],
+            answer: self.document(&record),
+        }))
+    }
+
+    /// Replaces a live run's worker group with a new attempt.
+    pub(crate) fn start_attempt(
+        &mut self,
+        id: &RunId,
+        attempt: NewAttempt,
+        now_ms: u64,
+    ) -> Result<Outcome<RunDocument>, StateError> {
+        let record = self.entry(id)?.record.clone();
+        let run = record.run()?;
+        if let Some(existing) = run.attempts().iter().find(|a| a.attempt_id() == attempt.attempt_id)
+        {
+            let is_current =
+                run.attempts().last().map(|a| a.attempt_id()) == Some(existing.attempt_id());
+            let same_workers = run.workers().len() == attempt.workers.len()
+                && run.workers().iter().zip(&attempt.workers).all(|(a, b)| a.same_identity(b));
+            return if is_current
+                && same_workers
+                && existing.start_time_ms() == attempt.start_time_ms
+            {
+                Ok(Outcome::Unchanged(self.document(&record)))
+            } else {
+                Err(StateError::Conflict {
+                    id: id.clone(),
+                    reason: format!(
+                        "attempt {:?} already exists with other workers or start time",
+                        attempt.attempt_id
+                    ),
+                })
+            };
+        }
+        if record.status.is_terminal() {
+            return Err(StateError::IllegalTransition {
+                id: id.clone(),
+                from: record.status,
+                to: record.status,
+                reason: "an ended run starts no new attempts".into(),
+            });
+        }
+
+        let mut draft = run.into_draft();
+        if draft.attempts.is_empty() {
+            draft.attempts.push(RunAttemptDraft {
+                attempt_id: FIRST_ATTEMPT_ID.to_owned(),
+                start_time_ms: draft.start_time_ms,
+                end_time_ms: None,
+                workers: None,
+            });
+        }
+        let mut previous_workers = std::mem::take(&mut draft.workers);
+        for worker in &mut previous_workers {
+            worker.status = ActorStatus::Dead;
+        }
+        if let Some(current) = draft.attempts.last_mut() {
+            current.end_time_ms = Some(attempt.start_time_ms.max(current.start_time_ms));
+            current.workers = Some(previous_workers);
+        }
+        draft.attempts.push(RunAttemptDraft {
+            attempt_id: attempt.attempt_id,
+            start_time_ms: attempt.start_time_ms,
+            end_time_ms: None,
+            workers: None,
+        });
+        draft.workers = attempt.workers.into_iter().map(|w| w.into_draft()).collect();
+        let record = RunRecord::new(&draft.validate()?);
+        self.put(record.clone(), now_ms);
+        Ok(Outcome::Changed(Change {
+            ops: vec![StoreOp::Put(record.clone())],
+            events: vec![PendingEvent {
+                kind: EventKind::AttemptStarted,
+                run_id: id.clone(),
+                record: Some(record.clone()),
+            }],
+            answer: self.document(&record),
+        }))
+    }
+
+    /// Renews a live run's lease.
+    pub(crate) fn heartbeat(&mut self, id: &RunId, now_ms: u64) -> Result<Duration, StateError> {
+        let lease = self.lease;
+        let entry =
+            self.by_id.get_mut(id).ok_or_else(|| StateError::NotFound { id: id.clone() })?;
+        if entry.record.status.is_terminal() {
+            return Err(StateError::IllegalTransition {
+                id: id.clone(),
+                from: entry.record.status,
+                to: RunStatus::Running,
+                reason: "the run has ended; heartbeats are for live runs".into(),
+            });
+        }
+        entry.last_heard_ms = now_ms;
+        Ok(lease)
+    }
+
+    /// Deletes an ended run.
+    pub(crate) fn delete(&mut self, id: &RunId) -> Result<Outcome<()>, StateError> {
+        let status = self.entry(id)?.record.status;
+        if !status.is_terminal() {
+            return Err(StateError::IllegalTransition {
+                id: id.clone(),
+                from: status,
+                to: status,
+                reason: "only an ended run can be deleted".into(),
+            });
+        }
+        self.remove(id);
+        Ok(Outcome::Changed(Change {
+            ops: vec![StoreOp::Delete(id.clone())],
+            events: vec![PendingEvent {
+                kind: EventKind::Deleted,
+                run_id: id.clone(),
+                record: None,
+            }],
+            answer: (),
+        }))
+    }
+
+    /// Aborts every live run whose lease expired, and evicts ended runs past
+    /// the retention age.
+    pub(crate) fn sweep(&mut self, now_ms: u64) -> Change<Vec<RunId>> {
+        let lease_ms = self.lease.as_millis() as u64;
+        let expired: Vec<(RunId, u64)> = self
+            .by_id
+            .values()
+            .filter(|e| !e.record.status.is_terminal())
+            .filter(|e| now_ms.saturating_sub(e.last_heard_ms) > lease_ms)
+            .map(|e| (e.record.id.clone(), e.last_heard_ms))
+            .collect();
+        let mut change = Change { ops: Vec::new(), events: Vec::new(), answer: Vec::new() };
+        for (id, last_heard_ms) in expired {
+            let detail = format!(
+                "The run's controller stopped heartbeating: last heard from at {last_heard_ms} \
+                 (Unix ms), {:.1} s before this abort; its lease is {:.1} s.",
+                now_ms.saturating_sub(last_heard_ms) as f64 / 1000.0,
+                self.lease.as_secs_f64(),
+            );
+            let update = StatusUpdate::aborted(CauseKind::LostController, detail).ended_at(now_ms);
+            match self.set_status(&id, update, now_ms) {
+                Ok(Outcome::Changed(abort)) => {
+                    change.ops.extend(abort.ops);
+                    change.events.extend(abort.events);
+                    change.answer.push(id);
+                }
+                Ok(Outcome::Unchanged(_)) => {}
+                Err(err) => tracing::error!(run = %id, error = %err, "cannot abort an expired run"),
+            }
+        }
+        if let Some(max_age) = self.retention.max_age {
+            let max_age_ms = max_age.as_millis() as u64;
+            let too_old: Vec<RunId> = self
+                .ended
+                .iter()
+                .filter(|(_, id)| {
+                    self.by_id[id]
+                        .record
+                        .end_time_ms
+                        .is_some_and(|end| now_ms.saturating_sub(end) > max_age_ms)
+                })
+                .map(|(_, id)| id.clone())
+                .collect();
+            for id in too_old {
+                self.evict(&id, &mut change.ops, &mut change.events);
+            }
+        }
+        self.evict_over_capacity(&mut change.ops, &mut change.events);
+        change
+    }
+
+    fn evict_over_capacity(&mut self, ops: &mut Vec<StoreOp>, events: &mut Vec<PendingEvent>) {
+        while self.by_id.len() > self.retention.max_runs {
+            let Some((_, oldest)) = self.ended.first().cloned() else {
+                // Only live runs remain; they are never evicted.
+                break;
+            };
+            self.evict(&oldest, ops, events);
+        }
+    }
+
+    fn evict(&mut self, id: &RunId, ops: &mut Vec<StoreOp>, events: &mut Vec<PendingEvent>) {
+        if self.remove(id).is_some() {
+            ops.push(StoreOp::Delete(id.clone()));
+            events.push(PendingEvent {
+                kind: EventKind::Evicted,
+                run_id: id.clone(),
+                record: None,
+            });
+        }
+    }
+}
+
+/// Ends the current attempt of a run that ends at `end`.
+fn end_current_attempt(draft: &mut TrainRunInfoDraft, end: u64) {
+    if let Some(current) = draft.attempts.last_mut().filter(|a| a.end_time_ms.is_none()) {
+        current.end_time_ms = Some(end.max(current.start_time_ms));
+    }
+}
+
+/// The first static-metadata field in which two runs differ, if any.
+fn static_difference(stored: &TrainRunInfo, new: &TrainRunInfo) -> Option<&'static str> {
+    if stored.same_static_metadata(new) {
+        return None;
+    }
+    Some(if stored.name() != new.name() {
+        "name"
+    } else if stored.job_id() != new.job_id() {
+        "job_id"
+    } else if stored.controller_actor_id() != new.controller_actor_id() {
+        "controller_actor_id"
+    } else if stored.datasets() != new.datasets() {
+        "datasets"
+    } else if stored.start_time_ms() != new.start_time_ms() {
+        "start_time_ms"
+    } else {
+        "workers"
+    })
+}

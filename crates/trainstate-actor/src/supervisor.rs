@@ -1,0 +1,288 @@
+//! The supervisor of the state actor, and how the actor is launched, found
+//! and shut down.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SpawnErr, SupervisionEvent};
+use tokio::sync::oneshot;
+use trainstate_client::{StateHandle, StateMessage, get_state_actor_named};
+
+use crate::actor::{ActorArgs, TrainStateActor};
+use crate::config::StateConfig;
+use crate::errors::LaunchError;
+use crate::writer::{Shared, StoreStats, Writer};
+
+/// More restarts than this within [`RESTART_WINDOW`] and the supervisor gives up.
+const MAX_RESTARTS: usize = 10;
+const RESTART_WINDOW: Duration = Duration::from_secs(10);
+
+/// The supervisor's registry name for a state actor named `name`.
+pub(crate) fn supervisor_name(name: &str) -> String {
+    format!("{name}.supervisor")
+}
+
+pub(crate) enum SupervisorMessage {
+    /// Answers once the supervisor (and so its first actor) has started.
+    Ready(RpcReplyPort<Arc<Shared>>),
+    /// Drains the actor, commits everything queued, and stops.
+    Shutdown(RpcReplyPort<()>),
+}
+
+pub(crate) struct StateSupervisor;
+
+pub(crate) struct SupervisorState {
+    config: StateConfig,
+    writer: Arc<Writer>,
+    child: Option<ActorRef<StateMessage>>,
+    shutting_down: bool,
+    restarts: VecDeque<Instant>,
+}
+
+impl Actor for StateSupervisor {
+    type Msg = SupervisorMessage;
+    type State = SupervisorState;
+    type Arguments = StateConfig;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<SupervisorMessage>,
+        config: StateConfig,
+    ) -> Result<SupervisorState, ActorProcessingErr> {
+        let writer = Arc::new(Writer::start(&config)?);
+        let mut state = SupervisorState {
+            config,
+            writer,
+            child: None,
+            shutting_down: false,
+            restarts: VecDeque::new(),
+        };
+        state.spawn_child(&myself).await?;
+        Ok(state)
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<SupervisorMessage>,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(child) = state.child.take() {
+            child.stop(Some("supervisor stopped".into()));
+        }
+        let writer = state.writer.clone();
+        let _ = tokio::task::spawn_blocking(move || writer.close()).await;
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<SupervisorMessage>,
+        message: SupervisorMessage,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            SupervisorMessage::Ready(reply) => {
+                let _ = reply.send(state.writer.shared.clone());
+            }
+            SupervisorMessage::Shutdown(reply) => {
+                state.shutting_down = true;
+                if let Some(child) = state.child.take() {
+                    // Handle every queued request, then stop.
+                    let _ = child.drain_and_wait(None).await;
+                }
+                let writer = state.writer.clone();
+                let _ = tokio::task::spawn_blocking(move || writer.close()).await;
+                let _ = reply.send(());
+                myself.stop(Some("shut down".into()));
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<SupervisorMessage>,
+        event: SupervisionEvent,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        let (cell, why) = match &event {
+            SupervisionEvent::ActorFailed(cell, err) => (cell, err.to_string()),
+            SupervisionEvent::ActorTerminated(cell, _, reason) => {
+                (cell, reason.clone().unwrap_or_else(|| "stopped".into()))
+            }
+            _ => return Ok(()),
+        };
+        let is_child = state.child.as_ref().is_some_and(|c| c.get_id() == cell.get_id());
+        if !is_child || state.shutting_down {
+            return Ok(());
+        }
+        state.child = None;
+        tracing::error!(reason = %why, "state actor stopped; restarting it from the store");
+        let now = Instant::now();
+        state.restarts.retain(|at| now.duration_since(*at) < RESTART_WINDOW);
+        if state.restarts.len() >= MAX_RESTARTS {
+            return Err(format!(
+                "the state actor failed {MAX_RESTARTS} times within {RESTART_WINDOW:?}; giving up"
+            )
+            .into());
+        }
+        state.restarts.push_back(now);
+        state.spawn_child(&myself).await
+    }
+}
+
+impl SupervisorState {
+    async fn spawn_child(
+        &mut self,
+        myself: &ActorRef<SupervisorMessage>,
+    ) -> Result<(), ActorProcessingErr> {
+        let name = self.config.name.clone();
+        // The old actor's name is released as it exits; allow that a moment.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let args = ActorArgs { config: self.config.clone(), writer: self.writer.clone() };
+            match Actor::spawn_linked(Some(name.clone()), TrainStateActor, args, myself.get_cell())
+                .await
+            {
+                Ok((child, _)) => {
+                    self.child = Some(child);
+                    return Ok(());
+                }
+                Err(SpawnErr::ActorAlreadyRegistered(_)) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                Err(err) => return Err(err.into()),
+            }
+        }
+    }
+}
+
+/// A running state actor with its supervisor and store, as launched by this
+/// process.
+pub struct StateService {
+    handle: StateHandle,
+    supervisor: ActorRef<SupervisorMessage>,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for StateService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateService").field("handle", &self.handle).finish()
+    }
+}
+
+impl StateService {
+    /// A handle to the actor.
+    pub fn handle(&self) -> StateHandle {
+        self.handle.clone()
+    }
+
+    /// Counters of the store.
+    pub fn store_stats(&self) -> Arc<StoreStats> {
+        self.shared.stats.clone()
+    }
+
+    /// Writes handed to the store and not yet answered.
+    pub fn in_flight_writes(&self) -> usize {
+        self.shared.in_flight.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Committed runs, by status, in `RunStatus::ALL` order.
+    pub fn runs_by_status(&self) -> [usize; 4] {
+        self.shared.view.read().unwrap_or_else(|e| e.into_inner()).count_by_status()
+    }
+
+    /// Committed runs.
+    pub fn run_count(&self) -> usize {
+        self.shared.view.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Current event subscribers.
+    pub fn subscribers(&self) -> usize {
+        self.shared.events.receiver_count()
+    }
+
+    /// Stops the actor after it has handled every queued request and the
+    /// store has committed every queued write.
+    pub async fn shutdown(self) {
+        shutdown(&self.supervisor).await;
+    }
+}
+
+async fn shutdown(supervisor: &ActorRef<SupervisorMessage>) {
+    let (tx, rx) = oneshot::channel();
+    if supervisor.send_message(SupervisorMessage::Shutdown(tx.into())).is_ok() {
+        let _ = rx.await;
+    }
+    let _ = supervisor.get_cell().wait(None).await;
+}
+
+/// Launches the state actor under `config.name`: a detached supervisor
+/// (linked to no caller), the store, and the actor. Fails if an actor of
+/// that name already runs.
+pub async fn launch_state_actor(config: StateConfig) -> Result<StateService, LaunchError> {
+    let name = config.name.clone();
+    let (supervisor, _) = Actor::spawn(Some(supervisor_name(&name)), StateSupervisor, config)
+        .await
+        .map_err(|err| match err {
+            SpawnErr::ActorAlreadyRegistered(_) => {
+                LaunchError::Startup(format!("a state actor named {name:?} already runs"))
+            }
+            other => LaunchError::Startup(startup_reason(other)),
+        })?;
+    let shared = ready(&supervisor).await?;
+    Ok(StateService { handle: StateHandle::local(name), supervisor, shared })
+}
+
+/// The state actor named `config.name` in this process, launched with
+/// `config` if none runs yet. Race-safe: concurrent callers get handles to
+/// one actor; a caller that loses the race for the name uses the winner's.
+pub async fn get_or_launch_state_actor(config: StateConfig) -> Result<StateHandle, LaunchError> {
+    let name = config.name.clone();
+    if let Some(handle) = get_state_actor_named(&name) {
+        return Ok(handle);
+    }
+    match Actor::spawn(Some(supervisor_name(&name)), StateSupervisor, config).await {
+        Ok((supervisor, _)) => {
+            ready(&supervisor).await?;
+        }
+        Err(SpawnErr::ActorAlreadyRegistered(_)) => {
+            // Another caller won: wait until its supervisor has started.
+            let winner = ActorRef::<SupervisorMessage>::where_is(supervisor_name(&name))
+                .ok_or_else(|| {
+                    LaunchError::Startup("the state actor stopped while starting".into())
+                })?;
+            ready(&winner).await?;
+        }
+        Err(other) => return Err(LaunchError::Startup(startup_reason(other))),
+    }
+    Ok(StateHandle::local(name))
+}
+
+/// Shuts down the state actor named `name` in this process, if one runs:
+/// queued requests are handled and queued writes committed first.
+pub async fn shutdown_state_actor(name: &str) -> bool {
+    match ActorRef::<SupervisorMessage>::where_is(supervisor_name(name)) {
+        Some(supervisor) => {
+            shutdown(&supervisor).await;
+            true
+        }
+        None => false,
+    }
+}
+
+async fn ready(supervisor: &ActorRef<SupervisorMessage>) -> Result<Arc<Shared>, LaunchError> {
+    let (tx, rx) = oneshot::channel();
+    supervisor
+        .send_message(SupervisorMessage::Ready(tx.into()))
+        .map_err(|_| LaunchError::Startup("the state actor stopped while starting".into()))?;
+    rx.await.map_err(|_| LaunchError::Startup("the state actor stopped while starting".into()))
+}
+
+fn startup_reason(err: SpawnErr) -> String {
+    match err {
+        SpawnErr::StartupFailed(inner) => inner.to_string(),
+        other => other.to_string(),
+    }
+}

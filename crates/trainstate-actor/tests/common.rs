@@ -1,0 +1,87 @@
+//! Helpers shared by the test modules.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use trainstate_schema::{
+    ActorStatus, Resources, RunId, RunStatus, TrainRunInfo, TrainRunInfoDraft, TrainWorkerInfo,
+    TrainWorkerInfoDraft,
+};
+
+/// A registry name of its own for each test: tests share one process (and
+/// its actor registry) under `cargo test`.
+pub(crate) fn unique_name(what: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!("test.{what}.{}.{}", std::process::id(), NEXT.fetch_add(1, Ordering::SeqCst))
+}
+
+/// `n` workers over nodes of `per_node` workers.
+pub(crate) fn workers(n: u32, per_node: u32, node_prefix: &str) -> Vec<TrainWorkerInfo> {
+    (0..n)
+        .map(|rank| {
+            let node = rank / per_node;
+            TrainWorkerInfoDraft {
+                actor_id: format!("{node_prefix}actor{rank}"),
+                world_rank: rank,
+                local_rank: rank % per_node,
+                node_rank: node,
+                node_id: format!("{node_prefix}node{node}"),
+                node_ip: format!("10.0.{}.{}", node / 250, node % 250 + 1),
+                pid: 1000 + rank,
+                gpu_ids: vec![rank % per_node],
+                status: ActorStatus::Alive,
+                resources: Resources::from_iter([("CPU", 1.0), ("GPU", 1.0)]),
+                worker_log_file_path: None,
+            }
+            .validate()
+            .unwrap()
+        })
+        .collect()
+}
+
+/// A live run of `n` workers started at `start_ms`.
+pub(crate) fn run_with(id: &RunId, name: &str, job: &str, start_ms: u64, n: u32) -> TrainRunInfo {
+    TrainRunInfoDraft {
+        name: name.into(),
+        id: id.to_string(),
+        job_id: job.into(),
+        controller_actor_id: "controller".into(),
+        workers: workers(n, 4, "").into_iter().map(TrainWorkerInfo::into_draft).collect(),
+        datasets: vec![],
+        run_status: RunStatus::Running,
+        status_detail: String::new(),
+        start_time_ms: start_ms,
+        end_time_ms: None,
+        resources: None,
+        attempts: vec![],
+        last_heartbeat_ms: None,
+        cause: None,
+        restored_from: None,
+        controller_log_file_path: None,
+    }
+    .validate()
+    .unwrap()
+}
+
+/// A live 8-worker run with a fresh id.
+pub(crate) fn run(name: &str, start_ms: u64) -> TrainRunInfo {
+    run_with(&RunId::new_v7(), name, "job1", start_ms, 8)
+}
+
+/// Waits for `condition`, polling, until `deadline` passes.
+pub(crate) async fn wait_until(
+    what: &str,
+    deadline: Duration,
+    mut condition: impl FnMut() -> bool,
+) {
+    let until = Instant::now() + deadline;
+    while !condition() {
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// The JSON of a run without the fields that change over its life.
+pub(crate) fn json(run: &TrainRunInfo) -> serde_json::Value {
+    serde_json::to_value(run).unwrap()
+}

@@ -1,0 +1,215 @@
+//! `StateHandle`: the typed async API to the state actor.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ractor::ActorRef;
+use ractor::MessagingErr;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use trainstate_schema::{RunId, TrainRunInfo};
+
+use crate::error::StateError;
+use crate::events::Subscription;
+use crate::protocol::{
+    DEFAULT_STATE_ACTOR_NAME, NewAttempt, Registration, Reply, RunDocument, StateMessage,
+    StatusUpdate,
+};
+use crate::query::{RunPage, RunQuery};
+
+/// The deadline of a call when none is set.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long a handle waits between looks for an actor that is restarting.
+const RELOOK_INTERVAL: Duration = Duration::from_millis(5);
+
+/// The state actor registered under the default name, if one runs in this
+/// process. Never launches one.
+pub fn get_state_actor() -> Option<StateHandle> {
+    get_state_actor_named(DEFAULT_STATE_ACTOR_NAME)
+}
+
+/// The state actor registered under `name`, if one runs in this process.
+/// Never launches one.
+pub fn get_state_actor_named(name: &str) -> Option<StateHandle> {
+    let actor = ActorRef::<StateMessage>::where_is(name)?;
+    Some(StateHandle::local_with(name, Some(actor)))
+}
+
+/// The one typed async API to the state actor.
+///
+/// Cheap to clone. A local handle finds the actor by its registry name and
+/// finds it again after a restart (a restarted actor is a new actor); a
+/// request that was in flight when the actor stopped fails with
+/// [`StateError::Unavailable`] rather than hanging. Every call has a
+/// deadline and fails with [`StateError::Timeout`] past it.
+#[derive(Clone)]
+pub struct StateHandle {
+    inner: Arc<Local>,
+    timeout: Duration,
+}
+
+struct Local {
+    name: String,
+    actor: Mutex<Option<ActorRef<StateMessage>>>,
+}
+
+impl std::fmt::Debug for StateHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateHandle")
+            .field("name", &self.inner.name)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl StateHandle {
+    /// A handle to the actor registered under `name` in this process. The
+    /// actor need not run yet: calls wait for it up to their deadline.
+    pub fn local(name: impl Into<String>) -> Self {
+        Self::local_with(&name.into(), None)
+    }
+
+    fn local_with(name: &str, actor: Option<ActorRef<StateMessage>>) -> Self {
+        Self {
+            inner: Arc::new(Local { name: name.to_owned(), actor: Mutex::new(actor) }),
+            timeout: DEFAULT_CALL_TIMEOUT,
+        }
+    }
+
+    /// The same handle with another deadline for each call.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The deadline of each call.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The registry name of the actor this handle talks to.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Registers a run; see [`StateMessage::Register`].
+    pub async fn register(&self, run: TrainRunInfo) -> Result<Registration, StateError> {
+        let run = Box::new(run);
+        self.call(|reply| StateMessage::Register { run, reply }).await
+    }
+
+    /// Sets a run's status; see [`StateMessage::SetStatus`].
+    pub async fn set_status(
+        &self,
+        id: RunId,
+        update: StatusUpdate,
+    ) -> Result<RunDocument, StateError> {
+        self.call(|reply| StateMessage::SetStatus { id, update, reply }).await
+    }
+
+    /// Starts a new attempt of a run; see [`StateMessage::StartAttempt`].
+    pub async fn start_attempt(
+        &self,
+        id: RunId,
+        attempt: NewAttempt,
+    ) -> Result<RunDocument, StateError> {
+        self.call(|reply| StateMessage::StartAttempt { id, attempt, reply }).await
+    }
+
+    /// Renews a live run's lease and returns it.
+    pub async fn heartbeat(&self, id: RunId) -> Result<Duration, StateError> {
+        self.call(|reply| StateMessage::Heartbeat { id, reply }).await
+    }
+
+    /// Reads one run as stored.
+    pub async fn get(&self, id: RunId) -> Result<RunDocument, StateError> {
+        self.call(|reply| StateMessage::Get { id, reply }).await
+    }
+
+    /// Reads one run, typed.
+    pub async fn get_run(&self, id: RunId) -> Result<TrainRunInfo, StateError> {
+        self.get(id).await?.parse()
+    }
+
+    /// Lists runs; see [`RunQuery`].
+    pub async fn list(&self, query: RunQuery) -> Result<RunPage, StateError> {
+        query.check()?;
+        self.call(|reply| StateMessage::List { query, reply }).await
+    }
+
+    /// Subscribes to committed changes, resuming after `after_seq` if the
+    /// actor still keeps those events.
+    pub async fn subscribe(&self, after_seq: Option<u64>) -> Result<Subscription, StateError> {
+        self.call(|reply| StateMessage::Subscribe { after_seq, reply }).await
+    }
+
+    /// Deletes an ended run.
+    pub async fn delete(&self, id: RunId) -> Result<(), StateError> {
+        self.call(|reply| StateMessage::Delete { id, reply }).await
+    }
+
+    /// Runs the liveness sweep now and returns the runs it aborted.
+    pub async fn sweep_leases(&self) -> Result<Vec<RunId>, StateError> {
+        self.call(|reply| StateMessage::SweepLeases { reply }).await
+    }
+
+    /// Sends one request and waits for its answer, up to the deadline.
+    ///
+    /// A message that could not be delivered (the actor stopped) is sent
+    /// again, unchanged, to the actor found under the same name, so a
+    /// restart between lookup and send costs nothing. A message that was
+    /// delivered is never sent twice.
+    async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> StateMessage) -> Result<T, StateError> {
+        let deadline = Instant::now() + self.timeout;
+        let (tx, rx) = oneshot::channel();
+        let mut message = make(Reply::from(tx));
+        loop {
+            let Some(actor) = self.actor() else {
+                if Instant::now() >= deadline {
+                    return Err(StateError::unavailable(format!(
+                        "no state actor named {:?} is running",
+                        self.inner.name
+                    )));
+                }
+                tokio::time::sleep(RELOOK_INTERVAL).await;
+                continue;
+            };
+            match actor.send_message(message) {
+                Ok(()) => break,
+                Err(MessagingErr::SendErr(returned)) => {
+                    self.forget(&actor);
+                    message = returned;
+                }
+                Err(_) => {
+                    return Err(StateError::unavailable("the state actor's mailbox is closed"));
+                }
+            }
+        }
+        match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(StateError::unavailable(
+                "the state actor stopped before answering; the request may or may not have taken effect",
+            )),
+            Err(_) => Err(StateError::Timeout { after: self.timeout }),
+        }
+    }
+
+    /// The cached actor, or the one registered under the name now.
+    fn actor(&self) -> Option<ActorRef<StateMessage>> {
+        let mut cached = self.inner.actor.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(actor) = cached.as_ref() {
+            return Some(actor.clone());
+        }
+        let found = ActorRef::<StateMessage>::where_is(self.inner.name.clone());
+        cached.clone_from(&found);
+        found
+    }
+
+    fn forget(&self, stale: &ActorRef<StateMessage>) {
+        let mut cached = self.inner.actor.lock().unwrap_or_else(|e| e.into_inner());
+        if cached.as_ref().is_some_and(|a| a.get_id() == stale.get_id()) {
+            *cached = None;
+        }
+    }
+}
