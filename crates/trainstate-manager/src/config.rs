@@ -1,0 +1,77 @@
+//! The configuration of the manager: a value, never the environment.
+
+use std::time::Duration;
+
+/// The default deadline of every call to the state actor.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The default deadline for gathering every worker's metadata.
+pub const DEFAULT_GATHER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The first wait before a delivery to an unreachable actor is retried.
+pub const DEFAULT_MIN_BACKOFF: Duration = Duration::from_millis(50);
+
+/// The longest wait between retries of a delivery.
+pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// How a [`TrainRunStateManager`](crate::TrainRunStateManager) behaves.
+///
+/// ```
+/// use std::time::Duration;
+/// use trainstate_manager::ManagerConfig;
+///
+/// let config = ManagerConfig::default().with_call_timeout(Duration::from_millis(500));
+/// assert_eq!(config.call_timeout, Duration::from_millis(500));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ManagerConfig {
+    /// The deadline of every call to the state actor, and the longest a
+    /// caller waits for an acknowledgement before it is told the write is
+    /// pending.
+    pub call_timeout: Duration,
+    /// The deadline for gathering every worker's metadata.
+    pub gather_timeout: Duration,
+    /// The first wait before a failed delivery is retried; it doubles on
+    /// each failure up to `max_backoff`.
+    pub min_backoff: Duration,
+    /// The longest wait between retries of a delivery.
+    pub max_backoff: Duration,
+}
+
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        Self {
+            call_timeout: DEFAULT_CALL_TIMEOUT,
+            gather_timeout: DEFAULT_GATHER_TIMEOUT,
+            min_backoff: DEFAULT_MIN_BACKOFF,
+            max_backoff: DEFAULT_MAX_BACKOFF,
+        }
+    }
+}
+
+impl ManagerConfig {
+    /// The default configuration.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the deadline of every call to the state actor.
+    pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
+        self
+    }
+
+    /// Sets the deadline for gathering the workers' metadata.
+    pub fn with_gather_timeout(mut self, timeout: Duration) -> Self {
+        self.gather_timeout = timeout;
+        self
+    }
+
+    /// Sets the retry backoff: the first wait and the longest.
+    pub fn with_backoff(mut self, min: Duration, max: Duration) -> Self {
+        self.min_backoff = min;
+        self.max_backoff = max.max(min);
+        self
+    }
+}

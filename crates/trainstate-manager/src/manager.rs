@@ -1,0 +1,435 @@
+//! [`TrainRunStateManager`]: reports a controller's runs to the state actor.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use trainstate_client::{StateHandle, StatusUpdate};
+use trainstate_schema::{
+    CauseKind, RunId, RunStatus, TrainDatasetInfoDraft, TrainRunInfo, TrainRunInfoDraft,
+    TrainWorkerInfo,
+};
+
+use crate::config::ManagerConfig;
+use crate::delivery::{Ack, Shared, deliver, now_ms};
+use crate::errors::ManagerError;
+use crate::group::{WorkerGroup, gather};
+
+/// A dataset given to the trainer, as the manager reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DatasetSpec {
+    /// The key the trainer was given the dataset under.
+    pub key: String,
+    /// The dataset's unique id.
+    pub uuid: String,
+    /// The dataset's own name, when it has one.
+    pub name: Option<String>,
+}
+
+impl DatasetSpec {
+    /// A dataset given under `key`, with its unique id.
+    pub fn new(key: impl Into<String>, uuid: impl Into<String>) -> Self {
+        Self { key: key.into(), uuid: uuid.into(), name: None }
+    }
+
+    /// The same dataset with its own name.
+    pub fn named(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// The wire entry: `name` is the key, `dataset_name` is
+    /// `<key>_<own name>` (null when the dataset has no name).
+    pub fn to_draft(&self) -> TrainDatasetInfoDraft {
+        TrainDatasetInfoDraft {
+            name: self.key.clone(),
+            dataset_uuid: self.uuid.clone(),
+            dataset_name: self.name.as_ref().map(|name| format!("{}_{name}", self.key)),
+        }
+    }
+}
+
+/// What became of a registration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RunRegistration {
+    /// The state actor acknowledged the run: it is durable.
+    Registered(RunId),
+    /// The deadline passed first; delivery goes on in the background.
+    Pending(RunId),
+    /// Tracking is off (no state actor); nothing was sent.
+    Untracked(RunId),
+}
+
+impl RunRegistration {
+    /// The run's id, whatever became of the registration.
+    pub fn id(&self) -> &RunId {
+        match self {
+            RunRegistration::Registered(id)
+            | RunRegistration::Pending(id)
+            | RunRegistration::Untracked(id) => id,
+        }
+    }
+
+    /// The run's id.
+    pub fn into_id(self) -> RunId {
+        match self {
+            RunRegistration::Registered(id)
+            | RunRegistration::Pending(id)
+            | RunRegistration::Untracked(id) => id,
+        }
+    }
+}
+
+/// What became of a write after the registration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Delivery {
+    /// The state actor acknowledged the write: it is durable.
+    Acknowledged,
+    /// The deadline passed first; delivery goes on in the background.
+    Pending,
+    /// Tracking is off (no state actor); nothing was sent.
+    Untracked,
+}
+
+/// Reports a controller's training runs to the state actor: gathers the
+/// workers' metadata, registers each run once, records new worker groups,
+/// and reports how each run ends.
+///
+/// Observability never breaks training. Every call returns within its
+/// deadline ([`ManagerConfig::call_timeout`], plus
+/// [`ManagerConfig::gather_timeout`] where workers are asked), never panics,
+/// and returns an error only for what the training code should know (a
+/// worker that did not answer, a run the actor refused). If the actor is
+/// unreachable, the manager keeps what it would have sent and delivers it,
+/// in order, when the actor is back; [`shutdown`](Self::shutdown) flushes
+/// what is still pending before the controller exits.
+///
+/// Built with no state actor, every call is a no-op that logs a warning, as
+/// Ray does when tracking is off.
+///
+/// While a run is live, a heartbeat renews its lease every third of the
+/// lease; the terminal call, [`shutdown`](Self::shutdown) and dropping the
+/// manager stop it. Dropping the manager also drops what is undelivered.
+///
+/// The manager runs its delivery on the Tokio runtime it is created in;
+/// created outside one, it tracks nothing.
+pub struct TrainRunStateManager {
+    config: ManagerConfig,
+    tracking: Option<Tracking>,
+    created_ms: u64,
+    first_run_taken: AtomicBool,
+}
+
+struct Tracking {
+    shared: Arc<Shared>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Tracking {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.shared.stop_heartbeats();
+    }
+}
+
+impl std::fmt::Debug for TrainRunStateManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TrainRunStateManager")
+            .field("config", &self.config)
+            .field("tracking", &self.tracking.is_some())
+            .finish()
+    }
+}
+
+impl TrainRunStateManager {
+    /// A manager reporting to `state`, or tracking nothing when `state` is
+    /// `None` (as when no state actor runs).
+    ///
+    /// With a state actor, this spawns the delivery task on the current
+    /// Tokio runtime; without a runtime, it logs a warning and tracks
+    /// nothing.
+    pub fn new(state: Option<StateHandle>, config: ManagerConfig) -> Self {
+        let tracking = state.and_then(|handle| match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let shared = Shared::new(handle, config.clone());
+                let task = runtime.spawn(deliver(shared.clone()));
+                Some(Tracking { shared, task })
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "the run-state manager was created outside a Tokio runtime; run-state tracking is off"
+                );
+                None
+            }
+        });
+        Self { config, tracking, created_ms: now_ms(), first_run_taken: AtomicBool::new(false) }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ManagerConfig {
+        &self.config
+    }
+
+    /// True when runs are reported to a state actor.
+    pub fn is_tracking(&self) -> bool {
+        self.tracking.is_some()
+    }
+
+    /// Writes not yet acknowledged by the state actor, over every run.
+    pub fn pending_writes(&self) -> usize {
+        self.tracking.as_ref().map_or(0, |t| t.shared.pending())
+    }
+
+    /// Registers a new run: a fresh run id for every call (a restore of an
+    /// earlier run is a new run, naming it in `restored_from`).
+    ///
+    /// Gathers every worker's metadata at once, within the gather deadline;
+    /// a worker that fails or is late fails the registration with an error
+    /// naming its rank. The run is `RUNNING`, its workers sorted by world
+    /// rank, its datasets as [`DatasetSpec::to_draft`] makes them. Its
+    /// `start_time_ms` is when the manager was created for it: the
+    /// manager's creation for the first run it registers, the start of this
+    /// call for any later one.
+    ///
+    /// Returns [`RunRegistration::Registered`] once the actor has
+    /// acknowledged the run (so it survives the controller dying right
+    /// after), or [`RunRegistration::Pending`] when the deadline passes
+    /// first, while delivery goes on in the background.
+    pub async fn register_train_run<G: WorkerGroup + ?Sized>(
+        &self,
+        name: &str,
+        job_id: &str,
+        controller_actor_id: &str,
+        worker_group: &G,
+        datasets: impl IntoIterator<Item = DatasetSpec>,
+        restored_from: Option<RunId>,
+    ) -> Result<RunRegistration, ManagerError> {
+        let id = RunId::new_v7();
+        let start_time_ms = if self.first_run_taken.swap(true, Ordering::SeqCst) {
+            now_ms()
+        } else {
+            self.created_ms
+        };
+        let Some(tracking) = self.tracking("register_train_run") else {
+            return Ok(RunRegistration::Untracked(id));
+        };
+        if tracking.shared.is_closed() {
+            return Err(ManagerError::ShutDown);
+        }
+        let workers = gather(worker_group, self.config.gather_timeout).await?;
+        let run = build_run(RunParts {
+            id: &id,
+            name,
+            job_id,
+            controller_actor_id,
+            workers,
+            datasets: datasets.into_iter().map(|d| d.to_draft()).collect(),
+            start_time_ms,
+            restored_from,
+        })?;
+        let ack = tracking.shared.register(run)?;
+        Ok(match self.wait(&id, ack).await? {
+            true => RunRegistration::Registered(id),
+            false => RunRegistration::Pending(id),
+        })
+    }
+
+    /// Records a new worker group of a live run (an elastic resize, or a
+    /// restart after a failure): a new attempt, whose previous workers the
+    /// actor marks `DEAD`. Gathers the workers' metadata like
+    /// [`register_train_run`](Self::register_train_run).
+    pub async fn update_worker_group<G: WorkerGroup + ?Sized>(
+        &self,
+        run_id: &RunId,
+        worker_group: &G,
+    ) -> Result<Delivery, ManagerError> {
+        let Some(tracking) = self.tracking("update_worker_group") else {
+            return Ok(Delivery::Untracked);
+        };
+        tracking.shared.check_live(run_id)?;
+        let workers = gather(worker_group, self.config.gather_timeout).await?;
+        check_workers(&workers)?;
+        let ack = tracking.shared.start_attempt(run_id, workers)?;
+        self.delivery(run_id, ack).await
+    }
+
+    /// The run finished successfully. Waits for the acknowledgement, at
+    /// most the call deadline.
+    pub async fn finished(&self, run_id: &RunId) -> Result<Delivery, ManagerError> {
+        self.end(run_id, "finished", StatusUpdate::finished()).await
+    }
+
+    /// The run failed with `error`: raised by the worker of world rank
+    /// `rank` (a user error), or by the controller when `rank` is `None`
+    /// (a system error). `trace` is the error's traceback; the stored
+    /// detail is Ray's `Rank {rank} worker raised an error.` followed by the
+    /// trace, which is made to contain `error`. Waits for the
+    /// acknowledgement, at most the call deadline.
+    pub async fn errored(
+        &self,
+        run_id: &RunId,
+        rank: Option<u32>,
+        error: &str,
+        trace: &str,
+    ) -> Result<Delivery, ManagerError> {
+        let kind = if rank.is_some() { CauseKind::UserError } else { CauseKind::SystemError };
+        self.errored_with_cause(run_id, rank, kind, error, trace).await
+    }
+
+    /// As [`errored`](Self::errored), with the kind of failure given.
+    pub async fn errored_with_cause(
+        &self,
+        run_id: &RunId,
+        rank: Option<u32>,
+        kind: CauseKind,
+        error: &str,
+        trace: &str,
+    ) -> Result<Delivery, ManagerError> {
+        let detail = if trace.contains(error) {
+            trace.to_owned()
+        } else if trace.is_empty() {
+            error.to_owned()
+        } else {
+            format!("{trace}\n{error}")
+        };
+        self.end(run_id, "errored", StatusUpdate::errored(rank, kind, detail)).await
+    }
+
+    /// The run was stopped before it finished, for `cause` (a user
+    /// interrupt, say). Waits for the acknowledgement, at most the call
+    /// deadline.
+    pub async fn aborted(
+        &self,
+        run_id: &RunId,
+        cause: CauseKind,
+    ) -> Result<Delivery, ManagerError> {
+        let detail = match cause {
+            CauseKind::UserInterrupt => "The run was interrupted.",
+            CauseKind::LostController => "The run's controller was lost.",
+            CauseKind::SystemError => "The run was stopped by a system failure.",
+            CauseKind::UserError => "The run was stopped by an error in the training code.",
+            _ => "The run was stopped before it finished.",
+        };
+        self.end(run_id, "aborted", StatusUpdate::aborted(cause, detail)).await
+    }
+
+    /// Flushes what is still undelivered, waiting at most `grace`, then
+    /// stops every heartbeat and the delivery. Returns the number of writes
+    /// left undelivered. Calls after it fail with [`ManagerError::ShutDown`].
+    pub async fn shutdown(&self, grace: Duration) -> usize {
+        let Some(tracking) = self.tracking("shutdown") else {
+            return 0;
+        };
+        tracking.shared.close();
+        let left = tracking.shared.drain(Instant::now() + grace).await;
+        tracking.shared.stop_heartbeats();
+        tracking.task.abort();
+        if left > 0 {
+            tracing::warn!(
+                writes = left,
+                "shut down with writes the state actor never acknowledged"
+            );
+        }
+        left
+    }
+
+    fn tracking(&self, call: &str) -> Option<&Tracking> {
+        if self.tracking.is_none() {
+            tracing::warn!(call, "no state actor: run-state tracking is off; training goes on");
+        }
+        self.tracking.as_ref()
+    }
+
+    async fn end(
+        &self,
+        run_id: &RunId,
+        call: &str,
+        update: StatusUpdate,
+    ) -> Result<Delivery, ManagerError> {
+        let Some(tracking) = self.tracking(call) else {
+            return Ok(Delivery::Untracked);
+        };
+        let ack = tracking.shared.end(run_id, update)?;
+        self.delivery(run_id, ack).await
+    }
+
+    async fn delivery(&self, run_id: &RunId, ack: Ack) -> Result<Delivery, ManagerError> {
+        Ok(match self.wait(run_id, ack).await? {
+            true => Delivery::Acknowledged,
+            false => Delivery::Pending,
+        })
+    }
+
+    /// Waits for a write's acknowledgement up to the call deadline: true
+    /// when acknowledged, false when still pending.
+    async fn wait(&self, id: &RunId, ack: Ack) -> Result<bool, ManagerError> {
+        match tokio::time::timeout(self.config.call_timeout, ack).await {
+            Ok(Ok(Ok(()))) => Ok(true),
+            Ok(Ok(Err(source))) => Err(ManagerError::Rejected { id: id.clone(), source }),
+            Ok(Err(_)) | Err(_) => Ok(false),
+        }
+    }
+}
+
+struct RunParts<'a> {
+    id: &'a RunId,
+    name: &'a str,
+    job_id: &'a str,
+    controller_actor_id: &'a str,
+    workers: Vec<TrainWorkerInfo>,
+    datasets: Vec<TrainDatasetInfoDraft>,
+    start_time_ms: u64,
+    restored_from: Option<RunId>,
+}
+
+fn build_run(parts: RunParts<'_>) -> Result<TrainRunInfo, ManagerError> {
+    let draft = TrainRunInfoDraft {
+        name: parts.name.to_owned(),
+        id: parts.id.to_string(),
+        job_id: parts.job_id.to_owned(),
+        controller_actor_id: parts.controller_actor_id.to_owned(),
+        workers: parts.workers.into_iter().map(TrainWorkerInfo::into_draft).collect(),
+        datasets: parts.datasets,
+        run_status: RunStatus::Running,
+        status_detail: String::new(),
+        start_time_ms: parts.start_time_ms,
+        end_time_ms: None,
+        resources: None,
+        attempts: Vec::new(),
+        last_heartbeat_ms: None,
+        cause: None,
+        restored_from: parts.restored_from.map(|id| id.to_string()),
+        controller_log_file_path: None,
+    };
+    Ok(draft.validate()?)
+}
+
+/// Checks the rules across a worker group's workers (ranks and nodes), so a
+/// bad group is refused to the caller rather than by the actor later.
+fn check_workers(workers: &[TrainWorkerInfo]) -> Result<(), ManagerError> {
+    let probe = TrainRunInfoDraft {
+        name: "check".into(),
+        id: "check".into(),
+        job_id: "check".into(),
+        controller_actor_id: "check".into(),
+        workers: workers.iter().cloned().map(TrainWorkerInfo::into_draft).collect(),
+        datasets: Vec::new(),
+        run_status: RunStatus::Running,
+        status_detail: String::new(),
+        start_time_ms: 0,
+        end_time_ms: None,
+        resources: None,
+        attempts: Vec::new(),
+        last_heartbeat_ms: None,
+        cause: None,
+        restored_from: None,
+        controller_log_file_path: None,
+    };
+    probe.validate()?;
+    Ok(())
+}
