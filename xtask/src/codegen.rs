@@ -2,12 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use schemars::generate::SchemaSettings;
-use schemars::{JsonSchema, Schema};
-use trainstate_schema::{
-    ActorStatus, CauseKind, Resources, RunAttempt, RunCause, RunId, RunStatus, TrainDatasetInfo,
-    TrainRunInfo, TrainWorkerInfo,
-};
+use schemars::Schema;
 
 use crate::schema_doc;
 
@@ -34,27 +29,12 @@ pub(crate) struct NamedSchema {
     pub(crate) schema: Schema,
 }
 
-fn schema_of<T: JsonSchema>(name: &'static str) -> NamedSchema {
-    // The deserialize contract: what trainstate accepts, so every Ray
-    // document validates against it.
-    let generator = SchemaSettings::draft2020_12().for_deserialize().into_generator();
-    NamedSchema { name, schema: generator.into_root_schema_for::<T>() }
-}
-
 /// The schemas of every public wire type, in documentation order.
 pub(crate) fn wire_schemas() -> Vec<NamedSchema> {
-    vec![
-        schema_of::<TrainRunInfo>("TrainRunInfo"),
-        schema_of::<TrainWorkerInfo>("TrainWorkerInfo"),
-        schema_of::<TrainDatasetInfo>("TrainDatasetInfo"),
-        schema_of::<RunAttempt>("RunAttempt"),
-        schema_of::<RunStatus>("RunStatus"),
-        schema_of::<ActorStatus>("ActorStatus"),
-        schema_of::<RunCause>("RunCause"),
-        schema_of::<CauseKind>("CauseKind"),
-        schema_of::<RunId>("RunId"),
-        schema_of::<Resources>("Resources"),
-    ]
+    trainstate_client::openapi::wire_schemas()
+        .into_iter()
+        .map(|(name, schema)| NamedSchema { name, schema })
+        .collect()
 }
 
 fn pretty(value: &serde_json::Value) -> String {
@@ -73,6 +53,10 @@ pub fn generated_files() -> Vec<GeneratedFile> {
             contents: pretty(named.schema.as_value()),
         })
         .collect();
+    files.push(GeneratedFile {
+        path: "schemas/openapi.json".into(),
+        contents: pretty(&trainstate_client::openapi::document()),
+    });
     files.push(GeneratedFile {
         path: "docs/schema.md".into(),
         contents: schema_doc::render(&schemas),

@@ -32,6 +32,8 @@ mod config;
 mod errors;
 #[cfg(feature = "fault-injection")]
 mod faults;
+#[cfg(feature = "server")]
+pub mod http;
 mod record;
 mod state;
 mod store;

@@ -205,7 +205,7 @@ impl StateService {
 
     /// Stops the actor after it has handled every queued request and the
     /// store has committed every queued write.
-    pub async fn shutdown(self) {
+    pub async fn shutdown(&self) {
         shutdown(&self.supervisor).await;
     }
 }

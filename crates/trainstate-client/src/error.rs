@@ -57,6 +57,12 @@ pub enum StateError {
         /// Writes in flight when the request was refused.
         in_flight: usize,
     },
+    /// The head refused the request's credentials (remote handles only).
+    #[error("unauthorized: {reason}")]
+    Unauthorized {
+        /// What the head said.
+        reason: String,
+    },
     /// No answer came within the deadline. The request may still take effect.
     #[error("no answer from the state actor within {after:?}")]
     Timeout {

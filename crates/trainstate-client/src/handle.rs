@@ -45,8 +45,14 @@ pub fn get_state_actor_named(name: &str) -> Option<StateHandle> {
 /// deadline and fails with [`StateError::Timeout`] past it.
 #[derive(Clone)]
 pub struct StateHandle {
-    inner: Arc<Local>,
+    inner: Arc<Transport>,
     timeout: Duration,
+}
+
+enum Transport {
+    Local(Local),
+    #[cfg(feature = "http")]
+    Remote(crate::remote::Remote),
 }
 
 struct Local {
@@ -57,7 +63,7 @@ struct Local {
 impl std::fmt::Debug for StateHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StateHandle")
-            .field("name", &self.inner.name)
+            .field("target", &self.name())
             .field("timeout", &self.timeout)
             .finish()
     }
@@ -72,9 +78,28 @@ impl StateHandle {
 
     fn local_with(name: &str, actor: Option<ActorRef<StateMessage>>) -> Self {
         Self {
-            inner: Arc::new(Local { name: name.to_owned(), actor: Mutex::new(actor) }),
+            inner: Arc::new(Transport::Local(Local {
+                name: name.to_owned(),
+                actor: Mutex::new(actor),
+            })),
             timeout: DEFAULT_CALL_TIMEOUT,
         }
+    }
+
+    /// A handle to the state actor behind the head service at `url` (for
+    /// example `http://head:8266`), with the bearer `token` the head
+    /// requires for writes, if any. Nothing is sent until the first call.
+    ///
+    /// The same typed API as a local handle. Every request of the API is
+    /// idempotent, so a request is retried with backoff while the head is
+    /// unreachable or busy, up to the call's deadline. Subscriptions and
+    /// sweeps are local only; over HTTP, use `GET /api/train/events`.
+    #[cfg(feature = "http")]
+    pub fn connect(url: &str, token: Option<String>) -> Result<Self, StateError> {
+        Ok(Self {
+            inner: Arc::new(Transport::Remote(crate::remote::Remote::new(url, token)?)),
+            timeout: DEFAULT_CALL_TIMEOUT,
+        })
     }
 
     /// The same handle with another deadline for each call.
@@ -88,13 +113,27 @@ impl StateHandle {
         self.timeout
     }
 
-    /// The registry name of the actor this handle talks to.
+    /// The registry name of the actor this handle talks to, or the URL of
+    /// the head for a remote handle.
     pub fn name(&self) -> &str {
-        &self.inner.name
+        match &*self.inner {
+            Transport::Local(local) => &local.name,
+            #[cfg(feature = "http")]
+            Transport::Remote(remote) => remote.base(),
+        }
+    }
+
+    /// True for a handle over HTTP.
+    pub fn is_remote(&self) -> bool {
+        !matches!(&*self.inner, Transport::Local(_))
     }
 
     /// Registers a run; see [`StateMessage::Register`].
     pub async fn register(&self, run: TrainRunInfo) -> Result<Registration, StateError> {
+        #[cfg(feature = "http")]
+        if let Transport::Remote(remote) = &*self.inner {
+            return remote.register(&run, self.timeout).await;
+        }
         let run = Box::new(run);
         self.call(|reply| StateMessage::Register { run, reply }).await
     }
@@ -105,6 +144,10 @@ impl StateHandle {
         id: RunId,
         update: StatusUpdate,
     ) -> Result<RunDocument, StateError> {
+        #[cfg(feature = "http")]
+        if let Transport::Remote(remote) = &*self.inner {
+            return remote.set_status(&id, update, self.timeout).await;
+        }
         self.call(|reply| StateMessage::SetStatus { id, update, reply }).await
     }
 
@@ -114,16 +157,28 @@ impl StateHandle {
         id: RunId,
         attempt: NewAttempt,
     ) -> Result<RunDocument, StateError> {
+        #[cfg(feature = "http")]
+        if let Transport::Remote(remote) = &*self.inner {
+            return remote.start_attempt(&id, attempt, self.timeout).await;
+        }
         self.call(|reply| StateMessage::StartAttempt { id, attempt, reply }).await
     }
 
     /// Renews a live run's lease and returns it.
     pub async fn heartbeat(&self, id: RunId) -> Result<Duration, StateError> {
+        #[cfg(feature = "http")]
+        if let Transport::Remote(remote) = &*self.inner {
+            return remote.heartbeat(&id, self.timeout).await;
+        }
         self.call(|reply| StateMessage::Heartbeat { id, reply }).await
     }
 
     /// Reads one run as stored.
     pub async fn get(&self, id: RunId) -> Result<RunDocument, StateError> {
+        #[cfg(feature = "http")]
+        if let Transport::Remote(remote) = &*self.inner {
+            return remote.get(&id, self.timeout).await;
+        }
         self.call(|reply| StateMessage::Get { id, reply }).await
     }
 
@@ -135,23 +190,50 @@ impl StateHandle {
     /// Lists runs; see [`RunQuery`].
     pub async fn list(&self, query: RunQuery) -> Result<RunPage, StateError> {
         query.check()?;
+        #[cfg(feature = "http")]
+        if let Transport::Remote(remote) = &*self.inner {
+            return remote.list(query, self.timeout).await;
+        }
         self.call(|reply| StateMessage::List { query, reply }).await
     }
 
     /// Subscribes to committed changes, resuming after `after_seq` if the
     /// actor still keeps those events.
     pub async fn subscribe(&self, after_seq: Option<u64>) -> Result<Subscription, StateError> {
+        self.local_only("subscriptions")?;
         self.call(|reply| StateMessage::Subscribe { after_seq, reply }).await
     }
 
     /// Deletes an ended run.
     pub async fn delete(&self, id: RunId) -> Result<(), StateError> {
+        #[cfg(feature = "http")]
+        if let Transport::Remote(remote) = &*self.inner {
+            return remote.delete(&id, self.timeout).await;
+        }
         self.call(|reply| StateMessage::Delete { id, reply }).await
     }
 
     /// Runs the liveness sweep now and returns the runs it aborted.
     pub async fn sweep_leases(&self) -> Result<Vec<RunId>, StateError> {
+        self.local_only("sweeps")?;
         self.call(|reply| StateMessage::SweepLeases { reply }).await
+    }
+
+    fn local_only(&self, what: &str) -> Result<(), StateError> {
+        if self.is_remote() {
+            return Err(StateError::unavailable(format!(
+                "{what} are not available over HTTP; use GET /api/train/events"
+            )));
+        }
+        Ok(())
+    }
+
+    fn local_transport(&self) -> &Local {
+        match &*self.inner {
+            Transport::Local(local) => local,
+            #[cfg(feature = "http")]
+            Transport::Remote(_) => unreachable!("remote handles never send actor messages"),
+        }
     }
 
     /// Sends one request and waits for its answer, up to the deadline.
@@ -169,7 +251,7 @@ impl StateHandle {
                 if Instant::now() >= deadline {
                     return Err(StateError::unavailable(format!(
                         "no state actor named {:?} is running",
-                        self.inner.name
+                        self.local_transport().name
                     )));
                 }
                 tokio::time::sleep(RELOOK_INTERVAL).await;
@@ -197,17 +279,18 @@ impl StateHandle {
 
     /// The cached actor, or the one registered under the name now.
     fn actor(&self) -> Option<ActorRef<StateMessage>> {
-        let mut cached = self.inner.actor.lock().unwrap_or_else(|e| e.into_inner());
+        let local = self.local_transport();
+        let mut cached = local.actor.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(actor) = cached.as_ref() {
             return Some(actor.clone());
         }
-        let found = ActorRef::<StateMessage>::where_is(self.inner.name.clone());
+        let found = ActorRef::<StateMessage>::where_is(local.name.clone());
         cached.clone_from(&found);
         found
     }
 
     fn forget(&self, stale: &ActorRef<StateMessage>) {
-        let mut cached = self.inner.actor.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cached = self.local_transport().actor.lock().unwrap_or_else(|e| e.into_inner());
         if cached.as_ref().is_some_and(|a| a.get_id() == stale.get_id()) {
             *cached = None;
         }

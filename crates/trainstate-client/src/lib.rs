@@ -21,12 +21,22 @@
 //!
 //! Every call has a deadline ([`StateHandle::with_timeout`]). A handle
 //! survives restarts of the actor: it looks the actor up again by name.
+//!
+//! # Features
+//!
+//! - `http` (default): [`StateHandle::connect`], the same API over the head
+//!   service's HTTP API (plain HTTP, with reqwest).
+//! - `rustls`: HTTPS for the remote handle.
 
+pub mod api;
 mod error;
 mod events;
 mod handle;
+pub mod openapi;
 mod protocol;
 mod query;
+#[cfg(feature = "http")]
+mod remote;
 
 pub use error::StateError;
 pub use events::{EventKind, StateEvent, Subscription};

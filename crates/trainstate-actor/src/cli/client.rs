@@ -1,0 +1,286 @@
+//! `trainstate runs …` and `trainstate schema`: reading a head service.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use trainstate_client::{RunQuery, StateHandle};
+use trainstate_schema::text::escape_control;
+use trainstate_schema::{RunStatus, TrainRunInfo};
+
+use super::{HeadArgs, RunsCommand};
+
+pub(crate) fn runs(command: RunsCommand) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("trainstate: cannot start the runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run_command(command)) {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("trainstate: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn connect(head: &HeadArgs) -> Result<StateHandle, String> {
+    let token = match &head.token_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read --token-file {}: {e}", path.display()))?
+                .trim()
+                .to_owned(),
+        ),
+        None => None,
+    };
+    StateHandle::connect(&head.url, token)
+        .map(|h| h.with_timeout(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())
+}
+
+async fn run_command(command: RunsCommand) -> Result<String, String> {
+    match command {
+        RunsCommand::List { head, status, job, name, limit } => {
+            let state = connect(&head)?;
+            let mut query = RunQuery::new().limit(limit);
+            query.statuses = status
+                .iter()
+                .map(|s| {
+                    RunStatus::parse(&s.to_uppercase()).ok_or_else(|| {
+                        format!("unknown status {s:?}: use RUNNING, FINISHED, ERRORED or ABORTED")
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+            query.job_id = job;
+            query.name_contains = name;
+            let page = state.list(query).await.map_err(|e| unreachable_head(&head.url, e))?;
+            if head.json {
+                let mut out = String::from("{\"train_runs\":[");
+                for (i, run) in page.runs.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    run.write_json(&mut out);
+                }
+                out.push_str(&format!("],\"total\":{}}}\n", page.total));
+                return Ok(out);
+            }
+            let runs: Vec<TrainRunInfo> = page
+                .runs
+                .iter()
+                .map(|r| r.parse())
+                .collect::<Result<_, _>>()
+                .map_err(|e| e.to_string())?;
+            let mut rows = vec![vec![
+                "ID".to_owned(),
+                "NAME".into(),
+                "STATUS".into(),
+                "JOB".into(),
+                "STARTED (UTC)".into(),
+                "DURATION".into(),
+                "WORKERS".into(),
+                "GPUS".into(),
+            ]];
+            for run in &runs {
+                let gpus: usize = run.workers().iter().map(|w| w.gpu_ids().len()).sum();
+                rows.push(vec![
+                    run.id().to_string(),
+                    escape_control(run.name()).into_owned(),
+                    run.run_status().to_string(),
+                    escape_control(run.job_id()).into_owned(),
+                    utc(run.start_time_ms()),
+                    duration(run.start_time_ms(), run.end_time_ms()),
+                    run.workers().len().to_string(),
+                    gpus.to_string(),
+                ]);
+            }
+            let mut out = table(&rows);
+            out.push_str(&format!("{} of {} runs\n", runs.len(), page.total));
+            Ok(out)
+        }
+        RunsCommand::Show { head, id } => {
+            let state = connect(&head)?;
+            let id = trainstate_schema::RunId::parse(&id).map_err(|e| e.to_string())?;
+            let run = state.get(id).await.map_err(|e| unreachable_head(&head.url, e))?;
+            if head.json {
+                return Ok(format!("{}\n", run.to_json()));
+            }
+            show(&run.parse().map_err(|e| e.to_string())?)
+        }
+    }
+}
+
+fn unreachable_head(url: &str, err: trainstate_client::StateError) -> String {
+    match err {
+        trainstate_client::StateError::Unavailable { reason } => {
+            format!("head service at {url} is unreachable: {reason}")
+        }
+        other => other.to_string(),
+    }
+}
+
+fn show(run: &TrainRunInfo) -> Result<String, String> {
+    let mut out = String::new();
+    let line = |out: &mut String, key: &str, value: &str| {
+        out.push_str(&format!("{key:<16}{}\n", escape_control(value)));
+    };
+    line(&mut out, "id", run.id().as_str());
+    line(&mut out, "name", run.name());
+    line(&mut out, "status", run.run_status().as_str());
+    line(&mut out, "job", run.job_id());
+    line(&mut out, "controller", run.controller_actor_id());
+    line(&mut out, "started (UTC)", &utc(run.start_time_ms()));
+    line(&mut out, "ended (UTC)", &run.end_time_ms().map(utc).unwrap_or_else(|| "-".into()));
+    line(&mut out, "duration", &duration(run.start_time_ms(), run.end_time_ms()));
+    if let Some(cause) = run.cause() {
+        let rank = cause
+            .failed_world_rank
+            .map(|r| format!(" (rank {r} failed first)"))
+            .unwrap_or_default();
+        line(&mut out, "cause", &format!("{}{rank}", cause.kind));
+    }
+    if let Some(from) = run.restored_from() {
+        line(&mut out, "restored from", from.as_str());
+    }
+    out.push_str("\nworkers\n");
+    let mut rows = vec![
+        ["RANK", "LOCAL", "NODE", "NODE ID", "NODE IP", "PID", "GPUS", "STATUS"]
+            .map(String::from)
+            .to_vec(),
+    ];
+    for w in run.workers() {
+        rows.push(vec![
+            w.world_rank().to_string(),
+            w.local_rank().to_string(),
+            w.node_rank().to_string(),
+            escape_control(w.node_id()).into_owned(),
+            w.node_ip().to_owned(),
+            w.pid().to_string(),
+            w.gpu_ids().iter().map(u32::to_string).collect::<Vec<_>>().join(","),
+            w.status().to_string(),
+        ]);
+    }
+    out.push_str(&table(&rows));
+    if !run.datasets().is_empty() {
+        out.push_str("\ndatasets\n");
+        let mut rows = vec![["NAME", "DATASET NAME", "UUID"].map(String::from).to_vec()];
+        for d in run.datasets() {
+            rows.push(vec![
+                escape_control(d.name()).into_owned(),
+                escape_control(d.dataset_name().unwrap_or("-")).into_owned(),
+                escape_control(d.dataset_uuid()).into_owned(),
+            ]);
+        }
+        out.push_str(&table(&rows));
+    }
+    if run.attempts().len() > 1 {
+        out.push_str("\nattempts\n");
+        let mut rows =
+            vec![["ID", "STARTED (UTC)", "ENDED (UTC)", "WORKERS"].map(String::from).to_vec()];
+        for a in run.attempts() {
+            rows.push(vec![
+                escape_control(a.attempt_id()).into_owned(),
+                utc(a.start_time_ms()),
+                a.end_time_ms().map(utc).unwrap_or_else(|| "-".into()),
+                a.workers().map_or(run.workers().len(), |w| w.len()).to_string(),
+            ]);
+        }
+        out.push_str(&table(&rows));
+    }
+    if !run.status_detail().is_empty() {
+        out.push_str("\nstatus detail\n");
+        out.push_str(&escape_control(run.status_detail()));
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+/// Left-aligned columns separated by two spaces.
+fn table(rows: &[Vec<String>]) -> String {
+    let columns = rows.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let cells: Vec<String> =
+            row.iter().zip(&widths).map(|(cell, width)| format!("{cell:<width$}")).collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// `2026-11-29 18:26:59` from Unix milliseconds.
+fn utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    let (hour, minute, second) = (rest / 3600, rest % 3600 / 60, rest % 60);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02} {hour:02}:{minute:02}:{second:02}")
+}
+
+fn duration(start: u64, end: Option<u64>) -> String {
+    let end = end.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(start)
+    });
+    let secs = end.saturating_sub(start) / 1000;
+    match secs {
+        s if s < 60 => format!("{s}s"),
+        s if s < 3600 => format!("{}m{:02}s", s / 60, s % 60),
+        s => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+    }
+}
+
+pub(crate) fn schema(name: Option<&str>) -> ExitCode {
+    let schemas = trainstate_client::openapi::wire_schemas();
+    match name {
+        None => {
+            for (name, _) in &schemas {
+                println!("{name}");
+            }
+            ExitCode::SUCCESS
+        }
+        Some(name) => match schemas.iter().find(|(n, _)| *n == name) {
+            Some((_, schema)) => {
+                println!("{}", serde_json::to_string_pretty(schema.as_value()).unwrap_or_default());
+                ExitCode::SUCCESS
+            }
+            None => {
+                let known: Vec<&str> = schemas.iter().map(|(n, _)| *n).collect();
+                eprintln!("trainstate: no wire type named {name:?}; known: {}", known.join(", "));
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_renders_civil_time() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00");
+        assert_eq!(utc(1_760_000_000_000), "2025-10-09 08:53:20");
+        assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00");
+    }
+}

@@ -1,0 +1,140 @@
+//! The command line: `serve`, `runs list`, `runs show`, `schema`.
+//!
+//! Environment variables are read here, at the edge, and nowhere else.
+
+mod client;
+mod demo;
+mod duration;
+mod serve;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Run-state tracking for distributed training.
+#[derive(Debug, Parser)]
+#[command(name = "trainstate", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the head service: the state actor, its store and the HTTP API.
+    Serve(ServeArgs),
+    /// Read runs from a head service.
+    Runs {
+        #[command(subcommand)]
+        command: RunsCommand,
+    },
+    /// Print the JSON Schema of a wire type (or list the types).
+    Schema {
+        /// The type, for example TrainRunInfo.
+        r#type: Option<String>,
+    },
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// Address to listen on; port 0 picks a free port.
+    #[arg(long, env = "TRAINSTATE_LISTEN", default_value = "127.0.0.1:8266")]
+    listen: String,
+    /// Directory of the store (created if missing).
+    #[arg(long, env = "TRAINSTATE_DATA_DIR", default_value = "trainstate-data")]
+    data_dir: PathBuf,
+    /// Keep runs in memory only: nothing survives the process.
+    #[arg(long, env = "TRAINSTATE_IN_MEMORY")]
+    in_memory: bool,
+    /// How long a live run stays live without a heartbeat (e.g. 2s, 60s, 5m).
+    #[arg(long, env = "TRAINSTATE_LEASE", default_value = "60s", value_parser = duration::parse)]
+    lease: Duration,
+    /// The most runs kept; the oldest ended runs are evicted first.
+    #[arg(long, env = "TRAINSTATE_MAX_RUNS", default_value_t = trainstate_actor::DEFAULT_MAX_RUNS)]
+    max_runs: usize,
+    /// Evict ended runs older than this (e.g. 30d is not accepted; use 720h).
+    #[arg(long, env = "TRAINSTATE_MAX_AGE", value_parser = duration::parse)]
+    max_age: Option<Duration>,
+    /// File holding the bearer token that writes need.
+    #[arg(long, env = "TRAINSTATE_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+    /// The bearer token itself (prefer --token-file: arguments are visible to other users).
+    #[arg(long, env = "TRAINSTATE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Reads need the token too.
+    #[arg(long, env = "TRAINSTATE_PROTECT_READS")]
+    protect_reads: bool,
+    /// Allow listening on a non-loopback address without a token.
+    #[arg(long, env = "TRAINSTATE_INSECURE")]
+    insecure: bool,
+    /// Origins allowed by CORS (repeat, or comma-separated).
+    #[arg(long = "cors-origin", env = "TRAINSTATE_CORS_ORIGINS", value_delimiter = ',')]
+    cors_origins: Vec<String>,
+    /// The largest request body, in bytes.
+    #[arg(long, env = "TRAINSTATE_MAX_BODY_BYTES", default_value_t = trainstate_actor::http::DEFAULT_MAX_BODY_BYTES)]
+    max_body_bytes: usize,
+    /// The most concurrent event subscribers.
+    #[arg(long, env = "TRAINSTATE_MAX_SUBSCRIBERS", default_value_t = trainstate_actor::http::DEFAULT_MAX_SUBSCRIBERS)]
+    max_subscribers: usize,
+    /// SQLite synchronous=NORMAL instead of FULL (faster; the last commits may be lost on power loss).
+    #[arg(long, env = "TRAINSTATE_SYNC_NORMAL")]
+    sync_normal: bool,
+    /// Drive a few simulated runs so there is something to look at.
+    #[arg(long, env = "TRAINSTATE_DEMO")]
+    demo: bool,
+    /// Log JSON lines instead of human-readable text.
+    #[arg(long, env = "TRAINSTATE_LOG_JSON")]
+    log_json: bool,
+}
+
+#[derive(Debug, Args)]
+struct HeadArgs {
+    /// The head service.
+    #[arg(long, env = "TRAINSTATE_URL", default_value = "http://127.0.0.1:8266")]
+    url: String,
+    /// File holding the bearer token (needed when reads are protected).
+    #[arg(long, env = "TRAINSTATE_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum RunsCommand {
+    /// List runs, newest first.
+    List {
+        #[command(flatten)]
+        head: HeadArgs,
+        /// Only these statuses (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        status: Vec<String>,
+        /// Only runs of this job.
+        #[arg(long)]
+        job: Option<String>,
+        /// Only runs whose name contains this text.
+        #[arg(long)]
+        name: Option<String>,
+        /// How many runs.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// Show one run: workers, datasets, attempts, status detail.
+    Show {
+        #[command(flatten)]
+        head: HeadArgs,
+        /// The run id.
+        id: String,
+    },
+}
+
+pub(crate) fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => serve::run(args),
+        Command::Runs { command } => client::runs(command),
+        Command::Schema { r#type } => client::schema(r#type.as_deref()),
+    }
+}

@@ -1,0 +1,176 @@
+//! `trainstate serve`: the head service.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, Write};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use trainstate_actor::http::{HttpConfig, serve};
+use trainstate_actor::{Retention, StateConfig, Synchronous, launch_state_actor};
+
+use super::ServeArgs;
+
+/// The lock file in the data directory: held (an OS file lock) while a
+/// head serves from it, released when the process dies, however it dies.
+const LOCK_FILE: &str = "trainstate.lock";
+const STORE_FILE: &str = "trainstate.db";
+
+pub(crate) fn run(args: ServeArgs) -> ExitCode {
+    init_logging(args.log_json);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => return fail(&format!("cannot start the runtime: {err}")),
+    };
+    match runtime.block_on(serve_until_signal(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => fail(&message),
+    }
+}
+
+fn fail(message: &str) -> ExitCode {
+    eprintln!("trainstate: {message}");
+    ExitCode::FAILURE
+}
+
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
+    let token = read_token(&args)?;
+    let addr: SocketAddr = tokio::net::lookup_host(&args.listen)
+        .await
+        .map_err(|e| format!("--listen {}: {e}", args.listen))?
+        .next()
+        .ok_or_else(|| format!("--listen {}: no address", args.listen))?;
+    if !addr.ip().is_loopback() && token.is_none() && !args.insecure {
+        return Err(format!(
+            "refusing to listen on {addr} without a token: anyone on the network could write. \
+             Give --token-file FILE (or TRAINSTATE_TOKEN), or say --insecure if you mean it."
+        ));
+    }
+
+    let mut config = if args.in_memory {
+        StateConfig::in_memory()
+    } else {
+        std::fs::create_dir_all(&args.data_dir).map_err(|e| {
+            format!("cannot create data directory {}: {e}", args.data_dir.display())
+        })?;
+        StateConfig::sqlite(args.data_dir.join(STORE_FILE))
+    };
+    // Held until the process exits.
+    let _lock = if args.in_memory { None } else { Some(lock_data_dir(&args.data_dir)?) };
+    let mut retention = Retention::max_runs(args.max_runs);
+    if let Some(age) = args.max_age {
+        retention = retention.with_max_age(age);
+    }
+    config = config.with_lease(args.lease).with_retention(retention);
+    if args.sync_normal {
+        config = config.with_synchronous(Synchronous::Normal);
+    }
+    let service = Arc::new(launch_state_actor(config).await.map_err(|e| e.to_string())?);
+
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    {
+        let mut stdout = std::io::stdout().lock();
+        let _ = writeln!(stdout, "listening on http://{local}");
+        let _ = stdout.flush();
+    }
+    tracing::info!(address = %local, data_dir = %args.data_dir.display(), in_memory = args.in_memory, "head service ready");
+
+    if args.demo {
+        super::demo::start(service.handle(), args.lease);
+    }
+
+    let http = HttpConfig::default()
+        .with_token(token)
+        .with_protected_reads(args.protect_reads)
+        .with_max_body_bytes(args.max_body_bytes)
+        .with_max_subscribers(args.max_subscribers)
+        .with_cors_origins(args.cors_origins.clone());
+    serve(listener, service.clone(), http, shutdown_signal())
+        .await
+        .map_err(|e| format!("serving: {e}"))?;
+    tracing::info!("stopped accepting; committing what is queued");
+    service.shutdown().await;
+    tracing::info!("shut down cleanly");
+    Ok(())
+}
+
+fn read_token(args: &ServeArgs) -> Result<Option<String>, String> {
+    let token = match (&args.token_file, &args.token) {
+        (Some(path), _) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read --token-file {}: {e}", path.display()))?
+                .trim()
+                .to_owned(),
+        ),
+        (None, Some(token)) => Some(token.trim().to_owned()),
+        (None, None) => None,
+    };
+    match token {
+        Some(token) if token.is_empty() => Err("the token is empty".into()),
+        other => Ok(other),
+    }
+}
+
+/// Takes the data directory's OS file lock, or explains who holds it.
+fn lock_data_dir(dir: &Path) -> Result<File, String> {
+    let path = dir.join(LOCK_FILE);
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    if file.try_lock().is_err() {
+        let mut holder = String::new();
+        let _ = file.read_to_string(&mut holder);
+        let holder = holder.trim();
+        let who = if holder.is_empty() { String::new() } else { format!(" (pid {holder})") };
+        return Err(format!(
+            "another trainstate serve{who} is using data directory {}; \
+             stop it or choose another --data-dir",
+            dir.display()
+        ));
+    }
+    let _ = file.set_len(0);
+    let _ = file.rewind();
+    let _ = write!(file, "{}", std::process::id());
+    let _ = file.flush();
+    Ok(file)
+}
+
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    let mut terminate =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let terminated = async move {
+        match terminate.as_mut() {
+            Some(signal) => {
+                signal.recv().await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = interrupt => tracing::info!("SIGINT: shutting down"),
+        _ = terminated => tracing::info!("SIGTERM: shutting down"),
+    }
+}

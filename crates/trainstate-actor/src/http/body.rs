@@ -1,0 +1,77 @@
+//! Request bodies and query strings: every rejection in the JSON error shape.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::header;
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+use serde_json::error::Category;
+
+use super::error::ApiError;
+
+/// A JSON body: `application/json`, within the size limit, well-formed,
+/// of the right shape. Errors: 415, 413, 400 (syntax, bad UTF-8), 422
+/// (wrong type or missing field, naming its path).
+pub(crate) struct JsonBody<T>(pub(crate) T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
+        let is_json = request
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"));
+        if !is_json {
+            return Err(ApiError::new(
+                axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "the body must be JSON with Content-Type: application/json",
+            ));
+        }
+        let bytes = Bytes::from_request(request, state).await.map_err(|rejection| {
+            let status = rejection.status();
+            if status == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(status, "payload_too_large", "the body is over the size limit")
+            } else {
+                ApiError::bad_request(format!("cannot read the body: {rejection}"))
+            }
+        })?;
+        parse(&bytes).map(JsonBody)
+    }
+}
+
+/// Parses JSON, naming the path of a structural error.
+pub(crate) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let deserializer = &mut serde_json::Deserializer::from_slice(bytes);
+    let parsed: Result<T, _> = serde_path_to_error::deserialize(deserializer);
+    parsed.map_err(|err| {
+        let path = err.path().to_string();
+        let inner = err.into_inner();
+        match inner.classify() {
+            Category::Data => {
+                let field = if path == "." { "body".to_owned() } else { path };
+                ApiError::invalid(field, inner.to_string())
+            }
+            Category::Syntax | Category::Eof | Category::Io => {
+                ApiError::bad_request(format!("the body is not valid JSON: {inner}"))
+            }
+        }
+    })
+}
+
+/// A query string, parsed into `T`; a malformed one is a 400.
+pub(crate) struct QueryParams<T>(pub(crate) T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for QueryParams<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|q| QueryParams(q.0))
+            .map_err(|rejection| ApiError::bad_request(rejection.body_text()))
+    }
+}

@@ -1,0 +1,302 @@
+//! The head service: the HTTP API in front of the state actor.
+//!
+//! Every answer is JSON (but `/metrics`, the event stream and the page);
+//! every error has one shape, `{"error": {"code", "message", "field"}}`,
+//! axum's own rejections, unknown routes and wrong methods included.
+
+mod body;
+mod error;
+mod events;
+mod metrics;
+mod routes;
+mod web;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{HeaderValue, Method, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+use tower_http::cors::{AllowOrigin, CorsLayer};
+use trainstate_client::StateHandle;
+
+use self::error::ApiError;
+use self::metrics::HttpMetrics;
+use crate::StateService;
+
+/// The default limit of a request body: a run of 32,768 workers fits.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
+
+/// The default deadline of a request (event streams excepted).
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The default bound on concurrent event subscribers.
+pub const DEFAULT_MAX_SUBSCRIBERS: usize = 256;
+
+/// How the HTTP API is served.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct HttpConfig {
+    /// The bearer token that writes (and, with `protect_reads`, reads) need.
+    pub token: Option<String>,
+    /// Reads need the token too. The page then takes it from its URL.
+    pub protect_reads: bool,
+    /// The largest request body accepted.
+    pub max_body_bytes: usize,
+    /// The deadline of each request (event streams excepted).
+    pub request_timeout: Duration,
+    /// The most concurrent event subscribers.
+    pub max_subscribers: usize,
+    /// Origins allowed by CORS; none means CORS is off.
+    pub cors_origins: Vec<String>,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            token: None,
+            protect_reads: false,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            max_subscribers: DEFAULT_MAX_SUBSCRIBERS,
+            cors_origins: Vec::new(),
+        }
+    }
+}
+
+impl HttpConfig {
+    /// Requires `token` for writes.
+    pub fn with_token(mut self, token: Option<String>) -> Self {
+        self.token = token;
+        self
+    }
+
+    /// Requires the token for reads too.
+    pub fn with_protected_reads(mut self, protect: bool) -> Self {
+        self.protect_reads = protect;
+        self
+    }
+
+    /// Sets the body size limit.
+    pub fn with_max_body_bytes(mut self, max: usize) -> Self {
+        self.max_body_bytes = max;
+        self
+    }
+
+    /// Sets the request deadline.
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Sets the bound on event subscribers.
+    pub fn with_max_subscribers(mut self, max: usize) -> Self {
+        self.max_subscribers = max;
+        self
+    }
+
+    /// Allows these origins by CORS.
+    pub fn with_cors_origins(mut self, origins: Vec<String>) -> Self {
+        self.cors_origins = origins;
+        self
+    }
+}
+
+/// Documents generated once at start from the Rust types.
+pub(crate) struct Documents {
+    schemas: Vec<(&'static str, String)>,
+    openapi: String,
+}
+
+impl Documents {
+    fn generate() -> Self {
+        let pretty = |value: &serde_json::Value| {
+            let mut text = serde_json::to_string_pretty(value).expect("documents serialize");
+            text.push('\n');
+            text
+        };
+        Self {
+            schemas: trainstate_client::openapi::wire_schemas()
+                .into_iter()
+                .map(|(name, schema)| (name, pretty(schema.as_value())))
+                .collect(),
+            openapi: pretty(&trainstate_client::openapi::document()),
+        }
+    }
+
+    fn schema(&self, name: &str) -> Option<&str> {
+        self.schemas.iter().find(|(n, _)| *n == name).map(|(_, s)| s.as_str())
+    }
+
+    fn schema_names(&self) -> Vec<&'static str> {
+        self.schemas.iter().map(|(n, _)| *n).collect()
+    }
+}
+
+#[derive(Clone)]
+pub(crate) struct AppState {
+    service: Arc<StateService>,
+    handle: StateHandle,
+    config: Arc<HttpConfig>,
+    metrics: Arc<HttpMetrics>,
+    subscribers: Arc<Semaphore>,
+    documents: Arc<Documents>,
+    shutdown: watch::Receiver<bool>,
+}
+
+/// Serves the API on `listener` until `shutdown` completes; then stops
+/// accepting, ends open event streams, and finishes the requests in flight.
+/// The state actor is not stopped: that is the caller's next step.
+pub async fn serve(
+    listener: TcpListener,
+    service: Arc<StateService>,
+    config: HttpConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let (stop, stopping) = watch::channel(false);
+    let app = router(service, config, stopping);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            let _ = stop.send(true);
+        })
+        .await
+}
+
+fn router(
+    service: Arc<StateService>,
+    config: HttpConfig,
+    shutdown: watch::Receiver<bool>,
+) -> Router {
+    let state = AppState {
+        handle: service.handle(),
+        service,
+        subscribers: Arc::new(Semaphore::new(config.max_subscribers)),
+        metrics: Arc::default(),
+        documents: Arc::new(Documents::generate()),
+        config: Arc::new(config),
+        shutdown,
+    };
+    let timed = Router::new()
+        .route("/api/train/runs", get(routes::list_runs).post(routes::register_run))
+        .route("/api/train/v2/runs", get(routes::list_runs_ray))
+        .route("/api/train/runs/{id}", get(routes::get_run).delete(routes::delete_run))
+        .route("/api/train/runs/{id}/status", post(routes::set_status))
+        .route("/api/train/runs/{id}/attempts", post(routes::start_attempt))
+        .route("/api/train/runs/{id}/heartbeat", post(routes::heartbeat))
+        .route("/api/schemas/{name}", get(routes::schema))
+        .route("/openapi.json", get(routes::openapi))
+        .route("/api/version", get(routes::version))
+        .route("/healthz", get(routes::healthz))
+        .route("/metrics", get(routes::metrics))
+        .merge(web::routes())
+        .route_layer(middleware::from_fn_with_state(state.clone(), deadline));
+    let mut app = timed
+        .route("/api/train/events", get(events::events))
+        .fallback(routes::not_found)
+        .method_not_allowed_fallback(routes::method_not_allowed)
+        .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        .layer(middleware::from_fn_with_state(state.clone(), measure));
+    if !state.config.cors_origins.is_empty() {
+        let origins: Vec<HeaderValue> =
+            state.config.cors_origins.iter().filter_map(|o| o.parse().ok()).collect();
+        app = app.layer(
+            CorsLayer::new()
+                .allow_origin(AllowOrigin::list(origins))
+                .allow_methods([Method::GET, Method::POST, Method::DELETE])
+                .allow_headers([header::CONTENT_TYPE, header::AUTHORIZATION]),
+        );
+    }
+    app.with_state(state)
+}
+
+/// Answers 503 in the JSON shape when a request takes longer than allowed.
+async fn deadline(State(app): State<AppState>, request: Request, next: Next) -> Response {
+    match tokio::time::timeout(app.config.request_timeout, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "timeout",
+            format!("the request took longer than {:?}", app.config.request_timeout),
+        )
+        .into_response(),
+    }
+}
+
+/// Checks the bearer token: always for writes when a token is set, and for
+/// reads too when reads are protected. The page itself and `/healthz` are
+/// open, so the page can ask for the token.
+async fn authorize(State(app): State<AppState>, request: Request, next: Next) -> Response {
+    let Some(token) = app.config.token.as_deref() else {
+        return next.run(request).await;
+    };
+    let is_read = matches!(*request.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+    let path = request.uri().path();
+    let open = path == "/healthz" || web::is_page(path);
+    if open || (is_read && !app.config.protect_reads) {
+        return next.run(request).await;
+    }
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_owned)
+        .or_else(|| {
+            // A browser's EventSource cannot send headers: reads may carry it in the query.
+            if !is_read {
+                return None;
+            }
+            request.uri().query().and_then(|q| {
+                q.split('&').find_map(|pair| pair.strip_prefix("access_token=").map(str::to_owned))
+            })
+        });
+    match given {
+        Some(given) if constant_time_eq(given.as_bytes(), token.as_bytes()) => {
+            next.run(request).await
+        }
+        _ => ApiError::unauthorized().into_response(),
+    }
+}
+
+/// Compares without an early exit, so timing says nothing about the token.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for i in 0..a.len().max(b.len()) {
+        diff |= usize::from(a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0));
+    }
+    diff == 0
+}
+
+/// Counts requests by route and status code, and their latency.
+async fn measure(State(app): State<AppState>, request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "unmatched".to_owned());
+    let started = Instant::now();
+    let response = next.run(request).await;
+    app.metrics.record(&route, response.status().as_u16(), started.elapsed());
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn constant_time_eq_compares_whole_tokens() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+        assert!(!constant_time_eq(b"", b"x"));
+    }
+}

@@ -1,0 +1,1 @@
+// The trainstate page (see issue: web dashboard).
