@@ -104,6 +104,12 @@ impl StateConfig {
         self
     }
 
+    /// Sets how many recent events are kept for subscribers that resume.
+    pub fn with_event_backlog(mut self, events: usize) -> Self {
+        self.event_backlog = events;
+        self
+    }
+
     /// Reads time from `clock`.
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;

@@ -85,3 +85,44 @@ pub(crate) async fn wait_until(
 pub(crate) fn json(run: &TrainRunInfo) -> serde_json::Value {
     serde_json::to_value(run).unwrap()
 }
+
+/// A head service in this process, on a free loopback port.
+pub(crate) struct Server {
+    pub(crate) url: String,
+    pub(crate) service: std::sync::Arc<trainstate_actor::StateService>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+impl Server {
+    pub(crate) async fn start(
+        config: trainstate_actor::StateConfig,
+        http: trainstate_actor::http::HttpConfig,
+    ) -> Self {
+        let service =
+            std::sync::Arc::new(trainstate_actor::launch_state_actor(config).await.unwrap());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(trainstate_actor::http::serve(
+            listener,
+            service.clone(),
+            http,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Self { url, service, stop: Some(stop), task: Some(task) }
+    }
+
+    /// Stops accepting, ends event streams, then shuts the actor down.
+    pub(crate) async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.unwrap().unwrap();
+        }
+        self.service.shutdown().await;
+    }
+}

@@ -2,7 +2,10 @@
 
 mod common;
 mod durability;
+mod events;
+mod http_api;
 mod lifecycle;
 mod listing;
 mod liveness;
+mod process;
 mod singleton;

@@ -199,6 +199,7 @@ fn router(
         .route_layer(middleware::from_fn_with_state(state.clone(), deadline));
     let mut app = timed
         .route("/api/train/events", get(events::events))
+        .route_layer(middleware::from_fn(remember_route))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
@@ -275,16 +276,22 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
+/// Hands the matched route to [`measure`], which runs before routing.
+async fn remember_route(request: Request, next: Next) -> Response {
+    let route = request.extensions().get::<MatchedPath>().cloned();
+    let mut response = next.run(request).await;
+    if let Some(route) = route {
+        response.extensions_mut().insert(route);
+    }
+    response
+}
+
 /// Counts requests by route and status code, and their latency.
 async fn measure(State(app): State<AppState>, request: Request, next: Next) -> Response {
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| "unmatched".to_owned());
     let started = Instant::now();
     let response = next.run(request).await;
-    app.metrics.record(&route, response.status().as_u16(), started.elapsed());
+    let route = response.extensions().get::<MatchedPath>().map_or("unmatched", |p| p.as_str());
+    app.metrics.record(route, response.status().as_u16(), started.elapsed());
     response
 }
 

@@ -1,0 +1,219 @@
+//! The `trainstate` binary as a child process: its lock, its signals, and
+//! what survives SIGTERM and SIGKILL.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio::sync::Mutex;
+use trainstate_schema::RunId;
+
+use crate::common::run_with;
+
+const T0: u64 = 1_760_000_000_000;
+
+/// A head service running as a child process.
+struct Head {
+    child: Child,
+    url: String,
+}
+
+impl Head {
+    /// Starts `trainstate serve` on a free port and waits for its
+    /// `listening on` line; or returns what it printed on stderr if it exits.
+    fn start(data_dir: &Path, extra: &[&str]) -> Result<Head, String> {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_trainstate"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data_dir)
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            let _ = tx.send(lines.next().and_then(Result::ok));
+            for _ in lines {}
+        });
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(Some(line)) => {
+                let url = line
+                    .strip_prefix("listening on ")
+                    .unwrap_or_else(|| panic!("first line was {line:?}"))
+                    .to_owned();
+                Ok(Head { child, url })
+            }
+            _ => {
+                let status = child.wait().unwrap();
+                let mut stderr = String::new();
+                child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+                Err(format!("{status}: {stderr}"))
+            }
+        }
+    }
+
+    fn signal(&self, signal: &str) {
+        let status =
+            Command::new("kill").args([signal, &self.child.id().to_string()]).status().unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit, up to a deadline.
+    fn wait(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "the head did not exit");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for Head {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn a_second_serve_on_the_same_directory_refuses_and_kill_9_releases_the_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = Head::start(dir.path(), &[]).unwrap();
+    let refused = Head::start(dir.path(), &[]).err().expect("the second head must refuse");
+    assert!(refused.contains("another trainstate serve"), "{refused}");
+    assert!(refused.contains(&first.child.id().to_string()), "names the holder: {refused}");
+    first.child.kill().unwrap();
+    first.wait();
+    // No stale pid file: the OS released the lock with the process.
+    Head::start(dir.path(), &[]).expect("a restart after kill -9 starts");
+}
+
+#[test]
+fn listening_beyond_loopback_without_a_token_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_trainstate"))
+        .args(["serve", "--listen", "0.0.0.0:0", "--data-dir"])
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    assert!(!child.wait().unwrap().success());
+    assert!(stderr.contains("refusing to listen on 0.0.0.0"), "{stderr}");
+    assert!(stderr.contains("--insecure"), "{stderr}");
+}
+
+/// Registers runs concurrently until told to stop; returns each
+/// acknowledged run as the head answered it.
+async fn burst(url: String, acknowledged: Arc<Mutex<Vec<Value>>>, started: Arc<AtomicUsize>) {
+    let client = reqwest::Client::new();
+    let tasks: Vec<_> = (0..8)
+        .map(|worker| {
+            let (client, url, acknowledged, started) =
+                (client.clone(), url.clone(), acknowledged.clone(), started.clone());
+            tokio::spawn(async move {
+                for i in 0..10_000u64 {
+                    started.fetch_add(1, Ordering::SeqCst);
+                    let run =
+                        run_with(&RunId::new_v7(), &format!("w{worker}-{i}"), "burst", T0 + i, 8);
+                    let answer = client
+                        .post(format!("{url}/api/train/runs"))
+                        .header("content-type", "application/json")
+                        .body(serde_json::to_vec(&run).unwrap())
+                        .send()
+                        .await;
+                    let Ok(answer) = answer else { return };
+                    if answer.status() != 201 {
+                        return;
+                    }
+                    let Ok(text) = answer.text().await else { return };
+                    let body: Value = serde_json::from_str(&text).unwrap();
+                    acknowledged.lock().await.push(body["run"].clone());
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        let _ = task.await;
+    }
+}
+
+fn without_heartbeat(mut run: Value) -> Value {
+    run.as_object_mut().unwrap().remove("last_heartbeat_ms");
+    run
+}
+
+/// Starts a burst of writes, stops the head with `signal` once some are
+/// acknowledged, restarts it, and checks every acknowledged run.
+async fn every_acknowledged_write_survives(signal: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut head = Head::start(dir.path(), &[]).unwrap();
+    let acknowledged = Arc::new(Mutex::new(Vec::new()));
+    let started = Arc::new(AtomicUsize::new(0));
+    let writer = tokio::spawn(burst(head.url.clone(), acknowledged.clone(), started.clone()));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while acknowledged.lock().await.len() < 300 {
+        assert!(Instant::now() < deadline, "the burst made no progress");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    head.signal(signal);
+    let status = head.wait();
+    writer.await.unwrap();
+    if signal == "-TERM" {
+        assert!(status.success(), "SIGTERM exits 0 after draining: {status}");
+    }
+    let acknowledged = acknowledged.lock().await.clone();
+    assert!(
+        started.load(Ordering::SeqCst) > acknowledged.len(),
+        "writes were in flight at the signal"
+    );
+
+    let head = Head::start(dir.path(), &[]).unwrap();
+    let client = reqwest::Client::new();
+    let text = client
+        .get(format!("{}/api/train/v2/runs", head.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let stored: Value = serde_json::from_str(&text).unwrap();
+    let stored: std::collections::HashMap<String, Value> = stored["train_runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|run| {
+            // Nothing partial: every stored run is a whole, valid run.
+            serde_json::from_value::<trainstate_schema::TrainRunInfo>(run.clone()).unwrap();
+            (run["id"].as_str().unwrap().to_owned(), without_heartbeat(run.clone()))
+        })
+        .collect();
+    for run in &acknowledged {
+        let id = run["id"].as_str().unwrap();
+        let found = stored.get(id).unwrap_or_else(|| panic!("acknowledged run {id} was lost"));
+        assert_eq!(found, &without_heartbeat(run.clone()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_a_burst_of_writes_loses_nothing_acknowledged() {
+    every_acknowledged_write_survives("-TERM").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_during_concurrent_writes_loses_nothing_acknowledged() {
+    every_acknowledged_write_survives("-KILL").await;
+}
