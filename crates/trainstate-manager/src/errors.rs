@@ -54,6 +54,10 @@ pub enum ManagerError {
     /// The manager has been shut down.
     #[error("the manager has been shut down")]
     ShutDown,
+    /// The call was made outside a Tokio runtime; nothing was gathered or
+    /// sent.
+    #[error("called outside a Tokio runtime; nothing was sent")]
+    NoRuntime,
 }
 
 /// Why a worker could not report its metadata.

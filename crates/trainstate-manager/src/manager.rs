@@ -218,6 +218,7 @@ impl TrainRunStateManager {
         let Some(tracking) = self.tracking("register_train_run") else {
             return Ok(RunRegistration::Untracked(id));
         };
+        Self::in_runtime("register_train_run")?;
         if tracking.shared.is_closed() {
             return Err(ManagerError::ShutDown);
         }
@@ -251,6 +252,7 @@ impl TrainRunStateManager {
         let Some(tracking) = self.tracking("update_worker_group") else {
             return Ok(Delivery::Untracked);
         };
+        Self::in_runtime("update_worker_group")?;
         tracking.shared.check_live(run_id)?;
         let workers = gather(worker_group, self.config.gather_timeout).await?;
         check_workers(&workers)?;
@@ -326,6 +328,11 @@ impl TrainRunStateManager {
             return 0;
         };
         tracking.shared.close();
+        if Self::in_runtime("shutdown").is_err() {
+            tracking.shared.stop_heartbeats();
+            tracking.task.abort();
+            return tracking.shared.pending();
+        }
         let left = tracking.shared.drain(Instant::now() + grace).await;
         tracking.shared.stop_heartbeats();
         tracking.task.abort();
@@ -345,6 +352,16 @@ impl TrainRunStateManager {
         self.tracking.as_ref()
     }
 
+    /// Fails when called outside a Tokio runtime, where the manager's
+    /// timers and tasks cannot run.
+    fn in_runtime(call: &str) -> Result<(), ManagerError> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            tracing::warn!(call, "called outside a Tokio runtime; nothing was sent");
+            return Err(ManagerError::NoRuntime);
+        }
+        Ok(())
+    }
+
     async fn end(
         &self,
         run_id: &RunId,
@@ -354,6 +371,7 @@ impl TrainRunStateManager {
         let Some(tracking) = self.tracking(call) else {
             return Ok(Delivery::Untracked);
         };
+        Self::in_runtime(call)?;
         let ack = tracking.shared.end(run_id, update)?;
         self.delivery(run_id, ack).await
     }

@@ -345,28 +345,3 @@ fn route_to(head: SocketAddr) -> Result<IpAddr, String> {
     }
     Ok(ip)
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fnv1a64_matches_the_reference_vectors() {
-        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
-        assert_eq!(fnv1a64(b"foobar"), 0x8594_4171_f739_67e8);
-    }
-
-    #[test]
-    fn visible_devices_accept_only_index_lists() {
-        assert_eq!(parse_visible_devices("0"), Some(vec![0]));
-        assert_eq!(parse_visible_devices(" 1 ,0 "), Some(vec![1, 0]));
-        assert_eq!(parse_visible_devices("3,3,1"), Some(vec![3, 1]));
-        for bad in
-            ["", " ", "-1", "none", "NoNe", "void", "all", "0,", "0,,1", "0,-1", "GPU-1", "MIG-a"]
-        {
-            assert_eq!(parse_visible_devices(bad), None, "{bad:?}");
-        }
-        assert_eq!(parse_visible_devices("99999999999"), None);
-    }
-}

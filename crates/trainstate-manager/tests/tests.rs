@@ -1,1 +1,9 @@
-//! Integration tests.
+//! Integration tests of the manager: one binary, one module per concern.
+//! Several are ported from Ray Train's tests of its `TrainRunStateManager`.
+
+mod common;
+mod heartbeat;
+mod no_actor;
+mod probe;
+mod recovery;
+mod registration;

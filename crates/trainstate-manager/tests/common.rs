@@ -1,0 +1,169 @@
+//! Helpers shared by the test modules.
+
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use ractor::ActorRef;
+use trainstate_actor::{StateConfig, StateService, launch_state_actor};
+use trainstate_client::StateHandle;
+use trainstate_manager::{
+    ManagerConfig, MetadataRequest, MetadataWorker, ProbeInputs, RactorWorkerGroup, WorkerError,
+    WorkerGroup, WorkerInfoFuture,
+};
+use trainstate_schema::{
+    ActorStatus, Resources, RunId, RunStatus, TrainRunInfo, TrainWorkerInfo, TrainWorkerInfoDraft,
+};
+
+/// A registry name of its own for each test: tests share one process (and
+/// its actor registry) under `cargo test`.
+pub(crate) fn unique_name(what: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!("test.manager.{what}.{}.{}", std::process::id(), NEXT.fetch_add(1, Ordering::SeqCst))
+}
+
+/// An in-memory state actor under a unique name.
+pub(crate) async fn in_memory(what: &str) -> StateService {
+    launch_state_actor(StateConfig::in_memory().with_name(unique_name(what))).await.unwrap()
+}
+
+/// A manager configuration with short deadlines, so tests of an absent
+/// head run quickly.
+pub(crate) fn quick() -> ManagerConfig {
+    ManagerConfig::default()
+        .with_call_timeout(Duration::from_millis(300))
+        .with_gather_timeout(Duration::from_secs(5))
+        .with_backoff(Duration::from_millis(10), Duration::from_millis(100))
+}
+
+/// Waits until `condition` holds, trying again every few milliseconds,
+/// and fails the test when `deadline` passes first.
+pub(crate) async fn wait_for<F, Fut>(what: &str, deadline: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let until = Instant::now() + deadline;
+    while !condition().await {
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Waits until the run is stored with `status`, and returns it.
+pub(crate) async fn wait_for_status(
+    state: &StateHandle,
+    id: &RunId,
+    status: RunStatus,
+) -> TrainRunInfo {
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(run) = state.get_run(id.clone()).await
+            && run.run_status() == status
+        {
+            return run;
+        }
+        assert!(Instant::now() < until, "timed out waiting for run {id} to be {status}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Probe inputs of one simulated worker: its node's machine id, address
+/// and the GPU it sees.
+pub(crate) fn worker_inputs(dir: &Path, node: u32, gpu: &str) -> ProbeInputs {
+    let machine_id = dir.join(format!("machine-id-{node}"));
+    std::fs::write(&machine_id, format!("{:032x}\n", 0xabc0 + node)).unwrap();
+    ProbeInputs::empty()
+        .with_machine_id_path(machine_id)
+        .with_node_ip(IpAddr::V4(Ipv4Addr::new(10, 0, 0, node as u8 + 1)))
+        .with_env("CUDA_VISIBLE_DEVICES", gpu)
+        .with_resources(Resources::from_iter([("CPU", 1.0), ("GPU", 1.0)]))
+}
+
+/// `nodes` × `per_node` ractor workers; the worker of local rank `l` sees
+/// GPU `l`.
+pub(crate) async fn ractor_group(
+    dir: &Path,
+    nodes: u32,
+    per_node: u32,
+) -> RactorWorkerGroup<MetadataRequest> {
+    let mut layout = Vec::new();
+    for node in 0..nodes {
+        let mut actors: Vec<ActorRef<MetadataRequest>> = Vec::new();
+        for local in 0..per_node {
+            let inputs = worker_inputs(dir, node, &local.to_string());
+            actors.push(MetadataWorker::spawn_with(inputs).await.unwrap());
+        }
+        layout.push(actors);
+    }
+    RactorWorkerGroup::from_nodes(layout)
+}
+
+/// Stops every actor of a group.
+pub(crate) fn stop(group: &RactorWorkerGroup<MetadataRequest>) {
+    for worker in group.workers() {
+        worker.actor.stop(None);
+    }
+}
+
+/// A worker group whose workers' answers are known up front; one rank may
+/// fail, one may never answer.
+pub(crate) struct FakeGroup {
+    pub(crate) workers: Vec<TrainWorkerInfo>,
+    pub(crate) failing: Option<u32>,
+    pub(crate) silent: Option<u32>,
+}
+
+impl FakeGroup {
+    /// `n` healthy workers over nodes of `per_node`.
+    pub(crate) fn new(n: u32, per_node: u32) -> Self {
+        Self { workers: workers(n, per_node), failing: None, silent: None }
+    }
+}
+
+impl WorkerGroup for FakeGroup {
+    fn world_size(&self) -> u32 {
+        self.workers.len() as u32
+    }
+
+    fn worker_info(&self, world_rank: u32) -> WorkerInfoFuture {
+        let info = self.workers.get(world_rank as usize).cloned();
+        let failing = self.failing == Some(world_rank);
+        let silent = self.silent == Some(world_rank);
+        Box::pin(async move {
+            if silent {
+                std::future::pending::<()>().await;
+            }
+            if failing {
+                return Err(WorkerError::failed("CUDA error: out of memory"));
+            }
+            info.ok_or(WorkerError::NoSuchRank)
+        })
+    }
+}
+
+/// `n` workers over nodes of `per_node` workers, in world-rank order.
+pub(crate) fn workers(n: u32, per_node: u32) -> Vec<TrainWorkerInfo> {
+    (0..n)
+        .map(|rank| {
+            let node = rank / per_node;
+            TrainWorkerInfoDraft {
+                actor_id: format!("actor{rank}"),
+                world_rank: rank,
+                local_rank: rank % per_node,
+                node_rank: node,
+                node_id: format!("node{node}"),
+                node_ip: format!("10.0.0.{}", node + 1),
+                pid: 1000 + rank,
+                gpu_ids: vec![rank % per_node],
+                status: ActorStatus::Alive,
+                resources: Resources::from_iter([("CPU", 1.0), ("GPU", 1.0)]),
+                worker_log_file_path: None,
+            }
+            .validate()
+            .unwrap()
+        })
+        .collect()
+}
