@@ -85,6 +85,9 @@ struct Track {
     backoff: Duration,
     /// Failed deliveries since the last success.
     failures: u32,
+    /// Replays from the registration since a write after it was last
+    /// acknowledged: a head that keeps losing the run is not hammered.
+    rewinds: u32,
     /// Callers waiting for the acknowledgement of a write, by its `seq`.
     waiters: HashMap<u64, oneshot::Sender<Result<(), StateError>>>,
     heartbeat: Option<AbortHandle>,
@@ -155,6 +158,7 @@ impl Shared {
             retry_at: None,
             backoff: self.config.min_backoff,
             failures: 0,
+            rewinds: 0,
             waiters: HashMap::new(),
             heartbeat: None,
             ended: false,
@@ -343,6 +347,9 @@ impl Shared {
                 track.backoff = self.config.min_backoff;
                 track.retry_at = None;
                 track.acked += 1;
+                if index > 0 {
+                    track.rewinds = 0;
+                }
                 if let Some(waiter) = track.waiters.remove(&seq) {
                     let _ = waiter.send(Ok(()));
                 }
@@ -363,9 +370,12 @@ impl Shared {
             Err(StateError::NotFound { .. }) if index > 0 => {
                 tracing::warn!(run = %id, write = %what, "the state actor does not know this run; registering it again");
                 track.acked = 0;
-                track.failures += 1;
-                track.retry_at = (track.failures > 1).then(|| Instant::now() + track.backoff);
-                track.backoff = (track.backoff * 2).min(self.config.max_backoff);
+                track.rewinds += 1;
+                // The first replay goes at once; later ones back off.
+                let exponent = track.rewinds.saturating_sub(2).min(16);
+                let delay =
+                    (self.config.min_backoff * (1 << exponent)).min(self.config.max_backoff);
+                track.retry_at = (track.rewinds > 1).then(|| Instant::now() + delay);
             }
             Err(err) if err.is_retryable() => {
                 if track.failures == 0 {

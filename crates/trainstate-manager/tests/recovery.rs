@@ -198,3 +198,37 @@ async fn a_head_shut_down_by_name_is_caught_up_with_by_the_same_manager() {
     wait_for_status(&service.handle(), &id, RunStatus::Aborted).await;
     service.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_run_the_head_gave_up_on_refuses_new_workers_but_takes_the_final_status() {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let clock = Arc::new(trainstate_actor::ManualClock::new(now.as_millis() as u64));
+    let config = StateConfig::in_memory()
+        .with_name(unique_name("gave-up"))
+        .with_clock(clock.clone())
+        .with_sweep_interval(Duration::from_secs(3600));
+    let service = launch_state_actor(config).await.unwrap();
+    let state = service.handle();
+    let manager = TrainRunStateManager::new(Some(state.clone()), quick());
+    let id = manager
+        .register_train_run("silent", "job", "controller", &FakeGroup::new(2, 2), [], None)
+        .await
+        .unwrap()
+        .into_id();
+    // The head hears nothing for two leases and aborts the run.
+    clock.advance_ms(2 * trainstate_actor::DEFAULT_LEASE.as_millis() as u64);
+    assert_eq!(state.sweep_leases().await.unwrap(), std::slice::from_ref(&id));
+
+    match manager.update_worker_group(&id, &FakeGroup::new(4, 2)).await {
+        Err(ManagerError::Rejected { source, .. }) => {
+            assert!(matches!(source, trainstate_client::StateError::IllegalTransition { .. }))
+        }
+        other => panic!("{other:?}"),
+    }
+    // The controller's own report replaces the lost-controller abort.
+    assert_eq!(manager.finished(&id).await.unwrap(), Delivery::Acknowledged);
+    let run = state.get_run(id).await.unwrap();
+    assert_eq!(run.run_status(), RunStatus::Finished);
+    assert_eq!(run.attempts().len(), 1);
+    service.shutdown().await;
+}
