@@ -8,6 +8,7 @@ use std::sync::{Condvar, Mutex};
 #[derive(Debug, Default)]
 pub struct Faults {
     panic_on_next_write: AtomicBool,
+    fail_next_commit: AtomicBool,
     writer_held: Mutex<bool>,
     writer_released: Condvar,
 }
@@ -16,6 +17,11 @@ impl Faults {
     /// The actor panics while handling its next write request.
     pub fn panic_on_next_write(&self) {
         self.panic_on_next_write.store(true, Ordering::SeqCst);
+    }
+
+    /// The store's next commit fails, as a full disk would make it.
+    pub fn fail_next_commit(&self) {
+        self.fail_next_commit.store(true, Ordering::SeqCst);
     }
 
     /// The store writer stops before its next commit until released.
@@ -31,6 +37,10 @@ impl Faults {
 
     pub(crate) fn take_panic(&self) -> bool {
         self.panic_on_next_write.swap(false, Ordering::SeqCst)
+    }
+
+    pub(crate) fn take_commit_failure(&self) -> bool {
+        self.fail_next_commit.swap(false, Ordering::SeqCst)
     }
 
     pub(crate) fn wait_while_held(&self) {

@@ -198,8 +198,15 @@ impl WriterThread {
         } else {
             let started = Instant::now();
             let has_ops = batch.iter().any(|job| !job.ops.is_empty());
+            #[cfg(feature = "fault-injection")]
+            let injected = has_ops && self.faults.take_commit_failure();
+            #[cfg(not(feature = "fault-injection"))]
+            let injected = false;
             let result = match self.store.as_mut() {
-                Some(store) if has_ops => store.commit(batch.iter().flat_map(|job| job.ops.iter())),
+                _ if injected => Err("injected fault: disk I/O error".to_owned()),
+                Some(store) if has_ops => store
+                    .commit(batch.iter().flat_map(|job| job.ops.iter()))
+                    .map_err(|e| e.to_string()),
                 _ => Ok(()),
             };
             match result {

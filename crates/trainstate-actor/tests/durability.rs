@@ -191,3 +191,38 @@ async fn a_store_written_by_a_newer_version_is_refused_clearly() {
 fn rusqlite_connection(path: &std::path::Path) -> rusqlite::Connection {
     rusqlite::Connection::open(path).unwrap()
 }
+
+#[tokio::test]
+async fn a_failed_commit_answers_unavailable_and_the_actor_reloads_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(Faults::default());
+    let service = launch_state_actor(sqlite(&dir, "commit-failure").with_faults(faults.clone()))
+        .await
+        .unwrap();
+    let state = service.handle();
+    let kept = run("kept", T0);
+    state.register(kept.clone()).await.unwrap();
+
+    faults.fail_next_commit();
+    let lost = run("lost", T0 + 1);
+    match state.register(lost.clone()).await {
+        Err(StateError::Unavailable { reason }) => {
+            assert!(reason.contains("failed to commit"), "{reason}")
+        }
+        other => panic!("a failed commit must not be acknowledged: {other:?}"),
+    }
+    // The actor restarts from the store: the failed write is not there, as
+    // its caller was told; the acknowledged one is; and writes work again.
+    let after = run("after", T0 + 2);
+    let mut answer = state.register(after.clone()).await;
+    if matches!(answer, Err(StateError::Unavailable { .. })) {
+        // The write that found the store failed made the actor restart.
+        answer = state.register(after.clone()).await;
+    }
+    answer.unwrap();
+    state.get(kept.id().clone()).await.unwrap();
+    state.get(after.id().clone()).await.unwrap();
+    assert!(matches!(state.get(lost.id().clone()).await, Err(StateError::NotFound { .. })));
+    assert_eq!(service.store_stats().failures.load(Ordering::SeqCst), 1);
+    service.shutdown().await;
+}
