@@ -20,7 +20,7 @@ pub const DEFAULT_MAX_RUNS: usize = 10_000;
 pub const DEFAULT_MAX_IN_FLIGHT_WRITES: usize = 16_384;
 
 /// The default number of recent events kept so a subscriber can resume.
-pub const DEFAULT_EVENT_BACKLOG: usize = 4_096;
+pub const DEFAULT_EVENT_BACKLOG: usize = 1_024;
 
 /// How the state actor is configured.
 #[derive(Debug, Clone)]

@@ -2,8 +2,11 @@
 
 use std::sync::Arc;
 
+use std::borrow::Cow;
 use trainstate_client::{RunDocument, StateError};
-use trainstate_schema::{CauseKind, RunId, RunStatus, TrainRunInfo};
+
+use serde::Deserialize;
+use trainstate_schema::{CauseKind, RunCause, RunId, RunStatus, TrainRunInfo};
 
 /// One run as the actor keeps it in memory: the canonical JSON it serves,
 /// plus what filters and transitions need without parsing it.
@@ -31,21 +34,9 @@ impl RunRecord {
     /// `last_heartbeat_ms`: heartbeats live in memory only.
     pub(crate) fn new(run: &TrainRunInfo) -> Arc<Self> {
         let json = serde_json::to_string(run).expect("a validated run serializes");
-        Self::with_json(run, json)
-    }
-
-    fn with_json(run: &TrainRunInfo, json: String) -> Arc<Self> {
-        let mut node_ids: Vec<Box<str>> = Vec::new();
-        let mut node_ips: Vec<Box<str>> = Vec::new();
         let attempts = run.attempts().iter().filter_map(|a| a.workers());
-        for worker in attempts.flatten().chain(run.workers()) {
-            if !node_ids.iter().any(|n| **n == *worker.node_id()) {
-                node_ids.push(worker.node_id().into());
-            }
-            if !node_ips.iter().any(|n| **n == *worker.node_ip()) {
-                node_ips.push(worker.node_ip().into());
-            }
-        }
+        let nodes = attempts.flatten().chain(run.workers()).map(|w| (w.node_id(), w.node_ip()));
+        let (node_ids, node_ips) = distinct_nodes(nodes);
         Arc::new(Self {
             id: run.id().clone(),
             start_time_ms: run.start_time_ms(),
@@ -54,18 +45,37 @@ impl RunRecord {
             lost_controller: run.cause().is_some_and(|c| c.kind == CauseKind::LostController),
             job_id: run.job_id().into(),
             name: run.name().into(),
-            node_ids: node_ids.into(),
-            node_ips: node_ips.into(),
+            node_ids,
+            node_ips,
             json: json.into(),
         })
     }
 
-    /// Reads a record back from the store's JSON.
-    pub(crate) fn from_stored(json: String) -> Result<Arc<Self>, serde_json::Error> {
-        let run: TrainRunInfo = serde_json::from_str(&json)?;
-        // Re-serialize only if the stored text is not canonical (an older writer).
-        let canonical = serde_json::to_string(&run)?;
-        Ok(Self::with_json(&run, if canonical == json { json } else { canonical }))
+    /// Reads a record back from the store's JSON, which this store wrote
+    /// after validating it: only the indexed fields are parsed, so loading
+    /// grows with the bytes stored and no more.
+    pub(crate) fn from_stored(json: String) -> Result<Arc<Self>, String> {
+        let index: StoredIndex<'_> = serde_json::from_str(&json).map_err(|e| e.to_string())?;
+        let id = RunId::parse(&index.id).map_err(|e| e.to_string())?;
+        let attempts = index.attempts.iter().filter_map(|a| a.workers.as_deref());
+        let nodes = attempts
+            .flatten()
+            .chain(&index.workers)
+            .map(|w| (w.node_id.as_ref(), w.node_ip.as_ref()));
+        let (node_ids, node_ips) = distinct_nodes(nodes);
+        let record = Self {
+            id,
+            start_time_ms: index.start_time_ms,
+            end_time_ms: index.end_time_ms,
+            status: index.run_status,
+            lost_controller: index.cause.is_some_and(|c| c.kind == CauseKind::LostController),
+            job_id: index.job_id.as_ref().into(),
+            name: index.name.as_ref().into(),
+            node_ids,
+            node_ips,
+            json: Arc::from(""),
+        };
+        Ok(Arc::new(Self { json: json.into(), ..record }))
     }
 
     /// The typed run.
@@ -79,4 +89,55 @@ impl RunRecord {
     pub(crate) fn document(&self, last_heartbeat_ms: Option<u64>) -> RunDocument {
         RunDocument::new(self.json.clone(), last_heartbeat_ms)
     }
+}
+
+/// Distinct node ids and node IPs, in order of first appearance.
+fn distinct_nodes<'a>(
+    nodes: impl Iterator<Item = (&'a str, &'a str)>,
+) -> (Box<[Box<str>]>, Box<[Box<str>]>) {
+    let mut ids: Vec<Box<str>> = Vec::new();
+    let mut ips: Vec<Box<str>> = Vec::new();
+    for (id, ip) in nodes {
+        if !ids.iter().any(|n| **n == *id) {
+            ids.push(id.into());
+        }
+        if !ips.iter().any(|n| **n == *ip) {
+            ips.push(ip.into());
+        }
+    }
+    (ids.into(), ips.into())
+}
+
+/// The fields of a stored run that the actor indexes.
+#[derive(Deserialize)]
+struct StoredIndex<'a> {
+    #[serde(borrow)]
+    id: Cow<'a, str>,
+    start_time_ms: u64,
+    end_time_ms: Option<u64>,
+    run_status: RunStatus,
+    #[serde(borrow)]
+    job_id: Cow<'a, str>,
+    #[serde(borrow)]
+    name: Cow<'a, str>,
+    #[serde(default)]
+    cause: Option<RunCause>,
+    #[serde(borrow)]
+    workers: Vec<StoredNode<'a>>,
+    #[serde(default, borrow)]
+    attempts: Vec<StoredAttempt<'a>>,
+}
+
+#[derive(Deserialize)]
+struct StoredNode<'a> {
+    #[serde(borrow)]
+    node_id: Cow<'a, str>,
+    #[serde(borrow)]
+    node_ip: Cow<'a, str>,
+}
+
+#[derive(Deserialize)]
+struct StoredAttempt<'a> {
+    #[serde(default, borrow)]
+    workers: Option<Vec<StoredNode<'a>>>,
 }

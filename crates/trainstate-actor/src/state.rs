@@ -364,7 +364,9 @@ impl Runs {
                 now_ms.saturating_sub(last_heard_ms) as f64 / 1000.0,
                 self.lease.as_secs_f64(),
             );
-            let update = StatusUpdate::aborted(CauseKind::LostController, detail).ended_at(now_ms);
+            // The end is stamped by `set_status`, never before the run's start,
+            // even when the head's clock is behind the controller's.
+            let update = StatusUpdate::aborted(CauseKind::LostController, detail);
             match self.set_status(&id, update, now_ms) {
                 Ok(Outcome::Changed(abort)) => {
                     change.ops.extend(abort.ops);

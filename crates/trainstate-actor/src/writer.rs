@@ -266,7 +266,7 @@ impl WriterThread {
                 rows.into_iter()
                     .map(RunRecord::from_stored)
                     .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| StoreError::Corrupt(e.to_string()))?
+                    .map_err(StoreError::Corrupt)?
             }
             StoreConfig::InMemory => {
                 let view = shared.view.read().unwrap_or_else(|e| e.into_inner());

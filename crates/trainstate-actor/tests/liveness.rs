@@ -159,3 +159,19 @@ async fn retention_by_age_evicts_runs_that_ended_long_ago() {
     assert!(!names.contains(&"old".to_owned()));
     service.shutdown().await;
 }
+
+#[tokio::test]
+async fn regression_a_head_clock_behind_the_controller_still_aborts_a_silent_run() {
+    // The controller stamped its start 10 minutes ahead of the head's clock.
+    let clock = Arc::new(ManualClock::new(T0));
+    let service = launch_state_actor(config("skew", &clock)).await.unwrap();
+    let state = service.handle();
+    let ahead = run("ahead", T0 + 600_000);
+    state.register(ahead.clone()).await.unwrap();
+    clock.advance_ms(61_000);
+    assert_eq!(state.sweep_leases().await.unwrap(), [ahead.id().clone()]);
+    let stored = state.get_run(ahead.id().clone()).await.unwrap();
+    assert_eq!(stored.run_status(), RunStatus::Aborted);
+    assert_eq!(stored.end_time_ms(), Some(T0 + 600_000), "the end is never before the start");
+    service.shutdown().await;
+}
