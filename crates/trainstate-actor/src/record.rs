@@ -23,9 +23,9 @@ pub(crate) struct RunRecord {
     pub(crate) job_id: Box<str>,
     pub(crate) name: Box<str>,
     /// Distinct node ids of every attempt's workers.
-    pub(crate) node_ids: Box<[Box<str>]>,
+    pub(crate) node_ids: Names,
     /// Distinct node IPs of every attempt's workers.
-    pub(crate) node_ips: Box<[Box<str>]>,
+    pub(crate) node_ips: Names,
     pub(crate) json: Arc<str>,
 }
 
@@ -91,10 +91,13 @@ impl RunRecord {
     }
 }
 
+/// A short list of distinct names.
+type Names = Box<[Box<str>]>;
+
 /// Distinct node ids and node IPs, in order of first appearance.
 fn distinct_nodes<'a>(
     nodes: impl Iterator<Item = (&'a str, &'a str)>,
-) -> (Box<[Box<str>]>, Box<[Box<str>]>) {
+) -> (Names, Names) {
     let mut ids: Vec<Box<str>> = Vec::new();
     let mut ips: Vec<Box<str>> = Vec::new();
     for (id, ip) in nodes {
