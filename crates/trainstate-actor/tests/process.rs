@@ -26,8 +26,17 @@ impl Head {
     /// Starts `trainstate serve` on a free port and waits for its
     /// `listening on` line; or returns what it printed on stderr if it exits.
     fn start(data_dir: &Path, extra: &[&str]) -> Result<Head, String> {
+        Self::start_with(data_dir, "127.0.0.1:0", extra)
+    }
+
+    /// Starts `trainstate serve` on a given address.
+    fn start_on(data_dir: &Path, listen: &str) -> Result<Head, String> {
+        Self::start_with(data_dir, listen, &[])
+    }
+
+    fn start_with(data_dir: &Path, listen: &str, extra: &[&str]) -> Result<Head, String> {
         let mut child = Command::new(env!("CARGO_BIN_EXE_trainstate"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .args(["serve", "--listen", listen, "--data-dir"])
             .arg(data_dir)
             .args(extra)
             .env("RUST_LOG", "warn")
@@ -57,6 +66,11 @@ impl Head {
                 Err(format!("{status}: {stderr}"))
             }
         }
+    }
+
+    /// The port the head listens on.
+    fn port(&self) -> u16 {
+        self.url.rsplit(':').next().unwrap().parse().unwrap()
     }
 
     fn signal(&self, signal: &str) {
@@ -216,4 +230,73 @@ async fn sigterm_during_a_burst_of_writes_loses_nothing_acknowledged() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_during_concurrent_writes_loses_nothing_acknowledged() {
     every_acknowledged_write_survives("-KILL").await;
+}
+
+/// Workers of a simulated controller, answered at once.
+struct FixedGroup(Vec<trainstate_schema::TrainWorkerInfo>);
+
+impl trainstate_manager::WorkerGroup for FixedGroup {
+    fn world_size(&self) -> u32 {
+        self.0.len() as u32
+    }
+
+    fn worker_info(&self, world_rank: u32) -> trainstate_manager::WorkerInfoFuture {
+        let info = self.0[world_rank as usize].clone();
+        Box::pin(async move { Ok(info) })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_manager_works_over_http_and_catches_up_after_a_head_kill_9() {
+    use trainstate_manager::{DatasetSpec, Delivery, ManagerConfig, TrainRunStateManager};
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut head = Head::start(dir.path(), &[]).unwrap();
+    let state = trainstate_client::StateHandle::connect(&head.url, None).unwrap();
+    let config = ManagerConfig::default().with_call_timeout(Duration::from_secs(2));
+    let manager = TrainRunStateManager::new(Some(state.clone()), config);
+    let group = FixedGroup(crate::common::workers(4, 4, ""));
+    let datasets = || [DatasetSpec::new("train", "ds-1").named("c4")];
+
+    let finished = manager
+        .register_train_run("over-http", "job-h", "controller-h", &group, datasets(), None)
+        .await
+        .unwrap()
+        .into_id();
+    let errored = manager
+        .register_train_run("fails", "job-h", "controller-h", &group, datasets(), None)
+        .await
+        .unwrap()
+        .into_id();
+    assert!(matches!(
+        manager.errored(&errored, Some(0), "ValueError: boom", "Traceback: ...").await.unwrap(),
+        Delivery::Acknowledged
+    ));
+    let stored = state.get_run(errored).await.unwrap();
+    assert!(stored.status_detail().starts_with("Rank 0 worker raised an error."));
+    assert!(stored.status_detail().contains("ValueError: boom"));
+    assert_eq!(stored.datasets()[0].dataset_name(), Some("train_c4"));
+
+    // The head dies mid-run; training goes on and reports the end anyway.
+    let port = head.port();
+    head.child.kill().unwrap();
+    head.wait();
+    let started = Instant::now();
+    let delivery = manager.finished(&finished).await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5), "training is never blocked long");
+    assert!(matches!(delivery, Delivery::Pending), "{delivery:?}");
+
+    let listen = format!("127.0.0.1:{port}");
+    let _head = Head::start_on(dir.path(), &listen).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(run) = state.get_run(finished.clone()).await {
+            if run.run_status() == trainstate_schema::RunStatus::Finished {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "the manager never caught up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(manager.shutdown(Duration::from_secs(5)).await, 0);
 }

@@ -1,139 +1,123 @@
-//! `trainstate serve --demo`: a few simulated runs, so a newcomer sees live data.
+//! `trainstate serve --demo`: simulated runs driven through the real
+//! manager, so a newcomer sees live data at once.
 
 use std::time::Duration;
 
-use trainstate_client::{NewAttempt, StateHandle, StatusUpdate};
-use trainstate_schema::{
-    ActorStatus, CauseKind, Resources, RunId, RunStatus, TrainDatasetInfoDraft, TrainRunInfoDraft,
-    TrainWorkerInfo, TrainWorkerInfoDraft,
+use trainstate_client::StateHandle;
+use trainstate_manager::{
+    DatasetSpec, ManagerConfig, TrainRunStateManager, WorkerError, WorkerGroup, WorkerInfoFuture,
 };
+use trainstate_schema::{ActorStatus, CauseKind, Resources, TrainWorkerInfo, TrainWorkerInfoDraft};
 
 /// Starts the demo in the background.
-pub(crate) fn start(state: StateHandle, lease: Duration) {
+pub(crate) fn start(state: StateHandle) {
     tokio::spawn(async move {
-        if let Err(err) = drive(state, lease).await {
+        if let Err(err) = drive(state).await {
             tracing::warn!(error = %err, "the demo stopped");
         }
     });
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+/// Simulated workers: `nodes` nodes of `per_node` workers, one GPU each.
+struct SimulatedGroup {
+    workers: Vec<TrainWorkerInfo>,
 }
 
-fn workers(nodes: u32, per_node: u32, pid_base: u32) -> Vec<TrainWorkerInfo> {
-    (0..nodes * per_node)
-        .map(|rank| {
-            let node = rank / per_node;
-            TrainWorkerInfoDraft {
-                actor_id: format!("{:032x}", u128::from(pid_base + rank) << 8),
-                world_rank: rank,
-                local_rank: rank % per_node,
-                node_rank: node,
-                node_id: format!("{:056x}", 0xd3e0_0000u64 + u64::from(node)),
-                node_ip: format!("10.0.0.{}", node + 11),
-                pid: pid_base + rank,
-                gpu_ids: vec![rank % per_node],
-                status: ActorStatus::Alive,
-                resources: Resources::from_iter([("CPU", 8.0), ("GPU", 1.0)]),
-                worker_log_file_path: None,
-            }
-            .validate()
-            .expect("demo workers are valid")
-        })
-        .collect()
-}
-
-async fn register(
-    state: &StateHandle,
-    name: &str,
-    nodes: u32,
-    per_node: u32,
-    pid_base: u32,
-) -> Result<RunId, trainstate_client::StateError> {
-    let id = RunId::new_v7();
-    let run = TrainRunInfoDraft {
-        name: name.into(),
-        id: id.to_string(),
-        job_id: "01000000".into(),
-        controller_actor_id: format!("{:032x}", u128::from(pid_base)),
-        workers: workers(nodes, per_node, pid_base)
-            .into_iter()
-            .map(TrainWorkerInfo::into_draft)
-            .collect(),
-        datasets: vec![TrainDatasetInfoDraft {
-            name: "train".into(),
-            dataset_uuid: format!("{:032x}", u128::from(pid_base) * 7),
-            dataset_name: Some("train_c4-en".into()),
-        }],
-        run_status: RunStatus::Running,
-        status_detail: String::new(),
-        start_time_ms: now_ms(),
-        end_time_ms: None,
-        resources: None,
-        attempts: vec![],
-        last_heartbeat_ms: None,
-        cause: None,
-        restored_from: None,
-        controller_log_file_path: None,
+impl SimulatedGroup {
+    fn new(nodes: u32, per_node: u32, first_node: u32, pid_base: u32) -> Self {
+        let workers = (0..nodes * per_node)
+            .map(|rank| {
+                let node = first_node + rank / per_node;
+                TrainWorkerInfoDraft {
+                    actor_id: format!("{:032x}", (u128::from(pid_base + rank) << 16) | 0xac7),
+                    world_rank: rank,
+                    local_rank: rank % per_node,
+                    node_rank: rank / per_node,
+                    node_id: format!("{:056x}", 0x0de0_0000u64 + u64::from(node)),
+                    node_ip: format!("10.0.0.{}", node + 11),
+                    pid: pid_base + rank,
+                    gpu_ids: vec![rank % per_node],
+                    status: ActorStatus::Alive,
+                    resources: Resources::from_iter([("CPU", 8.0), ("GPU", 1.0)]),
+                    worker_log_file_path: None,
+                }
+                .validate()
+                .expect("simulated workers are valid")
+            })
+            .collect();
+        Self { workers }
     }
-    .validate()
-    .expect("demo runs are valid");
-    state.register(run).await?;
-    Ok(id)
 }
 
-/// Drives runs through their lifecycle, again and again.
-async fn drive(state: StateHandle, lease: Duration) -> Result<(), trainstate_client::StateError> {
-    let beat = (lease / 3).max(Duration::from_millis(100));
-    let mut round = 0u32;
-    loop {
-        round += 1;
+impl WorkerGroup for SimulatedGroup {
+    fn world_size(&self) -> u32 {
+        self.workers.len() as u32
+    }
+
+    fn worker_info(&self, world_rank: u32) -> WorkerInfoFuture {
+        let info = self.workers.get(world_rank as usize).cloned();
+        Box::pin(async move { info.ok_or_else(|| WorkerError::unreachable("no such worker")) })
+    }
+}
+
+const TRACE: &str = "Traceback (most recent call last):\n  File \"train.py\", line 42, in train_loop\n    loss.backward()\n  File \"torch/_tensor.py\", line 521, in backward\n    torch.autograd.backward(\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB";
+
+/// Three rounds of four runs each: one finishes, one errors, one is
+/// resized (elastic) then finishes, one long run is interrupted.
+async fn drive(state: StateHandle) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    for round in 1..=3u32 {
+        let manager = TrainRunStateManager::new(Some(state.clone()), ManagerConfig::default());
         let pid = 4000 + round * 100;
-        let finishing = register(&state, &format!("llama-pretrain-{round}"), 2, 4, pid).await?;
-        let failing = register(&state, &format!("bert-finetune-{round}"), 1, 4, pid + 20).await?;
-        let elastic = register(&state, &format!("resnet-elastic-{round}"), 2, 4, pid + 40).await?;
-        let long = register(&state, &format!("gpt-long-{round}"), 4, 8, pid + 60).await?;
-        for step in 0..12u32 {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            for id in [&finishing, &failing, &elastic, &long] {
-                let _ = state.heartbeat(id.clone()).await;
+        let train = || [DatasetSpec::new("train", format!("{:032x}", pid * 7)).named("c4_en")];
+        let register = |name: String, group: SimulatedGroup| {
+            let manager = &manager;
+            let datasets = train();
+            async move {
+                let controller = format!("{:032x}", u128::from(pid) << 40);
+                let run = manager
+                    .register_train_run(&name, "02000000", &controller, &group, datasets, None)
+                    .await?;
+                Ok::<_, trainstate_manager::ManagerError>(run.into_id())
             }
-            match step {
-                3 => {
-                    let resized = NewAttempt::new("1", now_ms(), workers(1, 6, pid + 50));
-                    state.start_attempt(elastic.clone(), resized).await?;
-                }
-                6 => {
-                    let trace = "Traceback (most recent call last):\n  File \"train.py\", line 42, in train_loop\n    loss.backward()\nRuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB";
-                    state
-                        .set_status(
-                            failing.clone(),
-                            StatusUpdate::errored(Some(2), CauseKind::UserError, trace),
-                        )
-                        .await?;
-                }
-                9 => {
-                    state.set_status(finishing.clone(), StatusUpdate::finished()).await?;
-                    state.set_status(elastic.clone(), StatusUpdate::finished()).await?;
-                }
-                _ => {}
-            }
-            let _ = beat;
-        }
-        state
-            .set_status(
-                long,
-                StatusUpdate::aborted(CauseKind::UserInterrupt, "Stopped by the user (Ctrl-C)."),
-            )
+        };
+        let pretrain =
+            register(format!("llama-pretrain-{round}"), SimulatedGroup::new(2, 4, 0, pid)).await?;
+        let finetune =
+            register(format!("bert-finetune-{round}"), SimulatedGroup::new(1, 4, 2, pid + 20))
+                .await?;
+        let elastic =
+            register(format!("resnet-elastic-{round}"), SimulatedGroup::new(2, 4, 3, pid + 40))
+                .await?;
+        let long =
+            register(format!("gpt-long-{round}"), SimulatedGroup::new(4, 8, 5, pid + 60)).await?;
+
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        manager.update_worker_group(&elastic, &SimulatedGroup::new(1, 6, 3, pid + 50)).await?;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        manager
+            .errored(&finetune, Some(2), "torch.OutOfMemoryError: CUDA out of memory", TRACE)
             .await?;
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        if round >= 3 {
-            // Keep a handful of runs, then stop writing: there is enough to look at.
-            return Ok(());
-        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        manager.finished(&pretrain).await?;
+        manager.finished(&elastic).await?;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        manager.aborted(&long, CauseKind::UserInterrupt).await?;
+        manager.shutdown(Duration::from_secs(5)).await;
     }
+    // One run stays live, heartbeating, for as long as the head runs.
+    let manager = TrainRunStateManager::new(Some(state), ManagerConfig::default());
+    let group = SimulatedGroup::new(2, 8, 9, 9000);
+    manager
+        .register_train_run(
+            "llama-70b-pretrain",
+            "03000000",
+            "c0ffee",
+            &group,
+            [DatasetSpec::new("train", "5eed").named("fineweb")],
+            None,
+        )
+        .await?;
+    std::future::pending::<()>().await;
+    drop(manager);
+    Ok(())
 }

@@ -94,7 +94,7 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
     tracing::info!(address = %local, data_dir = %args.data_dir.display(), in_memory = args.in_memory, "head service ready");
 
     if args.demo {
-        super::demo::start(service.handle(), args.lease);
+        super::demo::start(service.handle());
     }
 
     let http = HttpConfig::default()
