@@ -95,9 +95,7 @@ impl RunRecord {
 type Names = Box<[Box<str>]>;
 
 /// Distinct node ids and node IPs, in order of first appearance.
-fn distinct_nodes<'a>(
-    nodes: impl Iterator<Item = (&'a str, &'a str)>,
-) -> (Names, Names) {
+fn distinct_nodes<'a>(nodes: impl Iterator<Item = (&'a str, &'a str)>) -> (Names, Names) {
     let mut ids: Vec<Box<str>> = Vec::new();
     let mut ips: Vec<Box<str>> = Vec::new();
     for (id, ip) in nodes {

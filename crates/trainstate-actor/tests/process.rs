@@ -290,10 +290,9 @@ async fn the_manager_works_over_http_and_catches_up_after_a_head_kill_9() {
     let _head = Head::start_on(dir.path(), &listen).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if let Ok(run) = state.get_run(finished.clone()).await {
-            if run.run_status() == trainstate_schema::RunStatus::Finished {
-                break;
-            }
+        let run = state.get_run(finished.clone()).await;
+        if run.is_ok_and(|run| run.run_status() == trainstate_schema::RunStatus::Finished) {
+            break;
         }
         assert!(Instant::now() < deadline, "the manager never caught up");
         tokio::time::sleep(Duration::from_millis(20)).await;
