@@ -216,17 +216,7 @@ impl Runs {
         draft.cause = update.cause;
         draft.end_time_ms = Some(end);
         end_current_attempt(&mut draft, end);
-        let record = RunRecord::new(&draft.validate()?);
-        self.put(record.clone(), now_ms);
-        Ok(Outcome::Changed(Change {
-            ops: vec![StoreOp::Put(record.clone())],
-            events: vec![PendingEvent {
-                kind: EventKind::StatusChanged,
-                run_id: id.clone(),
-                record: Some(record.clone()),
-            }],
-            answer: self.document(&record),
-        }))
+        Ok(Outcome::Changed(self.replace(draft, EventKind::StatusChanged, now_ms)?))
     }
 
     /// Replaces a live run's worker group with a new attempt.
@@ -292,17 +282,29 @@ impl Runs {
             workers: None,
         });
         draft.workers = attempt.workers.into_iter().map(|w| w.into_draft()).collect();
+        Ok(Outcome::Changed(self.replace(draft, EventKind::AttemptStarted, now_ms)?))
+    }
+
+    /// Validates a changed run, makes it the run's latest version, and
+    /// returns the write that commits it and the event that announces it.
+    fn replace(
+        &mut self,
+        draft: TrainRunInfoDraft,
+        kind: EventKind,
+        now_ms: u64,
+    ) -> Result<Change<RunDocument>, StateError> {
         let record = RunRecord::new(&draft.validate()?);
+        // A write from the controller is a sign of life, like a heartbeat.
         self.put(record.clone(), now_ms);
-        Ok(Outcome::Changed(Change {
+        Ok(Change {
             ops: vec![StoreOp::Put(record.clone())],
             events: vec![PendingEvent {
-                kind: EventKind::AttemptStarted,
-                run_id: id.clone(),
+                kind,
+                run_id: record.id.clone(),
                 record: Some(record.clone()),
             }],
             answer: self.document(&record),
-        }))
+        })
     }
 
     /// Renews a live run's lease.
