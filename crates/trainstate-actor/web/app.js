@@ -1,1 +1,791 @@
-// The trainstate page (see issue: web dashboard).
+// The trainstate page: the list of runs and one run's view, kept live by the
+// head's event stream (GET /api/train/events), with polling as the fallback.
+// Plain JavaScript, no build step. Text from runs is only ever inserted as
+// text (text nodes, textContent, attribute values), never as HTML.
+'use strict';
+
+(() => {
+  const STATUSES = ['RUNNING', 'FINISHED', 'ERRORED', 'ABORTED'];
+  const EVENT_KINDS = ['registered', 'status_changed', 'attempt_started', 'evicted', 'deleted'];
+  const RUN_PAGE = 100;
+  const NODE_PAGE = 50;
+  const WORKER_PAGE = 200;
+  const POLL_MS = 5000;
+  const SSE_RETRY_MS = 15000;
+  const MIN_REFRESH_MS = 1000;
+  const TOKEN_KEY = 'trainstate.token';
+  const CAUSES = {
+    USER_ERROR: 'User error',
+    SYSTEM_ERROR: 'System error',
+    LOST_CONTROLLER: 'Lost controller',
+    USER_INTERRUPT: 'User interrupt',
+  };
+
+  const app = document.getElementById('app');
+  const banner = document.getElementById('banner');
+  const connection = document.getElementById('connection');
+
+  // ---- Text: control characters are shown escaped, as `\u{1b}` ----------
+
+  const CONTROL = /[\u0000-\u001f\u007f-\u009f]/g;
+  const CONTROL_BUT_LINES = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f]/g;
+  const escapeChar = (c) => '\\u{' + c.charCodeAt(0).toString(16) + '}';
+  /** One line of text: every control character escaped. */
+  const line = (s) => String(s ?? '').replace(CONTROL, escapeChar);
+  /** A block of text: newlines and tabs kept, other control characters escaped. */
+  const block = (s) => String(s ?? '').replace(CONTROL_BUT_LINES, escapeChar);
+
+  /** An element; strings among `kids` become text nodes. */
+  function h(tag, props, ...kids) {
+    const el = document.createElement(tag);
+    for (const [key, value] of Object.entries(props || {})) {
+      if (value === null || value === undefined || value === false) continue;
+      if (key === 'class') el.className = value;
+      else if (key === 'style') Object.assign(el.style, value);
+      else if (key.startsWith('on')) el.addEventListener(key.slice(2), value);
+      else el.setAttribute(key, value === true ? '' : line(value));
+    }
+    for (const kid of kids.flat(Infinity)) {
+      if (kid === null || kid === undefined || kid === false) continue;
+      el.append(kid instanceof Node ? kid : line(kid));
+    }
+    return el;
+  }
+
+  /** Replaces `el`'s children, skipping the empty ones. */
+  const fill = (el, ...kids) => el.replaceChildren(
+    ...kids.flat(Infinity).filter((k) => k !== null && k !== undefined && k !== false));
+
+  const pad = (n) => String(n).padStart(2, '0');
+  const num = (n) => Number(n).toLocaleString();
+  const plural = (n, word) => `${num(n)} ${word}${n === 1 ? '' : 's'}`;
+  /** A long id as its first and last characters; the whole id goes in a title. */
+  const short = (id) => (id.length > 16 ? `${id.slice(0, 6)}…${id.slice(-6)}` : id);
+  const gpuCount = (workers) => workers.reduce((n, w) => n + w.gpu_ids.length, 0);
+
+  function formatTime(ms) {
+    if (ms === null || ms === undefined) return '—';
+    const d = new Date(ms);
+    return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ` +
+      `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+  }
+
+  function formatDuration(ms) {
+    let s = Math.max(0, Math.floor(ms / 1000));
+    const d = Math.floor(s / 86400);
+    s -= d * 86400;
+    const hours = Math.floor(s / 3600);
+    s -= hours * 3600;
+    const m = Math.floor(s / 60);
+    s -= m * 60;
+    if (d) return `${d}d ${hours}h`;
+    if (hours) return `${hours}h ${pad(m)}m`;
+    if (m) return `${m}m ${pad(s)}s`;
+    return `${s}s`;
+  }
+
+  function timeEl(ms) {
+    if (ms === null || ms === undefined) return h('span', { class: 'muted' }, '—');
+    const iso = new Date(ms).toISOString();
+    return h('time', { datetime: iso, title: iso }, formatTime(ms));
+  }
+
+  /** A run's duration; a live run's ticks every second. */
+  function durationEl(start, end) {
+    if (end === null || end === undefined) {
+      return h('span', { 'data-live-since': start }, formatDuration(Date.now() - start));
+    }
+    return h('span', null, formatDuration(end - start));
+  }
+
+  setInterval(() => {
+    for (const el of document.querySelectorAll('[data-live-since]')) {
+      el.textContent = formatDuration(Date.now() - Number(el.dataset.liveSince));
+    }
+  }, 1000);
+
+  const badge = (status) => h('span', { class: `badge s-${String(status).toLowerCase()}` }, status);
+
+  function copyButton(text, what) {
+    const button = h('button', {
+      type: 'button', class: 'copy', title: `Copy the ${what}`, 'aria-label': `Copy the ${what}`,
+    }, 'copy');
+    button.addEventListener('click', async (event) => {
+      event.stopPropagation();
+      let ok = false;
+      try {
+        await navigator.clipboard.writeText(text);
+        ok = true;
+      } catch (_) {
+        // Not a secure context: fall back to a selection.
+        const area = h('textarea', { class: 'offscreen', 'aria-hidden': 'true' });
+        area.value = text;
+        document.body.append(area);
+        area.select();
+        try { ok = document.execCommand('copy'); } catch (_) { ok = false; }
+        area.remove();
+      }
+      button.textContent = ok ? 'copied' : 'failed';
+      setTimeout(() => { button.textContent = 'copy'; }, 1200);
+    });
+    return button;
+  }
+
+  function section(title, ...content) {
+    const id = 'h-' + title.toLowerCase().replace(/[^a-z0-9]+/g, '-');
+    return h('section', { class: 'panel', 'aria-labelledby': id }, h('h2', { id }, title), content);
+  }
+
+  /** A table of `columns` ([label, className]) with `rows`. */
+  function table(label, columns, rows, props) {
+    return h('div', { class: 'table-wrap' },
+      h('table', Object.assign({ 'aria-label': label }, props),
+        h('thead', null, h('tr', null, columns.map((col) =>
+          col instanceof Node ? col : h('th', { scope: 'col', class: col[1] }, col[0])))),
+        h('tbody', null, rows)));
+  }
+
+  /** Prev/next buttons and the range shown; `key` keeps focus across renders. */
+  function pager(key, label, { from, to, total, prev, next, first, last }) {
+    const button = (name, text, action) => h('button', {
+      type: 'button', 'data-key': `${key}-${name}`, disabled: !action, onclick: action,
+    }, text);
+    return h('nav', { class: 'pager', 'aria-label': label },
+      first !== undefined ? button('first', '« First', first) : null,
+      button('prev', '‹ Prev', prev),
+      h('span', { class: 'range' }, total ? `${num(from)}–${num(to)} of ${num(total)}` : 'none'),
+      button('next', 'Next ›', next),
+      last !== undefined ? button('last', 'Last »', last) : null);
+  }
+
+  /** Renders, then gives focus back to the element that had it (by `data-key`). */
+  function keepFocus(render) {
+    const active = document.activeElement;
+    const key = active && active.dataset ? active.dataset.key : undefined;
+    render();
+    if (key && document.activeElement !== active) {
+      const again = document.querySelector(`[data-key="${CSS.escape(key)}"]`);
+      if (again) again.focus({ preventScroll: true });
+    }
+  }
+
+  /** Calls `fn` at most once per `gap` ms, and always once after the last call. */
+  function throttle(fn, gap) {
+    let timer = null;
+    let last = -Infinity;
+    return () => {
+      if (timer) return;
+      timer = setTimeout(() => {
+        timer = null;
+        last = Date.now();
+        fn();
+      }, Math.max(0, last + gap - Date.now()));
+    };
+  }
+
+  // ---- The API, with the read token when the head protects reads ---------
+
+  function readToken() {
+    const url = new URL(location.href);
+    const given = url.searchParams.get('token');
+    let stored = '';
+    try {
+      if (given) sessionStorage.setItem(TOKEN_KEY, given);
+      stored = sessionStorage.getItem(TOKEN_KEY) || '';
+    } catch (_) {
+      // Storage disabled: the token lives as long as the page.
+    }
+    if (given !== null) {
+      // Keep the token out of the address bar and the history.
+      url.searchParams.delete('token');
+      history.replaceState(null, '', url.pathname + url.search + url.hash);
+    }
+    return given || stored;
+  }
+  const token = readToken();
+
+  class ApiError extends Error {
+    constructor(status, message) {
+      super(message);
+      this.status = status;
+    }
+  }
+
+  async function api(path) {
+    const headers = { Accept: 'application/json' };
+    if (token) headers.Authorization = `Bearer ${token}`;
+    let response;
+    try {
+      response = await fetch(path, { headers, cache: 'no-store' });
+    } catch (_) {
+      throw new ApiError(0, 'Cannot reach the head.');
+    }
+    const text = await response.text();
+    let body = null;
+    try { body = text ? JSON.parse(text) : null; } catch (_) { body = null; }
+    if (!response.ok) {
+      if (response.status === 401) askForToken();
+      const message = body && body.error ? body.error.message : `HTTP ${response.status}`;
+      throw new ApiError(response.status, message);
+    }
+    return body;
+  }
+
+  let tokenAsked = false;
+  function showBanner(...content) {
+    if (tokenAsked) return;
+    banner.replaceChildren(...content);
+    banner.hidden = false;
+  }
+  function hideBanner() {
+    if (tokenAsked) return;
+    banner.hidden = true;
+    banner.replaceChildren();
+  }
+  function askForToken() {
+    if (tokenAsked) return;
+    const input = h('input', { type: 'password', id: 'token-input', autocomplete: 'off', required: true });
+    const form = h('form', { class: 'token-form' },
+      h('label', { for: 'token-input' },
+        token ? 'The head refused the token. Token:' : 'This head needs a token to read. Token:'),
+      input, h('button', { type: 'submit' }, 'Use token'));
+    form.addEventListener('submit', (event) => {
+      event.preventDefault();
+      const url = new URL(location.href);
+      url.searchParams.set('token', input.value.trim());
+      location.assign(url.href);
+    });
+    showBanner(form);
+    tokenAsked = true;
+  }
+
+  // ---- Live updates: SSE, polling while it is down or unavailable --------
+
+  let source = null;
+  let pollTimer = null;
+
+  function setConnection(state, text) {
+    connection.dataset.state = state;
+    connection.textContent = text;
+  }
+  function startPolling() {
+    if (!pollTimer) pollTimer = setInterval(refresh, POLL_MS);
+  }
+  function stopPolling() {
+    clearInterval(pollTimer);
+    pollTimer = null;
+  }
+
+  function connect() {
+    if (typeof EventSource !== 'function') {
+      setConnection('polling', 'polling every 5 s');
+      startPolling();
+      return;
+    }
+    const query = token ? `?access_token=${encodeURIComponent(token)}` : '';
+    const es = new EventSource(`/api/train/events${query}`);
+    source = es;
+    let lost = false;
+    es.onopen = () => {
+      setConnection('live', 'live');
+      hideBanner();
+      stopPolling();
+      // Back after an outage: catch up now (a first connection gets its snapshot).
+      if (lost) refresh();
+      lost = false;
+    };
+    es.onerror = (event) => {
+      if (source !== es) return;
+      if (event instanceof MessageEvent) {
+        // The head's own `error` event: it could not build a snapshot.
+        showBanner(`The head could not send its runs: ${line(event.data)}`);
+        refresh();
+        return;
+      }
+      lost = true;
+      startPolling();
+      if (es.readyState === EventSource.CLOSED) {
+        // Refused (no token, too many subscribers, ...): EventSource gives up, so retry later.
+        es.close();
+        source = null;
+        setConnection('polling', 'polling every 5 s');
+        showBanner('No live connection to the head; polling every 5 s.');
+        setTimeout(connect, SSE_RETRY_MS);
+      } else {
+        setConnection('reconnecting', 'reconnecting…');
+        showBanner('Lost the live connection to the head. Reconnecting…');
+      }
+    };
+    es.addEventListener('snapshot', refresh);
+    for (const kind of EVENT_KINDS) {
+      es.addEventListener(kind, (message) => {
+        let event;
+        try { event = JSON.parse(message.data); } catch (_) { return; }
+        if (view) view.onEvent(event);
+      });
+    }
+  }
+
+  // ---- Routing: `/` lists runs, `/runs/{id}` shows one -------------------
+
+  let view = null;
+
+  function route() {
+    if (view) view.close();
+    const match = /^\/runs\/([^/]+)\/?$/.exec(location.pathname);
+    view = match ? runView(decodeURIComponent(match[1])) : runsView();
+  }
+  function refresh() {
+    if (view) view.refresh();
+  }
+  function navigate(href) {
+    history.pushState(null, '', href);
+    route();
+    window.scrollTo(0, 0);
+    app.focus({ preventScroll: true });
+  }
+
+  document.addEventListener('click', (event) => {
+    const link = event.target.closest('a[data-nav]');
+    if (!link || event.defaultPrevented || event.button !== 0 ||
+        event.metaKey || event.ctrlKey || event.shiftKey || event.altKey) return;
+    event.preventDefault();
+    navigate(link.getAttribute('href'));
+  });
+  window.addEventListener('popstate', route);
+
+  const runHref = (id) => `/runs/${encodeURIComponent(id)}`;
+  const errorNote = (err) => h('p', { class: 'error', role: 'alert' }, `Could not load: ${err.message}`);
+
+  // ---- The runs view -----------------------------------------------------
+
+  function runsView() {
+    const params = new URLSearchParams(location.search);
+    const st = {
+      status: STATUSES.includes(params.get('status')) ? params.get('status') : '',
+      name: params.get('name') || '',
+      cursors: [null],
+      page: null,
+      counts: null,
+      error: null,
+      seq: 0,
+      closed: false,
+    };
+    document.title = 'Runs · trainstate';
+
+    const counts = h('div', { class: 'counts', role: 'group', 'aria-label': 'Runs by status' });
+    const search = h('input', {
+      type: 'search', id: 'run-filter', placeholder: 'Filter by name', value: st.name,
+      autocomplete: 'off', spellcheck: 'false',
+    });
+    const note = h('div', { class: 'note' });
+    const body = h('tbody');
+    const pagerSlot = h('div');
+    const columns = [
+      ['Name'], ['ID', 'opt'], ['Status'], ['Job', 'opt'], ['Started', 'opt'], ['Duration', 'num'],
+      ['Workers', 'num'], ['GPUs', 'num'], ['Datasets', 'opt'],
+    ];
+    fill(app, 
+      h('div', { class: 'toolbar' },
+        h('h1', null, 'Runs'),
+        h('label', { class: 'search' }, h('span', { class: 'sr-only' }, 'Filter runs by name'), search)),
+      counts, note,
+      h('div', { class: 'table-wrap' },
+        h('table', { id: 'runs', class: 'runs' },
+          h('caption', { class: 'sr-only' }, 'Training runs, newest first'),
+          h('thead', null, h('tr', null,
+            columns.map(([label, cls]) => h('th', { scope: 'col', class: cls }, label)))),
+          body)),
+      pagerSlot);
+
+    let typing = null;
+    search.addEventListener('input', () => {
+      clearTimeout(typing);
+      typing = setTimeout(() => {
+        st.name = search.value;
+        restart();
+      }, 250);
+    });
+    // A click anywhere on a row opens it; keyboard users have the name link.
+    body.addEventListener('click', (event) => {
+      const row = event.target.closest('tr[data-run-id]');
+      if (!row || event.target.closest('a, button') || String(getSelection())) return;
+      navigate(runHref(row.dataset.runId));
+    });
+
+    function restart() {
+      if (st.closed) return;
+      st.cursors = [null];
+      const query = new URLSearchParams();
+      if (st.status) query.set('status', st.status);
+      if (st.name) query.set('name', st.name);
+      history.replaceState(null, '', query.toString() ? `/?${query}` : '/');
+      load();
+    }
+
+    async function load() {
+      if (st.closed) return;
+      const seq = ++st.seq;
+      const url = (extra) => {
+        const query = new URLSearchParams(extra);
+        if (st.name) query.set('name', st.name);
+        return `/api/train/runs?${query}`;
+      };
+      const pageQuery = { limit: RUN_PAGE };
+      if (st.status) pageQuery.status = st.status;
+      const cursor = st.cursors[st.cursors.length - 1];
+      if (cursor) pageQuery.cursor = cursor;
+      try {
+        const [page, ...totals] = await Promise.all([
+          api(url(pageQuery)),
+          ...STATUSES.map((status) => api(url({ status, limit: 1 }))),
+        ]);
+        if (seq !== st.seq || st.closed) return;
+        if (page.train_runs.length === 0 && st.cursors.length > 1) {
+          // The runs of this page are gone: step back.
+          st.cursors.pop();
+          load();
+          return;
+        }
+        st.page = page;
+        st.counts = totals.map((t) => t.total);
+        st.error = null;
+      } catch (err) {
+        if (seq !== st.seq || st.closed) return;
+        st.error = err;
+      }
+      keepFocus(render);
+    }
+
+    function render() {
+      fill(note, st.error ? errorNote(st.error) : null);
+      if (st.counts) {
+        const all = st.counts.reduce((a, b) => a + b, 0);
+        const chip = (status, label, count) => h('button', {
+          type: 'button', class: `chip ${status ? `s-${status.toLowerCase()}` : 'all'}`,
+          'data-status': status || 'ALL', 'data-key': `chip-${status}`, 'aria-pressed': String(st.status === status),
+          onclick: () => {
+            st.status = st.status === status ? '' : status;
+            restart();
+          },
+        }, h('span', { class: 'chip-label' }, label), h('span', { class: 'count' }, num(count)));
+        fill(counts, chip('', 'All', all),
+          ...STATUSES.map((status, i) => chip(status, status, st.counts[i])));
+      }
+      if (!st.page) return;
+      const runs = st.page.train_runs;
+      fill(body, runs.map(runRow));
+      if (!runs.length) {
+        const text = st.status || st.name ? 'No runs match the filter.'
+          : 'No runs yet. Runs appear here as soon as a trainer reports them.';
+        body.append(h('tr', null, h('td', { colspan: columns.length, class: 'empty' }, text)));
+      }
+      const from = (st.cursors.length - 1) * RUN_PAGE + 1;
+      fill(pagerSlot, pager('runs', 'Pages of runs', {
+        from, to: from + runs.length - 1, total: st.page.total,
+        prev: st.cursors.length > 1 ? () => { st.cursors.pop(); load(); } : null,
+        next: st.page.next_cursor ? () => { st.cursors.push(st.page.next_cursor); load(); } : null,
+      }));
+    }
+
+    function runRow(run) {
+      const datasets = run.datasets.map((d) => d.name).join(', ');
+      return h('tr', { 'data-run-id': run.id, 'data-status': run.run_status },
+        h('td', { 'data-col': 'name', class: 'name' },
+          h('a', { href: runHref(run.id), 'data-nav': true, 'data-key': `run-${run.id}` }, run.name)),
+        h('td', { 'data-col': 'id', class: 'mono nowrap opt' },
+          h('span', { title: run.id }, short(run.id)), ' ', copyButton(run.id, 'run id')),
+        h('td', { 'data-col': 'status' }, badge(run.run_status)),
+        h('td', { 'data-col': 'job', class: 'mono opt' }, run.job_id),
+        h('td', { 'data-col': 'start', class: 'nowrap opt' }, timeEl(run.start_time_ms)),
+        h('td', { 'data-col': 'duration', class: 'num' }, durationEl(run.start_time_ms, run.end_time_ms)),
+        h('td', { 'data-col': 'workers', class: 'num' }, num(run.workers.length)),
+        h('td', { 'data-col': 'gpus', class: 'num' }, num(gpuCount(run.workers))),
+        h('td', {
+          'data-col': 'datasets', class: 'opt datasets',
+          title: run.datasets.map((d) => d.dataset_name || d.name).join(', ') || null,
+        }, datasets || h('span', { class: 'muted' }, '—')));
+    }
+
+    const refreshSoon = throttle(load, MIN_REFRESH_MS);
+    load();
+    return { refresh: refreshSoon, onEvent: refreshSoon, close: () => { st.closed = true; } };
+  }
+
+  // ---- The run view ------------------------------------------------------
+
+  const WORKER_SORTS = {
+    world_rank: (w) => w.world_rank,
+    local_rank: (w) => w.local_rank,
+    node_rank: (w) => w.node_rank,
+    node_id: (w) => w.node_id,
+    node_ip: (w) => w.node_ip,
+    pid: (w) => w.pid,
+    gpu_ids: (w) => (w.gpu_ids.length ? w.gpu_ids[0] : -1),
+    status: (w) => w.status,
+  };
+
+  function runView(id) {
+    const st = {
+      run: null, gone: null, error: null, seq: 0, closed: false,
+      attempt: null, node: null, sort: 'world_rank', dir: 1, nodePage: 0, workerPage: 0,
+    };
+    document.title = 'Run · trainstate';
+    fill(app, h('p', { class: 'muted' }, 'Loading run…'));
+    const rerender = () => keepFocus(render);
+
+    async function load() {
+      if (st.closed) return;
+      const seq = ++st.seq;
+      try {
+        const run = await api(`/api/train/runs/${encodeURIComponent(id)}`);
+        if (seq !== st.seq || st.closed) return;
+        Object.assign(st, { run, gone: null, error: null });
+      } catch (err) {
+        if (seq !== st.seq || st.closed) return;
+        if (err.status === 404) st.gone = st.run ? 'deleted' : 'missing';
+        else st.error = err;
+      }
+      keepFocus(render);
+    }
+
+    function onEvent(event) {
+      if (event.run_id !== id || st.closed) return;
+      st.seq++; // What the event says is newer than any load in flight.
+      if (event.kind === 'deleted' || event.kind === 'evicted') st.gone = event.kind;
+      else if (event.run) Object.assign(st, { run: event.run, gone: null, error: null });
+      keepFocus(render);
+    }
+
+    function render() {
+      const run = st.run;
+      const back = h('nav', { class: 'crumbs', 'aria-label': 'Breadcrumb' },
+        h('a', { href: '/', 'data-nav': true }, '← All runs'));
+      if (!run) {
+        const text = st.gone ? `There is no run with id ${id}.` : null;
+        fill(app, back,
+          st.error ? errorNote(st.error) : h('p', { class: 'muted' }, text || 'Loading run…'));
+        return;
+      }
+      document.title = `${line(run.name)} · trainstate`;
+      const goneNote = st.gone ? h('p', { class: 'error', role: 'alert' },
+        st.gone === 'evicted' ? 'The head evicted this run under its retention policy; this is its last known state.'
+          : 'This run was deleted; this is its last known state.') : null;
+      fill(app, 
+        back,
+        h('div', { class: 'run-head' },
+          h('h1', null, run.name),
+          h('span', { id: 'run-status', 'data-col': 'status' }, badge(run.run_status))),
+        goneNote,
+        st.error ? errorNote(st.error) : null,
+        overview(run),
+        detailSection(run),
+        datasetsSection(run),
+        attemptsSection(run),
+        ...workerSections(run));
+    }
+
+    function overview(run) {
+      const item = (term, ...value) => h('div', { class: term === 'Run ID' ? 'wide' : null },
+        h('dt', null, term), h('dd', null, value));
+      const nodes = new Set(run.workers.map((w) => w.node_id)).size;
+      const cause = run.cause;
+      return h('dl', { class: 'facts' },
+        item('Run ID', h('span', { class: 'mono', id: 'run-id' }, run.id), ' ', copyButton(run.id, 'run id')),
+        item('Job ID', h('span', { class: 'mono' }, run.job_id)),
+        item('Started', timeEl(run.start_time_ms)),
+        item('Ended', run.end_time_ms === null || run.end_time_ms === undefined
+          ? h('span', { class: 'muted' }, 'still running') : timeEl(run.end_time_ms)),
+        item('Duration', durationEl(run.start_time_ms, run.end_time_ms)),
+        item('Workers', `${plural(run.workers.length, 'worker')} on ${plural(nodes, 'node')}, ${plural(gpuCount(run.workers), 'GPU')}`),
+        cause ? item('Cause', h('span', { id: 'run-cause' },
+          h('code', null, cause.kind), ` ${CAUSES[cause.kind] ? `(${CAUSES[cause.kind].toLowerCase()})` : ''}`,
+          cause.failed_world_rank !== null && cause.failed_world_rank !== undefined
+            ? [', first failed rank ', rankLink(cause.failed_world_rank)] : null)) : null,
+        run.last_heartbeat_ms ? item('Last heartbeat', timeEl(run.last_heartbeat_ms)) : null,
+        run.restored_from ? item('Restored from',
+          h('a', { href: runHref(run.restored_from), 'data-nav': true, class: 'mono' }, run.restored_from)) : null,
+        item('Controller', h('span', { class: 'mono', title: run.controller_actor_id }, short(run.controller_actor_id))),
+        run.controller_log_file_path ? item('Controller log', h('span', { class: 'mono' }, run.controller_log_file_path)) : null);
+    }
+
+    /** A button that shows the worker of world rank `rank` in the workers table. */
+    function rankLink(rank) {
+      return h('button', {
+        type: 'button', class: 'link', onclick: () => {
+          Object.assign(st, { attempt: null, node: null, sort: 'world_rank', dir: 1 });
+          st.workerPage = Math.floor(rank / WORKER_PAGE);
+          rerender();
+          const row = app.querySelector(`tr[data-world-rank="${rank}"]`);
+          if (row) {
+            row.classList.add('flash');
+            row.scrollIntoView({ block: 'center' });
+            row.focus({ preventScroll: true });
+          }
+        },
+      }, String(rank));
+    }
+
+    function detailSection(run) {
+      if (!run.status_detail) return null;
+      const title = run.run_status === 'ERRORED' ? 'Error' : run.run_status === 'ABORTED' ? 'Reason' : 'Status detail';
+      const pre = h('pre', { class: 'detail', id: 'status-detail', tabindex: '0', 'aria-label': title });
+      pre.textContent = block(run.status_detail);
+      return section(title, pre);
+    }
+
+    function datasetsSection(run) {
+      if (!run.datasets.length) return section('Datasets', h('p', { class: 'muted' }, 'No datasets.'));
+      return section('Datasets', table('Datasets', [['Name'], ['Dataset name'], ['UUID']],
+        run.datasets.map((d) => h('tr', null,
+          h('td', null, d.name),
+          h('td', null, d.dataset_name ?? h('span', { class: 'muted' }, '—')),
+          h('td', { class: 'mono' }, d.dataset_uuid)))));
+    }
+
+    function attemptsSection(run) {
+      const attempts = run.attempts || [];
+      if (!attempts.length) {
+        return section('Attempts', h('p', { class: 'muted' }, 'This run was reported without attempt history.'));
+      }
+      const ended = run.end_time_ms !== null && run.end_time_ms !== undefined;
+      const endOf = (a, i) => a.end_time_ms ?? (i === attempts.length - 1 && ended ? run.end_time_ms : null);
+      const t0 = Math.min(run.start_time_ms, attempts[0].start_time_ms);
+      const t1 = Math.max(...attempts.map((a, i) => endOf(a, i) ?? Date.now()), ended ? run.end_time_ms : Date.now());
+      const span = Math.max(1, t1 - t0);
+      const items = attempts.map((a, i) => {
+        const current = i === attempts.length - 1;
+        const end = endOf(a, i);
+        const workers = current ? run.workers : a.workers || [];
+        const left = ((a.start_time_ms - t0) / span) * 100;
+        const width = Math.max(0.6, (((end ?? Date.now()) - a.start_time_ms) / span) * 100);
+        const shown = (st.attempt ?? null) === (current ? null : a.attempt_id);
+        return h('li', { class: `attempt${shown ? ' shown' : ''}`, 'data-attempt-id': a.attempt_id },
+          h('div', { class: 'attempt-name' }, `Attempt ${line(a.attempt_id)}`,
+            current ? h('span', { class: 'tag' }, 'current') : null),
+          h('div', { class: 'track', 'aria-hidden': 'true' },
+            h('div', { class: `bar${end === null ? ' live' : ''}`, style: { left: `${left}%`, width: `${Math.min(width, 100 - left)}%` } })),
+          h('div', { class: 'attempt-meta' },
+            `${formatTime(a.start_time_ms)} → ${end === null ? 'now' : formatTime(end)} · `,
+            durationEl(a.start_time_ms, end), ` · ${plural(workers.length, 'worker')} · `,
+            h('button', {
+              type: 'button', class: 'link', 'aria-pressed': String(shown), 'data-key': `attempt-${a.attempt_id}`,
+              onclick: () => {
+                Object.assign(st, { attempt: current ? null : a.attempt_id, node: null, nodePage: 0, workerPage: 0 });
+                rerender();
+              },
+            }, shown ? 'workers shown below' : 'show workers')));
+      });
+      return section('Attempts', h('ol', { class: 'timeline' }, items));
+    }
+
+    function workerSections(run) {
+      const attempts = run.attempts || [];
+      const old = st.attempt === null ? null : attempts.find((a) => a.attempt_id === st.attempt && a.workers);
+      if (!old) st.attempt = null;
+      const all = old ? old.workers : run.workers;
+      const of = old ? ` of attempt ${line(old.attempt_id)}` : '';
+
+      // One row per node, by node rank.
+      const byNode = new Map();
+      for (const w of all) {
+        let node = byNode.get(w.node_id);
+        if (!node) byNode.set(w.node_id, node = { id: w.node_id, ip: w.node_ip, rank: w.node_rank, workers: 0, gpus: 0, dead: 0 });
+        node.workers += 1;
+        node.gpus += w.gpu_ids.length;
+        if (w.status !== 'ALIVE') node.dead += 1;
+      }
+      const nodes = [...byNode.values()].sort((a, b) => a.rank - b.rank);
+      if (st.node !== null && !byNode.has(st.node)) st.node = null;
+      const nodePages = Math.max(1, Math.ceil(nodes.length / NODE_PAGE));
+      st.nodePage = Math.min(st.nodePage, nodePages - 1);
+      const nodeRows = nodes.slice(st.nodePage * NODE_PAGE, (st.nodePage + 1) * NODE_PAGE).map((n) => {
+        const selected = st.node === n.id;
+        return h('tr', { 'data-node-id': n.id, class: selected ? 'selected' : null },
+          h('td', { class: 'num' }, String(n.rank)),
+          h('td', { class: 'mono', title: n.id }, short(n.id)),
+          h('td', { class: 'mono' }, n.ip),
+          h('td', { class: 'num' }, num(n.workers)),
+          h('td', { class: 'num' }, num(n.gpus)),
+          h('td', { class: 'num' }, n.dead ? num(n.dead) : h('span', { class: 'muted' }, '0')),
+          h('td', null, h('button', {
+            type: 'button', class: 'link', 'aria-pressed': String(selected), 'data-key': `node-${n.id}`,
+            onclick: () => {
+              st.node = selected ? null : n.id;
+              st.workerPage = 0;
+              rerender();
+            },
+          }, selected ? 'show all nodes' : 'only this node')));
+      });
+      const nodeSection = section(`Nodes${of}`,
+        table('Nodes', [['Node rank', 'num'], ['Node ID'], ['Node IP'], ['Workers', 'num'], ['GPUs', 'num'], ['Dead', 'num'], ['Filter']],
+          nodeRows, { id: 'nodes' }),
+        nodes.length > NODE_PAGE ? pager('nodes', 'Pages of nodes', {
+          from: st.nodePage * NODE_PAGE + 1, to: Math.min(nodes.length, (st.nodePage + 1) * NODE_PAGE), total: nodes.length,
+          first: st.nodePage > 0 ? () => { st.nodePage = 0; rerender(); } : null,
+          prev: st.nodePage > 0 ? () => { st.nodePage -= 1; rerender(); } : null,
+          next: st.nodePage < nodePages - 1 ? () => { st.nodePage += 1; rerender(); } : null,
+          last: st.nodePage < nodePages - 1 ? () => { st.nodePage = nodePages - 1; rerender(); } : null,
+        }) : null);
+
+      // The workers, filtered to a node, sorted, one page at a time.
+      const key = WORKER_SORTS[st.sort];
+      const shown = (st.node === null ? all.slice() : all.filter((w) => w.node_id === st.node))
+        .sort((a, b) => {
+          const x = key(a);
+          const y = key(b);
+          return (x < y ? -1 : x > y ? 1 : a.world_rank - b.world_rank) * st.dir;
+        });
+      const pages = Math.max(1, Math.ceil(shown.length / WORKER_PAGE));
+      st.workerPage = Math.min(st.workerPage, pages - 1);
+      const start = st.workerPage * WORKER_PAGE;
+      const rows = shown.slice(start, start + WORKER_PAGE).map((w) => h('tr', {
+        'data-world-rank': w.world_rank, 'data-node-id': w.node_id, tabindex: '-1',
+      },
+      h('td', { class: 'num', 'data-col': 'world_rank' }, String(w.world_rank)),
+      h('td', { class: 'num' }, String(w.local_rank)),
+      h('td', { class: 'num' }, String(w.node_rank)),
+      h('td', { class: 'mono', title: w.node_id }, short(w.node_id)),
+      h('td', { class: 'mono' }, w.node_ip),
+      h('td', { class: 'num' }, String(w.pid)),
+      h('td', { class: 'mono' }, w.gpu_ids.length ? w.gpu_ids.join(', ') : h('span', { class: 'muted' }, '—')),
+      h('td', { 'data-col': 'status' }, h('span', { class: `badge w-${String(w.status).toLowerCase()}` }, w.status))));
+      const sortHead = (label, field, cls) => {
+        const sorted = st.sort === field;
+        return h('th', { scope: 'col', class: cls, 'aria-sort': sorted ? (st.dir > 0 ? 'ascending' : 'descending') : null },
+          h('button', {
+            type: 'button', class: 'sort', 'data-key': `sort-${field}`,
+            onclick: () => {
+              st.dir = sorted ? -st.dir : 1;
+              st.sort = field;
+              st.workerPage = 0;
+              rerender();
+            },
+          }, label, h('span', { class: 'arrow', 'aria-hidden': 'true' }, sorted ? (st.dir > 0 ? '▲' : '▼') : '')));
+      };
+      const nodeNote = st.node === null ? null : h('p', { class: 'filter-note' },
+        `Showing the ${plural(shown.length, 'worker')} on node `, h('span', { class: 'mono', title: st.node }, short(st.node)), '. ',
+        h('button', { type: 'button', class: 'link', onclick: () => { st.node = null; rerender(); } }, 'Show all workers'));
+      const workerSection = section(`Workers${of}`, nodeNote,
+        table('Workers', [
+          sortHead('World rank', 'world_rank', 'num'), sortHead('Local rank', 'local_rank', 'num'),
+          sortHead('Node rank', 'node_rank', 'num'), sortHead('Node ID', 'node_id'), sortHead('Node IP', 'node_ip'),
+          sortHead('PID', 'pid', 'num'), sortHead('GPU IDs', 'gpu_ids'), sortHead('Status', 'status'),
+        ], rows.length ? rows : h('tr', null, h('td', { colspan: 8, class: 'empty' }, 'No workers.')), { id: 'workers' }),
+        shown.length > WORKER_PAGE ? pager('workers', 'Pages of workers', {
+          from: start + 1, to: Math.min(shown.length, start + WORKER_PAGE), total: shown.length,
+          first: st.workerPage > 0 ? () => { st.workerPage = 0; rerender(); } : null,
+          prev: st.workerPage > 0 ? () => { st.workerPage -= 1; rerender(); } : null,
+          next: st.workerPage < pages - 1 ? () => { st.workerPage += 1; rerender(); } : null,
+          last: st.workerPage < pages - 1 ? () => { st.workerPage = pages - 1; rerender(); } : null,
+        }) : null);
+      return [nodeSection, workerSection];
+    }
+
+    load();
+    return { refresh: throttle(load, MIN_REFRESH_MS), onEvent, close: () => { st.closed = true; } };
+  }
+
+  route();
+  connect();
+})();
