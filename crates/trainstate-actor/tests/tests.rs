@@ -9,3 +9,4 @@ mod listing;
 mod liveness;
 mod process;
 mod singleton;
+mod web;

@@ -1,0 +1,522 @@
+//! The web page in a real headless Chromium, driven through chromedriver's
+//! W3C WebDriver API: the runs view, a run's view, and live updates.
+//!
+//! Skips (with the reason) when Chromium or chromedriver is not installed,
+//! but fails when `CI=true`. `TRAINSTATE_UPDATE_SCREENSHOTS=1` also writes
+//! the runs view to `docs/screenshots/runs.png`.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use reqwest::{Client, Method};
+use serde_json::{Value, json};
+use trainstate_actor::StateConfig;
+use trainstate_actor::http::HttpConfig;
+use trainstate_schema::RunId;
+
+use crate::common::{Server, run_with, unique_name, workers};
+
+const CHROMIUM: &[&str] = &["/usr/bin/chromium", "/usr/bin/chromium-browser"];
+const CHROMEDRIVER: &[&str] = &["/usr/bin/chromedriver"];
+/// The deadline of every wait on the browser.
+const DEADLINE: Duration = Duration::from_secs(30);
+/// W3C WebDriver's key of an element reference.
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+fn output_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("web");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Chromium and chromedriver, when both are installed.
+fn browser() -> Result<(PathBuf, PathBuf), String> {
+    let find = |candidates: &[&str]| candidates.iter().map(PathBuf::from).find(|p| p.is_file());
+    match (find(CHROMIUM), find(CHROMEDRIVER)) {
+        (Some(chromium), Some(driver)) => Ok((chromium, driver)),
+        (chromium, _) => Err(format!(
+            "{} not installed (apt-get install chromium chromium-driver)",
+            if chromium.is_none() { "chromium is" } else { "chromedriver is" }
+        )),
+    }
+}
+
+// ---- A small WebDriver client ----------------------------------------------
+
+/// A child process, killed when dropped.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts chromedriver on a free port and waits until it is ready.
+async fn start_chromedriver(http: &Client, chromedriver: &Path, log: &Path) -> (Killed, u16) {
+    let until = Instant::now() + DEADLINE;
+    loop {
+        // The port can be taken between this probe and chromedriver's bind: then try another.
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut child = Killed(
+            Command::new(chromedriver)
+                .arg(format!("--port={port}"))
+                .arg(format!("--log-path={}", log.display()))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot start {}: {e}", chromedriver.display())),
+        );
+        let url = format!("http://127.0.0.1:{port}/status");
+        while Instant::now() < until && child.0.try_wait().unwrap().is_none() {
+            if let Ok(response) = http.get(&url).send().await {
+                let status: Value =
+                    serde_json::from_str(&response.text().await.unwrap_or_default())
+                        .unwrap_or_default();
+                if status["value"]["ready"] == true {
+                    return (child, port);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(Instant::now() < until, "chromedriver never became ready; see {}", log.display());
+    }
+}
+
+/// A browser session of chromedriver; dropping it ends the session (so
+/// Chromium exits) and kills chromedriver, also when a test fails halfway.
+struct Browser {
+    http: Client,
+    port: u16,
+    session: Option<String>,
+    _chromedriver: Killed,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    async fn start(chromium: &Path, chromedriver: &Path) -> Self {
+        let http = Client::builder().no_proxy().build().unwrap();
+        let log = output_dir().join("chromedriver.log");
+        let (child, port) = start_chromedriver(&http, chromedriver, &log).await;
+        let profile = tempfile::tempdir().unwrap();
+        let mut args: Vec<String> = [
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--disable-quic",
+            "--no-proxy-server",
+            "--window-size=1280,900",
+            "--force-device-scale-factor=1",
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+        args.push(format!("--user-data-dir={}", profile.path().display()));
+        let mut browser =
+            Self { http, port, session: None, _chromedriver: child, _profile: profile };
+        let capabilities = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {"binary": chromium, "args": args},
+        }}});
+        let answer = browser.command(Method::POST, "/session", Some(capabilities)).await;
+        browser.session = Some(answer["sessionId"].as_str().expect("a session id").to_owned());
+        browser
+    }
+
+    /// One WebDriver command; its `value`, or a panic naming the WebDriver error.
+    async fn command(&self, method: Method, path: &str, body: Option<Value>) -> Value {
+        let url = format!("http://127.0.0.1:{}{path}", self.port);
+        let mut request = self.http.request(method.clone(), &url);
+        if let Some(body) = body {
+            request = request
+                .header("content-type", "application/json")
+                .body(serde_json::to_vec(&body).unwrap());
+        }
+        let response = request.send().await.unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let status = response.status();
+        let text = response.text().await.unwrap();
+        let answer: Value = serde_json::from_str(&text)
+            .unwrap_or_else(|_| panic!("{method} {path}: not JSON ({status}): {text}"));
+        assert!(status.is_success(), "{method} {path}: {status}: {}", answer["value"]);
+        answer["value"].clone()
+    }
+
+    fn session_path(&self, tail: &str) -> String {
+        format!("/session/{}{tail}", self.session.as_deref().expect("a session"))
+    }
+
+    async fn goto(&self, url: &str) {
+        self.command(Method::POST, &self.session_path("/url"), Some(json!({"url": url}))).await;
+    }
+
+    /// Runs `script` (a function body) in the page and returns what it returns.
+    async fn execute(&self, script: &str) -> Value {
+        let body = json!({"script": script, "args": []});
+        self.command(Method::POST, &self.session_path("/execute/sync"), Some(body)).await
+    }
+
+    async fn find(&self, css: &str) -> String {
+        let body = json!({"using": "css selector", "value": css});
+        let element = self.command(Method::POST, &self.session_path("/element"), Some(body)).await;
+        element[ELEMENT]
+            .as_str()
+            .unwrap_or_else(|| panic!("an element reference: {element}"))
+            .to_owned()
+    }
+
+    async fn click(&self, css: &str) {
+        let element = self.find(css).await;
+        let path = self.session_path(&format!("/element/{element}/click"));
+        self.command(Method::POST, &path, Some(json!({}))).await;
+    }
+
+    async fn screenshot(&self, path: &Path) {
+        let data = self.command(Method::GET, &self.session_path("/screenshot"), None).await;
+        let png = base64_decode(data.as_str().expect("base64 PNG"));
+        assert!(png.starts_with(b"\x89PNG"), "a PNG");
+        std::fs::write(path, png).unwrap();
+    }
+
+    /// Waits until `script` returns something other than null or false; returns it.
+    async fn wait_for(&self, what: &str, script: &str) -> Value {
+        let until = Instant::now() + DEADLINE;
+        loop {
+            let value = self.execute(script).await;
+            if !value.is_null() && value != false {
+                return value;
+            }
+            if Instant::now() >= until {
+                let failure = output_dir().join("failure.png");
+                self.screenshot(&failure).await;
+                let text = self.execute("return document.body.innerText").await;
+                panic!(
+                    "timed out waiting for {what}; screenshot at {}; page text:\n{}",
+                    failure.display(),
+                    text.as_str().unwrap_or_default()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    async fn quit(mut self) {
+        if self.session.is_some() {
+            self.command(Method::DELETE, &self.session_path(""), None).await;
+            self.session = None;
+        }
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        if let Some(session) = self.session.take() {
+            // Blocking on purpose: Drop cannot await, and Chromium must not outlive the test.
+            if let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) {
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+                let _ = write!(
+                    stream,
+                    "DELETE /session/{session} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                    self.port
+                );
+                let _ = stream.read_to_end(&mut Vec::new());
+            }
+        }
+    }
+}
+
+fn base64_decode(text: &str) -> Vec<u8> {
+    let value = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        b'/' => 63,
+        _ => panic!("not base64: {c:?}"),
+    };
+    let digits: Vec<u8> =
+        text.bytes().filter(|c| !c.is_ascii_whitespace() && *c != b'=').map(value).collect();
+    let mut out = Vec::with_capacity(digits.len() * 3 / 4);
+    for chunk in digits.chunks(4) {
+        let n = chunk.iter().enumerate().fold(0u32, |n, (i, &d)| n | u32::from(d) << (18 - 6 * i));
+        out.extend_from_slice(&n.to_be_bytes()[1..chunk.len()]);
+    }
+    out
+}
+
+// ---- The test ----------------------------------------------------------------
+
+const MINUTE: u64 = 60_000;
+const HOUR: u64 = 60 * MINUTE;
+
+/// A run's registration: `n` workers, 8 to a node, and its datasets.
+fn run_body(name: &str, job: &str, start_ms: u64, n: u32, datasets: &[&str]) -> (RunId, Value) {
+    let id = RunId::new_v7();
+    let mut run = serde_json::to_value(run_with(&id, name, job, start_ms, 1)).unwrap();
+    run["controller_actor_id"] = json!(format!("{:032x}", start_ms));
+    run["workers"] = serde_json::to_value(workers(n, 8, &format!("{name}-"))).unwrap();
+    run["resources"] = Value::Null;
+    run["datasets"] = datasets
+        .iter()
+        .enumerate()
+        .map(|(i, key)| {
+            json!({
+                "name": key,
+                "dataset_uuid": format!("{:032x}", start_ms * 16 + i as u64),
+                "dataset_name": format!("{key}_{name}"),
+            })
+        })
+        .collect();
+    (id, run)
+}
+
+struct Api {
+    http: Client,
+    url: String,
+}
+
+impl Api {
+    async fn post(&self, path: &str, body: Value) -> Value {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.url))
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(&body).unwrap())
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        let text = response.text().await.unwrap();
+        assert!(status.is_success(), "POST {path}: {status}: {text}");
+        serde_json::from_str(&text).unwrap()
+    }
+
+    async fn register(&self, run: (RunId, Value)) -> RunId {
+        self.post("/api/train/runs", run.1).await;
+        run.0
+    }
+
+    async fn set_status(&self, id: &RunId, body: Value) {
+        self.post(&format!("/api/train/runs/{id}/status"), body).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_lists_runs_shows_a_run_and_follows_changes_live() {
+    let (chromium, chromedriver) = match browser() {
+        Ok(found) => found,
+        Err(reason) => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "the web page test needs a browser on CI: {reason}"
+            );
+            eprintln!("skipping the web page test: {reason}");
+            return;
+        }
+    };
+    let server = Server::start(
+        StateConfig::in_memory()
+            .with_name(unique_name("web"))
+            .with_lease(Duration::from_secs(3600)),
+        HttpConfig::default(),
+    )
+    .await;
+    let api = Api { http: Client::builder().no_proxy().build().unwrap(), url: server.url.clone() };
+
+    // Eight runs of every status, registered oldest first, as a cluster would.
+    let now = now_ms();
+    let trace = "Traceback (most recent call last):\n  File \"train.py\", line 118, in train_loop\n    loss = model(batch).loss\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n\u{1b}[0m";
+    let vit = api
+        .register(run_body("vit-b16-pretrain", "02000000", now - 26 * HOUR, 64, &["train", "val"]))
+        .await;
+    api.set_status(&vit, json!({"status": "FINISHED", "end_time_ms": now - 9 * HOUR})).await;
+    let bert = api
+        .register(run_body("bert-large-finetune", "03000000", now - 7 * HOUR, 32, &["train"]))
+        .await;
+    api.set_status(
+        &bert,
+        json!({"status": "ERRORED", "detail": trace, "end_time_ms": now - 6 * HOUR - 50 * MINUTE,
+               "cause": {"kind": "USER_ERROR", "failed_world_rank": 3}}),
+    )
+    .await;
+    let whisper = api
+        .register(run_body("whisper-small-asr", "04000000", now - 5 * HOUR, 16, &["train", "eval"]))
+        .await;
+    api.set_status(&whisper, json!({"status": "FINISHED", "end_time_ms": now - 3 * HOUR})).await;
+    let t5 = api
+        .register(run_body("t5-base-summarize", "05000000", now - 3 * HOUR, 8, &["train"]))
+        .await;
+    api.set_status(
+        &t5,
+        json!({"status": "ABORTED", "detail": "Stopped by the user (Ctrl-C).",
+               "end_time_ms": now - 2 * HOUR - 40 * MINUTE, "cause": {"kind": "USER_INTERRUPT"}}),
+    )
+    .await;
+    let sweep =
+        api.register(run_body("gpt2-medium-sweep-3", "06000000", now - 2 * HOUR, 8, &[])).await;
+    api.set_status(
+        &sweep,
+        json!({"status": "ERRORED", "detail": "The node 10.0.0.3 was lost.",
+               "end_time_ms": now - HOUR - 52 * MINUTE, "cause": {"kind": "SYSTEM_ERROR"}}),
+    )
+    .await;
+    let llama = api
+        .register(run_body(
+            "llama3-8b-pretrain",
+            "07000000",
+            now - 95 * MINUTE,
+            256,
+            &["train", "val"],
+        ))
+        .await;
+    let resnet = api
+        .register(run_body("resnet50-imagenet", "08000000", now - 40 * MINUTE, 16, &["train"]))
+        .await;
+    let resized = serde_json::to_value(workers(12, 4, "resnet50-imagenet-b-")).unwrap();
+    api.post(
+        &format!("/api/train/runs/{resnet}/attempts"),
+        json!({"attempt_id": "1", "start_time_ms": now - 12 * MINUTE, "workers": resized}),
+    )
+    .await;
+    let mistral = api
+        .register(run_body("mistral-7b-sft", "09000000", now - 8 * MINUTE, 32, &["train"]))
+        .await;
+    let newest_first = [
+        (&mistral, "RUNNING"),
+        (&resnet, "RUNNING"),
+        (&llama, "RUNNING"),
+        (&sweep, "ERRORED"),
+        (&t5, "ABORTED"),
+        (&whisper, "FINISHED"),
+        (&bert, "ERRORED"),
+        (&vit, "FINISHED"),
+    ];
+    let expected: Vec<Value> =
+        newest_first.iter().map(|(id, status)| json!([id.to_string(), status])).collect();
+
+    let browser = Browser::start(&chromium, &chromedriver).await;
+    let out = output_dir();
+
+    // The runs view: every run, newest first, with its status; the live stream connected.
+    browser.goto(&format!("{}/", server.url)).await;
+    let rows = browser
+        .wait_for(
+            "the runs view to list every run over a live connection",
+            "const rows = [...document.querySelectorAll('#runs tr[data-run-id]')];
+             if (rows.length !== 8 || document.getElementById('connection').textContent !== 'live') return null;
+             return rows.map((r) => [r.dataset.runId, r.querySelector('[data-col=status]').textContent]);",
+        )
+        .await;
+    assert_eq!(rows, Value::from(expected.clone()));
+    let counts = browser
+        .execute(
+            "return ['ALL', 'RUNNING', 'FINISHED', 'ERRORED', 'ABORTED'].map((s) =>
+               document.querySelector(`.counts [data-status=${s}] .count`).textContent);",
+        )
+        .await;
+    assert_eq!(counts, json!(["8", "3", "2", "2", "1"]));
+    let runs_png = out.join("runs.png");
+    browser.screenshot(&runs_png).await;
+    if std::env::var("TRAINSTATE_UPDATE_SCREENSHOTS").as_deref() == Ok("1") {
+        let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/screenshots");
+        std::fs::create_dir_all(&docs).unwrap();
+        std::fs::copy(&runs_png, docs.join("runs.png")).unwrap();
+    }
+    // Navigation is in-page from here on: a reload would lose this mark.
+    browser.execute("window.notReloaded = true; return null;").await;
+
+    // A run of 256 workers: its own URL, workers by rank, 200 to a page, nodes summarised.
+    browser.click(&format!("tr[data-run-id='{llama}'] a")).await;
+    let ranks = browser
+        .wait_for(
+            "the run view to list the workers",
+            &format!(
+                "if (location.pathname !== '/runs/{llama}') return null;
+                 const ranks = [...document.querySelectorAll('#workers tr[data-world-rank]')]
+                   .map((r) => Number(r.dataset.worldRank));
+                 return ranks.length ? ranks : null;"
+            ),
+        )
+        .await;
+    assert_eq!(ranks, json!((0..200).collect::<Vec<_>>()));
+    let nodes = browser.execute("return document.querySelectorAll('#nodes tbody tr').length").await;
+    assert_eq!(nodes, 32, "256 workers, 8 to a node");
+    browser.click("[data-key='workers-next']").await;
+    let ranks = browser
+        .wait_for(
+            "the second page of workers",
+            "const ranks = [...document.querySelectorAll('#workers tr[data-world-rank]')]
+               .map((r) => Number(r.dataset.worldRank));
+             return ranks[0] === 200 ? ranks : null;",
+        )
+        .await;
+    assert_eq!(ranks, json!((200..256).collect::<Vec<_>>()));
+
+    // Back to the list, into a live run, and the run errors while the page is open.
+    browser.click("nav.crumbs a").await;
+    browser
+        .wait_for(
+            "the runs view again",
+            "return document.querySelectorAll('#runs tr[data-run-id]').length === 8",
+        )
+        .await;
+    browser.click(&format!("tr[data-run-id='{mistral}'] a")).await;
+    browser
+        .wait_for(
+            "the live run's view",
+            &format!(
+                "return location.pathname === '/runs/{mistral}' &&
+                   document.getElementById('run-status')?.textContent === 'RUNNING' &&
+                   document.querySelectorAll('#workers tr[data-world-rank]').length === 32;"
+            ),
+        )
+        .await;
+    api.set_status(
+        &mistral,
+        json!({"status": "ERRORED", "detail": trace,
+               "cause": {"kind": "USER_ERROR", "failed_world_rank": 5}}),
+    )
+    .await;
+    let detail = browser
+        .wait_for(
+            "the status change to appear without a reload",
+            "return window.notReloaded && document.getElementById('run-status').textContent === 'ERRORED'
+               && document.getElementById('status-detail')?.textContent;",
+        )
+        .await;
+    let detail = detail.as_str().unwrap();
+    assert!(detail.contains("torch.OutOfMemoryError"), "{detail}");
+    assert!(detail.ends_with("\\u{1b}[0m"), "control characters are shown escaped: {detail:?}");
+    let cause = browser.execute("return document.getElementById('run-cause').textContent").await;
+    assert!(cause.as_str().unwrap().contains("USER_ERROR"), "{cause}");
+    assert!(cause.as_str().unwrap().contains('5'), "{cause}");
+    browser.screenshot(&out.join("run.png")).await;
+
+    // History back to the list, which follows changes too.
+    browser.command(Method::POST, &browser.session_path("/back"), Some(json!({}))).await;
+    api.set_status(&resnet, json!({"status": "FINISHED"})).await;
+    browser
+        .wait_for(
+            "the list to show both changes without a reload",
+            &format!(
+                "const status = (id) => document.querySelector(`#runs tr[data-run-id='${{id}}'] [data-col=status]`)?.textContent;
+                 return window.notReloaded && location.pathname === '/' &&
+                   status('{mistral}') === 'ERRORED' && status('{resnet}') === 'FINISHED';"
+            ),
+        )
+        .await;
+
+    browser.quit().await;
+    server.stop().await;
+}
