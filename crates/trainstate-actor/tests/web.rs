@@ -182,8 +182,11 @@ impl Browser {
         self.command(Method::POST, &path, Some(json!({}))).await;
     }
 
+    /// Saves a PNG of the page's body: the content, without the empty viewport below it.
     async fn screenshot(&self, path: &Path) {
-        let data = self.command(Method::GET, &self.session_path("/screenshot"), None).await;
+        let body = self.find("body").await;
+        let path_of = self.session_path(&format!("/element/{body}/screenshot"));
+        let data = self.command(Method::GET, &path_of, None).await;
         let png = base64_decode(data.as_str().expect("base64 PNG"));
         assert!(png.starts_with(b"\x89PNG"), "a PNG");
         std::fs::write(path, png).unwrap();
