@@ -33,6 +33,8 @@
 //!   production.
 
 mod actor;
+#[doc(hidden)]
+pub mod bench_support;
 mod clock;
 mod config;
 mod errors;
