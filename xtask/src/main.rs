@@ -1,11 +1,14 @@
-//! `cargo xtask`: the workspace's code generator.
+//! `cargo xtask`: the workspace's code generator and benchmark driver.
+
+mod bench;
 
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: cargo xtask codegen [--check]
 
   codegen          write schemas/*.schema.json and docs/schema.md
-  codegen --check  exit non-zero, naming each stale file, if any differs";
+  codegen --check  exit non-zero, naming each stale file, if any differs
+  bench [...]      measure trainstate beside the Ray anchor (`cargo xtask bench --help`)";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -33,6 +36,14 @@ fn main() -> ExitCode {
                 }
                 ExitCode::FAILURE
             }
+        }
+        ["bench", "--help" | "-h"] => {
+            println!("{}", bench::USAGE);
+            ExitCode::SUCCESS
+        }
+        ["bench", rest @ ..] => bench::main(rest, &root),
+        [command @ ("bench-unit" | "bench-ready"), rest @ ..] => {
+            bench::child_main(command, rest, &root)
         }
         _ => {
             eprintln!("{USAGE}");

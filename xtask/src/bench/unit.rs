@@ -1,0 +1,671 @@
+//! One measured phase in a process of its own: a fresh state behind one
+//! path (in-process handle, HTTP, or the store alone), filled with N fresh
+//! runs, then read back and checked.
+//!
+//! The sequential phase and the pipelined phase each get a fresh process
+//! and a fresh state, so that every registration carries a fresh id and N
+//! runs are stored when the reads are measured.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde_json::{Map, Value, json};
+use trainstate_actor::bench_support::StoreBench;
+use trainstate_actor::{StateConfig, StateService, launch_state_actor};
+use trainstate_client::{Cursor, RunDocument, RunQuery, StateHandle};
+use trainstate_schema::{RunId, TrainRunInfo};
+
+use super::http::{HttpTarget, Server};
+use super::records;
+use super::util::{check_ids, ids_of_listing, kib, latency_summary, proc_mem, round, seq_summary};
+use super::{Options, PathKind, StoreKind};
+
+/// The page size of the paged walk.
+pub(crate) const PAGE_LIMIT: usize = 1_000;
+
+/// The deadline of one in-process call: generous, so that a slow machine
+/// shows up as a slow figure rather than a failure.
+const CALL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Which half of a configuration a unit measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Register N runs one at a time, waiting for each answer.
+    Seq,
+    /// Register N runs with many in flight, then read, then restart.
+    Main,
+}
+
+impl Phase {
+    pub(crate) fn parse(text: &str) -> Option<Self> {
+        match text {
+            "seq" => Some(Self::Seq),
+            "main" => Some(Self::Main),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Seq => "seq",
+            Self::Main => "main",
+        }
+    }
+}
+
+/// What a listing or a get answered, before it is checked.
+pub(crate) enum Answer {
+    /// Documents handed over in process (no bytes copied).
+    Docs(Vec<RunDocument>),
+    /// A JSON body received over HTTP.
+    Body(Bytes),
+}
+
+impl Answer {
+    /// The JSON bytes of the answer: what a REST layer ships.
+    fn json_bytes(&self) -> usize {
+        match self {
+            Self::Docs(docs) => listing_json(docs).len(),
+            Self::Body(body) => body.len(),
+        }
+    }
+
+    fn ids(&self) -> Result<Vec<String>, String> {
+        match self {
+            Self::Docs(docs) => Ok(docs.iter().map(doc_id).collect::<Result<_, _>>()?),
+            Self::Body(body) => ids_of_listing(body),
+        }
+    }
+}
+
+/// `{"train_runs":[...]}` of documents, as the HTTP API writes it.
+fn listing_json(docs: &[RunDocument]) -> String {
+    let mut out = String::from("{\"train_runs\":[");
+    for (i, doc) in docs.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        doc.write_json(&mut out);
+    }
+    out.push_str("]}");
+    out
+}
+
+fn doc_id(doc: &RunDocument) -> Result<String, String> {
+    #[derive(serde::Deserialize)]
+    struct IdOnly {
+        id: String,
+    }
+    serde_json::from_str::<IdOnly>(doc.body())
+        .map(|r| r.id)
+        .map_err(|e| format!("a stored run does not parse: {e}"))
+}
+
+/// Where the next page starts.
+pub(crate) enum PageCursor {
+    Typed(Cursor),
+    Text(String),
+}
+
+/// The state under test, behind one path.
+pub(crate) enum Target {
+    Inproc { service: StateService, handle: StateHandle, config: StateConfig },
+    Store { store: Arc<StoreBench>, config: StateConfig },
+    Http(HttpTarget),
+}
+
+/// The store of a unit: a file in a fresh directory, or memory.
+pub(crate) fn state_config(store: StoreKind, dir: &Path) -> StateConfig {
+    match store {
+        StoreKind::Durable => StateConfig::sqlite(dir.join("trainstate.db")),
+        StoreKind::Memory => StateConfig::in_memory(),
+    }
+}
+
+impl Target {
+    /// Starts the state; returns it and how long it took to be ready.
+    pub(crate) async fn start(
+        path: PathKind,
+        store: StoreKind,
+        dir: &Path,
+        opts: &Options,
+    ) -> Result<(Self, Duration), String> {
+        let config = state_config(store, dir);
+        match path {
+            PathKind::Inproc => {
+                let started = Instant::now();
+                let service =
+                    launch_state_actor(config.clone()).await.map_err(|e| e.to_string())?;
+                let ready = started.elapsed();
+                let handle = service.handle().with_timeout(CALL_TIMEOUT);
+                Ok((Self::Inproc { service, handle, config }, ready))
+            }
+            PathKind::Store => {
+                let started = Instant::now();
+                let store = StoreBench::open(&config).map_err(|e| e.to_string())?;
+                store.load().await.map_err(|e| e.to_string())?;
+                Ok((Self::Store { store: Arc::new(store), config }, started.elapsed()))
+            }
+            PathKind::Http => {
+                let (server, ready) = Server::spawn(&opts.trainstate_bin, dir, store)?;
+                Ok((Self::Http(HttpTarget::new(server, opts.concurrency)?), ready))
+            }
+        }
+    }
+
+    /// The process that holds the state.
+    pub(crate) fn pid(&self) -> u32 {
+        match self {
+            Self::Http(http) => http.server.pid(),
+            _ => std::process::id(),
+        }
+    }
+
+    /// Registers each run and waits for its answer before the next.
+    async fn register_seq(&self, runs: &[TrainRunInfo]) -> (Duration, Vec<Duration>, usize) {
+        let mut lat = Vec::with_capacity(runs.len());
+        let mut failures = 0;
+        let started = Instant::now();
+        match self {
+            Self::Inproc { handle, .. } => {
+                for run in runs {
+                    let t = Instant::now();
+                    match handle.register(run.clone()).await {
+                        Ok(reg) if reg.created => {}
+                        _ => failures += 1,
+                    }
+                    lat.push(t.elapsed());
+                }
+            }
+            Self::Store { store, .. } => {
+                for run in runs {
+                    let t = Instant::now();
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    store.put(run, move |result| {
+                        let _ = tx.send(result);
+                    });
+                    if !matches!(rx.await, Ok(Ok(()))) {
+                        failures += 1;
+                    }
+                    lat.push(t.elapsed());
+                }
+            }
+            Self::Http(http) => return http.register_seq(runs).await,
+        }
+        (started.elapsed(), lat, failures)
+    }
+
+    /// Registers every run with all of them in flight (in process), or
+    /// over many concurrent connections (HTTP). Returns the total time, the
+    /// time to hand every request over (in process), and the failures.
+    async fn register_pipelined(
+        &self,
+        runs: &[TrainRunInfo],
+    ) -> (Duration, Option<Duration>, usize) {
+        let started = Instant::now();
+        let mut failures = 0;
+        match self {
+            Self::Inproc { handle, .. } => {
+                let mut tasks = tokio::task::JoinSet::new();
+                for run in runs {
+                    let handle = handle.clone();
+                    let run = run.clone();
+                    tasks.spawn(async move { handle.register(run).await });
+                }
+                let submitted = started.elapsed();
+                while let Some(result) = tasks.join_next().await {
+                    if !matches!(result, Ok(Ok(ref reg)) if reg.created) {
+                        failures += 1;
+                    }
+                }
+                (started.elapsed(), Some(submitted), failures)
+            }
+            Self::Store { store, .. } => {
+                let mut answers = Vec::with_capacity(runs.len());
+                for run in runs {
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    store.put(run, move |result| {
+                        let _ = tx.send(result);
+                    });
+                    answers.push(rx);
+                }
+                let submitted = started.elapsed();
+                for rx in answers {
+                    if !matches!(rx.await, Ok(Ok(()))) {
+                        failures += 1;
+                    }
+                }
+                (started.elapsed(), Some(submitted), failures)
+            }
+            Self::Http(http) => {
+                let (total, failures) = http.register_pipelined(runs).await;
+                (total, None, failures)
+            }
+        }
+    }
+
+    /// Every run, unpaged (Ray's route).
+    async fn list_all(&self) -> Result<Answer, String> {
+        match self {
+            Self::Inproc { handle, .. } => {
+                handle.list(RunQuery::all()).await.map(|p| Answer::Docs(p.runs)).map_err(err)
+            }
+            Self::Store { store, .. } => Ok(Answer::Docs(store.list(&RunQuery::all()).runs)),
+            Self::Http(http) => http.get("/api/train/v2/runs").await.map(Answer::Body),
+        }
+    }
+
+    /// One page of [`PAGE_LIMIT`] runs after `cursor`.
+    async fn list_page(
+        &self,
+        cursor: Option<PageCursor>,
+    ) -> Result<(Answer, Option<PageCursor>), String> {
+        let query = |cursor: Option<PageCursor>| {
+            let query = RunQuery::new().limit(PAGE_LIMIT);
+            match cursor {
+                Some(PageCursor::Typed(c)) => query.after(c),
+                _ => query,
+            }
+        };
+        match self {
+            Self::Inproc { handle, .. } => {
+                let page = handle.list(query(cursor)).await.map_err(err)?;
+                Ok((Answer::Docs(page.runs), page.next_cursor.map(PageCursor::Typed)))
+            }
+            Self::Store { store, .. } => {
+                let page = store.list(&query(cursor));
+                Ok((Answer::Docs(page.runs), page.next_cursor.map(PageCursor::Typed)))
+            }
+            Self::Http(http) => {
+                let path = match cursor {
+                    Some(PageCursor::Text(c)) => {
+                        format!("/api/train/runs?limit={PAGE_LIMIT}&cursor={c}")
+                    }
+                    _ => format!("/api/train/runs?limit={PAGE_LIMIT}"),
+                };
+                let body = http.get(&path).await?;
+                let next = next_cursor_of(&body)?.map(PageCursor::Text);
+                Ok((Answer::Body(body), next))
+            }
+        }
+    }
+
+    /// One run.
+    async fn get_one(&self, id: &RunId) -> Result<Answer, String> {
+        match self {
+            Self::Inproc { handle, .. } => {
+                handle.get(id.clone()).await.map(|d| Answer::Docs(vec![d])).map_err(err)
+            }
+            Self::Store { store, .. } => store
+                .get(id)
+                .map(|d| Answer::Docs(vec![d]))
+                .ok_or_else(|| format!("run {id} not found")),
+            Self::Http(http) => http.get(&format!("/api/train/runs/{id}")).await.map(Answer::Body),
+        }
+    }
+
+    /// Stops the state and starts it again on the same store; returns how
+    /// long it took to be ready and the runs it loaded.
+    async fn restart(self, dir: &Path, opts: &Options) -> Result<(Duration, usize), String> {
+        match self {
+            Self::Inproc { service, config, .. } => {
+                service.shutdown().await;
+                drop(service);
+                let started = Instant::now();
+                let service = launch_state_actor(config).await.map_err(|e| e.to_string())?;
+                let ready = started.elapsed();
+                let count = service.run_count();
+                service.shutdown().await;
+                Ok((ready, count))
+            }
+            Self::Store { store, config } => {
+                store.close();
+                drop(store);
+                let started = Instant::now();
+                let store = StoreBench::open(&config).map_err(|e| e.to_string())?;
+                let count = store.load().await.map_err(|e| e.to_string())?;
+                let ready = started.elapsed();
+                store.close();
+                Ok((ready, count))
+            }
+            Self::Http(http) => {
+                http.server.terminate()?;
+                let (server, ready) = Server::spawn(&opts.trainstate_bin, dir, StoreKind::Durable)?;
+                let http = HttpTarget::new(server, 1)?;
+                let body = http.get("/api/train/runs?limit=1").await?;
+                let total = total_of(&body)?;
+                http.server.terminate()?;
+                Ok((ready, total))
+            }
+        }
+    }
+
+    async fn stop(self) -> Result<(), String> {
+        match self {
+            Self::Inproc { service, .. } => {
+                service.shutdown().await;
+                Ok(())
+            }
+            Self::Store { store, .. } => {
+                store.close();
+                Ok(())
+            }
+            Self::Http(http) => http.server.terminate(),
+        }
+    }
+}
+
+fn err(e: trainstate_client::StateError) -> String {
+    e.to_string()
+}
+
+/// The `next_cursor` at the end of a page (`..."next_cursor":"...","total":N}`),
+/// found without parsing the runs.
+fn next_cursor_of(body: &[u8]) -> Result<Option<String>, String> {
+    let text = std::str::from_utf8(body).map_err(|e| e.to_string())?;
+    let at = text.rfind("\"next_cursor\":").ok_or("a page has no next_cursor")?;
+    let rest = &text[at + "\"next_cursor\":".len()..];
+    if rest.starts_with("null") {
+        return Ok(None);
+    }
+    let rest = rest.strip_prefix('"').ok_or("next_cursor is not a string")?;
+    let end = rest.find('"').ok_or("next_cursor is not closed")?;
+    Ok(Some(rest[..end].to_owned()))
+}
+
+fn total_of(body: &[u8]) -> Result<usize, String> {
+    #[derive(serde::Deserialize)]
+    struct Total {
+        total: usize,
+    }
+    serde_json::from_slice::<Total>(body).map(|t| t.total).map_err(|e| e.to_string())
+}
+
+/// Runs one phase of one configuration and returns its JSON result.
+pub(crate) async fn run_unit(
+    path: PathKind,
+    store: StoreKind,
+    phase: Phase,
+    opts: &Options,
+) -> Result<Value, String> {
+    let dir = tempdir()?;
+    let mut out = Map::new();
+
+    let built = Instant::now();
+    let runs = records::runs(opts.n, opts.w);
+    out.insert("driver_build_records_s".into(), json!(round(built.elapsed().as_secs_f64(), 3)));
+    out.insert(
+        "json_bytes_per_run".into(),
+        json!(serde_json::to_vec(&runs[0]).map(|v| v.len()).unwrap_or(0)),
+    );
+    let written: BTreeSet<String> = runs.iter().map(|r| r.id().to_string()).collect();
+
+    let (target, ready) = Target::start(path, store, dir.path(), opts).await?;
+    out.insert("actor_create_s".into(), json!(round(ready.as_secs_f64(), 4)));
+    let pid = target.pid();
+    out.insert("actor_pid".into(), json!(pid));
+    let mut mem = Map::new();
+    mem.insert("after_create".into(), proc_mem(pid));
+
+    if let Target::Http(http) = &target {
+        if phase == Phase::Main {
+            out.insert("client_ceiling".into(), http.ceiling(opts.n.max(2_000)).await);
+        } else {
+            http.warm_up().await;
+        }
+    }
+
+    let mut checks = Map::new();
+    match phase {
+        Phase::Seq => {
+            let (total, lat, failures) = target.register_seq(&runs).await;
+            out.insert("seq".into(), seq_summary(total, &lat, failures));
+            mem.insert("after_seq".into(), proc_mem(pid));
+            checks.insert("failures".into(), json!(failures));
+            let read = target.list_all().await?.ids()?;
+            checks.insert("runs_read_back".into(), json!(check_ids("seq", &written, read)?));
+            if failures > 0 {
+                return Err(format!("seq: {failures} registrations failed"));
+            }
+        }
+        Phase::Main => {
+            let (total, submitted, failures) = target.register_pipelined(&runs).await;
+            let mut pipelined = Map::new();
+            pipelined.insert("total_s".into(), json!(round(total.as_secs_f64(), 3)));
+            pipelined
+                .insert("submit_s".into(), json!(submitted.map(|s| round(s.as_secs_f64(), 3))));
+            pipelined.insert(
+                "runs_per_s".into(),
+                json!(round(runs.len() as f64 / total.as_secs_f64(), 1)),
+            );
+            pipelined.insert(
+                "in_flight".into(),
+                json!(if path == PathKind::Http { opts.concurrency } else { opts.n }),
+            );
+            pipelined.insert("failures".into(), json!(failures));
+            out.insert("pipelined".into(), Value::Object(pipelined));
+            mem.insert("after_pipelined".into(), proc_mem(pid));
+            checks.insert("failures".into(), json!(failures));
+            if failures > 0 {
+                return Err(format!("pipelined: {failures} registrations failed"));
+            }
+
+            // Ray's route: every run, unpaged.
+            let mut lat = Vec::new();
+            let mut last = None;
+            for _ in 0..opts.get_calls {
+                let t = Instant::now();
+                let answer = target.list_all().await?;
+                lat.push(t.elapsed());
+                last = Some(answer);
+            }
+            let last = last.ok_or("--get-calls must be at least 1")?;
+            let mut get_all = Map::new();
+            get_all.insert("method".into(), json!(list_method(path)));
+            get_all.extend(latency_summary(&lat));
+            let ids = last.ids()?;
+            get_all.insert("runs_returned".into(), json!(ids.len()));
+            get_all.insert("json_bytes".into(), json!(last.json_bytes()));
+            checks.insert("runs_read_back".into(), json!(check_ids("get_all", &written, ids)?));
+            out.insert("get_all".into(), Value::Object(get_all));
+
+            // Every page at limit=1000, summed.
+            let mut lat = Vec::new();
+            let mut pages = 0;
+            let mut bytes = 0;
+            let mut ids = Vec::new();
+            for call in 0..opts.get_calls {
+                let mut cursor = None;
+                let mut walk = Duration::ZERO;
+                pages = 0;
+                bytes = 0;
+                loop {
+                    let t = Instant::now();
+                    let (answer, next) = target.list_page(cursor).await?;
+                    walk += t.elapsed();
+                    pages += 1;
+                    bytes += answer.json_bytes();
+                    if call == 0 {
+                        ids.extend(answer.ids()?);
+                    }
+                    cursor = next;
+                    if cursor.is_none() {
+                        break;
+                    }
+                }
+                lat.push(walk);
+            }
+            let mut paged = Map::new();
+            paged.insert("method".into(), json!(paged_method(path)));
+            paged.insert("limit".into(), json!(PAGE_LIMIT));
+            paged.insert("pages".into(), json!(pages));
+            paged.extend(latency_summary(&lat));
+            paged.insert("runs_returned".into(), json!(ids.len()));
+            paged.insert("json_bytes".into(), json!(bytes));
+            checks.insert("runs_read_back_paged".into(), json!(check_ids("paged", &written, ids)?));
+            out.insert("get_all_paged".into(), Value::Object(paged));
+
+            // One run, as the Ray anchor picks them.
+            let mut lat = Vec::new();
+            let mut bytes = 0;
+            for k in 0..opts.get_calls {
+                let id = runs[(k * 7919) % runs.len()].id();
+                let t = Instant::now();
+                let answer = target.get_one(id).await?;
+                lat.push(t.elapsed());
+                bytes = match &answer {
+                    Answer::Docs(docs) => docs.iter().map(|d| d.to_json().len()).sum(),
+                    Answer::Body(body) => body.len(),
+                };
+                let got = match answer {
+                    Answer::Docs(docs) => docs.first().map(doc_id).transpose()?,
+                    Answer::Body(body) => Some(
+                        serde_json::from_slice::<Value>(&body)
+                            .ok()
+                            .and_then(|v| v.get("id")?.as_str().map(str::to_owned))
+                            .unwrap_or_default(),
+                    ),
+                };
+                if got.as_deref() != Some(id.as_str()) {
+                    return Err(format!("get_one: asked for {id}, got {got:?}"));
+                }
+            }
+            let mut get_one = latency_summary(&lat);
+            get_one.insert("json_bytes".into(), json!(bytes));
+            out.insert("get_one".into(), Value::Object(get_one));
+            mem.insert("after_get_all".into(), proc_mem(pid));
+        }
+    }
+
+    let last =
+        mem.get("after_get_all").or_else(|| mem.get("after_seq")).cloned().unwrap_or_default();
+    let first = mem["after_create"].clone();
+    let after_writes = mem.get("after_pipelined").or_else(|| mem.get("after_seq")).cloned();
+    out.insert("actor_peak_rss_mib".into(), json!(round(kib(&last, "VmHWM") / 1024.0, 1)));
+    if let Some(after_writes) = after_writes {
+        out.insert(
+            "actor_rss_growth_mib".into(),
+            json!(round((kib(&after_writes, "RssAnon") - kib(&first, "RssAnon")) / 1024.0, 1)),
+        );
+        out.insert("base_rss_mib".into(), json!(round(kib(&first, "VmRSS") / 1024.0, 1)));
+        out.insert(
+            "mem_per_run_kib".into(),
+            json!(round((kib(&after_writes, "VmRSS") - kib(&first, "VmRSS")) / opts.n as f64, 2)),
+        );
+    }
+    out.insert("actor_mem_kib".into(), Value::Object(mem));
+
+    if phase == Phase::Main && store == StoreKind::Durable {
+        let (ready, count) = target.restart(dir.path(), opts).await?;
+        if count != opts.n {
+            return Err(format!("restart: {count} runs loaded, {} written", opts.n));
+        }
+        out.insert("ready_with_runs_s".into(), json!(round(ready.as_secs_f64(), 4)));
+        checks.insert("runs_after_restart".into(), json!(count));
+    } else {
+        target.stop().await?;
+    }
+    checks.insert("runs_written".into(), json!(written.len()));
+    out.insert("checks".into(), Value::Object(checks));
+    Ok(Value::Object(out))
+}
+
+fn list_method(path: PathKind) -> &'static str {
+    match path {
+        PathKind::Http => "GET /api/train/v2/runs",
+        _ => "list(RunQuery::all())",
+    }
+}
+
+fn paged_method(path: PathKind) -> &'static str {
+    match path {
+        PathKind::Http => "GET /api/train/runs?limit=1000&cursor=...",
+        _ => "list(RunQuery::new().limit(1000).after(cursor))",
+    }
+}
+
+/// A fresh directory for a durable store (and the server's logs).
+pub(crate) fn tempdir() -> Result<tempfile::TempDir, String> {
+    tempfile::Builder::new()
+        .prefix("trainstate-bench-")
+        .tempdir()
+        .map_err(|e| format!("cannot create a temporary directory: {e}"))
+}
+
+/// Time to be ready with `n` runs of `w` workers stored: the store is
+/// filled once (through the store alone), then `trainstate serve` is
+/// started on it `rounds` times.
+pub(crate) async fn run_ready(opts: &Options, rounds: usize) -> Result<Value, String> {
+    let dir = tempdir()?;
+    let config = state_config(StoreKind::Durable, dir.path());
+    let filled = Instant::now();
+    {
+        let store = StoreBench::open(&config).map_err(|e| e.to_string())?;
+        for chunk in records::runs(opts.n, opts.w).chunks(4_096) {
+            let mut answers = Vec::with_capacity(chunk.len());
+            for run in chunk {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                store.put(run, move |result| {
+                    let _ = tx.send(result);
+                });
+                answers.push(rx);
+            }
+            for rx in answers {
+                if !matches!(rx.await, Ok(Ok(()))) {
+                    return Err("filling the store failed".into());
+                }
+            }
+        }
+        store.close();
+    }
+    let fill_s = filled.elapsed();
+    let db_bytes = std::fs::metadata(dir.path().join("trainstate.db")).map_or(0, |m| m.len());
+    let mut ready = Vec::new();
+    let mut rss = Vec::new();
+    for _ in 0..rounds {
+        let (server, took) = Server::spawn(&opts.trainstate_bin, dir.path(), StoreKind::Durable)?;
+        rss.push(kib(&proc_mem(server.pid()), "VmRSS") / 1024.0);
+        let http = HttpTarget::new(server, 1)?;
+        let total = total_of(&http.get("/api/train/runs?limit=1").await?)?;
+        http.server.terminate()?;
+        if total != opts.n {
+            return Err(format!("ready: {total} runs loaded, {} written", opts.n));
+        }
+        ready.push(round(took.as_secs_f64(), 4));
+    }
+    Ok(json!({
+        "bench": "trainstate",
+        "config": "ready",
+        "path": "http",
+        "store": "durable",
+        "N": opts.n,
+        "W": opts.w,
+        "fill_s": round(fill_s.as_secs_f64(), 3),
+        "db_bytes": db_bytes,
+        "ready_with_runs_s": ready,
+        "ready_with_runs_s_median": round(super::util::median(&ready), 4),
+        "rss_when_ready_mib": rss.iter().map(|x| round(*x, 1)).collect::<Vec<_>>(),
+        "checks": {"runs_written": opts.n, "runs_after_restart": opts.n},
+    }))
+}
+
+/// The release binary of the head service.
+pub(crate) fn trainstate_bin(root: &Path) -> PathBuf {
+    root.join("target").join("release").join("trainstate")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_cursor_of;
+
+    #[test]
+    fn the_cursor_is_read_from_the_end_of_a_page() {
+        let page = br#"{"train_runs":[{"id":"a"}],"next_cursor":"3132","total":2}"#;
+        assert_eq!(next_cursor_of(page).unwrap().as_deref(), Some("3132"));
+        let last = br#"{"train_runs":[],"next_cursor":null,"total":2}"#;
+        assert_eq!(next_cursor_of(last).unwrap(), None);
+    }
+}
