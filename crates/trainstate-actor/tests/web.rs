@@ -36,16 +36,22 @@ fn output_dir() -> PathBuf {
     dir
 }
 
-/// Chromium and chromedriver, when both are installed.
-fn browser() -> Result<(PathBuf, PathBuf), String> {
+/// Chromium and chromedriver; `None` (with the reason printed) when one is
+/// not installed, but a failure on CI.
+fn browser() -> Option<(PathBuf, PathBuf)> {
     let find = |candidates: &[&str]| candidates.iter().map(PathBuf::from).find(|p| p.is_file());
-    match (find(CHROMIUM), find(CHROMEDRIVER)) {
-        (Some(chromium), Some(driver)) => Ok((chromium, driver)),
-        (chromium, _) => Err(format!(
-            "{} not installed (apt-get install chromium chromium-driver)",
-            if chromium.is_none() { "chromium is" } else { "chromedriver is" }
-        )),
-    }
+    let missing = match (find(CHROMIUM), find(CHROMEDRIVER)) {
+        (Some(chromium), Some(driver)) => return Some((chromium, driver)),
+        (None, _) => "chromium",
+        (_, None) => "chromedriver",
+    };
+    let reason = format!("{missing} is not installed (apt-get install chromium chromium-driver)");
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "the web page tests need a browser on CI: {reason}"
+    );
+    eprintln!("skipping the web page test: {reason}");
+    None
 }
 
 // ---- A small WebDriver client ----------------------------------------------
@@ -287,18 +293,24 @@ fn run_body(name: &str, job: &str, start_ms: u64, n: u32, datasets: &[&str]) -> 
 struct Api {
     http: Client,
     url: String,
+    token: Option<&'static str>,
 }
 
 impl Api {
+    fn new(server: &Server, token: Option<&'static str>) -> Self {
+        Self { http: Client::builder().no_proxy().build().unwrap(), url: server.url.clone(), token }
+    }
+
     async fn post(&self, path: &str, body: Value) -> Value {
-        let response = self
+        let mut request = self
             .http
             .post(format!("{}{path}", self.url))
             .header("content-type", "application/json")
-            .body(serde_json::to_vec(&body).unwrap())
-            .send()
-            .await
-            .unwrap();
+            .body(serde_json::to_vec(&body).unwrap());
+        if let Some(token) = self.token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.unwrap();
         let status = response.status();
         let text = response.text().await.unwrap();
         assert!(status.is_success(), "POST {path}: {status}: {text}");
@@ -317,17 +329,7 @@ impl Api {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_lists_runs_shows_a_run_and_follows_changes_live() {
-    let (chromium, chromedriver) = match browser() {
-        Ok(found) => found,
-        Err(reason) => {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "the web page test needs a browser on CI: {reason}"
-            );
-            eprintln!("skipping the web page test: {reason}");
-            return;
-        }
-    };
+    let Some((chromium, chromedriver)) = browser() else { return };
     let server = Server::start(
         StateConfig::in_memory()
             .with_name(unique_name("web"))
@@ -335,7 +337,7 @@ async fn the_page_lists_runs_shows_a_run_and_follows_changes_live() {
         HttpConfig::default(),
     )
     .await;
-    let api = Api { http: Client::builder().no_proxy().build().unwrap(), url: server.url.clone() };
+    let api = Api::new(&server, None);
 
     // Eight runs of every status, registered oldest first, as a cluster would.
     let now = now_ms();
@@ -516,6 +518,50 @@ async fn the_page_lists_runs_shows_a_run_and_follows_changes_live() {
                 "const status = (id) => document.querySelector(`#runs tr[data-run-id='${{id}}'] [data-col=status]`)?.textContent;
                  return window.notReloaded && location.pathname === '/' &&
                    status('{mistral}') === 'ERRORED' && status('{resnet}') === 'FINISHED';"
+            ),
+        )
+        .await;
+
+    browser.quit().await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_reads_a_protected_head_with_the_token_from_its_url() {
+    let Some((chromium, chromedriver)) = browser() else { return };
+    // Characters a URL must escape: the page sends the token percent-encoded.
+    const TOKEN: &str = "k+3/x=";
+    let http = HttpConfig::default().with_token(Some(TOKEN.into())).with_protected_reads(true);
+    let server =
+        Server::start(StateConfig::in_memory().with_name(unique_name("web-token")), http).await;
+    let api = Api::new(&server, Some(TOKEN));
+    let id = api.register(run_body("protected-run", "01000000", now_ms() - HOUR, 4, &[])).await;
+    let browser = Browser::start(&chromium, &chromedriver).await;
+
+    // Without the token, the page asks for it.
+    browser.goto(&format!("{}/", server.url)).await;
+    browser
+        .wait_for("the page to ask for a token", "return !!document.getElementById('token-input')")
+        .await;
+
+    // With it in the URL, it reads and follows the head, and drops the token from the address bar.
+    browser.goto(&format!("{}/?token=k%2B3%2Fx%3D", server.url)).await;
+    browser
+        .wait_for(
+            "the protected runs over a live connection",
+            &format!(
+                "return document.getElementById('connection').textContent === 'live' &&
+                   location.search === '' &&
+                   document.querySelector(`#runs tr[data-run-id='{id}'] [data-col=status]`)?.textContent === 'RUNNING';"
+            ),
+        )
+        .await;
+    api.set_status(&id, json!({"status": "FINISHED"})).await;
+    browser
+        .wait_for(
+            "the change to arrive over the protected event stream",
+            &format!(
+                "return document.querySelector(`#runs tr[data-run-id='{id}'] [data-col=status]`)?.textContent === 'FINISHED';"
             ),
         )
         .await;

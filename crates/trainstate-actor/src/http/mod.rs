@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Query, Request, State};
 use axum::http::{HeaderValue, Method, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -255,9 +255,8 @@ async fn authorize(State(app): State<AppState>, request: Request, next: Next) ->
             if !is_read {
                 return None;
             }
-            request.uri().query().and_then(|q| {
-                q.split('&').find_map(|pair| pair.strip_prefix("access_token=").map(str::to_owned))
-            })
+            // Percent-decoded: a browser encodes it (`encodeURIComponent`).
+            Query::<TokenQuery>::try_from_uri(request.uri()).ok()?.0.access_token
         });
     match given {
         Some(given) if constant_time_eq(given.as_bytes(), token.as_bytes()) => {
@@ -265,6 +264,12 @@ async fn authorize(State(app): State<AppState>, request: Request, next: Next) ->
         }
         _ => ApiError::unauthorized().into_response(),
     }
+}
+
+/// The token a read may carry in its query string.
+#[derive(serde::Deserialize)]
+struct TokenQuery {
+    access_token: Option<String>,
 }
 
 /// Compares without an early exit, so timing says nothing about the token.
