@@ -100,6 +100,8 @@ async fn start_chromedriver(http: &Client, chromedriver: &Path, log: &Path) -> (
 /// A browser session of chromedriver; dropping it ends the session (so
 /// Chromium exits) and kills chromedriver, also when a test fails halfway.
 struct Browser {
+    /// Names this browser's files in the output directory.
+    label: &'static str,
     http: Client,
     port: u16,
     session: Option<String>,
@@ -108,9 +110,9 @@ struct Browser {
 }
 
 impl Browser {
-    async fn start(chromium: &Path, chromedriver: &Path) -> Self {
+    async fn start(chromium: &Path, chromedriver: &Path, label: &'static str) -> Self {
         let http = Client::builder().no_proxy().build().unwrap();
-        let log = output_dir().join("chromedriver.log");
+        let log = output_dir().join(format!("chromedriver-{label}.log"));
         let (child, port) = start_chromedriver(&http, chromedriver, &log).await;
         let profile = tempfile::tempdir().unwrap();
         let mut args: Vec<String> = [
@@ -131,7 +133,7 @@ impl Browser {
         .collect();
         args.push(format!("--user-data-dir={}", profile.path().display()));
         let mut browser =
-            Self { http, port, session: None, _chromedriver: child, _profile: profile };
+            Self { label, http, port, session: None, _chromedriver: child, _profile: profile };
         let capabilities = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
             "goog:chromeOptions": {"binary": chromium, "args": args},
@@ -207,7 +209,7 @@ impl Browser {
                 return value;
             }
             if Instant::now() >= until {
-                let failure = output_dir().join("failure.png");
+                let failure = output_dir().join(format!("failure-{}.png", self.label));
                 self.screenshot(&failure).await;
                 let text = self.execute("return document.body.innerText").await;
                 panic!(
@@ -410,7 +412,7 @@ async fn the_page_lists_runs_shows_a_run_and_follows_changes_live() {
     let expected: Vec<Value> =
         newest_first.iter().map(|(id, status)| json!([id.to_string(), status])).collect();
 
-    let browser = Browser::start(&chromium, &chromedriver).await;
+    let browser = Browser::start(&chromium, &chromedriver, "views").await;
     let out = output_dir();
 
     // The runs view: every run, newest first, with its status; the live stream connected.
@@ -536,7 +538,7 @@ async fn the_page_reads_a_protected_head_with_the_token_from_its_url() {
         Server::start(StateConfig::in_memory().with_name(unique_name("web-token")), http).await;
     let api = Api::new(&server, Some(TOKEN));
     let id = api.register(run_body("protected-run", "01000000", now_ms() - HOUR, 4, &[])).await;
-    let browser = Browser::start(&chromium, &chromedriver).await;
+    let browser = Browser::start(&chromium, &chromedriver, "token").await;
 
     // Without the token, the page asks for it.
     browser.goto(&format!("{}/", server.url)).await;
