@@ -385,7 +385,7 @@
       ['Name'], ['ID', 'opt'], ['Status'], ['Job', 'opt'], ['Started', 'opt'], ['Duration', 'num'],
       ['Workers', 'num'], ['GPUs', 'num'], ['Datasets', 'opt'],
     ];
-    fill(app, 
+    fill(app,
       h('div', { class: 'toolbar' },
         h('h1', null, 'Runs'),
         h('label', { class: 'search' }, h('span', { class: 'sr-only' }, 'Filter runs by name'), search)),
@@ -571,7 +571,7 @@
       const goneNote = st.gone ? h('p', { class: 'error', role: 'alert' },
         st.gone === 'evicted' ? 'The head evicted this run under its retention policy; this is its last known state.'
           : 'This run was deleted; this is its last known state.') : null;
-      fill(app, 
+      fill(app,
         back,
         h('div', { class: 'run-head' },
           h('h1', null, run.name),
