@@ -20,7 +20,9 @@ use trainstate_schema::{RunId, TrainRunInfo};
 
 use super::http::{HttpTarget, Server};
 use super::records;
-use super::util::{check_ids, ids_of_listing, kib, latency_summary, proc_mem, round, seq_summary};
+use super::util::{
+    check_ids, cpu_time, ids_of_listing, kib, latency_summary, proc_mem, round, seq_summary,
+};
 use super::{Options, PathKind, StoreKind};
 
 /// The page size of the paged walk.
@@ -412,7 +414,7 @@ pub(crate) async fn run_unit(
 
     if let Target::Http(http) = &target {
         if phase == Phase::Main {
-            out.insert("client_ceiling".into(), http.ceiling(opts.n.max(2_000)).await);
+            out.insert("client_ceiling".into(), http.ceiling(2_000).await);
         } else {
             http.warm_up().await;
         }
@@ -421,8 +423,11 @@ pub(crate) async fn run_unit(
     let mut checks = Map::new();
     match phase {
         Phase::Seq => {
+            let cpu = Cpu::start(pid);
             let (total, lat, failures) = target.register_seq(&runs).await;
-            out.insert("seq".into(), seq_summary(total, &lat, failures));
+            let mut seq = seq_summary(total, &lat, failures);
+            cpu.stop(&mut seq, runs.len());
+            out.insert("seq".into(), seq);
             mem.insert("after_seq".into(), proc_mem(pid));
             checks.insert("failures".into(), json!(failures));
             let read = target.list_all().await?.ids()?;
@@ -432,8 +437,11 @@ pub(crate) async fn run_unit(
             }
         }
         Phase::Main => {
+            let cpu = Cpu::start(pid);
             let (total, submitted, failures) = target.register_pipelined(&runs).await;
-            let mut pipelined = Map::new();
+            let mut pipelined = Value::Object(Map::new());
+            cpu.stop(&mut pipelined, runs.len());
+            let Value::Object(mut pipelined) = pipelined else { unreachable!() };
             pipelined.insert("total_s".into(), json!(round(total.as_secs_f64(), 3)));
             pipelined
                 .insert("submit_s".into(), json!(submitted.map(|s| round(s.as_secs_f64(), 3))));
@@ -573,6 +581,30 @@ pub(crate) async fn run_unit(
     Ok(Value::Object(out))
 }
 
+/// CPU time of the process that holds the state and of this one over a
+/// phase, per run, in microseconds (the same process in process).
+struct Cpu {
+    pid: u32,
+    state: Duration,
+    driver: Duration,
+}
+
+impl Cpu {
+    fn start(pid: u32) -> Self {
+        Self { pid, state: cpu_time(pid), driver: cpu_time(std::process::id()) }
+    }
+
+    fn stop(self, into: &mut Value, runs: usize) {
+        let per_run = |d: Duration| round(d.as_secs_f64() * 1e6 / runs as f64, 1);
+        let state = cpu_time(self.pid).saturating_sub(self.state);
+        into["cpu_us_per_run_state"] = json!(per_run(state));
+        if self.pid != std::process::id() {
+            let driver = cpu_time(std::process::id()).saturating_sub(self.driver);
+            into["cpu_us_per_run_driver"] = json!(per_run(driver));
+        }
+    }
+}
+
 fn list_method(path: PathKind) -> &'static str {
     match path {
         PathKind::Http => "GET /api/train/v2/runs",
@@ -623,6 +655,11 @@ pub(crate) async fn run_ready(opts: &Options, rounds: usize) -> Result<Value, St
     }
     let fill_s = filled.elapsed();
     let db_bytes = std::fs::metadata(dir.path().join("trainstate.db")).map_or(0, |m| m.len());
+    // The same server on an empty store, for the memory the runs take.
+    let empty = tempdir()?;
+    let (server, _) = Server::spawn(&opts.trainstate_bin, empty.path(), StoreKind::Durable)?;
+    let rss_empty = kib(&proc_mem(server.pid()), "VmRSS") / 1024.0;
+    server.terminate()?;
     let mut ready = Vec::new();
     let mut rss = Vec::new();
     for _ in 0..rounds {
@@ -648,6 +685,8 @@ pub(crate) async fn run_ready(opts: &Options, rounds: usize) -> Result<Value, St
         "ready_with_runs_s": ready,
         "ready_with_runs_s_median": round(super::util::median(&ready), 4),
         "rss_when_ready_mib": rss.iter().map(|x| round(*x, 1)).collect::<Vec<_>>(),
+        "rss_empty_mib": round(rss_empty, 1),
+        "rss_per_run_kib": round((super::util::median(&rss) - rss_empty) * 1024.0 / opts.n as f64, 2),
         "checks": {"runs_written": opts.n, "runs_after_restart": opts.n},
     }))
 }

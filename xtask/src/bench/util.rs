@@ -23,6 +23,20 @@ pub(crate) fn proc_mem(pid: u32) -> Value {
     Value::Object(out)
 }
 
+/// CPU time (user + system, every thread) `pid` has used so far, from
+/// `/proc/<pid>/stat` (in clock ticks of 10 ms).
+pub(crate) fn cpu_time(pid: u32) -> Duration {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return Duration::ZERO;
+    };
+    // The command name may hold spaces; the fields after it do not.
+    let fields: Vec<&str> =
+        stat.rsplit_once(')').map_or("", |(_, r)| r).split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    Duration::from_millis((ticks(11) + ticks(12)) * 10)
+}
+
 /// One field of a [`proc_mem`] answer, in KiB.
 pub(crate) fn kib(mem: &Value, key: &str) -> f64 {
     mem.get(key).and_then(Value::as_f64).unwrap_or(0.0)
