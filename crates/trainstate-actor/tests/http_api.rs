@@ -727,3 +727,25 @@ async fn the_remote_handle_speaks_the_same_api() {
     let remote = remote.with_timeout(std::time::Duration::from_millis(300));
     assert!(remote.get(id).await.unwrap_err().is_retryable());
 }
+
+#[tokio::test]
+async fn cors_is_off_by_default_and_allows_the_configured_origins() {
+    let client = Client::new();
+    let preflight = |url: String| {
+        client
+            .request(Method::OPTIONS, format!("{url}/api/train/runs"))
+            .header("origin", "https://dash.example")
+            .header("access-control-request-method", "GET")
+            .send()
+    };
+    let closed = server(HttpConfig::default()).await;
+    let answer = preflight(closed.url.clone()).await.unwrap();
+    assert!(answer.headers().get("access-control-allow-origin").is_none());
+    closed.stop().await;
+
+    let open =
+        server(HttpConfig::default().with_cors_origins(vec!["https://dash.example".into()])).await;
+    let answer = preflight(open.url.clone()).await.unwrap();
+    assert_eq!(answer.headers()["access-control-allow-origin"], "https://dash.example");
+    open.stop().await;
+}

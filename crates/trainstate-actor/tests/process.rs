@@ -299,3 +299,32 @@ async fn the_manager_works_over_http_and_catches_up_after_a_head_kill_9() {
     }
     assert_eq!(manager.shutdown(Duration::from_secs(5)).await, 0);
 }
+
+#[test]
+fn the_cli_reads_a_head_and_says_in_one_line_when_it_cannot() {
+    let dir = tempfile::tempdir().unwrap();
+    let head = Head::start(dir.path(), &[]).unwrap();
+    let cli =
+        |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_trainstate")).args(args).output().unwrap();
+    let run = run_with(&RunId::new_v7(), "cli-run", "job-cli", T0, 4);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let remote = trainstate_client::StateHandle::connect(&head.url, None).unwrap();
+    assert!(runtime.block_on(remote.register(run.clone())).unwrap().created);
+
+    let listed = cli(&["runs", "list", "--url", &head.url]);
+    assert!(listed.status.success());
+    let table = String::from_utf8(listed.stdout).unwrap();
+    assert!(table.contains("cli-run") && table.contains("RUNNING"), "{table}");
+    let shown = cli(&["runs", "show", run.id().as_str(), "--url", &head.url, "--json"]);
+    let shown: Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(shown["name"], "cli-run");
+    let schema = cli(&["schema", "TrainRunInfo"]);
+    let schema: Value = serde_json::from_slice(&schema.stdout).unwrap();
+    assert_eq!(schema["title"], "TrainRunInfo");
+
+    let unreachable = cli(&["runs", "list", "--url", "http://127.0.0.1:9"]);
+    assert!(!unreachable.status.success());
+    let stderr = String::from_utf8(unreachable.stderr).unwrap();
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("unreachable"), "{stderr}");
+}
