@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shlex
 import statistics
 import subprocess
@@ -76,6 +77,21 @@ def json_lines(text):
             except json.JSONDecodeError:
                 pass
     return lines
+
+
+def criterion_lines(text):
+    """`name  time: [low estimate high]` from criterion's output (the name may
+    stand on the line before)."""
+    rows, previous = [], ""
+    for line in text.splitlines():
+        m = re.search(r"time:\s+\[(\S+ \S+) (\S+ \S+) (\S+ \S+)\]", line)
+        if m:
+            name = line[:line.index("time:")].strip() or previous.strip()
+            rows.append({"bench": "criterion", "name": name, "low": m.group(1),
+                         "estimate": m.group(2), "high": m.group(3)})
+        elif line.strip():
+            previous = line
+    return rows
 
 
 def ray_python():
@@ -135,7 +151,7 @@ METRICS = [
     ("sequential latency p50, ms", lambda r: get(r, "seq.lat_ms_p50"), "", False, 3),
     ("sequential latency p99, ms", lambda r: get(r, "seq.lat_ms_p99"), "", False, 3),
     ("pipelined register, runs/s", lambda r: get(r, "pipelined.runs_per_s"), "", True, 0),
-    ("pipelined: CPU of the state process per run, µs",
+    ("pipelined: CPU per run of the process holding the state, µs",
      lambda r: get(r, "pipelined.cpu_us_per_run_state"), "", False, 0),
     ("pipelined: CPU of the load generator per run, µs (HTTP)",
      lambda r: get(r, "pipelined.cpu_us_per_run_driver"), "", None, 0),
@@ -247,9 +263,9 @@ def write_doc(results, ray_ok, args, machine, started, finished, load_before, lo
         L.append("| " + " | ".join(head) + " |")
         L.append("|" + "---|" * len(head))
         for label, getter, _, better, _ in METRICS:
-            if better is None:
-                continue
             ray_m = median_of(ray_rows, getter)
+            if better is None or ray_m is None:
+                continue
             row = [label]
             for p, s in OURS:
                 row.append(ratio(median_of(pick(n, w, p, s), getter), ray_m))
@@ -348,6 +364,19 @@ def write_doc(results, ray_ok, args, machine, started, finished, load_before, lo
                          f"{d / mem * 100:.0f}%", d / mem >= 0.8)
     L.append("")
 
+    micro = [r for r in results if r.get("bench") == "criterion"]
+    if micro:
+        L.append("## Micro-benchmarks (criterion)")
+        L.append("")
+        L.append("`cargo bench -p trainstate-schema --bench wire` and `cargo bench -p trainstate-actor "
+                 "--bench store`: the estimate with criterion's confidence interval.")
+        L.append("")
+        L.append("| benchmark | time | interval |")
+        L.append("|---|---|---|")
+        for r in micro:
+            L.append(f"| {r['name']} | {r['estimate']} | {r['low']} – {r['high']} |")
+        L.append("")
+
     if os.path.exists(ANALYSIS):
         with open(ANALYSIS) as f:
             L.append(f.read().rstrip())
@@ -375,7 +404,7 @@ def write_doc(results, ray_ok, args, machine, started, finished, load_before, lo
         L.append(f"{len(errors)} measurement(s) failed and are left out:")
         for e in errors:
             L.append(f"- {e.get('bench')} {e.get('path', '')} {e.get('store', '')} N={e.get('N')} W={e.get('W')}: "
-                     f"`{str(e.get('error'))[:300]}`")
+                     f"`{' '.join(str(e.get('error')).split())[:300]}`")
     L.append("")
     L.append("## Commands")
     L.append("")
@@ -432,6 +461,8 @@ def main():
     ap.add_argument("--setup-ray", action="store_true", help="create .venv-ray with ray 2.60 if it is missing")
     ap.add_argument("--skip-ray", action="store_true", help="measure trainstate alone")
     ap.add_argument("--ray-script", default=DEFAULT_RAY_SCRIPT)
+    ap.add_argument("--no-micro", dest="micro", action="store_false",
+                    help="skip the criterion micro-benchmarks")
     ap.add_argument("--from-results", action="store_true",
                     help="measure nothing: write docs/benchmarks.md again from bench/results.jsonl "
                          "(after editing bench/analysis.md)")
@@ -488,6 +519,10 @@ def main():
         code, out = run([XTASK, "bench", "--no-build", "--path", "none", "--w", "8",
                          "--ready", str(args.ready)])
         results.extend(json_lines(out))
+    if args.micro:
+        for package, bench in (("trainstate-schema", "wire"), ("trainstate-actor", "store")):
+            code, out = run(["cargo", "bench", "--quiet", "-p", package, "--bench", bench], timeout=3600)
+            results.extend(criterion_lines(out))
     finished = time.strftime("%Y-%m-%d %H:%M %Z")
     load_after = loadavg()
 

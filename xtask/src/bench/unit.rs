@@ -659,7 +659,10 @@ pub(crate) async fn run_ready(opts: &Options, rounds: usize) -> Result<Value, St
     let empty = tempdir()?;
     let (server, _) = Server::spawn(&opts.trainstate_bin, empty.path(), StoreKind::Durable)?;
     let rss_empty = kib(&proc_mem(server.pid()), "VmRSS") / 1024.0;
-    server.terminate()?;
+    let http = HttpTarget::new(server, 1)?;
+    // Serving, so a SIGTERM is handled rather than fatal.
+    http.get("/healthz").await?;
+    http.server.terminate()?;
     let mut ready = Vec::new();
     let mut rss = Vec::new();
     for _ in 0..rounds {
