@@ -414,7 +414,12 @@ def write_doc(results, ray_ok, args, machine, started, finished, load_before, lo
     L.append("python3 bench/compare.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     L.append("```")
     L.append("")
-    L.append("which ran, in this order (each round repeats the measurement commands):")
+    if getattr(args, "from_results", False):
+        L.append("and then written again from the same `bench/results.jsonl`, after the prose in "
+                 "`bench/analysis.md` was edited, by `python3 bench/compare.py --from-results`. The measurement")
+    else:
+        L.append("The measurement")
+    L.append("ran, in this order (each round repeats the measurement commands):")
     L.append("")
     L.append("```sh")
     L.extend(COMMANDS)
