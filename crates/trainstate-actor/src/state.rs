@@ -135,22 +135,19 @@ impl Runs {
             )));
         }
 
-        let mut draft = run.into_draft();
-        draft.last_heartbeat_ms = None;
-        if draft.attempts.is_empty() {
-            draft.attempts.push(RunAttemptDraft {
-                attempt_id: FIRST_ATTEMPT_ID.to_owned(),
-                start_time_ms: draft.start_time_ms,
-                end_time_ms: None,
-                workers: None,
-            });
-        }
-        if draft.run_status.is_terminal() {
-            let end = draft.end_time_ms.unwrap_or_else(|| now_ms.max(draft.start_time_ms));
-            draft.end_time_ms = Some(end);
-            end_current_attempt(&mut draft, end);
-        }
-        let record = RunRecord::new(&draft.validate()?);
+        let run = if is_prepared(&run) {
+            run
+        } else {
+            let mut draft = run.into_draft();
+            prepare_registration(&mut draft);
+            if draft.run_status.is_terminal() {
+                let end = draft.end_time_ms.unwrap_or_else(|| now_ms.max(draft.start_time_ms));
+                draft.end_time_ms = Some(end);
+                end_current_attempt(&mut draft, end);
+            }
+            draft.validate()?
+        };
+        let record = RunRecord::new(&run);
         let id = record.id.clone();
         self.put(record.clone(), now_ms);
 
@@ -420,6 +417,33 @@ impl Runs {
             });
         }
     }
+}
+
+/// Makes a registered run what the store keeps: its first attempt recorded
+/// (id [`FIRST_ATTEMPT_ID`] unless it names one) and no heartbeat time (that
+/// lives in memory).
+///
+/// The head service applies it to a draft before validating, so a
+/// registration is validated once; the actor prepares any run that arrives
+/// unprepared, and stamps the end of a run registered as ended.
+pub(crate) fn prepare_registration(draft: &mut TrainRunInfoDraft) {
+    draft.last_heartbeat_ms = None;
+    if draft.attempts.is_empty() {
+        draft.attempts.push(RunAttemptDraft {
+            attempt_id: FIRST_ATTEMPT_ID.to_owned(),
+            start_time_ms: draft.start_time_ms,
+            end_time_ms: None,
+            workers: None,
+        });
+    }
+}
+
+/// True when the actor would change nothing of a registered run.
+fn is_prepared(run: &TrainRunInfo) -> bool {
+    let ended = run.run_status().is_terminal();
+    run.last_heartbeat_ms().is_none()
+        && run.attempts().last().is_some_and(|a| !ended || a.end_time_ms().is_some())
+        && (!ended || run.end_time_ms().is_some())
 }
 
 /// Ends the current attempt of a run that ends at `end`.

@@ -328,3 +328,14 @@ fn the_cli_reads_a_head_and_says_in_one_line_when_it_cannot() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("unreachable"), "{stderr}");
 }
+
+#[test]
+fn regression_sigterm_right_after_ready_shuts_down_cleanly() {
+    // The signal handlers were installed only once serving began, so a
+    // SIGTERM just after the `listening on` line killed the head outright.
+    let dir = tempfile::tempdir().unwrap();
+    let mut head = Head::start(dir.path(), &[]).unwrap();
+    head.signal("-TERM");
+    let status = head.wait();
+    assert!(status.success(), "{status}");
+}

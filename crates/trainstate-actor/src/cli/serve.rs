@@ -49,6 +49,7 @@ fn init_logging(json: bool) {
 }
 
 async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
+    let shutdown = shutdown_signals()?;
     let token = read_token(&args)?;
     let addr: SocketAddr = tokio::net::lookup_host(&args.listen)
         .await
@@ -103,9 +104,7 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
         .with_max_body_bytes(args.max_body_bytes)
         .with_max_subscribers(args.max_subscribers)
         .with_cors_origins(args.cors_origins.clone());
-    serve(listener, service.clone(), http, shutdown_signal())
-        .await
-        .map_err(|e| format!("serving: {e}"))?;
+    serve(listener, service.clone(), http, shutdown).await.map_err(|e| format!("serving: {e}"))?;
     tracing::info!("stopped accepting; committing what is queued");
     service.shutdown().await;
     tracing::info!("shut down cleanly");
@@ -157,20 +156,18 @@ fn lock_data_dir(dir: &Path) -> Result<File, String> {
     Ok(file)
 }
 
-async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
+/// SIGINT and SIGTERM, listened to from before the head is ready: a signal
+/// that arrives right after `listening on` must shut down cleanly too.
+fn shutdown_signals() -> Result<impl std::future::Future<Output = ()>, String> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt =
+        signal(SignalKind::interrupt()).map_err(|e| format!("cannot listen for SIGINT: {e}"))?;
     let mut terminate =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    let terminated = async move {
-        match terminate.as_mut() {
-            Some(signal) => {
-                signal.recv().await;
-            }
-            None => std::future::pending::<()>().await,
+        signal(SignalKind::terminate()).map_err(|e| format!("cannot listen for SIGTERM: {e}"))?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => tracing::info!("SIGINT: shutting down"),
+            _ = terminate.recv() => tracing::info!("SIGTERM: shutting down"),
         }
-    };
-    tokio::select! {
-        _ = interrupt => tracing::info!("SIGINT: shutting down"),
-        _ = terminated => tracing::info!("SIGTERM: shutting down"),
-    }
+    })
 }

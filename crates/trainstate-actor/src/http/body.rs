@@ -44,7 +44,13 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
 }
 
 /// Parses JSON, naming the path of a structural error.
+///
+/// The common case, a well-formed body, is parsed once without tracking
+/// paths; only a body that fails is parsed again to name where.
 pub(crate) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    if let Ok(parsed) = serde_json::from_slice(bytes) {
+        return Ok(parsed);
+    }
     let deserializer = &mut serde_json::Deserializer::from_slice(bytes);
     let parsed: Result<T, _> = serde_path_to_error::deserialize(deserializer);
     parsed.map_err(|err| {
