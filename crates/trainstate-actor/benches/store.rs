@@ -11,17 +11,13 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use trainstate_actor::StateConfig;
 use trainstate_actor::bench_support::StoreBench;
 use trainstate_schema::{
-    ActorStatus, Resources, RunId, RunStatus, TrainRunInfo, TrainRunInfoDraft, TrainWorkerInfoDraft,
+    ActorStatus, Resources, RunId, TrainRunInfo, TrainRunInfoDraft, TrainWorkerInfoDraft,
 };
 
 fn run(i: u64) -> TrainRunInfo {
     let res = || Resources::from_iter([("CPU", 1.0), ("GPU", 0.0)]);
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
     TrainRunInfoDraft {
-        name: format!("bench-run-{i}"),
-        id: RunId::new_v7().to_string(),
-        job_id: "00000001".into(),
-        controller_actor_id: format!("{:032x}", i + 1),
         workers: (0..8)
             .map(|w| TrainWorkerInfoDraft {
                 actor_id: format!("{:032x}", i * 100_000 + u64::from(w) + 1),
@@ -38,16 +34,13 @@ fn run(i: u64) -> TrainRunInfo {
             })
             .collect(),
         datasets: vec![],
-        run_status: RunStatus::Running,
-        status_detail: String::new(),
-        start_time_ms: now,
-        end_time_ms: None,
-        resources: None,
-        attempts: vec![],
-        last_heartbeat_ms: None,
-        cause: None,
-        restored_from: None,
-        controller_log_file_path: None,
+        ..TrainRunInfoDraft::new(
+            RunId::new_v7().to_string(),
+            format!("bench-run-{i}"),
+            "00000001",
+            format!("{:032x}", i + 1),
+            now,
+        )
     }
     .validate()
     .expect("valid")

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use trainstate_schema::{
-    ActorStatus, Resources, RunId, RunStatus, TrainRunInfo, TrainRunInfoDraft, TrainWorkerInfo,
+    ActorStatus, Resources, RunId, TrainRunInfo, TrainRunInfoDraft, TrainWorkerInfo,
     TrainWorkerInfoDraft,
 };
 
@@ -42,22 +42,8 @@ pub(crate) fn workers(n: u32, per_node: u32, node_prefix: &str) -> Vec<TrainWork
 /// A live run of `n` workers started at `start_ms`.
 pub(crate) fn run_with(id: &RunId, name: &str, job: &str, start_ms: u64, n: u32) -> TrainRunInfo {
     TrainRunInfoDraft {
-        name: name.into(),
-        id: id.to_string(),
-        job_id: job.into(),
-        controller_actor_id: "controller".into(),
         workers: workers(n, 4, "").into_iter().map(TrainWorkerInfo::into_draft).collect(),
-        datasets: vec![],
-        run_status: RunStatus::Running,
-        status_detail: String::new(),
-        start_time_ms: start_ms,
-        end_time_ms: None,
-        resources: None,
-        attempts: vec![],
-        last_heartbeat_ms: None,
-        cause: None,
-        restored_from: None,
-        controller_log_file_path: None,
+        ..TrainRunInfoDraft::new(id.to_string(), name, job, "controller", start_ms)
     }
     .validate()
     .unwrap()

@@ -8,8 +8,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use trainstate_client::{StateHandle, StatusUpdate};
 use trainstate_schema::{
-    CauseKind, RunId, RunStatus, TrainDatasetInfoDraft, TrainRunInfo, TrainRunInfoDraft,
-    TrainWorkerInfo,
+    CauseKind, RunId, TrainDatasetInfoDraft, TrainRunInfo, TrainRunInfoDraft, TrainWorkerInfo,
 };
 
 use crate::config::ManagerConfig;
@@ -407,22 +406,16 @@ struct RunParts<'a> {
 
 fn build_run(parts: RunParts<'_>) -> Result<TrainRunInfo, ManagerError> {
     let draft = TrainRunInfoDraft {
-        name: parts.name.to_owned(),
-        id: parts.id.to_string(),
-        job_id: parts.job_id.to_owned(),
-        controller_actor_id: parts.controller_actor_id.to_owned(),
         workers: parts.workers.into_iter().map(TrainWorkerInfo::into_draft).collect(),
         datasets: parts.datasets,
-        run_status: RunStatus::Running,
-        status_detail: String::new(),
-        start_time_ms: parts.start_time_ms,
-        end_time_ms: None,
-        resources: None,
-        attempts: Vec::new(),
-        last_heartbeat_ms: None,
-        cause: None,
         restored_from: parts.restored_from.map(|id| id.to_string()),
-        controller_log_file_path: None,
+        ..TrainRunInfoDraft::new(
+            parts.id.to_string(),
+            parts.name,
+            parts.job_id,
+            parts.controller_actor_id,
+            parts.start_time_ms,
+        )
     };
     Ok(draft.validate()?)
 }
@@ -431,22 +424,8 @@ fn build_run(parts: RunParts<'_>) -> Result<TrainRunInfo, ManagerError> {
 /// bad group is refused to the caller rather than by the actor later.
 fn check_workers(workers: &[TrainWorkerInfo]) -> Result<(), ManagerError> {
     let probe = TrainRunInfoDraft {
-        name: "check".into(),
-        id: "check".into(),
-        job_id: "check".into(),
-        controller_actor_id: "check".into(),
         workers: workers.iter().cloned().map(TrainWorkerInfo::into_draft).collect(),
-        datasets: Vec::new(),
-        run_status: RunStatus::Running,
-        status_detail: String::new(),
-        start_time_ms: 0,
-        end_time_ms: None,
-        resources: None,
-        attempts: Vec::new(),
-        last_heartbeat_ms: None,
-        cause: None,
-        restored_from: None,
-        controller_log_file_path: None,
+        ..TrainRunInfoDraft::new("check", "check", "check", "check", 0)
     };
     probe.validate()?;
     Ok(())

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use trainstate_schema::{
-    ActorStatus, Resources, RunStatus, TrainDatasetInfoDraft, TrainRunInfo, TrainRunInfoDraft,
+    ActorStatus, Resources, TrainDatasetInfoDraft, TrainRunInfo, TrainRunInfoDraft,
     TrainWorkerInfoDraft,
 };
 
@@ -16,10 +16,6 @@ use trainstate_schema::{
 fn draft(workers: u32) -> TrainRunInfoDraft {
     let res = || Resources::from_iter([("CPU", 1.0), ("GPU", 0.0)]);
     TrainRunInfoDraft {
-        name: "bench-run-0".into(),
-        id: "0192f0c1d2e37a4b8c9d0e1f2a3b4c5d".into(),
-        job_id: "00000001".into(),
-        controller_actor_id: format!("{:032x}", 1),
         workers: (0..workers)
             .map(|w| TrainWorkerInfoDraft {
                 actor_id: format!("{:032x}", w + 1),
@@ -40,16 +36,14 @@ fn draft(workers: u32) -> TrainRunInfoDraft {
             dataset_uuid: format!("{:032x}", 7),
             dataset_name: Some("ds_0".into()),
         }],
-        run_status: RunStatus::Running,
-        status_detail: String::new(),
-        start_time_ms: 1_700_000_000_000,
-        end_time_ms: None,
         resources: Some(vec![res(); workers as usize]),
-        attempts: vec![],
-        last_heartbeat_ms: None,
-        cause: None,
-        restored_from: None,
-        controller_log_file_path: None,
+        ..TrainRunInfoDraft::new(
+            "0192f0c1d2e37a4b8c9d0e1f2a3b4c5d",
+            "bench-run-0",
+            "00000001",
+            format!("{:032x}", 1),
+            1_700_000_000_000,
+        )
     }
 }
 

@@ -7,8 +7,8 @@
 //! ```
 
 use trainstate_schema::{
-    ActorStatus, Resources, RunId, RunStatus, TrainDatasetInfoDraft, TrainRunInfo,
-    TrainRunInfoDraft, TrainWorkerInfoDraft,
+    ActorStatus, Resources, RunId, TrainDatasetInfoDraft, TrainRunInfo, TrainRunInfoDraft,
+    TrainWorkerInfoDraft,
 };
 
 fn main() {
@@ -28,26 +28,19 @@ fn main() {
         })
         .collect();
     let draft = TrainRunInfoDraft {
-        name: "llama-pretrain".into(),
-        id: RunId::new_v7().to_string(),
-        job_id: "01000000".into(),
-        controller_actor_id: "c0ffee".into(),
         workers,
         datasets: vec![TrainDatasetInfoDraft {
             name: "train".into(),
             dataset_uuid: "ds-1".into(),
             dataset_name: Some("train_c4".into()),
         }],
-        run_status: RunStatus::Running,
-        status_detail: String::new(),
-        start_time_ms: 1_760_000_000_000,
-        end_time_ms: None,
-        resources: None,
-        attempts: Vec::new(),
-        last_heartbeat_ms: None,
-        cause: None,
-        restored_from: None,
-        controller_log_file_path: None,
+        ..TrainRunInfoDraft::new(
+            RunId::new_v7().to_string(),
+            "llama-pretrain",
+            "01000000",
+            "c0ffee",
+            1_760_000_000_000,
+        )
     };
 
     let run: TrainRunInfo = draft.clone().validate().expect("the example run is valid");

@@ -166,6 +166,47 @@ pub struct TrainRunInfoDraft {
 }
 
 impl TrainRunInfoDraft {
+    /// A live (`RUNNING`) run with no workers, datasets or extensions yet:
+    /// fill in the rest with struct update syntax, then [`validate`](Self::validate).
+    ///
+    /// ```
+    /// use trainstate_schema::TrainRunInfoDraft;
+    ///
+    /// let run = TrainRunInfoDraft {
+    ///     status_detail: "warming up".into(),
+    ///     ..TrainRunInfoDraft::new("0192f0c5a4e27c3db1c1a2b3c4d5e6f7", "pretrain", "01000000", "c0ffee", 1_760_000_000_000)
+    /// }
+    /// .validate()
+    /// .unwrap();
+    /// assert!(run.workers().is_empty());
+    /// ```
+    pub fn new(
+        id: impl Into<String>,
+        name: impl Into<String>,
+        job_id: impl Into<String>,
+        controller_actor_id: impl Into<String>,
+        start_time_ms: u64,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            id: id.into(),
+            job_id: job_id.into(),
+            controller_actor_id: controller_actor_id.into(),
+            workers: Vec::new(),
+            datasets: Vec::new(),
+            run_status: RunStatus::Running,
+            status_detail: String::new(),
+            start_time_ms,
+            end_time_ms: None,
+            resources: None,
+            attempts: Vec::new(),
+            last_heartbeat_ms: None,
+            cause: None,
+            restored_from: None,
+            controller_log_file_path: None,
+        }
+    }
+
     /// Checks every rule and returns the validated run.
     pub fn validate(self) -> Result<crate::TrainRunInfo, crate::ValidationError> {
         crate::TrainRunInfo::try_from(self)

@@ -4,8 +4,8 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use trainstate_schema::{
-    ActorStatus, Resources, RunId, RunStatus, TrainDatasetInfoDraft, TrainRunInfo,
-    TrainRunInfoDraft, TrainWorkerInfoDraft,
+    ActorStatus, Resources, RunId, TrainDatasetInfoDraft, TrainRunInfo, TrainRunInfoDraft,
+    TrainWorkerInfoDraft,
 };
 
 /// `n` as `nbytes` bytes of lowercase hex.
@@ -20,10 +20,6 @@ fn resources() -> Resources {
 /// Run `i` of a benchmark: `workers` workers (8 per node), one dataset.
 pub(crate) fn run(i: u64, workers: u32, start_ms: u64) -> TrainRunInfo {
     TrainRunInfoDraft {
-        name: format!("bench-run-{i}"),
-        id: RunId::new_v7().to_string(),
-        job_id: hexid(1, 4),
-        controller_actor_id: hexid(i + 1, 16),
         workers: (0..workers)
             .map(|w| TrainWorkerInfoDraft {
                 actor_id: hexid(i * 100_000 + u64::from(w) + 1, 16),
@@ -44,16 +40,14 @@ pub(crate) fn run(i: u64, workers: u32, start_ms: u64) -> TrainRunInfo {
             dataset_uuid: hexid(i + 7, 16),
             dataset_name: Some(format!("ds_{i}")),
         }],
-        run_status: RunStatus::Running,
-        status_detail: String::new(),
-        start_time_ms: start_ms + i,
-        end_time_ms: None,
         resources: Some(vec![resources(); workers as usize]),
-        attempts: vec![],
-        last_heartbeat_ms: None,
-        cause: None,
-        restored_from: None,
-        controller_log_file_path: None,
+        ..TrainRunInfoDraft::new(
+            RunId::new_v7().to_string(),
+            format!("bench-run-{i}"),
+            hexid(1, 4),
+            hexid(i + 1, 16),
+            start_ms + i,
+        )
     }
     .validate()
     .expect("a benchmark run is valid")
