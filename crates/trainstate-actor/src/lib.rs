@@ -26,7 +26,7 @@
 //! - `cli` (default): the `trainstate` binary (`serve`, `runs`, `schema`);
 //!   turns on `server`. Its `serve --demo` drives simulated runs through
 //!   `trainstate-manager`, the binary's only use of it.
-//! - `server`: the head service, [`http::serve`]: the HTTP API, live events
+//! - `server`: the head service, `http::serve`: the HTTP API, live events
 //!   and the web page (axum).
 //! - `fault-injection`: test-only hooks (`Faults`) that make the actor
 //!   panic, fail a commit or hold the store writer. Never enable it in
