@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use schemars::Schema;
+use trainstate_client::openapi::to_document_text as pretty;
 
 use crate::schema_doc;
 
@@ -35,12 +36,6 @@ pub(crate) fn wire_schemas() -> Vec<NamedSchema> {
         .into_iter()
         .map(|(name, schema)| NamedSchema { name, schema })
         .collect()
-}
-
-fn pretty(value: &serde_json::Value) -> String {
-    let mut text = serde_json::to_string_pretty(value).expect("schemas serialize");
-    text.push('\n');
-    text
 }
 
 /// Every generated file, computed in memory.

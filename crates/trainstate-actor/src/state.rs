@@ -141,9 +141,8 @@ impl Runs {
             let mut draft = run.into_draft();
             prepare_registration(&mut draft);
             if draft.run_status.is_terminal() {
-                let end = draft.end_time_ms.unwrap_or_else(|| now_ms.max(draft.start_time_ms));
-                draft.end_time_ms = Some(end);
-                end_current_attempt(&mut draft, end);
+                let given = draft.end_time_ms;
+                end_run(&mut draft, given, now_ms);
             }
             draft.validate()?
         };
@@ -202,7 +201,6 @@ impl Runs {
         }
 
         let mut draft = record.run()?.into_draft();
-        let end = update.end_time_ms.unwrap_or_else(|| now_ms.max(draft.start_time_ms));
         draft.run_status = to;
         draft.status_detail = match (to, update.cause) {
             (RunStatus::Errored, cause) => {
@@ -211,8 +209,7 @@ impl Runs {
             _ => last_chars(&update.detail, MAX_STATUS_DETAIL_LEN).to_owned(),
         };
         draft.cause = update.cause;
-        draft.end_time_ms = Some(end);
-        end_current_attempt(&mut draft, end);
+        end_run(&mut draft, update.end_time_ms, now_ms);
         Ok(Outcome::Changed(self.replace(draft, EventKind::StatusChanged, now_ms)?))
     }
 
@@ -446,8 +443,11 @@ fn is_prepared(run: &TrainRunInfo) -> bool {
         && (!ended || run.end_time_ms().is_some())
 }
 
-/// Ends the current attempt of a run that ends at `end`.
-fn end_current_attempt(draft: &mut TrainRunInfoDraft, end: u64) {
+/// Stamps the end of a run, and of its current attempt: at `end_time_ms`
+/// if the caller gave one, else now, but never before the run's start.
+fn end_run(draft: &mut TrainRunInfoDraft, end_time_ms: Option<u64>, now_ms: u64) {
+    let end = end_time_ms.unwrap_or_else(|| now_ms.max(draft.start_time_ms));
+    draft.end_time_ms = Some(end);
     if let Some(current) = draft.attempts.last_mut().filter(|a| a.end_time_ms.is_none()) {
         current.end_time_ms = Some(end.max(current.start_time_ms));
     }

@@ -38,6 +38,14 @@ pub fn wire_schemas() -> Vec<(&'static str, Schema)> {
     ]
 }
 
+/// The text of a generated document: pretty JSON and a final newline, as
+/// committed under `schemas/` and as the head serves it.
+pub fn to_document_text(value: &Value) -> String {
+    let mut text = serde_json::to_string_pretty(value).expect("JSON values serialize");
+    text.push('\n');
+    text
+}
+
 /// The wire schema of `name`, if it is a public wire type.
 pub fn wire_schema(name: &str) -> Option<Schema> {
     wire_schemas().into_iter().find(|(n, _)| *n == name).map(|(_, s)| s)

@@ -151,6 +151,18 @@ impl RunDocument {
         }
     }
 
+    /// Appends `runs` to `out` as a JSON array of full runs.
+    pub fn write_json_list(out: &mut String, runs: &[RunDocument]) {
+        out.push('[');
+        for (i, run) in runs.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            run.write_json(out);
+        }
+        out.push(']');
+    }
+
     /// The full JSON of the run.
     pub fn to_json(&self) -> String {
         let mut out = String::with_capacity(self.body.len() + 32);

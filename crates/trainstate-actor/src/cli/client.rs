@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use trainstate_client::{RunQuery, StateHandle};
+use trainstate_client::{RunDocument, RunQuery, StateHandle};
 use trainstate_schema::text::escape_control;
 use trainstate_schema::{RunStatus, TrainRunInfo};
 
@@ -30,15 +30,7 @@ pub(crate) fn runs(command: RunsCommand) -> ExitCode {
 }
 
 fn connect(head: &HeadArgs) -> Result<StateHandle, String> {
-    let token = match &head.token_file {
-        Some(path) => Some(
-            std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read --token-file {}: {e}", path.display()))?
-                .trim()
-                .to_owned(),
-        ),
-        None => None,
-    };
+    let token = head.token_file.as_deref().map(super::read_token_file).transpose()?;
     StateHandle::connect(&head.url, token)
         .map(|h| h.with_timeout(Duration::from_secs(5)))
         .map_err(|e| e.to_string())
@@ -61,14 +53,9 @@ async fn run_command(command: RunsCommand) -> Result<String, String> {
             query.name_contains = name;
             let page = state.list(query).await.map_err(|e| unreachable_head(&head.url, e))?;
             if head.json {
-                let mut out = String::from("{\"train_runs\":[");
-                for (i, run) in page.runs.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    run.write_json(&mut out);
-                }
-                out.push_str(&format!("],\"total\":{}}}\n", page.total));
+                let mut out = String::from("{\"train_runs\":");
+                RunDocument::write_json_list(&mut out, &page.runs);
+                out.push_str(&format!(",\"total\":{}}}\n", page.total));
                 return Ok(out);
             }
             let runs: Vec<TrainRunInfo> = page

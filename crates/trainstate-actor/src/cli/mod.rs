@@ -130,6 +130,13 @@ enum RunsCommand {
     },
 }
 
+/// The token in `path`, without surrounding whitespace.
+fn read_token_file(path: &std::path::Path) -> Result<String, String> {
+    std::fs::read_to_string(path)
+        .map(|token| token.trim().to_owned())
+        .map_err(|e| format!("cannot read --token-file {}: {e}", path.display()))
+}
+
 pub(crate) fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {

@@ -113,12 +113,7 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
 
 fn read_token(args: &ServeArgs) -> Result<Option<String>, String> {
     let token = match (&args.token_file, &args.token) {
-        (Some(path), _) => Some(
-            std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read --token-file {}: {e}", path.display()))?
-                .trim()
-                .to_owned(),
-        ),
+        (Some(path), _) => Some(super::read_token_file(path)?),
         (None, Some(token)) => Some(token.trim().to_owned()),
         (None, None) => None,
     };

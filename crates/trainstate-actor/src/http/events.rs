@@ -10,12 +10,11 @@ use futures_util::stream::{self, Stream, StreamExt};
 use serde::Deserialize;
 use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
-use trainstate_client::{RunQuery, StateEvent, StateHandle};
+use trainstate_client::{RunDocument, RunQuery, StateEvent, StateHandle};
 
 use super::AppState;
 use super::body::QueryParams;
 use super::error::ApiError;
-use super::routes::write_runs;
 
 #[derive(Debug, Deserialize)]
 pub(crate) struct EventParams {
@@ -42,10 +41,8 @@ fn change(event: &StateEvent) -> Event {
 async fn snapshot(handle: &StateHandle, seq: u64) -> Event {
     match handle.list(RunQuery::all()).await {
         Ok(page) => {
-            let mut data = format!("{{\"seq\":{seq},");
-            let mut runs = String::new();
-            write_runs(&mut runs, &page.runs);
-            data.push_str(&runs[1..]);
+            let mut data = format!("{{\"seq\":{seq},\"train_runs\":");
+            RunDocument::write_json_list(&mut data, &page.runs);
             data.push('}');
             Event::default().id(seq.to_string()).event("snapshot").data(data)
         }

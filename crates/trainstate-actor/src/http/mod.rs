@@ -116,11 +116,7 @@ pub(crate) struct Documents {
 
 impl Documents {
     fn generate() -> Self {
-        let pretty = |value: &serde_json::Value| {
-            let mut text = serde_json::to_string_pretty(value).expect("documents serialize");
-            text.push('\n');
-            text
-        };
+        let pretty = trainstate_client::openapi::to_document_text;
         Self {
             schemas: trainstate_client::openapi::wire_schemas()
                 .into_iter()

@@ -29,15 +29,9 @@ fn run_id(text: &str) -> Result<RunId, ApiError> {
 }
 
 /// Appends `{"train_runs":[...]` (without the closing brace) to `out`.
-pub(crate) fn write_runs(out: &mut String, runs: &[RunDocument]) {
-    out.push_str("{\"train_runs\":[");
-    for (i, run) in runs.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        run.write_json(out);
-    }
-    out.push(']');
+fn write_train_runs(out: &mut String, runs: &[RunDocument]) {
+    out.push_str("{\"train_runs\":");
+    RunDocument::write_json_list(out, runs);
 }
 
 #[derive(Debug, Deserialize)]
@@ -85,7 +79,7 @@ pub(crate) async fn list_runs(
     let page = app.handle.list(query).await?;
     let mut out =
         String::with_capacity(page.runs.iter().map(|r| r.body().len() + 1).sum::<usize>() + 64);
-    write_runs(&mut out, &page.runs);
+    write_train_runs(&mut out, &page.runs);
     out.push_str(",\"next_cursor\":");
     match page.next_cursor {
         Some(cursor) => {
@@ -104,7 +98,7 @@ pub(crate) async fn list_runs_ray(State(app): State<AppState>) -> Result<Respons
     let page = app.handle.list(RunQuery::all()).await?;
     let mut out =
         String::with_capacity(page.runs.iter().map(|r| r.body().len() + 1).sum::<usize>() + 32);
-    write_runs(&mut out, &page.runs);
+    write_train_runs(&mut out, &page.runs);
     out.push('}');
     Ok(json_text(StatusCode::OK, out))
 }
