@@ -39,6 +39,9 @@ pub enum StoreError {
     /// A stored run does not parse: the file was changed by something else.
     #[error("store holds a run that does not parse: {0}")]
     Corrupt(String),
+    /// The thread that writes the store could not start, or has stopped.
+    #[error("the store writer {0}")]
+    Writer(&'static str),
 }
 
 /// The state actor could not be launched.

@@ -106,7 +106,7 @@ impl Writer {
         let handle = std::thread::Builder::new()
             .name("trainstate-writer".into())
             .spawn(move || thread.run(rx))
-            .map_err(|e| StoreError::Corrupt(format!("cannot start the writer thread: {e}")))?;
+            .map_err(|_| StoreError::Writer("thread could not start"))?;
         Ok(Self { jobs: Mutex::new(Some(tx)), thread: Mutex::new(Some(handle)), shared })
     }
 
@@ -135,9 +135,9 @@ impl Writer {
             .map(|jobs| jobs.send(Job::Load(tx)).is_ok())
             .unwrap_or(false);
         if !sent {
-            return Err(StoreError::Corrupt("the store writer has stopped".into()));
+            return Err(StoreError::Writer("has stopped"));
         }
-        rx.await.map_err(|_| StoreError::Corrupt("the store writer has stopped".into()))?
+        rx.await.map_err(|_| StoreError::Writer("has stopped"))?
     }
 
     /// Commits everything queued, then stops the thread. Blocking.
