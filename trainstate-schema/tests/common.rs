@@ -7,7 +7,7 @@ use trainstate_schema::{TrainRunInfo, TrainRunInfoDraft};
 
 /// The workspace's copy of Ray's documents.
 pub(crate) fn fixture(name: &str) -> Value {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures").join(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap()
 }

@@ -128,7 +128,7 @@ async fn every_endpoint_answers_its_success_path() {
         send(&client, Method::GET, &url(&format!("/api/train/runs/{id}")), None, None).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../schemas");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../schemas");
     let served =
         client.get(url("/api/schemas/TrainRunInfo")).send().await.unwrap().text().await.unwrap();
     assert_eq!(served, std::fs::read_to_string(root.join("TrainRunInfo.schema.json")).unwrap());

@@ -436,7 +436,7 @@ async fn the_page_lists_runs_shows_a_run_and_follows_changes_live() {
     let runs_png = out.join("runs.png");
     browser.screenshot(&runs_png).await;
     if std::env::var("TRAINSTATE_UPDATE_SCREENSHOTS").as_deref() == Ok("1") {
-        let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/screenshots");
+        let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/screenshots");
         std::fs::create_dir_all(&docs).unwrap();
         std::fs::copy(&runs_png, docs.join("runs.png")).unwrap();
     }

@@ -9,7 +9,7 @@ use crate::common::{fixture, valid_run};
 
 fn committed_schema(name: &str) -> Value {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../schemas")
+        .join("../schemas")
         .join(format!("{name}.schema.json"));
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
