@@ -47,6 +47,7 @@
 //! serde, uuid and (optionally) schemars, and nothing else: nothing async,
 //! no actor runtime, no HTTP, no storage.
 
+pub mod api;
 mod draft;
 mod error;
 mod id;
