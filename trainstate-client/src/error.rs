@@ -2,10 +2,14 @@
 
 use std::time::Duration;
 
+use trainstate_schema::api::{ErrorBody, ErrorCode};
 use trainstate_schema::{RunId, RunStatus, ValidationError};
 
-/// Why a request to the state actor failed. Each variant maps to one HTTP
-/// status in the head service.
+/// Why a request to the state actor failed. Each variant maps to one
+/// [`ErrorCode`] of the HTTP API, and so to one HTTP status.
+///
+/// Only what a retry can fix is retryable ([`StateError::is_retryable`]):
+/// `Unavailable`, `Overloaded` and `Timeout`. Every other error is final.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum StateError {
@@ -52,10 +56,13 @@ pub enum StateError {
         reason: String,
     },
     /// Too many writes are in flight; retry later.
-    #[error("state actor overloaded: {in_flight} writes in flight")]
+    #[error("state actor overloaded{}", match in_flight {
+        Some(n) => format!(": {n} writes in flight"),
+        None => String::new(),
+    })]
     Overloaded {
-        /// Writes in flight when the request was refused.
-        in_flight: usize,
+        /// Writes in flight when the request was refused, when known.
+        in_flight: Option<u64>,
     },
     /// The head refused the request's credentials (remote handles only).
     #[error("unauthorized: {reason}")]
@@ -63,11 +70,33 @@ pub enum StateError {
         /// What the head said.
         reason: String,
     },
-    /// No answer came within the deadline. The request may still take effect.
-    #[error("no answer from the state actor within {after:?}")]
+    /// No answer came within the deadline. The request may still take
+    /// effect; every write is idempotent, so repeating it is safe.
+    #[error("no answer from the state actor within {after:?}; the request may still take effect")]
     Timeout {
         /// The deadline that passed.
         after: Duration,
+    },
+    /// A stored run does not parse: the store is damaged, or was written
+    /// by a newer version. Retrying does not help.
+    #[error("stored run does not parse: {reason}")]
+    Corrupt {
+        /// What the parser said.
+        reason: String,
+    },
+    /// The call is not available on this transport (for example a
+    /// subscription over HTTP), or the head does not serve it.
+    #[error("unsupported: {reason}")]
+    Unsupported {
+        /// What is not supported, and what to use instead.
+        reason: String,
+    },
+    /// The head answered something this client cannot read: not a
+    /// trainstate head, or an incompatible version.
+    #[error("unexpected answer from the head: {reason}")]
+    Protocol {
+        /// What was wrong with the answer.
+        reason: String,
     },
 }
 
@@ -82,9 +111,80 @@ impl StateError {
         Self::Unavailable { reason: reason.into() }
     }
 
-    /// True when retrying the same request later may succeed.
+    /// True when retrying the same request later may succeed: the head
+    /// was unavailable, busy or slow, not the request wrong.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Unavailable { .. } | Self::Overloaded { .. } | Self::Timeout { .. })
+        self.code().is_retryable()
+    }
+
+    /// The code of the HTTP API's error answer for this error.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::NotFound { .. } => ErrorCode::NotFound,
+            Self::Conflict { .. } => ErrorCode::Conflict,
+            Self::IllegalTransition { .. } => ErrorCode::IllegalTransition,
+            Self::Invalid { .. } => ErrorCode::Invalid,
+            Self::Unavailable { .. } => ErrorCode::Unavailable,
+            Self::Overloaded { .. } => ErrorCode::Overloaded,
+            Self::Unauthorized { .. } => ErrorCode::Unauthorized,
+            Self::Timeout { .. } => ErrorCode::Timeout,
+            Self::Corrupt { .. } => ErrorCode::Corrupt,
+            Self::Unsupported { .. } | Self::Protocol { .. } => ErrorCode::Internal,
+        }
+    }
+
+    /// The error answer's body for this error.
+    pub fn to_error_body(&self) -> ErrorBody {
+        let body = ErrorBody::new(self.code(), self.to_string());
+        match self {
+            Self::Invalid { field, .. } => body.with_field(field.clone()),
+            Self::IllegalTransition { from, to, .. } => body.with_transition(*from, *to),
+            Self::Overloaded { in_flight: Some(n) } => body.with_in_flight(*n),
+            _ => body,
+        }
+    }
+
+    /// The error an answer's body stands for. `run_id` is the run the
+    /// request was about, if any: the body does not repeat it. What the body
+    /// does not say is not made up: an answer that lacks what its code
+    /// needs is a [`StateError::Protocol`] error.
+    pub fn from_error_body(body: ErrorBody, run_id: Option<&RunId>) -> Self {
+        let missing = |what: &str| Self::Protocol {
+            reason: format!("a {} error answer without {what}: {}", body.code, body.message),
+        };
+        match body.code {
+            ErrorCode::NotFound => match run_id {
+                Some(id) => Self::NotFound { id: id.clone() },
+                None => Self::Unsupported { reason: body.message },
+            },
+            ErrorCode::MethodNotAllowed => Self::Unsupported { reason: body.message },
+            ErrorCode::Conflict => match run_id {
+                Some(id) => Self::Conflict { id: id.clone(), reason: body.message },
+                None => missing("a run id"),
+            },
+            ErrorCode::IllegalTransition => match (run_id, body.from, body.to) {
+                (Some(id), Some(from), Some(to)) => {
+                    Self::IllegalTransition { id: id.clone(), from, to, reason: body.message }
+                }
+                _ => missing("the run id and both statuses"),
+            },
+            ErrorCode::Invalid
+            | ErrorCode::BadRequest
+            | ErrorCode::UnsupportedMediaType
+            | ErrorCode::PayloadTooLarge => Self::Invalid {
+                field: body.field.unwrap_or_else(|| "body".into()),
+                message: body.message,
+            },
+            ErrorCode::Unauthorized => Self::Unauthorized { reason: body.message },
+            ErrorCode::Overloaded | ErrorCode::TooManySubscribers => {
+                Self::Overloaded { in_flight: body.in_flight }
+            }
+            ErrorCode::Unavailable | ErrorCode::Timeout => {
+                Self::Unavailable { reason: body.message }
+            }
+            ErrorCode::Corrupt => Self::Corrupt { reason: body.message },
+            _ => Self::Protocol { reason: format!("{}: {}", body.code, body.message) },
+        }
     }
 }
 

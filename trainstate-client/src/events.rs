@@ -5,34 +5,7 @@ use trainstate_schema::RunId;
 
 use crate::protocol::RunDocument;
 
-/// What happened to a run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum EventKind {
-    /// A new run was registered.
-    Registered,
-    /// A run's status changed (also a lost-controller abort by the sweep).
-    StatusChanged,
-    /// A run started a new attempt (worker group).
-    AttemptStarted,
-    /// An ended run was evicted by the retention policy.
-    Evicted,
-    /// An ended run was deleted on request.
-    Deleted,
-}
-
-impl EventKind {
-    /// A stable lower-case name, for example `status_changed`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EventKind::Registered => "registered",
-            EventKind::StatusChanged => "status_changed",
-            EventKind::AttemptStarted => "attempt_started",
-            EventKind::Evicted => "evicted",
-            EventKind::Deleted => "deleted",
-        }
-    }
-}
+pub use trainstate_schema::api::EventKind;
 
 /// One committed change, in commit order.
 #[derive(Debug, Clone)]

@@ -130,10 +130,6 @@ impl StateHandle {
 
     /// Registers a run; see [`StateMessage::Register`].
     pub async fn register(&self, run: TrainRunInfo) -> Result<Registration, StateError> {
-        #[cfg(feature = "http")]
-        if let Transport::Remote(remote) = &*self.inner {
-            return remote.register(&run, self.timeout).await;
-        }
         let run = Box::new(run);
         self.call(|reply| StateMessage::Register { run, reply }).await
     }
@@ -144,10 +140,6 @@ impl StateHandle {
         id: RunId,
         update: StatusUpdate,
     ) -> Result<RunDocument, StateError> {
-        #[cfg(feature = "http")]
-        if let Transport::Remote(remote) = &*self.inner {
-            return remote.set_status(&id, update, self.timeout).await;
-        }
         self.call(|reply| StateMessage::SetStatus { id, update, reply }).await
     }
 
@@ -157,28 +149,16 @@ impl StateHandle {
         id: RunId,
         attempt: NewAttempt,
     ) -> Result<RunDocument, StateError> {
-        #[cfg(feature = "http")]
-        if let Transport::Remote(remote) = &*self.inner {
-            return remote.start_attempt(&id, attempt, self.timeout).await;
-        }
         self.call(|reply| StateMessage::StartAttempt { id, attempt, reply }).await
     }
 
     /// Renews a live run's lease and returns it.
     pub async fn heartbeat(&self, id: RunId) -> Result<Duration, StateError> {
-        #[cfg(feature = "http")]
-        if let Transport::Remote(remote) = &*self.inner {
-            return remote.heartbeat(&id, self.timeout).await;
-        }
         self.call(|reply| StateMessage::Heartbeat { id, reply }).await
     }
 
     /// Reads one run as stored.
     pub async fn get(&self, id: RunId) -> Result<RunDocument, StateError> {
-        #[cfg(feature = "http")]
-        if let Transport::Remote(remote) = &*self.inner {
-            return remote.get(&id, self.timeout).await;
-        }
         self.call(|reply| StateMessage::Get { id, reply }).await
     }
 
@@ -190,83 +170,35 @@ impl StateHandle {
     /// Lists runs; see [`RunQuery`].
     pub async fn list(&self, query: RunQuery) -> Result<RunPage, StateError> {
         query.check()?;
-        #[cfg(feature = "http")]
-        if let Transport::Remote(remote) = &*self.inner {
-            return remote.list(query, self.timeout).await;
-        }
         self.call(|reply| StateMessage::List { query, reply }).await
     }
 
     /// Subscribes to committed changes, resuming after `after_seq` if the
     /// actor still keeps those events.
     pub async fn subscribe(&self, after_seq: Option<u64>) -> Result<Subscription, StateError> {
-        self.local_only("subscriptions")?;
         self.call(|reply| StateMessage::Subscribe { after_seq, reply }).await
     }
 
     /// Deletes an ended run.
     pub async fn delete(&self, id: RunId) -> Result<(), StateError> {
-        #[cfg(feature = "http")]
-        if let Transport::Remote(remote) = &*self.inner {
-            return remote.delete(&id, self.timeout).await;
-        }
         self.call(|reply| StateMessage::Delete { id, reply }).await
     }
 
     /// Runs the liveness sweep now and returns the runs it aborted.
     pub async fn sweep_leases(&self) -> Result<Vec<RunId>, StateError> {
-        self.local_only("sweeps")?;
         self.call(|reply| StateMessage::SweepLeases { reply }).await
     }
 
-    fn local_only(&self, what: &str) -> Result<(), StateError> {
-        if self.is_remote() {
-            return Err(StateError::unavailable(format!(
-                "{what} are not available over HTTP; use GET /api/train/events"
-            )));
-        }
-        Ok(())
-    }
-
-    fn local_transport(&self) -> &Local {
-        match &*self.inner {
-            Transport::Local(local) => local,
-            #[cfg(feature = "http")]
-            Transport::Remote(_) => unreachable!("remote handles never send actor messages"),
-        }
-    }
-
-    /// Sends one request and waits for its answer, up to the deadline.
-    ///
-    /// A message that could not be delivered (the actor stopped) is sent
-    /// again, unchanged, to the actor found under the same name, so a
-    /// restart between lookup and send costs nothing. A message that was
-    /// delivered is never sent twice.
+    /// Sends one request and waits for its answer, up to the deadline: the
+    /// one place where a call goes to the local actor or over HTTP.
     async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> StateMessage) -> Result<T, StateError> {
         let deadline = Instant::now() + self.timeout;
         let (tx, rx) = oneshot::channel();
-        let mut message = make(Reply::from(tx));
-        loop {
-            let Some(actor) = self.actor() else {
-                if Instant::now() >= deadline {
-                    return Err(StateError::unavailable(format!(
-                        "no state actor named {:?} is running",
-                        self.local_transport().name
-                    )));
-                }
-                tokio::time::sleep(RELOOK_INTERVAL).await;
-                continue;
-            };
-            match actor.send_message(message) {
-                Ok(()) => break,
-                Err(MessagingErr::SendErr(returned)) => {
-                    self.forget(&actor);
-                    message = returned;
-                }
-                Err(_) => {
-                    return Err(StateError::unavailable("the state actor's mailbox is closed"));
-                }
-            }
+        let message = make(Reply::from(tx));
+        match &*self.inner {
+            Transport::Local(local) => local.deliver(message, deadline).await?,
+            #[cfg(feature = "http")]
+            Transport::Remote(remote) => remote.answer(message, self.timeout).await,
         }
         match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(answer)) => answer,
@@ -276,10 +208,48 @@ impl StateHandle {
             Err(_) => Err(StateError::Timeout { after: self.timeout }),
         }
     }
+}
+
+impl Local {
+    /// Delivers a message to the actor registered under the name, waiting
+    /// for one to run up to `deadline`.
+    ///
+    /// A message that could not be delivered (the actor stopped) is sent
+    /// again, unchanged, to the actor found under the same name, so a
+    /// restart between lookup and send costs nothing. A message that was
+    /// delivered is never sent twice.
+    async fn deliver(
+        &self,
+        mut message: StateMessage,
+        deadline: Instant,
+    ) -> Result<(), StateError> {
+        loop {
+            let Some(actor) = self.actor() else {
+                if Instant::now() >= deadline {
+                    return Err(StateError::unavailable(format!(
+                        "no state actor named {:?} is running",
+                        self.name
+                    )));
+                }
+                tokio::time::sleep(RELOOK_INTERVAL).await;
+                continue;
+            };
+            match actor.send_message(message) {
+                Ok(()) => return Ok(()),
+                Err(MessagingErr::SendErr(returned)) => {
+                    self.forget(&actor);
+                    message = returned;
+                }
+                Err(_) => {
+                    return Err(StateError::unavailable("the state actor's mailbox is closed"));
+                }
+            }
+        }
+    }
 
     /// The cached actor, or the one registered under the name now.
     fn actor(&self) -> Option<ActorRef<StateMessage>> {
-        let local = self.local_transport();
+        let local = self;
         let mut cached = local.actor.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(actor) = cached.as_ref() {
             return Some(actor.clone());
@@ -290,7 +260,7 @@ impl StateHandle {
     }
 
     fn forget(&self, stale: &ActorRef<StateMessage>) {
-        let mut cached = self.local_transport().actor.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cached = self.actor.lock().unwrap_or_else(|e| e.into_inner());
         if cached.as_ref().is_some_and(|a| a.get_id() == stale.get_id()) {
             *cached = None;
         }

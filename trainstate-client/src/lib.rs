@@ -37,6 +37,7 @@ mod protocol;
 mod query;
 #[cfg(feature = "http")]
 mod remote;
+pub mod routes;
 
 pub use error::StateError;
 pub use events::{EventKind, StateEvent, Subscription};

@@ -13,9 +13,11 @@ use trainstate_schema::{
 };
 
 use crate::api::{
-    AttemptRequest, ErrorResponse, EventData, HeartbeatResponse, RayRunListResponse,
-    RegisterResponse, RunListResponse, SnapshotData, StatusRequest, VersionResponse,
+    AttemptRequest, Cursor, ErrorCode, ErrorResponse, EventKind, HealthResponse, HeartbeatResponse,
+    ListQuery, RayRunListResponse, RegisterResponse, RunEvent, RunListResponse, SnapshotEvent,
+    StatusRequest, VersionResponse,
 };
+use crate::routes::{Access, Body, Route, routes};
 
 /// The JSON Schema (2020-12) of every public wire type, by type name, in
 /// documentation order. These are deserialize contracts: what is accepted.
@@ -35,6 +37,22 @@ pub fn wire_schemas() -> Vec<(&'static str, Schema)> {
         of::<CauseKind>("CauseKind"),
         of::<RunId>("RunId"),
         of::<Resources>("Resources"),
+        // The documents of the HTTP API.
+        of::<StatusRequest>("StatusRequest"),
+        of::<AttemptRequest>("AttemptRequest"),
+        of::<RegisterResponse>("RegisterResponse"),
+        of::<RunListResponse>("RunListResponse"),
+        of::<RayRunListResponse>("RayRunListResponse"),
+        of::<HeartbeatResponse>("HeartbeatResponse"),
+        of::<VersionResponse>("VersionResponse"),
+        of::<HealthResponse>("HealthResponse"),
+        of::<RunEvent>("RunEvent"),
+        of::<SnapshotEvent>("SnapshotEvent"),
+        of::<EventKind>("EventKind"),
+        of::<ErrorResponse>("ErrorResponse"),
+        of::<ErrorCode>("ErrorCode"),
+        of::<ListQuery>("ListQuery"),
+        of::<Cursor>("Cursor"),
     ]
 }
 
@@ -51,63 +69,19 @@ pub fn wire_schema(name: &str) -> Option<Schema> {
     wire_schemas().into_iter().find(|(n, _)| *n == name).map(|(_, s)| s)
 }
 
-/// The OpenAPI 3.1 document of the head service.
+/// The OpenAPI 3.1 document of the head service, generated from the route
+/// table ([`crate::routes::routes`]) and the document types.
 pub fn document() -> Value {
     let mut settings = SchemaSettings::draft2020_12().for_deserialize();
     settings.definitions_path = "/components/schemas".into();
     let mut generator = settings.into_generator();
-    let mut refs = Refs { generator: &mut generator };
-    let run = refs.of::<TrainRunInfo>();
-    let list = refs.of::<RunListResponse>();
-    let ray_list = refs.of::<RayRunListResponse>();
-    let register = refs.of::<RegisterResponse>();
-    let status = refs.of::<StatusRequest>();
-    let attempt = refs.of::<AttemptRequest>();
-    let heartbeat = refs.of::<HeartbeatResponse>();
-    let version = refs.of::<VersionResponse>();
-    let error = refs.of::<ErrorResponse>();
-    let event = refs.of::<EventData>();
-    let snapshot = refs.of::<SnapshotData>();
+    let mut paths = Map::new();
+    for route in routes() {
+        let operation = operation(&route, &mut generator);
+        let item = paths.entry(route.path).or_insert_with(|| json!({}));
+        item[route.method.as_lower_str()] = operation;
+    }
     let components = generator.take_definitions(true);
-
-    let json_body =
-        |schema: &Value| json!({ "content": { "application/json": { "schema": schema } } });
-    let error_response = |description: &str| json!({ "description": description, "content": { "application/json": { "schema": error } } });
-    let ok = |description: &str, schema: &Value| json!({ "description": description, "content": { "application/json": { "schema": schema } } });
-    let id_param = json!({
-        "name": "id", "in": "path", "required": true,
-        "description": "The run id.",
-        "schema": { "type": "string", "pattern": "^[A-Za-z0-9_-]{1,128}$" }
-    });
-    let query = |name: &str, description: &str, schema: Value| json!({ "name": name, "in": "query", "required": false, "description": description, "schema": schema });
-    let string = json!({ "type": "string" });
-    let errors = |codes: &[(&str, &str)]| {
-        let mut map = Map::new();
-        for (code, description) in codes {
-            map.insert((*code).into(), error_response(description));
-        }
-        map
-    };
-    let write_errors = [
-        ("400", "Unparseable JSON or bad UTF-8."),
-        ("401", "Missing or wrong bearer token."),
-        ("404", "No run has this id."),
-        ("409", "Conflict with the stored run, or an illegal transition."),
-        ("413", "Body over the size limit."),
-        ("415", "Content type is not application/json."),
-        ("422", "Wrong type, missing field or a broken rule; names the field and the rule."),
-        ("503", "Store unavailable or overloaded; retry later."),
-    ];
-    let with = |mut responses: Map<String, Value>, extra: Map<String, Value>| {
-        responses.extend(extra);
-        Value::Object(responses)
-    };
-    let one = |code: &str, response: Value| {
-        let mut map = Map::new();
-        map.insert(code.into(), response);
-        map
-    };
-
     json!({
         "openapi": "3.1.0",
         "jsonSchemaDialect": "https://json-schema.org/draft/2020-12/schema",
@@ -121,147 +95,127 @@ pub fn document() -> Value {
             "schemas": components,
             "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } }
         },
-        "paths": {
-            "/api/train/runs": {
-                "get": {
-                    "operationId": "listRuns",
-                    "summary": "List runs, newest first (start_time_ms desc, id desc), filtered and paged.",
-                    "parameters": [
-                        query("status", "Comma-separated statuses (RUNNING, FINISHED, ERRORED, ABORTED).", string.clone()),
-                        query("job_id", "Only runs of this job.", string.clone()),
-                        query("name", "Only runs whose name contains this text.", string.clone()),
-                        query("node_id", "Only runs that had a worker on this node id.", string.clone()),
-                        query("node_ip", "Only runs that had a worker on this node IP.", string.clone()),
-                        query("limit", "Page size, 1 to 1000; default 100.", json!({ "type": "integer", "minimum": 1, "maximum": 1000 })),
-                        query("cursor", "The next_cursor of the previous page.", string.clone())
-                    ],
-                    "responses": with(one("200", ok("One page.", &list)), errors(&[("401", "Missing or wrong token (protected reads)."), ("422", "A bad filter, limit or cursor.")]))
-                },
-                "post": {
-                    "operationId": "registerRun",
-                    "summary": "Register a run. Repeating it with identical static metadata is a no-op (200); with different metadata, 409.",
-                    "security": [{ "bearer": [] }],
-                    "requestBody": { "required": true, "content": { "application/json": { "schema": run } } },
-                    "responses": with(
-                        {
-                            let mut m = one("201", ok("Registered.", &register));
-                            m.insert("200".into(), ok("Already registered with the same metadata.", &register));
-                            m
-                        },
-                        errors(&write_errors)
-                    )
-                }
-            },
-            "/api/train/v2/runs": {
-                "get": {
-                    "operationId": "listRunsRay",
-                    "summary": "Every retained run, newest first, unpaged: Ray 2.60's dashboard route for Train V1 state.",
-                    "responses": with(one("200", ok("Every run.", &ray_list)), errors(&[("401", "Missing or wrong token (protected reads).")]))
-                }
-            },
-            "/api/train/runs/{id}": {
-                "parameters": [id_param.clone()],
-                "get": {
-                    "operationId": "getRun",
-                    "summary": "One run.",
-                    "responses": with(one("200", ok("The run.", &run)), errors(&[("401", "Missing or wrong token (protected reads)."), ("404", "No run has this id.")]))
-                },
-                "delete": {
-                    "operationId": "deleteRun",
-                    "summary": "Delete an ended run.",
-                    "security": [{ "bearer": [] }],
-                    "responses": with(one("204", json!({ "description": "Deleted." })), errors(&[("401", "Missing or wrong bearer token."), ("404", "No run has this id."), ("409", "The run is live."), ("503", "Store unavailable.")]))
-                }
-            },
-            "/api/train/runs/{id}/status": {
-                "parameters": [id_param.clone()],
-                "post": {
-                    "operationId": "setRunStatus",
-                    "summary": "Set a run's status along a legal transition. Repeating the current terminal status (same cause) is a no-op.",
-                    "security": [{ "bearer": [] }],
-                    "requestBody": json_body(&status),
-                    "responses": with(one("200", ok("The run after the change.", &run)), errors(&write_errors))
-                }
-            },
-            "/api/train/runs/{id}/attempts": {
-                "parameters": [id_param.clone()],
-                "post": {
-                    "operationId": "startRunAttempt",
-                    "summary": "Replace a live run's worker group with a new attempt. Repeating the current attempt is a no-op.",
-                    "security": [{ "bearer": [] }],
-                    "requestBody": json_body(&attempt),
-                    "responses": with(one("200", ok("The run after the change.", &run)), errors(&write_errors))
-                }
-            },
-            "/api/train/runs/{id}/heartbeat": {
-                "parameters": [id_param],
-                "post": {
-                    "operationId": "heartbeatRun",
-                    "summary": "Renew a live run's lease.",
-                    "security": [{ "bearer": [] }],
-                    "responses": with(one("200", ok("The renewed lease.", &heartbeat)), errors(&write_errors))
-                }
-            },
-            "/api/train/events": {
-                "get": {
-                    "operationId": "runEvents",
-                    "summary": "Server-Sent Events: a `snapshot` event (every run), then one event per committed change (`registered`, `status_changed`, `attempt_started`, `evicted`, `deleted`), each with its sequence number as id. Reconnect with Last-Event-ID (or `last_event_id`) to resume without gaps; when the head no longer keeps those events it sends a fresh snapshot instead.",
-                    "parameters": [query("last_event_id", "Resume after this event id.", json!({ "type": "integer", "minimum": 0 }))],
-                    "responses": with(
-                        one("200", json!({
-                            "description": "The event stream. Each event's data is an EventData, or a SnapshotData for `snapshot` events.",
-                            "content": { "text/event-stream": { "schema": { "oneOf": [event, snapshot] } } }
-                        })),
-                        errors(&[("401", "Missing or wrong token (protected reads)."), ("503", "Too many subscribers.")])
-                    )
-                }
-            },
-            "/api/schemas/{type}": {
-                "get": {
-                    "operationId": "getSchema",
-                    "summary": "The JSON Schema (2020-12) of a wire type, for example TrainRunInfo.",
-                    "parameters": [{ "name": "type", "in": "path", "required": true, "schema": string.clone() }],
-                    "responses": with(one("200", json!({ "description": "The schema.", "content": { "application/schema+json": { "schema": { "type": "object" } } } })), errors(&[("404", "No such type.")]))
-                }
-            },
-            "/openapi.json": {
-                "get": {
-                    "operationId": "getOpenApi",
-                    "summary": "This document.",
-                    "responses": { "200": { "description": "The OpenAPI document.", "content": { "application/json": { "schema": { "type": "object" } } } } }
-                }
-            },
-            "/api/version": {
-                "get": {
-                    "operationId": "getVersion",
-                    "summary": "Service and schema versions.",
-                    "responses": { "200": ok("Versions.", &version) }
-                }
-            },
-            "/healthz": {
-                "get": {
-                    "operationId": "health",
-                    "summary": "Liveness: 200 while the head serves and its state actor answers.",
-                    "responses": with(one("200", json!({ "description": "Healthy." })), errors(&[("503", "The state actor does not answer.")]))
-                }
-            },
-            "/metrics": {
-                "get": {
-                    "operationId": "metrics",
-                    "summary": "Prometheus text exposition: runs by status, requests by route and code, request latency, store commits, subscribers.",
-                    "responses": { "200": { "description": "Metrics.", "content": { "text/plain": { "schema": { "type": "string" } } } } }
-                }
-            }
-        }
+        "paths": paths
     })
 }
 
-struct Refs<'a> {
-    generator: &'a mut SchemaGenerator,
+/// The OpenAPI operation object of one route.
+fn operation(route: &Route, generator: &mut SchemaGenerator) -> Value {
+    let mut parameters: Vec<Value> = route
+        .path_params
+        .iter()
+        .map(|param| {
+            let mut schema = json!({ "type": "string" });
+            if let Some(pattern) = param.pattern {
+                schema["pattern"] = pattern.into();
+            }
+            json!({
+                "name": param.name, "in": "path", "required": true,
+                "description": param.description, "schema": schema
+            })
+        })
+        .collect();
+    if let Some(query) = route.query {
+        parameters.extend(query_parameters(query(generator)));
+    }
+    let mut responses = Map::new();
+    for success in route.success {
+        let mut response = json!({ "description": success.description });
+        if let Some(content) = content(success.body, generator) {
+            response["content"] = content;
+        }
+        responses.insert(success.status.to_string(), response);
+    }
+    let error = generator.subschema_for::<ErrorResponse>().to_value();
+    let mut statuses: Vec<u16> = route.errors.iter().map(|c| c.http_status()).collect();
+    statuses.sort_unstable();
+    statuses.dedup();
+    for status in statuses {
+        let codes: Vec<&str> =
+            route.errors.iter().filter(|c| c.http_status() == status).map(|c| c.as_str()).collect();
+        let schema = json!({
+            "allOf": [
+                error,
+                { "properties": { "error": { "properties": { "code": { "enum": codes } } } } }
+            ]
+        });
+        responses.insert(
+            status.to_string(),
+            json!({
+                "description": format!("An error: {}.", codes.join(", ")),
+                "content": { "application/json": { "schema": schema } }
+            }),
+        );
+    }
+    let mut operation = json!({
+        "operationId": route.operation_id,
+        "summary": route.summary,
+        "responses": responses,
+    });
+    if !parameters.is_empty() {
+        operation["parameters"] = parameters.into();
+    }
+    if let Some(request) = route.request {
+        operation["requestBody"] = json!({
+            "required": true,
+            "content": { "application/json": { "schema": request(generator).to_value() } }
+        });
+    }
+    if route.access == Access::Write {
+        operation["security"] = json!([{ "bearer": [] }]);
+    }
+    operation
 }
 
-impl Refs<'_> {
-    fn of<T: JsonSchema>(&mut self) -> Value {
-        self.generator.subschema_for::<T>().to_value()
+/// The OpenAPI content map of a body, if it has one.
+fn content(body: Body, generator: &mut SchemaGenerator) -> Option<Value> {
+    Some(match body {
+        Body::Json(schema) => {
+            json!({ "application/json": { "schema": schema(generator).to_value() } })
+        }
+        Body::Document(media) => json!({ media: { "schema": { "type": "object" } } }),
+        Body::EventStream(schemas) => {
+            let one_of: Vec<Value> = schemas.iter().map(|s| s(generator).to_value()).collect();
+            json!({ "text/event-stream": { "schema": { "oneOf": one_of } } })
+        }
+        Body::Text(media) => json!({ media: { "schema": { "type": "string" } } }),
+        Body::Empty => return None,
+    })
+}
+
+/// The schema of a query parameter: a query string has no null, so an
+/// optional property's `null` alternative is dropped.
+fn without_null(mut schema: Value) -> Value {
+    if let Some(any_of) = schema.get("anyOf").and_then(Value::as_array) {
+        let rest: Vec<&Value> =
+            any_of.iter().filter(|s| s.get("type") != Some(&json!("null"))).collect();
+        if let [only] = rest.as_slice() {
+            return (*only).clone();
+        }
     }
+    if let Some(types) = schema.get("type").and_then(Value::as_array) {
+        let rest: Vec<Value> = types.iter().filter(|t| *t != "null").cloned().collect();
+        schema["type"] = if rest.len() == 1 { rest[0].clone() } else { rest.into() };
+    }
+    schema
+}
+
+/// One optional query parameter per property of a query type's schema.
+fn query_parameters(schema: Schema) -> Vec<Value> {
+    let value = schema.to_value();
+    let properties =
+        value.get("properties").and_then(Value::as_object).cloned().unwrap_or_default();
+    properties
+        .into_iter()
+        .map(|(name, mut schema)| {
+            let description = schema
+                .as_object_mut()
+                .and_then(|s| s.remove("description"))
+                .unwrap_or_else(|| Value::String(String::new()));
+            json!({
+                "name": name, "in": "query", "required": false,
+                "description": description, "schema": without_null(schema)
+            })
+        })
+        .collect()
 }

@@ -4,6 +4,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::RpcReplyPort;
+use serde::de::{MapAccess, Visitor};
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::value::RawValue;
 use trainstate_schema::{CauseKind, RunCause, RunId, RunStatus, TrainRunInfo, TrainWorkerInfo};
 
 use crate::error::StateError;
@@ -111,25 +115,46 @@ impl Registration {
 
 /// A stored run as canonical JSON, cheap to clone and to send.
 ///
-/// The state actor keeps runs as JSON bytes; this is what it hands out.
-/// [`RunDocument::parse`] gives the typed run.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The state actor keeps runs as JSON; this is what it hands out.
+/// [`RunDocument::parse`] gives the typed run. It serializes as the run's
+/// JSON object: the stored text is copied as it is, and a live run's
+/// heartbeat time, which is kept apart because it changes with every
+/// heartbeat, is written as the `last_heartbeat_ms` member.
+#[derive(Debug, Clone)]
 pub struct RunDocument {
-    body: Arc<str>,
+    body: Arc<RawValue>,
     last_heartbeat_ms: Option<u64>,
 }
 
+impl PartialEq for RunDocument {
+    fn eq(&self, other: &Self) -> bool {
+        self.body.get() == other.body.get() && self.last_heartbeat_ms == other.last_heartbeat_ms
+    }
+}
+
+impl Eq for RunDocument {}
+
 impl RunDocument {
     /// Wraps the canonical JSON of a run (a JSON object) and the time its
-    /// controller was last heard from, which is kept apart because it
-    /// changes with every heartbeat.
-    pub fn new(body: Arc<str>, last_heartbeat_ms: Option<u64>) -> Self {
-        debug_assert!(body.ends_with('}'));
+    /// controller was last heard from.
+    pub fn new(body: Arc<RawValue>, last_heartbeat_ms: Option<u64>) -> Self {
+        debug_assert!(body.get().starts_with('{'));
         Self { body, last_heartbeat_ms }
     }
 
+    /// The canonical JSON of `run`, as a document with no heartbeat time.
+    pub fn of(run: &TrainRunInfo) -> Self {
+        let body = serde_json::value::to_raw_value(run).expect("a validated run serializes");
+        Self::new(Arc::from(body), None)
+    }
+
     /// The stored JSON without the heartbeat time.
-    pub fn body(&self) -> &Arc<str> {
+    pub fn body(&self) -> &str {
+        self.body.get()
+    }
+
+    /// The stored JSON as a shared raw value.
+    pub fn raw(&self) -> &Arc<RawValue> {
         &self.body
     }
 
@@ -138,42 +163,85 @@ impl RunDocument {
         self.last_heartbeat_ms
     }
 
-    /// Appends the full JSON of the run to `out`.
-    pub fn write_json(&self, out: &mut String) {
-        match self.last_heartbeat_ms {
-            Some(at) => {
-                out.push_str(&self.body[..self.body.len() - 1]);
-                out.push_str(",\"last_heartbeat_ms\":");
-                out.push_str(&at.to_string());
-                out.push('}');
-            }
-            None => out.push_str(&self.body),
-        }
-    }
-
-    /// Appends `runs` to `out` as a JSON array of full runs.
-    pub fn write_json_list(out: &mut String, runs: &[RunDocument]) {
-        out.push('[');
-        for (i, run) in runs.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            run.write_json(out);
-        }
-        out.push(']');
-    }
-
     /// The full JSON of the run.
     pub fn to_json(&self) -> String {
-        let mut out = String::with_capacity(self.body.len() + 32);
-        self.write_json(&mut out);
-        out
+        serde_json::to_string(self).expect("a run document serializes")
     }
 
     /// The typed run.
     pub fn parse(&self) -> Result<TrainRunInfo, StateError> {
         serde_json::from_str(&self.to_json())
-            .map_err(|e| StateError::unavailable(format!("stored run does not parse: {e}")))
+            .map_err(|e| StateError::Corrupt { reason: e.to_string() })
+    }
+}
+
+impl Serialize for RunDocument {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let Some(heartbeat) = self.last_heartbeat_ms else {
+            return self.body.serialize(serializer);
+        };
+        // A live run: its members as stored, then the heartbeat time.
+        let members: Members<'_> =
+            serde_json::from_str(self.body.get()).map_err(serde::ser::Error::custom)?;
+        let mut map = serializer.serialize_map(Some(members.0.len() + 1))?;
+        for (key, value) in members.0.iter().filter(|(k, _)| *k != LAST_HEARTBEAT) {
+            map.serialize_entry(key, value)?;
+        }
+        map.serialize_entry(LAST_HEARTBEAT, &heartbeat)?;
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for RunDocument {
+    /// Keeps the JSON object as it came, heartbeat time included.
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let body = Box::<RawValue>::deserialize(deserializer)?;
+        if !body.get().starts_with('{') {
+            return Err(serde::de::Error::custom("a run must be a JSON object"));
+        }
+        Ok(Self::new(Arc::from(body), None))
+    }
+}
+
+impl schemars::JsonSchema for RunDocument {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        TrainRunInfo::schema_name()
+    }
+
+    fn schema_id() -> std::borrow::Cow<'static, str> {
+        TrainRunInfo::schema_id()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        TrainRunInfo::json_schema(generator)
+    }
+}
+
+/// The member a live run's heartbeat time is written as.
+const LAST_HEARTBEAT: &str = "last_heartbeat_ms";
+
+/// The top-level members of a stored run, in stored order, values unparsed.
+struct Members<'a>(Vec<(&'a str, &'a RawValue)>);
+
+impl<'de> Deserialize<'de> for Members<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> Visitor<'de> for Visit {
+            type Value = Members<'de>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Members<'de>, A::Error> {
+                let mut members = Vec::with_capacity(map.size_hint().unwrap_or(16));
+                while let Some(entry) = map.next_entry::<&'de str, &'de RawValue>()? {
+                    members.push(entry);
+                }
+                Ok(Members(members))
+            }
+        }
+        deserializer.deserialize_map(Visit)
     }
 }
 

@@ -1,8 +1,8 @@
 //! Listing runs: filters, keyset paging and the page that comes back.
 
-use std::fmt::Write as _;
-
-use trainstate_schema::{RunId, RunStatus};
+use trainstate_schema::RunStatus;
+pub use trainstate_schema::api::Cursor;
+use trainstate_schema::api::{ListQuery, StatusFilter};
 
 use crate::error::StateError;
 use crate::protocol::RunDocument;
@@ -99,6 +99,30 @@ impl RunQuery {
         self
     }
 
+    /// The query of `GET /api/train/runs` that asks for this page, or
+    /// `None` for an unpaged listing (Ray's route, which takes no filters).
+    pub fn to_list_query(&self) -> Option<ListQuery> {
+        let limit = self.limit?;
+        let mut query = ListQuery::default();
+        query.status = (!self.statuses.is_empty()).then(|| StatusFilter(self.statuses.clone()));
+        query.job_id.clone_from(&self.job_id);
+        query.name.clone_from(&self.name_contains);
+        query.node_id.clone_from(&self.node_id);
+        query.node_ip.clone_from(&self.node_ip);
+        query.limit = Some(u32::try_from(limit).unwrap_or(u32::MAX));
+        query.cursor.clone_from(&self.cursor);
+        Some(query)
+    }
+
+    /// True when the query filters runs.
+    pub fn has_filters(&self) -> bool {
+        !self.statuses.is_empty()
+            || self.job_id.is_some()
+            || self.name_contains.is_some()
+            || self.node_id.is_some()
+            || self.node_ip.is_some()
+    }
+
     /// Checks the page size.
     pub fn check(&self) -> Result<(), StateError> {
         match self.limit {
@@ -110,48 +134,24 @@ impl RunQuery {
     }
 }
 
-/// A position in the listing order: the last (`start_time_ms`, `id`) of a
-/// page. Opaque on the wire.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Cursor {
-    /// `start_time_ms` of the last run of the page.
-    pub start_time_ms: u64,
-    /// `id` of the last run of the page.
-    pub id: RunId,
-}
+impl TryFrom<ListQuery> for RunQuery {
+    type Error = StateError;
 
-impl Cursor {
-    /// The cursor after the run started at `start_time_ms` with `id`.
-    pub fn new(start_time_ms: u64, id: RunId) -> Self {
-        Self { start_time_ms, id }
-    }
-
-    /// The opaque text form.
-    pub fn encode(&self) -> String {
-        let plain = format!("{}.{}", self.start_time_ms, self.id);
-        let mut out = String::with_capacity(plain.len() * 2);
-        for byte in plain.bytes() {
-            let _ = write!(out, "{byte:02x}");
-        }
-        out
-    }
-
-    /// Reads the opaque text form.
-    pub fn decode(text: &str) -> Result<Self, StateError> {
-        let bad = || StateError::invalid("cursor", "must be a next_cursor returned by a listing");
-        if !text.len().is_multiple_of(2) || text.len() > 600 {
-            return Err(bad());
-        }
-        let bytes: Vec<u8> = (0..text.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(text.get(i..i + 2).ok_or_else(bad)?, 16).map_err(|_| bad()))
-            .collect::<Result<_, _>>()?;
-        let plain = String::from_utf8(bytes).map_err(|_| bad())?;
-        let (start, id) = plain.split_once('.').ok_or_else(bad)?;
-        Ok(Self {
-            start_time_ms: start.parse().map_err(|_| bad())?,
-            id: RunId::parse(id).map_err(|_| bad())?,
-        })
+    /// The page a `GET /api/train/runs` query asks for; a page size out of
+    /// range is an error naming `limit`.
+    fn try_from(query: ListQuery) -> Result<Self, StateError> {
+        let defaults = RunQuery::new();
+        let run_query = RunQuery {
+            statuses: query.status.map(|s| s.0).unwrap_or_default(),
+            job_id: query.job_id,
+            name_contains: query.name,
+            node_id: query.node_id,
+            node_ip: query.node_ip,
+            limit: query.limit.map_or(defaults.limit, |l| Some(l as usize)),
+            cursor: query.cursor,
+        };
+        run_query.check()?;
+        Ok(run_query)
     }
 }
 

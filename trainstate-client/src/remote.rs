@@ -3,15 +3,17 @@
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
-use serde::Deserialize;
-use serde_json::value::RawValue;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
-use trainstate_schema::{RunId, RunStatus, TrainRunInfo};
+use trainstate_schema::{RunId, TrainRunInfo};
 
-use crate::api::{AttemptRequest, ErrorResponse, HeartbeatResponse, StatusRequest};
+use crate::api::{
+    AttemptRequest, ErrorResponse, HeartbeatResponse, ListQuery, RayRunListResponse,
+    RegisterResponse, RunListResponse, StatusRequest,
+};
 use crate::error::StateError;
-use crate::protocol::{NewAttempt, Registration, RunDocument, StatusUpdate};
-use crate::query::{Cursor, RunPage, RunQuery};
+use crate::protocol::{NewAttempt, Registration, RunDocument, StateMessage, StatusUpdate};
+use crate::query::{RunPage, RunQuery};
 
 /// The first wait before retrying; it doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
@@ -28,9 +30,20 @@ pub(crate) struct Remote {
 struct Call<'a> {
     method: Method,
     path: String,
-    query: Vec<(&'static str, String)>,
+    query: Option<ListQuery>,
     body: Option<Vec<u8>>,
     run_id: Option<&'a RunId>,
+}
+
+impl<'a> Call<'a> {
+    fn get(path: String, query: Option<ListQuery>, run_id: Option<&'a RunId>) -> Self {
+        Self { method: Method::GET, path, query, body: None, run_id }
+    }
+
+    fn post(path: String, body: &impl Serialize, run_id: Option<&'a RunId>) -> Self {
+        let body = serde_json::to_vec(body).expect("API documents serialize");
+        Self { method: Method::POST, path, query: None, body: Some(body), run_id }
+    }
 }
 
 impl Remote {
@@ -55,10 +68,11 @@ impl Remote {
         let deadline = Instant::now() + timeout;
         let mut backoff = FIRST_BACKOFF;
         loop {
-            let mut request = self
-                .client
-                .request(call.method.clone(), format!("{}{}", self.base, call.path))
-                .query(&call.query);
+            let mut request =
+                self.client.request(call.method.clone(), format!("{}{}", self.base, call.path));
+            if let Some(query) = &call.query {
+                request = request.query(query);
+            }
             if let Some(token) = &self.token {
                 request = request.bearer_auth(token);
             }
@@ -79,9 +93,7 @@ impl Remote {
                 Ok(Ok((status, bytes))) => error_of(status, &bytes, call.run_id),
                 Ok(Err(err)) => StateError::unavailable(format!("{}: {err}", self.base)),
             };
-            let retryable =
-                matches!(error, StateError::Unavailable { .. } | StateError::Overloaded { .. });
-            if !retryable || Instant::now() + backoff >= deadline {
+            if !error.is_retryable() || Instant::now() + backoff >= deadline {
                 return Err(error);
             }
             tokio::time::sleep(backoff).await;
@@ -89,202 +101,143 @@ impl Remote {
         }
     }
 
-    pub(crate) async fn register(
+    /// Answers one message of the actor's protocol over HTTP, through the
+    /// message's own reply port: the handle dispatches every call here or
+    /// to the local actor, in one place.
+    pub(crate) async fn answer(&self, message: StateMessage, timeout: Duration) {
+        // A caller that gave up has dropped its receiver: nothing to tell it.
+        match message {
+            StateMessage::Register { run, reply } => {
+                let _ = reply.send(self.register(&run, timeout).await);
+            }
+            StateMessage::SetStatus { id, update, reply } => {
+                let _ = reply.send(self.set_status(&id, update, timeout).await);
+            }
+            StateMessage::StartAttempt { id, attempt, reply } => {
+                let _ = reply.send(self.start_attempt(&id, attempt, timeout).await);
+            }
+            StateMessage::Heartbeat { id, reply } => {
+                let _ = reply.send(self.heartbeat(&id, timeout).await);
+            }
+            StateMessage::Get { id, reply } => {
+                let _ = reply.send(self.get(&id, timeout).await);
+            }
+            StateMessage::List { query, reply } => {
+                let _ = reply.send(self.list(query, timeout).await);
+            }
+            StateMessage::Delete { id, reply } => {
+                let _ = reply.send(self.delete(&id, timeout).await);
+            }
+            StateMessage::Subscribe { reply, .. } => {
+                let _ = reply.send(Err(local_only("subscriptions")));
+            }
+            StateMessage::SweepLeases { reply } => {
+                let _ = reply.send(Err(local_only("lease sweeps")));
+            }
+        }
+    }
+
+    async fn register(
         &self,
         run: &TrainRunInfo,
         timeout: Duration,
     ) -> Result<Registration, StateError> {
-        #[derive(Deserialize)]
-        struct Answer {
-            run: Box<RawValue>,
-            lease_ms: u64,
-            created: bool,
-        }
-        let body = serde_json::to_vec(run).expect("a run serializes");
-        let call = Call {
-            method: Method::POST,
-            path: "/api/train/runs".into(),
-            query: vec![],
-            body: Some(body),
-            run_id: Some(run.id()),
-        };
-        let answer: Answer = parse(&self.send(call, timeout).await?)?;
-        Ok(Registration::new(
-            document(&answer.run),
-            Duration::from_millis(answer.lease_ms),
-            answer.created,
-        ))
+        let call = Call::post("/api/train/runs".into(), run, Some(run.id()));
+        let answer: RegisterResponse<RunDocument> = parse(&self.send(call, timeout).await?)?;
+        Ok(Registration::new(answer.run, Duration::from_millis(answer.lease_ms), answer.created))
     }
 
-    pub(crate) async fn set_status(
+    async fn set_status(
         &self,
         id: &RunId,
         update: StatusUpdate,
         timeout: Duration,
     ) -> Result<RunDocument, StateError> {
-        let body = serde_json::to_vec(&StatusRequest::from(update)).expect("serializes");
-        let call = Call {
-            method: Method::POST,
-            path: format!("/api/train/runs/{id}/status"),
-            query: vec![],
-            body: Some(body),
-            run_id: Some(id),
-        };
-        run_document(&self.send(call, timeout).await?)
+        let body = StatusRequest::from(update);
+        let call = Call::post(format!("/api/train/runs/{id}/status"), &body, Some(id));
+        parse(&self.send(call, timeout).await?)
     }
 
-    pub(crate) async fn start_attempt(
+    async fn start_attempt(
         &self,
         id: &RunId,
         attempt: NewAttempt,
         timeout: Duration,
     ) -> Result<RunDocument, StateError> {
-        let body = serde_json::to_vec(&AttemptRequest::from(attempt)).expect("serializes");
-        let call = Call {
-            method: Method::POST,
-            path: format!("/api/train/runs/{id}/attempts"),
-            query: vec![],
-            body: Some(body),
-            run_id: Some(id),
-        };
-        run_document(&self.send(call, timeout).await?)
+        let body = AttemptRequest::from(attempt);
+        let call = Call::post(format!("/api/train/runs/{id}/attempts"), &body, Some(id));
+        parse(&self.send(call, timeout).await?)
     }
 
-    pub(crate) async fn heartbeat(
-        &self,
-        id: &RunId,
-        timeout: Duration,
-    ) -> Result<Duration, StateError> {
+    async fn heartbeat(&self, id: &RunId, timeout: Duration) -> Result<Duration, StateError> {
         let call = Call {
             method: Method::POST,
             path: format!("/api/train/runs/{id}/heartbeat"),
-            query: vec![],
-            body: Some(b"{}".to_vec()),
+            query: None,
+            body: None,
             run_id: Some(id),
         };
         let answer: HeartbeatResponse = parse(&self.send(call, timeout).await?)?;
         Ok(Duration::from_millis(answer.lease_ms))
     }
 
-    pub(crate) async fn get(
-        &self,
-        id: &RunId,
-        timeout: Duration,
-    ) -> Result<RunDocument, StateError> {
-        let call = Call {
-            method: Method::GET,
-            path: format!("/api/train/runs/{id}"),
-            query: vec![],
-            body: None,
-            run_id: Some(id),
-        };
-        run_document(&self.send(call, timeout).await?)
+    async fn get(&self, id: &RunId, timeout: Duration) -> Result<RunDocument, StateError> {
+        let call = Call::get(format!("/api/train/runs/{id}"), None, Some(id));
+        parse(&self.send(call, timeout).await?)
     }
 
-    pub(crate) async fn delete(&self, id: &RunId, timeout: Duration) -> Result<(), StateError> {
+    async fn delete(&self, id: &RunId, timeout: Duration) -> Result<(), StateError> {
         let call = Call {
             method: Method::DELETE,
             path: format!("/api/train/runs/{id}"),
-            query: vec![],
+            query: None,
             body: None,
             run_id: Some(id),
         };
         self.send(call, timeout).await.map(drop)
     }
 
-    pub(crate) async fn list(
-        &self,
-        query: RunQuery,
-        timeout: Duration,
-    ) -> Result<RunPage, StateError> {
-        #[derive(Deserialize)]
-        struct Answer {
-            train_runs: Vec<Box<RawValue>>,
-            #[serde(default)]
-            next_cursor: Option<String>,
-            #[serde(default)]
-            total: Option<usize>,
-        }
-        let (path, mut params) = match query.limit {
-            Some(limit) => ("/api/train/runs", vec![("limit", limit.to_string())]),
-            None => ("/api/train/v2/runs", vec![]),
-        };
-        if query.limit.is_some() {
-            if !query.statuses.is_empty() {
-                let statuses: Vec<&str> = query.statuses.iter().map(|s| s.as_str()).collect();
-                params.push(("status", statuses.join(",")));
+    async fn list(&self, query: RunQuery, timeout: Duration) -> Result<RunPage, StateError> {
+        let Some(list_query) = query.to_list_query() else {
+            if query.has_filters() {
+                return Err(StateError::invalid(
+                    "limit",
+                    "an unpaged listing takes no filters over HTTP",
+                ));
             }
-            let optional = [
-                ("job_id", query.job_id),
-                ("name", query.name_contains),
-                ("node_id", query.node_id),
-                ("node_ip", query.node_ip),
-                ("cursor", query.cursor.map(|c| c.encode())),
-            ];
-            params.extend(optional.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))));
-        } else if !query.statuses.is_empty()
-            || query.job_id.is_some()
-            || query.name_contains.is_some()
-            || query.node_id.is_some()
-            || query.node_ip.is_some()
-        {
-            return Err(StateError::invalid(
-                "limit",
-                "an unpaged listing takes no filters over HTTP",
-            ));
-        }
-        let call = Call {
-            method: Method::GET,
-            path: path.into(),
-            query: params,
-            body: None,
-            run_id: None,
+            let call = Call::get("/api/train/v2/runs".into(), None, None);
+            let answer: RayRunListResponse<RunDocument> = parse(&self.send(call, timeout).await?)?;
+            let total = answer.train_runs.len() as u64;
+            return Ok(RunPage::new(answer.train_runs, None, total as usize));
         };
-        let answer: Answer = parse(&self.send(call, timeout).await?)?;
-        let total = answer.total.unwrap_or(answer.train_runs.len());
-        let next_cursor = answer.next_cursor.as_deref().map(Cursor::decode).transpose()?;
-        let runs = answer.train_runs.iter().map(|raw| document(raw)).collect();
-        Ok(RunPage::new(runs, next_cursor, total))
+        let call = Call::get("/api/train/runs".into(), Some(list_query), None);
+        let answer: RunListResponse<RunDocument> = parse(&self.send(call, timeout).await?)?;
+        let total = usize::try_from(answer.total).unwrap_or(usize::MAX);
+        Ok(RunPage::new(answer.train_runs, answer.next_cursor, total))
     }
 }
 
+fn local_only(what: &str) -> StateError {
+    StateError::Unsupported {
+        reason: format!("{what} are not available over HTTP; use GET /api/train/events"),
+    }
+}
+
+/// Reads an answer of the API into its type.
 fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, StateError> {
-    serde_json::from_slice(bytes)
-        .map_err(|e| StateError::unavailable(format!("the head answered unreadable JSON: {e}")))
-}
-
-fn document(raw: &RawValue) -> RunDocument {
-    RunDocument::new(raw.get().into(), None)
-}
-
-fn run_document(bytes: &[u8]) -> Result<RunDocument, StateError> {
-    let raw: Box<RawValue> = parse(bytes)?;
-    Ok(document(&raw))
+    serde_json::from_slice(bytes).map_err(|e| StateError::Protocol {
+        reason: format!("the head answered unreadable JSON: {e}"),
+    })
 }
 
 /// The typed error of an error answer.
 fn error_of(status: StatusCode, bytes: &[u8], run_id: Option<&RunId>) -> StateError {
-    let Ok(ErrorResponse { error }) = serde_json::from_slice::<ErrorResponse>(bytes) else {
-        return StateError::unavailable(format!("the head answered {status}"));
-    };
-    let id = || run_id.cloned().unwrap_or_else(|| RunId::parse("unknown").expect("valid"));
-    match error.code.as_str() {
-        "not_found" if run_id.is_some() => StateError::NotFound { id: id() },
-        "conflict" => StateError::Conflict { id: id(), reason: error.message },
-        "illegal_transition" => StateError::IllegalTransition {
-            id: id(),
-            from: error.from.unwrap_or(RunStatus::Running),
-            to: error.to.unwrap_or(RunStatus::Running),
-            reason: error.message,
-        },
-        "overloaded" | "too_many_subscribers" => StateError::Overloaded { in_flight: 0 },
-        "unauthorized" => StateError::Unauthorized { reason: error.message },
-        "invalid" | "bad_request" | "unsupported_media_type" | "payload_too_large" => {
-            StateError::Invalid {
-                field: error.field.unwrap_or_else(|| "body".into()),
-                message: error.message,
-            }
+    match serde_json::from_slice::<ErrorResponse>(bytes) {
+        Ok(answer) => StateError::from_error_body(answer.error, run_id),
+        // Not the API's error shape: a proxy or another server answered.
+        Err(_) if status.is_server_error() => {
+            StateError::unavailable(format!("the head answered {status}"))
         }
-        _ => StateError::unavailable(format!("the head answered {status}: {}", error.message)),
+        Err(_) => StateError::Protocol { reason: format!("the head answered {status}") },
     }
 }

@@ -1,0 +1,601 @@
+//! The route table of the head service: every route it serves, what each
+//! takes and what each answers. The head builds its router from this table
+//! and the OpenAPI document is generated from it, so neither can list a
+//! route the other lacks.
+
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use trainstate_schema::TrainRunInfo;
+use trainstate_schema::api::{
+    AttemptRequest, ErrorCode, EventsQuery, HealthResponse, HeartbeatResponse, ListQuery,
+    RayRunListResponse, RegisterRequest, RegisterResponse, RunEvent, RunListResponse,
+    SnapshotEvent, StatusRequest, VersionResponse,
+};
+
+/// One operation of the HTTP API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Operation {
+    /// `GET /api/train/runs`.
+    ListRuns,
+    /// `POST /api/train/runs`.
+    RegisterRun,
+    /// `GET /api/train/v2/runs`.
+    ListRunsRay,
+    /// `GET /api/train/runs/{id}`.
+    GetRun,
+    /// `DELETE /api/train/runs/{id}`.
+    DeleteRun,
+    /// `POST /api/train/runs/{id}/status`.
+    SetRunStatus,
+    /// `POST /api/train/runs/{id}/attempts`.
+    StartRunAttempt,
+    /// `POST /api/train/runs/{id}/heartbeat`.
+    HeartbeatRun,
+    /// `GET /api/train/events`.
+    RunEvents,
+    /// `GET /api/schemas/{name}`.
+    GetSchema,
+    /// `GET /openapi.json`.
+    GetOpenApi,
+    /// `GET /api/version`.
+    GetVersion,
+    /// `GET /healthz`.
+    Health,
+    /// `GET /metrics`.
+    Metrics,
+    /// `GET /`: the web page.
+    Page,
+    /// `GET /runs/{id}`: the web page, opened on one run.
+    RunPage,
+    /// `GET /app.js`.
+    PageScript,
+    /// `GET /style.css`.
+    PageStyle,
+}
+
+/// An HTTP method the API uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum HttpMethod {
+    /// GET.
+    Get,
+    /// POST.
+    Post,
+    /// PUT.
+    Put,
+    /// DELETE.
+    Delete,
+}
+
+impl HttpMethod {
+    /// The lower-case name OpenAPI keys operations by.
+    pub fn as_lower_str(self) -> &'static str {
+        match self {
+            HttpMethod::Get => "get",
+            HttpMethod::Post => "post",
+            HttpMethod::Put => "put",
+            HttpMethod::Delete => "delete",
+        }
+    }
+
+    /// True for methods that change nothing.
+    pub fn is_read(self) -> bool {
+        matches!(self, HttpMethod::Get)
+    }
+}
+
+/// Generates the JSON Schema of one document type.
+pub type SchemaFn = fn(&mut SchemaGenerator) -> Schema;
+
+/// The schema of `T`, as a reference into the generator's definitions.
+pub fn schema_of<T: JsonSchema>(generator: &mut SchemaGenerator) -> Schema {
+    generator.subschema_for::<T>()
+}
+
+/// The schema of `T` itself, not a reference: what a query type's
+/// properties are read from.
+pub fn inline_schema_of<T: JsonSchema>(generator: &mut SchemaGenerator) -> Schema {
+    T::json_schema(generator)
+}
+
+/// What a body is.
+#[derive(Clone, Copy)]
+#[non_exhaustive]
+pub enum Body {
+    /// JSON of this schema (`application/json`).
+    Json(SchemaFn),
+    /// A JSON document of its own kind (a JSON Schema, the OpenAPI
+    /// document), of this media type.
+    Document(&'static str),
+    /// Server-Sent Events whose data is one of these schemas.
+    EventStream(&'static [SchemaFn]),
+    /// Text of this media type.
+    Text(&'static str),
+    /// No body.
+    Empty,
+}
+
+impl std::fmt::Debug for Body {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Body::Json(_) => "Json",
+            Body::Document(media) => media,
+            Body::EventStream(_) => "EventStream",
+            Body::Text(media) => media,
+            Body::Empty => "Empty",
+        })
+    }
+}
+
+/// One successful answer of a route.
+#[derive(Debug, Clone, Copy)]
+pub struct Success {
+    /// Its HTTP status.
+    pub status: u16,
+    /// When it is given.
+    pub description: &'static str,
+    /// What it carries.
+    pub body: Body,
+}
+
+/// A path parameter.
+#[derive(Debug, Clone, Copy)]
+pub struct PathParam {
+    /// Its name in the path template.
+    pub name: &'static str,
+    /// What it is.
+    pub description: &'static str,
+    /// The pattern it must match, if any.
+    pub pattern: Option<&'static str>,
+}
+
+/// Who may call a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Access {
+    /// A write: needs the bearer token when the head has one.
+    Write,
+    /// A read: needs the token only when reads are protected.
+    Read,
+    /// Always open (the page, so it can ask for a token, and liveness).
+    Open,
+}
+
+/// One route of the API.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Route {
+    /// What it does.
+    pub operation: Operation,
+    /// The OpenAPI `operationId`.
+    pub operation_id: &'static str,
+    /// Its method.
+    pub method: HttpMethod,
+    /// Its path template, with `{name}` parameters (axum and OpenAPI agree).
+    pub path: &'static str,
+    /// One line on what it does.
+    pub summary: &'static str,
+    /// Who may call it.
+    pub access: Access,
+    /// Its path parameters.
+    pub path_params: &'static [PathParam],
+    /// Its query parameters: the properties of this schema's object.
+    pub query: Option<SchemaFn>,
+    /// Its request body.
+    pub request: Option<SchemaFn>,
+    /// Its successful answers.
+    pub success: &'static [Success],
+    /// The error codes it may answer, each with its status and an
+    /// [`ErrorResponse`](trainstate_schema::api::ErrorResponse) body.
+    pub errors: &'static [ErrorCode],
+    /// False for the event stream, which has no request deadline.
+    pub timed: bool,
+}
+
+const RUN_ID: PathParam =
+    PathParam { name: "id", description: "The run id.", pattern: Some("^[A-Za-z0-9_-]{1,128}$") };
+
+/// The errors any write may answer.
+const WRITE_ERRORS: &[ErrorCode] = &[
+    ErrorCode::BadRequest,
+    ErrorCode::Unauthorized,
+    ErrorCode::NotFound,
+    ErrorCode::Conflict,
+    ErrorCode::IllegalTransition,
+    ErrorCode::PayloadTooLarge,
+    ErrorCode::UnsupportedMediaType,
+    ErrorCode::Invalid,
+    ErrorCode::Corrupt,
+    ErrorCode::Unavailable,
+    ErrorCode::Overloaded,
+    ErrorCode::Timeout,
+];
+
+/// The errors a read of the state may answer.
+const READ_ERRORS: &[ErrorCode] =
+    &[ErrorCode::Unauthorized, ErrorCode::Corrupt, ErrorCode::Unavailable, ErrorCode::Timeout];
+
+/// The run as the answers of writes and reads carry it.
+const RUN: SchemaFn = schema_of::<TrainRunInfo>;
+
+/// Every route the head serves, in documentation order.
+pub fn routes() -> Vec<Route> {
+    use Access::{Open, Read, Write};
+    use HttpMethod::{Delete, Get, Post};
+    let route = |operation, operation_id, method, path, summary, access| Route {
+        operation,
+        operation_id,
+        method,
+        path,
+        summary,
+        access,
+        path_params: &[],
+        query: None,
+        request: None,
+        success: &[],
+        errors: &[],
+        timed: true,
+    };
+    vec![
+        Route {
+            query: Some(inline_schema_of::<ListQuery>),
+            success: &[Success {
+                status: 200,
+                description: "One page.",
+                body: Body::Json(schema_of::<RunListResponse>),
+            }],
+            errors: &[
+                ErrorCode::BadRequest,
+                ErrorCode::Invalid,
+                ErrorCode::Unauthorized,
+                ErrorCode::Corrupt,
+                ErrorCode::Unavailable,
+                ErrorCode::Timeout,
+            ],
+            ..route(
+                Operation::ListRuns,
+                "listRuns",
+                Get,
+                "/api/train/runs",
+                "List runs, newest first (start_time_ms desc, id desc), filtered and paged.",
+                Read,
+            )
+        },
+        Route {
+            request: Some(schema_of::<RegisterRequest>),
+            success: &[
+                Success {
+                    status: 201,
+                    description: "Registered.",
+                    body: Body::Json(schema_of::<RegisterResponse>),
+                },
+                Success {
+                    status: 200,
+                    description: "Already registered with the same metadata.",
+                    body: Body::Json(schema_of::<RegisterResponse>),
+                },
+            ],
+            errors: WRITE_ERRORS,
+            ..route(
+                Operation::RegisterRun,
+                "registerRun",
+                Post,
+                "/api/train/runs",
+                "Register a run. Repeating it with identical static metadata is a no-op (200); with different metadata, 409.",
+                Write,
+            )
+        },
+        Route {
+            success: &[Success {
+                status: 200,
+                description: "Every run.",
+                body: Body::Json(schema_of::<RayRunListResponse>),
+            }],
+            errors: READ_ERRORS,
+            ..route(
+                Operation::ListRunsRay,
+                "listRunsRay",
+                Get,
+                "/api/train/v2/runs",
+                "Every retained run, newest first, unpaged: Ray 2.60's dashboard route for Train V1 state.",
+                Read,
+            )
+        },
+        Route {
+            path_params: &[RUN_ID],
+            success: &[Success { status: 200, description: "The run.", body: Body::Json(RUN) }],
+            errors: &[
+                ErrorCode::Invalid,
+                ErrorCode::Unauthorized,
+                ErrorCode::NotFound,
+                ErrorCode::Corrupt,
+                ErrorCode::Unavailable,
+                ErrorCode::Timeout,
+            ],
+            ..route(Operation::GetRun, "getRun", Get, "/api/train/runs/{id}", "One run.", Read)
+        },
+        Route {
+            path_params: &[RUN_ID],
+            success: &[Success { status: 204, description: "Deleted.", body: Body::Empty }],
+            errors: WRITE_ERRORS,
+            ..route(
+                Operation::DeleteRun,
+                "deleteRun",
+                Delete,
+                "/api/train/runs/{id}",
+                "Delete an ended run (409 while it is live).",
+                Write,
+            )
+        },
+        Route {
+            path_params: &[RUN_ID],
+            request: Some(schema_of::<StatusRequest>),
+            success: &[Success {
+                status: 200,
+                description: "The run after the change.",
+                body: Body::Json(RUN),
+            }],
+            errors: WRITE_ERRORS,
+            ..route(
+                Operation::SetRunStatus,
+                "setRunStatus",
+                Post,
+                "/api/train/runs/{id}/status",
+                "Set a run's status along a legal transition. Repeating the current terminal status (same cause) is a no-op.",
+                Write,
+            )
+        },
+        Route {
+            path_params: &[RUN_ID],
+            request: Some(schema_of::<AttemptRequest>),
+            success: &[Success {
+                status: 200,
+                description: "The run after the change.",
+                body: Body::Json(RUN),
+            }],
+            errors: WRITE_ERRORS,
+            ..route(
+                Operation::StartRunAttempt,
+                "startRunAttempt",
+                Post,
+                "/api/train/runs/{id}/attempts",
+                "Replace a live run's worker group with a new attempt. Repeating the current attempt is a no-op.",
+                Write,
+            )
+        },
+        Route {
+            path_params: &[RUN_ID],
+            success: &[Success {
+                status: 200,
+                description: "The renewed lease.",
+                body: Body::Json(schema_of::<HeartbeatResponse>),
+            }],
+            errors: WRITE_ERRORS,
+            ..route(
+                Operation::HeartbeatRun,
+                "heartbeatRun",
+                Post,
+                "/api/train/runs/{id}/heartbeat",
+                "Renew a live run's lease.",
+                Write,
+            )
+        },
+        Route {
+            query: Some(inline_schema_of::<EventsQuery>),
+            success: &[Success {
+                status: 200,
+                description: "The event stream: a `snapshot` event (a SnapshotEvent), then one RunEvent per committed change, named by its kind, with its sequence number as id. An `error` event carries an ErrorResponse.",
+                body: Body::EventStream(&[
+                    schema_of::<SnapshotEvent>,
+                    schema_of::<RunEvent>,
+                    schema_of::<trainstate_schema::api::ErrorResponse>,
+                ]),
+            }],
+            errors: &[
+                ErrorCode::BadRequest,
+                ErrorCode::Invalid,
+                ErrorCode::Unauthorized,
+                ErrorCode::Unavailable,
+                ErrorCode::TooManySubscribers,
+            ],
+            timed: false,
+            ..route(
+                Operation::RunEvents,
+                "runEvents",
+                Get,
+                "/api/train/events",
+                "Server-Sent Events: every run, then every committed change. Reconnect with Last-Event-ID (or last_event_id) to resume without gaps; when the head no longer keeps those events it sends a fresh snapshot instead.",
+                Read,
+            )
+        },
+        Route {
+            path_params: &[PathParam {
+                name: "name",
+                description: "A wire type, for example TrainRunInfo (a .schema.json or .json suffix is allowed).",
+                pattern: None,
+            }],
+            success: &[Success {
+                status: 200,
+                description: "The schema.",
+                body: Body::Document("application/schema+json"),
+            }],
+            errors: &[ErrorCode::Unauthorized, ErrorCode::NotFound],
+            ..route(
+                Operation::GetSchema,
+                "getSchema",
+                Get,
+                "/api/schemas/{name}",
+                "The JSON Schema (2020-12) of a wire type.",
+                Read,
+            )
+        },
+        Route {
+            success: &[Success {
+                status: 200,
+                description: "The OpenAPI document.",
+                body: Body::Document("application/json"),
+            }],
+            errors: &[ErrorCode::Unauthorized],
+            ..route(
+                Operation::GetOpenApi,
+                "getOpenApi",
+                Get,
+                "/openapi.json",
+                "This document.",
+                Read,
+            )
+        },
+        Route {
+            success: &[Success {
+                status: 200,
+                description: "Versions.",
+                body: Body::Json(schema_of::<VersionResponse>),
+            }],
+            errors: &[ErrorCode::Unauthorized],
+            ..route(
+                Operation::GetVersion,
+                "getVersion",
+                Get,
+                "/api/version",
+                "Service and schema versions.",
+                Read,
+            )
+        },
+        Route {
+            success: &[Success {
+                status: 200,
+                description: "Healthy.",
+                body: Body::Json(schema_of::<HealthResponse>),
+            }],
+            errors: &[ErrorCode::Unavailable, ErrorCode::Timeout],
+            ..route(
+                Operation::Health,
+                "health",
+                Get,
+                "/healthz",
+                "Liveness: 200 while the head serves and its state actor answers.",
+                Open,
+            )
+        },
+        Route {
+            success: &[Success {
+                status: 200,
+                description: "Metrics.",
+                body: Body::Text("text/plain"),
+            }],
+            errors: &[ErrorCode::Unauthorized],
+            ..route(
+                Operation::Metrics,
+                "metrics",
+                Get,
+                "/metrics",
+                "Prometheus text exposition: runs by status, requests by route and code, request latency, store commits, subscribers.",
+                Read,
+            )
+        },
+        Route {
+            success: &[Success {
+                status: 200,
+                description: "The page.",
+                body: Body::Text("text/html"),
+            }],
+            ..route(Operation::Page, "page", Get, "/", "The web page: every run, live.", Open)
+        },
+        Route {
+            path_params: &[RUN_ID],
+            success: &[Success {
+                status: 200,
+                description: "The page.",
+                body: Body::Text("text/html"),
+            }],
+            ..route(
+                Operation::RunPage,
+                "runPage",
+                Get,
+                "/runs/{id}",
+                "The web page, opened on one run.",
+                Open,
+            )
+        },
+        Route {
+            success: &[Success {
+                status: 200,
+                description: "The page's script.",
+                body: Body::Text("text/javascript"),
+            }],
+            ..route(Operation::PageScript, "pageScript", Get, "/app.js", "The page's script.", Open)
+        },
+        Route {
+            success: &[Success {
+                status: 200,
+                description: "The page's style sheet.",
+                body: Body::Text("text/css"),
+            }],
+            ..route(
+                Operation::PageStyle,
+                "pageStyle",
+                Get,
+                "/style.css",
+                "The page's style sheet.",
+                Open,
+            )
+        },
+    ]
+}
+
+/// The route whose template matches `method` and the concrete `path`
+/// (without its query string), if any.
+pub fn route_for(method: HttpMethod, path: &str) -> Option<Route> {
+    routes().into_iter().find(|route| route.method == method && template_matches(route.path, path))
+}
+
+/// True when `path` fits `template`, each `{param}` standing for one
+/// non-empty segment.
+pub fn template_matches(template: &str, path: &str) -> bool {
+    let (mut want, mut have) = (template.split('/'), path.split('/'));
+    loop {
+        match (want.next(), have.next()) {
+            (None, None) => return true,
+            (Some(w), Some(h)) if w.starts_with('{') && w.ends_with('}') => {
+                if h.is_empty() {
+                    return false;
+                }
+            }
+            (Some(w), Some(h)) if w == h => {}
+            _ => return false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_operation_has_one_route_and_a_unique_id() {
+        let routes = routes();
+        let mut ids: Vec<_> = routes.iter().map(|r| r.operation_id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), routes.len());
+        let mut keys: Vec<_> = routes.iter().map(|r| (r.path, r.method.as_lower_str())).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        assert_eq!(keys.len(), routes.len());
+    }
+
+    #[test]
+    fn templates_match_one_segment_per_parameter() {
+        let cases = [
+            ("/api/train/runs/{id}", "/api/train/runs/abc", true),
+            ("/api/train/runs/{id}", "/api/train/runs/", false),
+            ("/api/train/runs/{id}", "/api/train/runs/abc/status", false),
+            ("/api/train/runs/{id}/status", "/api/train/runs/abc/status", true),
+            ("/", "/", true),
+            ("/", "/app.js", false),
+        ];
+        for (template, path, expected) in cases {
+            assert_eq!(template_matches(template, path), expected, "{template} {path}");
+        }
+    }
+}
