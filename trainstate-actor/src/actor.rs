@@ -135,7 +135,7 @@ impl ActorState {
     fn admit(&self) -> Result<(), StateError> {
         let in_flight = self.writer.shared.in_flight.load(Ordering::SeqCst);
         if in_flight >= self.config.max_in_flight_writes {
-            return Err(StateError::Overloaded { in_flight });
+            return Err(StateError::Overloaded { in_flight: Some(in_flight as u64) });
         }
         Ok(())
     }

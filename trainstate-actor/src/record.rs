@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use trainstate_client::{RunDocument, StateError};
 
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use trainstate_schema::{CauseKind, RunCause, RunId, RunStatus, TrainRunInfo};
 
 /// One run as the actor keeps it in memory: the canonical JSON it serves,
@@ -26,14 +27,14 @@ pub(crate) struct RunRecord {
     pub(crate) node_ids: Names,
     /// Distinct node IPs of every attempt's workers.
     pub(crate) node_ips: Names,
-    pub(crate) json: Arc<str>,
+    pub(crate) json: Arc<RawValue>,
 }
 
 impl RunRecord {
     /// The record of a validated run. The stored JSON never carries
     /// `last_heartbeat_ms`: heartbeats live in memory only.
     pub(crate) fn new(run: &TrainRunInfo) -> Arc<Self> {
-        let json = serde_json::to_string(run).expect("a validated run serializes");
+        let json = serde_json::value::to_raw_value(run).expect("a validated run serializes");
         let attempts = run.attempts().iter().filter_map(|a| a.workers());
         let nodes = attempts.flatten().chain(run.workers()).map(|w| (w.node_id(), w.node_ip()));
         let (node_ids, node_ips) = distinct_nodes(nodes);
@@ -55,7 +56,8 @@ impl RunRecord {
     /// after validating it: only the indexed fields are parsed, so loading
     /// grows with the bytes stored and no more.
     pub(crate) fn from_stored(json: String) -> Result<Arc<Self>, String> {
-        let index: StoredIndex<'_> = serde_json::from_str(&json).map_err(|e| e.to_string())?;
+        let json: Arc<RawValue> = RawValue::from_string(json).map_err(|e| e.to_string())?.into();
+        let index: StoredIndex<'_> = serde_json::from_str(json.get()).map_err(|e| e.to_string())?;
         let id = RunId::parse(&index.id).map_err(|e| e.to_string())?;
         let attempts = index.attempts.iter().filter_map(|a| a.workers.as_deref());
         let nodes = attempts
@@ -73,16 +75,15 @@ impl RunRecord {
             name: index.name.as_ref().into(),
             node_ids,
             node_ips,
-            json: Arc::from(""),
+            json: json.clone(),
         };
-        Ok(Arc::new(Self { json: json.into(), ..record }))
+        Ok(Arc::new(record))
     }
 
     /// The typed run.
     pub(crate) fn run(&self) -> Result<TrainRunInfo, StateError> {
-        serde_json::from_str(&self.json).map_err(|e| {
-            StateError::unavailable(format!("stored run {} does not parse: {e}", self.id))
-        })
+        serde_json::from_str(self.json.get())
+            .map_err(|e| StateError::Corrupt { reason: format!("stored run {}: {e}", self.id) })
     }
 
     /// The document served to readers.

@@ -113,7 +113,7 @@ impl View {
             && query.node_id.is_none()
             && query.node_ip.is_none();
 
-        let after = query.cursor.as_ref().map(|c| (c.start_time_ms, c.id.clone()));
+        let after = query.cursor.as_ref().map(|c| (c.start_time_ms(), c.id().clone()));
         let newest_first = match &after {
             Some(key) => Box::new(self.order.range(..key.clone()).rev())
                 as Box<dyn Iterator<Item = &(u64, RunId)>>,

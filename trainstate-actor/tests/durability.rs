@@ -129,7 +129,10 @@ async fn writes_past_the_in_flight_bound_are_refused_as_overloaded() {
         .await;
     let refused = run("one too many", T0 + 9);
     let refused_id = refused.id().clone();
-    assert!(matches!(state.register(refused).await, Err(StateError::Overloaded { in_flight: 5 })));
+    assert!(matches!(
+        state.register(refused).await,
+        Err(StateError::Overloaded { in_flight: Some(5) })
+    ));
     faults.release_writer();
     for task in tasks {
         task.await.unwrap().unwrap();

@@ -61,6 +61,7 @@ impl SseReader {
                         continue; // a keep-alive comment
                     }
                     event.data = serde_json::from_str(&data).unwrap();
+                    crate::contract::check_event(&event.data);
                     return event;
                 }
                 let chunk = self.response.chunk().await.unwrap().expect("the stream goes on");

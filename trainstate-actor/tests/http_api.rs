@@ -8,6 +8,7 @@ use trainstate_actor::http::HttpConfig;
 use trainstate_schema::RunId;
 
 use crate::common::{Server, run_with, unique_name};
+use crate::contract::send;
 
 const T0: u64 = 1_760_000_000_000;
 
@@ -17,29 +18,6 @@ fn run_json(id: &RunId, name: &str) -> Value {
 
 async fn server(http: HttpConfig) -> Server {
     Server::start(StateConfig::in_memory().with_name(unique_name("http")), http).await
-}
-
-async fn send(
-    client: &Client,
-    method: Method,
-    url: &str,
-    body: Option<(&str, Vec<u8>)>,
-    token: Option<&str>,
-) -> (StatusCode, Value) {
-    let mut request = client.request(method, url);
-    if let Some((content_type, bytes)) = body {
-        if !content_type.is_empty() {
-            request = request.header("content-type", content_type);
-        }
-        request = request.body(bytes);
-    }
-    if let Some(token) = token {
-        request = request.bearer_auth(token);
-    }
-    let response = request.send().await.unwrap();
-    let status = response.status();
-    let text = response.text().await.unwrap();
-    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
 }
 
 fn json_body(value: &Value) -> Option<(&'static str, Vec<u8>)> {

@@ -142,18 +142,22 @@ async fn burst(url: String, acknowledged: Arc<Mutex<Vec<Value>>>, started: Arc<A
                     started.fetch_add(1, Ordering::SeqCst);
                     let run =
                         run_with(&RunId::new_v7(), &format!("w{worker}-{i}"), "burst", T0 + i, 8);
+                    let url = format!("{url}/api/train/runs");
                     let answer = client
-                        .post(format!("{url}/api/train/runs"))
+                        .post(&url)
                         .header("content-type", "application/json")
                         .body(serde_json::to_vec(&run).unwrap())
                         .send()
                         .await;
                     let Ok(answer) = answer else { return };
-                    if answer.status() != 201 {
+                    let status = answer.status();
+                    // The head may die mid-answer: only a whole answer counts.
+                    let Ok(bytes) = answer.bytes().await else { return };
+                    crate::contract::check_answer(&reqwest::Method::POST, &url, status, &bytes);
+                    if status != 201 {
                         return;
                     }
-                    let Ok(text) = answer.text().await else { return };
-                    let body: Value = serde_json::from_str(&text).unwrap();
+                    let body: Value = serde_json::from_slice(&bytes).unwrap();
                     acknowledged.lock().await.push(body["run"].clone());
                 }
             })
@@ -196,15 +200,10 @@ async fn every_acknowledged_write_survives(signal: &str) {
 
     let head = Head::start(dir.path(), &[]).unwrap();
     let client = reqwest::Client::new();
-    let text = client
-        .get(format!("{}/api/train/v2/runs", head.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let stored: Value = serde_json::from_str(&text).unwrap();
+    let url = format!("{}/api/train/v2/runs", head.url);
+    let (status, stored) =
+        crate::contract::send(&client, reqwest::Method::GET, &url, None, None).await;
+    assert_eq!(status, 200);
     let stored: std::collections::HashMap<String, Value> = stored["train_runs"]
         .as_array()
         .unwrap()

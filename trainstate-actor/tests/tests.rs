@@ -1,6 +1,7 @@
 //! Integration tests of the state actor: one binary, one module per concern.
 
 mod common;
+mod contract;
 mod durability;
 mod events;
 mod http_api;

@@ -3,9 +3,10 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use trainstate_client::{RunDocument, RunQuery, StateHandle};
+use trainstate_client::api::{RunListResponse, StatusFilter};
+use trainstate_client::{RunQuery, StateHandle};
+use trainstate_schema::TrainRunInfo;
 use trainstate_schema::text::escape_control;
-use trainstate_schema::{RunStatus, TrainRunInfo};
 
 use super::{HeadArgs, RunsCommand};
 
@@ -41,22 +42,14 @@ async fn run_command(command: RunsCommand) -> Result<String, String> {
         RunsCommand::List { head, status, job, name, limit } => {
             let state = connect(&head)?;
             let mut query = RunQuery::new().limit(limit);
-            query.statuses = status
-                .iter()
-                .map(|s| {
-                    RunStatus::parse(&s.to_uppercase()).ok_or_else(|| {
-                        format!("unknown status {s:?}: use RUNNING, FINISHED, ERRORED or ABORTED")
-                    })
-                })
-                .collect::<Result<_, _>>()?;
+            query.statuses = status.join(",").to_uppercase().parse::<StatusFilter>()?.0;
             query.job_id = job;
             query.name_contains = name;
             let page = state.list(query).await.map_err(|e| unreachable_head(&head.url, e))?;
             if head.json {
-                let mut out = String::from("{\"train_runs\":");
-                RunDocument::write_json_list(&mut out, &page.runs);
-                out.push_str(&format!(",\"total\":{}}}\n", page.total));
-                return Ok(out);
+                let total = page.total as u64;
+                let answer = RunListResponse::new(page.runs, page.next_cursor, total);
+                return Ok(format!("{}\n", serde_json::to_string(&answer).expect("serializes")));
             }
             let runs: Vec<TrainRunInfo> = page
                 .runs

@@ -7,6 +7,8 @@ use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 use serde_json::error::Category;
 
+use trainstate_client::api::ErrorCode;
+
 use super::error::ApiError;
 
 /// A JSON body: `application/json`, within the size limit, well-formed,
@@ -26,15 +28,13 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
             .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"));
         if !is_json {
             return Err(ApiError::new(
-                axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_media_type",
+                ErrorCode::UnsupportedMediaType,
                 "the body must be JSON with Content-Type: application/json",
             ));
         }
         let bytes = Bytes::from_request(request, state).await.map_err(|rejection| {
-            let status = rejection.status();
-            if status == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(status, "payload_too_large", "the body is over the size limit")
+            if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(ErrorCode::PayloadTooLarge, "the body is over the size limit")
             } else {
                 ApiError::bad_request(format!("cannot read the body: {rejection}"))
             }
@@ -68,16 +68,21 @@ pub(crate) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     })
 }
 
-/// A query string, parsed into `T`; a malformed one is a 400.
+/// A query string, parsed into `T`. A parameter of the wrong form is a 422
+/// naming the parameter.
 pub(crate) struct QueryParams<T>(pub(crate) T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for QueryParams<T> {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        axum::extract::Query::<T>::from_request_parts(parts, state)
-            .await
-            .map(|q| QueryParams(q.0))
-            .map_err(|rejection| ApiError::bad_request(rejection.body_text()))
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        let query = parts.uri.query().unwrap_or_default();
+        let deserializer =
+            serde_urlencoded::Deserializer::new(form_urlencoded::parse(query.as_bytes()));
+        serde_path_to_error::deserialize(deserializer).map(QueryParams).map_err(|err| {
+            let field = err.path().to_string();
+            let field = if field == "." { "query".to_owned() } else { field };
+            ApiError::invalid(field, err.into_inner().to_string())
+        })
     }
 }

@@ -7,72 +7,61 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::stream::{self, Stream, StreamExt};
-use serde::Deserialize;
 use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
-use trainstate_client::{RunDocument, RunQuery, StateEvent, StateHandle};
+use trainstate_client::api::{ErrorCode, ErrorResponse, EventsQuery, RunEvent, SnapshotEvent};
+use trainstate_client::{RunQuery, StateEvent, StateHandle};
 
 use super::AppState;
 use super::body::QueryParams;
 use super::error::ApiError;
 
-#[derive(Debug, Deserialize)]
-pub(crate) struct EventParams {
-    last_event_id: Option<String>,
+/// An SSE event whose data is `data` as JSON.
+fn json_event(name: &str, id: Option<u64>, data: &impl serde::Serialize) -> Event {
+    let event = Event::default().event(name);
+    let event = match id {
+        Some(id) => event.id(id.to_string()),
+        None => event,
+    };
+    event.json_data(data).expect("API documents serialize")
 }
 
 /// One committed change as an SSE event; its id is the sequence number.
 fn change(event: &StateEvent) -> Event {
-    let mut data = format!(
-        "{{\"seq\":{},\"kind\":\"{}\",\"run_id\":\"{}\",\"run\":",
-        event.seq,
-        event.kind.as_str(),
-        event.run_id
-    );
-    match &event.run {
-        Some(run) => run.write_json(&mut data),
-        None => data.push_str("null"),
-    }
-    data.push('}');
-    Event::default().id(event.seq.to_string()).event(event.kind.as_str()).data(data)
+    let data = RunEvent::new(event.seq, event.kind, event.run_id.clone(), event.run.as_ref());
+    json_event(event.kind.as_str(), Some(event.seq), &data)
 }
 
 /// Every run, as of `seq`.
 async fn snapshot(handle: &StateHandle, seq: u64) -> Event {
     match handle.list(RunQuery::all()).await {
-        Ok(page) => {
-            let mut data = format!("{{\"seq\":{seq},\"train_runs\":");
-            RunDocument::write_json_list(&mut data, &page.runs);
-            data.push('}');
-            Event::default().id(seq.to_string()).event("snapshot").data(data)
-        }
-        Err(err) => Event::default().event("error").data(err.to_string()),
+        Ok(page) => json_event("snapshot", Some(seq), &SnapshotEvent::new(seq, page.runs)),
+        Err(err) => json_event("error", None, &ErrorResponse::new(err.to_error_body())),
     }
 }
 
 pub(crate) async fn events(
     State(app): State<AppState>,
     headers: HeaderMap,
-    QueryParams(params): QueryParams<EventParams>,
+    QueryParams(params): QueryParams<EventsQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let permit = app.subscribers.clone().try_acquire_owned().map_err(|_| {
-        ApiError::new(
-            axum::http::StatusCode::SERVICE_UNAVAILABLE,
-            "too_many_subscribers",
-            "too many event subscribers; retry later",
-        )
+        ApiError::new(ErrorCode::TooManySubscribers, "too many event subscribers; retry later")
     })?;
-    let last_event_id = headers
-        .get("last-event-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-        .or(params.last_event_id);
-    let after = match last_event_id {
-        Some(text) => Some(text.trim().parse::<u64>().map_err(|_| {
-            ApiError::invalid("last_event_id", "must be the id of an earlier event (an integer)")
-        })?),
+    let header = match headers.get("last-event-id") {
+        Some(value) => {
+            Some(value.to_str().ok().and_then(|text| text.trim().parse::<u64>().ok()).ok_or_else(
+                || {
+                    ApiError::invalid(
+                        "Last-Event-ID",
+                        "must be the id of an earlier event (an integer)",
+                    )
+                },
+            )?)
+        }
         None => None,
     };
+    let after = header.or(params.last_event_id);
     let subscription = app.handle.subscribe(after).await?;
     let first: Vec<Event> = match subscription.backlog {
         Some(backlog) => backlog.iter().map(change).collect(),

@@ -20,11 +20,13 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Query, Request, State};
 use axum::http::{HeaderValue, Method, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{MethodFilter, MethodRouter, on};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use trainstate_client::StateHandle;
+use trainstate_client::api::ErrorCode;
+use trainstate_client::routes::{HttpMethod, Operation};
 
 use self::error::ApiError;
 use self::metrics::HttpMetrics;
@@ -179,22 +181,18 @@ fn router(
         config: Arc::new(config),
         shutdown,
     };
-    let timed = Router::new()
-        .route("/api/train/runs", get(routes::list_runs).post(routes::register_run))
-        .route("/api/train/v2/runs", get(routes::list_runs_ray))
-        .route("/api/train/runs/{id}", get(routes::get_run).delete(routes::delete_run))
-        .route("/api/train/runs/{id}/status", post(routes::set_status))
-        .route("/api/train/runs/{id}/attempts", post(routes::start_attempt))
-        .route("/api/train/runs/{id}/heartbeat", post(routes::heartbeat))
-        .route("/api/schemas/{name}", get(routes::schema))
-        .route("/openapi.json", get(routes::openapi))
-        .route("/api/version", get(routes::version))
-        .route("/healthz", get(routes::healthz))
-        .route("/metrics", get(routes::metrics))
-        .merge(web::routes())
-        .route_layer(middleware::from_fn_with_state(state.clone(), deadline));
+    let mut timed = Router::new();
+    let mut untimed = Router::new();
+    for (path, timed_route, method_router) in method_routers() {
+        if timed_route {
+            timed = timed.route(path, method_router);
+        } else {
+            untimed = untimed.route(path, method_router);
+        }
+    }
+    let timed = timed.route_layer(middleware::from_fn_with_state(state.clone(), deadline));
     let mut app = timed
-        .route("/api/train/events", get(events::events))
+        .merge(untimed)
         .route_layer(middleware::from_fn(remember_route))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
@@ -214,14 +212,67 @@ fn router(
     app.with_state(state)
 }
 
+/// The router's routes, one per path of the route table, each with the
+/// handlers of its methods and whether it has a request deadline.
+fn method_routers() -> Vec<(&'static str, bool, MethodRouter<AppState>)> {
+    let mut by_path: Vec<(&'static str, bool, MethodRouter<AppState>)> = Vec::new();
+    for route in trainstate_client::routes::routes() {
+        let method_router = handler(route.operation, method_filter(route.method));
+        match by_path.iter_mut().find(|(path, ..)| *path == route.path) {
+            Some((_, timed, existing)) => {
+                assert_eq!(*timed, route.timed, "one path, one deadline policy: {}", route.path);
+                *existing = std::mem::take(existing).merge(method_router);
+            }
+            None => by_path.push((route.path, route.timed, method_router)),
+        }
+    }
+    by_path
+}
+
+fn method_filter(method: HttpMethod) -> MethodFilter {
+    match method {
+        HttpMethod::Get => MethodFilter::GET,
+        HttpMethod::Post => MethodFilter::POST,
+        HttpMethod::Put => MethodFilter::PUT,
+        HttpMethod::Delete => MethodFilter::DELETE,
+        other => panic!("the head serves no {other:?} route"),
+    }
+}
+
+/// The handler of each operation of the route table.
+fn handler(operation: Operation, filter: MethodFilter) -> MethodRouter<AppState> {
+    match operation {
+        Operation::ListRuns => on(filter, routes::list_runs),
+        Operation::RegisterRun => on(filter, routes::register_run),
+        Operation::ListRunsRay => on(filter, routes::list_runs_ray),
+        Operation::GetRun => on(filter, routes::get_run),
+        Operation::DeleteRun => on(filter, routes::delete_run),
+        Operation::SetRunStatus => on(filter, routes::set_status),
+        Operation::StartRunAttempt => on(filter, routes::start_attempt),
+        Operation::HeartbeatRun => on(filter, routes::heartbeat),
+        Operation::RunEvents => on(filter, events::events),
+        Operation::GetSchema => on(filter, routes::schema),
+        Operation::GetOpenApi => on(filter, routes::openapi),
+        Operation::GetVersion => on(filter, routes::version),
+        Operation::Health => on(filter, routes::healthz),
+        Operation::Metrics => on(filter, routes::metrics),
+        Operation::Page | Operation::RunPage => on(filter, web::page),
+        Operation::PageScript => on(filter, web::script),
+        Operation::PageStyle => on(filter, web::style),
+        other => panic!("the route table names {other:?}, which has no handler"),
+    }
+}
+
 /// Answers 503 in the JSON shape when a request takes longer than allowed.
 async fn deadline(State(app): State<AppState>, request: Request, next: Next) -> Response {
     match tokio::time::timeout(app.config.request_timeout, next.run(request)).await {
         Ok(response) => response,
         Err(_) => ApiError::new(
-            axum::http::StatusCode::SERVICE_UNAVAILABLE,
-            "timeout",
-            format!("the request took longer than {:?}", app.config.request_timeout),
+            ErrorCode::Timeout,
+            format!(
+                "the request took longer than {:?}; a write may still take effect",
+                app.config.request_timeout
+            ),
         )
         .into_response(),
     }

@@ -1,11 +1,7 @@
 //! The web page: self-contained HTML, CSS and JavaScript in the binary.
 
-use axum::Router;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-
-use super::AppState;
 
 const INDEX_HTML: &str = include_str!("../../web/index.html");
 const APP_JS: &str = include_str!("../../web/app.js");
@@ -16,16 +12,19 @@ pub(crate) fn is_page(path: &str) -> bool {
     matches!(path, "/" | "/app.js" | "/style.css") || path.starts_with("/runs/")
 }
 
-pub(crate) fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/", get(index))
-        .route("/runs/{id}", get(index))
-        .route("/app.js", get(|| async { asset(APP_JS, "text/javascript; charset=utf-8") }))
-        .route("/style.css", get(|| async { asset(STYLE_CSS, "text/css; charset=utf-8") }))
+/// `GET /` and `GET /runs/{id}`: the page (it reads the run from its URL).
+pub(crate) async fn page() -> Response {
+    asset(INDEX_HTML, "text/html; charset=utf-8")
 }
 
-async fn index() -> Response {
-    asset(INDEX_HTML, "text/html; charset=utf-8")
+/// `GET /app.js`.
+pub(crate) async fn script() -> Response {
+    asset(APP_JS, "text/javascript; charset=utf-8")
+}
+
+/// `GET /style.css`.
+pub(crate) async fn style() -> Response {
+    asset(STYLE_CSS, "text/css; charset=utf-8")
 }
 
 fn asset(body: &'static str, content_type: &'static str) -> Response {

@@ -12,9 +12,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use serde::de::IgnoredAny;
 use serde_json::{Map, Value, json};
 use trainstate_actor::bench_support::StoreBench;
 use trainstate_actor::{StateConfig, StateService, launch_state_actor};
+use trainstate_client::api::{RayRunListResponse, RunListResponse};
 use trainstate_client::{Cursor, RunDocument, RunQuery, StateHandle};
 use trainstate_schema::{RunId, TrainRunInfo};
 
@@ -85,15 +87,8 @@ impl Answer {
 
 /// `{"train_runs":[...]}` of documents, as the HTTP API writes it.
 fn listing_json(docs: &[RunDocument]) -> String {
-    let mut out = String::from("{\"train_runs\":[");
-    for (i, doc) in docs.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        doc.write_json(&mut out);
-    }
-    out.push_str("]}");
-    out
+    let listing = RayRunListResponse::new(docs.iter().collect::<Vec<_>>());
+    serde_json::to_string(&listing).expect("a listing serializes")
 }
 
 fn doc_id(doc: &RunDocument) -> Result<String, String> {
@@ -364,26 +359,17 @@ fn err(e: trainstate_client::StateError) -> String {
     e.to_string()
 }
 
-/// The `next_cursor` at the end of a page (`..."next_cursor":"...","total":N}`),
-/// found without parsing the runs.
+/// The `next_cursor` of a page, read into the API's own page type.
 fn next_cursor_of(body: &[u8]) -> Result<Option<String>, String> {
-    let text = std::str::from_utf8(body).map_err(|e| e.to_string())?;
-    let at = text.rfind("\"next_cursor\":").ok_or("a page has no next_cursor")?;
-    let rest = &text[at + "\"next_cursor\":".len()..];
-    if rest.starts_with("null") {
-        return Ok(None);
-    }
-    let rest = rest.strip_prefix('"').ok_or("next_cursor is not a string")?;
-    let end = rest.find('"').ok_or("next_cursor is not closed")?;
-    Ok(Some(rest[..end].to_owned()))
+    let page: RunListResponse<IgnoredAny> =
+        serde_json::from_slice(body).map_err(|e| format!("a page does not parse: {e}"))?;
+    Ok(page.next_cursor.map(|c| c.to_string()))
 }
 
 fn total_of(body: &[u8]) -> Result<usize, String> {
-    #[derive(serde::Deserialize)]
-    struct Total {
-        total: usize,
-    }
-    serde_json::from_slice::<Total>(body).map(|t| t.total).map_err(|e| e.to_string())
+    let page: RunListResponse<IgnoredAny> =
+        serde_json::from_slice(body).map_err(|e| format!("a page does not parse: {e}"))?;
+    Ok(page.total as usize)
 }
 
 /// Runs one phase of one configuration and returns its JSON result.
@@ -704,9 +690,9 @@ mod tests {
     use super::next_cursor_of;
 
     #[test]
-    fn the_cursor_is_read_from_the_end_of_a_page() {
-        let page = br#"{"train_runs":[{"id":"a"}],"next_cursor":"3132","total":2}"#;
-        assert_eq!(next_cursor_of(page).unwrap().as_deref(), Some("3132"));
+    fn the_cursor_is_read_from_a_page() {
+        let page = br#"{"train_runs":[{"id":"a"}],"next_cursor":"v1.ff.a","total":2}"#;
+        assert_eq!(next_cursor_of(page).unwrap().as_deref(), Some("v1.ff.a"));
         let last = br#"{"train_runs":[],"next_cursor":null,"total":2}"#;
         assert_eq!(next_cursor_of(last).unwrap(), None);
     }

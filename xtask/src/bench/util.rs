@@ -122,14 +122,10 @@ pub(crate) fn check_ids(
 /// The `id` of every run in a `{"train_runs": [...]}` document.
 pub(crate) fn ids_of_listing(body: &[u8]) -> Result<Vec<String>, String> {
     #[derive(serde::Deserialize)]
-    struct Listing {
-        train_runs: Vec<IdOnly>,
-    }
-    #[derive(serde::Deserialize)]
     struct IdOnly {
         id: String,
     }
-    let listing: Listing =
+    let listing: trainstate_client::api::RayRunListResponse<IdOnly> =
         serde_json::from_slice(body).map_err(|e| format!("listing does not parse: {e}"))?;
     Ok(listing.train_runs.into_iter().map(|r| r.id).collect())
 }
