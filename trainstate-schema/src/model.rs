@@ -14,6 +14,7 @@ use crate::limits::{MAX_ATTEMPTS, MAX_DATASETS};
 use crate::resources::Resources;
 use crate::status::{ActorStatus, RunCause, RunStatus};
 use crate::validate;
+use crate::workers::WorkerList;
 
 /// One worker of a run, as Ray's `TrainWorkerInfo`.
 ///
@@ -113,7 +114,7 @@ impl TrainWorkerInfo {
         }
     }
 
-    fn from_checked(d: TrainWorkerInfoDraft) -> Self {
+    pub(crate) fn from_checked(d: TrainWorkerInfoDraft) -> Self {
         Self {
             actor_id: d.actor_id,
             world_rank: d.world_rank,
@@ -201,7 +202,7 @@ pub struct RunAttempt {
     start_time_ms: u64,
     end_time_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    workers: Option<Vec<TrainWorkerInfo>>,
+    workers: Option<WorkerList>,
 }
 
 impl RunAttempt {
@@ -231,7 +232,7 @@ impl RunAttempt {
             end_time_ms: self.end_time_ms,
             workers: self
                 .workers
-                .map(|ws| ws.into_iter().map(TrainWorkerInfo::into_draft).collect()),
+                .map(|ws| ws.into_vec().into_iter().map(TrainWorkerInfo::into_draft).collect()),
         }
     }
 }
@@ -249,7 +250,7 @@ pub struct TrainRunInfo {
     id: RunId,
     job_id: String,
     controller_actor_id: String,
-    workers: Vec<TrainWorkerInfo>,
+    workers: WorkerList,
     datasets: Vec<TrainDatasetInfo>,
     run_status: RunStatus,
     status_detail: String,
@@ -352,7 +353,7 @@ impl TrainRunInfo {
             id: self.id.as_str().to_owned(),
             job_id: self.job_id,
             controller_actor_id: self.controller_actor_id,
-            workers: self.workers.into_iter().map(TrainWorkerInfo::into_draft).collect(),
+            workers: self.workers.into_vec().into_iter().map(TrainWorkerInfo::into_draft).collect(),
             datasets: self.datasets.into_iter().map(TrainDatasetInfo::into_draft).collect(),
             run_status: self.run_status,
             status_detail: self.status_detail,
@@ -366,20 +367,6 @@ impl TrainRunInfo {
             controller_log_file_path: self.controller_log_file_path,
         }
     }
-}
-
-/// Validates a list of workers and returns them sorted by world rank.
-fn checked_workers(
-    prefix: &str,
-    drafts: Vec<TrainWorkerInfoDraft>,
-) -> Result<Vec<TrainWorkerInfo>, ValidationError> {
-    let order = validate::workers(prefix, &drafts)?;
-    let mut slots: Vec<Option<TrainWorkerInfoDraft>> = drafts.into_iter().map(Some).collect();
-    Ok(order
-        .into_iter()
-        .filter_map(|i| slots[i].take())
-        .map(TrainWorkerInfo::from_checked)
-        .collect())
 }
 
 impl TryFrom<TrainRunInfoDraft> for TrainRunInfo {
@@ -398,7 +385,7 @@ impl TryFrom<TrainRunInfoDraft> for TrainRunInfo {
                 return Err(ValidationError::new("resources", Rule::ResourcesMismatch));
             }
         }
-        let workers = checked_workers("workers", d.workers)?;
+        let workers = WorkerList::from_drafts_at("workers", d.workers)?;
 
         if d.datasets.len() > MAX_DATASETS {
             return Err(ValidationError::new("datasets", Rule::TooMany { max: MAX_DATASETS }));
@@ -501,7 +488,9 @@ fn checked_attempts(
             None
         } else {
             match (a.workers, a.end_time_ms) {
-                (Some(workers), Some(_)) => Some(checked_workers(&path("workers"), workers)?),
+                (Some(workers), Some(_)) => {
+                    Some(WorkerList::from_drafts_at(&path("workers"), workers)?)
+                }
                 (None, _) => {
                     return Err(ValidationError::new(
                         path("workers"),

@@ -5,3 +5,4 @@ mod compat;
 mod invalid;
 mod properties;
 mod schema;
+mod workers;
