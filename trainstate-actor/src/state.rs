@@ -116,7 +116,7 @@ impl Runs {
     ) -> Result<Outcome<Registration>, StateError> {
         if let Some(entry) = self.by_id.get_mut(run.id()) {
             let stored = entry.record.run()?;
-            if let Some(field) = static_difference(&stored, &run) {
+            if let Some(field) = stored.static_difference(&run) {
                 return Err(StateError::Conflict {
                     id: run.id().clone(),
                     reason: format!(
@@ -451,24 +451,4 @@ fn end_run(draft: &mut TrainRunInfoDraft, end_time_ms: Option<u64>, now_ms: u64)
     if let Some(current) = draft.attempts.last_mut().filter(|a| a.end_time_ms.is_none()) {
         current.end_time_ms = Some(end.max(current.start_time_ms));
     }
-}
-
-/// The first static-metadata field in which two runs differ, if any.
-fn static_difference(stored: &TrainRunInfo, new: &TrainRunInfo) -> Option<&'static str> {
-    if stored.same_static_metadata(new) {
-        return None;
-    }
-    Some(if stored.name() != new.name() {
-        "name"
-    } else if stored.job_id() != new.job_id() {
-        "job_id"
-    } else if stored.controller_actor_id() != new.controller_actor_id() {
-        "controller_actor_id"
-    } else if stored.datasets() != new.datasets() {
-        "datasets"
-    } else if stored.start_time_ms() != new.start_time_ms() {
-        "start_time_ms"
-    } else {
-        "workers"
-    })
 }

@@ -330,20 +330,50 @@ impl TrainRunInfo {
         self.attempts.first().and_then(RunAttempt::workers).unwrap_or(&self.workers)
     }
 
-    /// True when both have the same static metadata: `name`, `id`, `job_id`,
-    /// `controller_actor_id`, `datasets`, `start_time_ms` and the first
-    /// attempt's workers (whatever their `status`). This is what a repeated
-    /// registration of a run must match.
-    pub fn same_static_metadata(&self, other: &TrainRunInfo) -> bool {
+    /// The first field of static metadata in which the two runs differ, or
+    /// `None` when they have the same static metadata: `name`, `id`,
+    /// `job_id`, `controller_actor_id`, `datasets`, `start_time_ms` and the
+    /// first attempt's workers (whatever their `status`; named `workers`),
+    /// compared in that order. This is what a repeated registration of a
+    /// run must match.
+    ///
+    /// ```
+    /// use trainstate_schema::TrainRunInfoDraft;
+    ///
+    /// let draft = TrainRunInfoDraft::new("0192f0c5a4e27c3db1c1a2b3c4d5e6f7", "pretrain", "01000000", "c0ffee", 1_760_000_000_000);
+    /// let run = draft.clone().validate().unwrap();
+    /// let renamed = TrainRunInfoDraft { name: "finetune".into(), ..draft }.validate().unwrap();
+    /// assert_eq!(run.static_difference(&run), None);
+    /// assert_eq!(run.static_difference(&renamed), Some("name"));
+    /// ```
+    pub fn static_difference(&self, other: &TrainRunInfo) -> Option<&'static str> {
         let (mine, theirs) = (self.first_attempt_workers(), other.first_attempt_workers());
-        self.name == other.name
-            && self.id == other.id
-            && self.job_id == other.job_id
-            && self.controller_actor_id == other.controller_actor_id
-            && self.datasets == other.datasets
-            && self.start_time_ms == other.start_time_ms
-            && mine.len() == theirs.len()
-            && mine.iter().zip(theirs).all(|(a, b)| a.same_identity(b))
+        let same_workers = || {
+            mine.len() == theirs.len() && mine.iter().zip(theirs).all(|(a, b)| a.same_identity(b))
+        };
+        if self.name != other.name {
+            Some("name")
+        } else if self.id != other.id {
+            Some("id")
+        } else if self.job_id != other.job_id {
+            Some("job_id")
+        } else if self.controller_actor_id != other.controller_actor_id {
+            Some("controller_actor_id")
+        } else if self.datasets != other.datasets {
+            Some("datasets")
+        } else if self.start_time_ms != other.start_time_ms {
+            Some("start_time_ms")
+        } else if !same_workers() {
+            Some("workers")
+        } else {
+            None
+        }
+    }
+
+    /// True when both have the same static metadata; see
+    /// [`static_difference`](Self::static_difference).
+    pub fn same_static_metadata(&self, other: &TrainRunInfo) -> bool {
+        self.static_difference(other).is_none()
     }
 
     /// The unvalidated form, to change and validate again.
