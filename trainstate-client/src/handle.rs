@@ -134,7 +134,7 @@ impl StateHandle {
         if let Transport::Remote(remote) = &*self.inner {
             return remote.register(&run, self.timeout).await;
         }
-        let run = Box::new(run);
+        let run = Box::new(trainstate_schema::NewRun::from(run));
         self.call(|reply| StateMessage::Register { run, reply }).await
     }
 

@@ -4,7 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::RpcReplyPort;
-use trainstate_schema::{CauseKind, RunCause, RunId, RunStatus, TrainRunInfo, TrainWorkerInfo};
+use trainstate_schema::{
+    CauseKind, NewRun, RunCause, RunId, RunStatus, TrainRunInfo, TrainWorkerInfo,
+};
 
 use crate::error::StateError;
 use crate::events::Subscription;
@@ -24,8 +26,9 @@ pub enum StateMessage {
     /// Registers a run. Repeating it with identical static metadata is a
     /// no-op that succeeds; with different metadata it is a conflict.
     Register {
-        /// The run to register.
-        run: Box<TrainRunInfo>,
+        /// The run to register, already normalised: the actor stores
+        /// [`NewRun::into_run`] at its own clock's time.
+        run: Box<NewRun>,
         /// The stored run and its lease.
         reply: Reply<Registration>,
     },

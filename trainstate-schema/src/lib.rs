@@ -61,7 +61,7 @@ mod workers;
 pub use draft::{RunAttemptDraft, TrainDatasetInfoDraft, TrainRunInfoDraft, TrainWorkerInfoDraft};
 pub use error::{Rule, ValidationError};
 pub use id::RunId;
-pub use model::{RunAttempt, TrainDatasetInfo, TrainRunInfo, TrainWorkerInfo};
+pub use model::{NewRun, RunAttempt, TrainDatasetInfo, TrainRunInfo, TrainWorkerInfo};
 pub use resources::Resources;
 pub use status::{ActorStatus, CauseKind, RunCause, RunStatus};
 pub use validate::validate_name;

@@ -1,5 +1,7 @@
 //! The validated wire types: immutable values that always obey the rules.
 
+mod registration;
+
 use std::collections::HashSet;
 
 use serde::ser::SerializeStruct;
@@ -15,6 +17,8 @@ use crate::resources::Resources;
 use crate::status::{ActorStatus, RunCause, RunStatus};
 use crate::validate;
 use crate::workers::WorkerList;
+
+pub use registration::NewRun;
 
 /// One worker of a run, as Ray's `TrainWorkerInfo`.
 ///

@@ -113,9 +113,8 @@ pub(crate) async fn get_run(
 
 pub(crate) async fn register_run(
     State(app): State<AppState>,
-    JsonBody(mut draft): JsonBody<TrainRunInfoDraft>,
+    JsonBody(draft): JsonBody<TrainRunInfoDraft>,
 ) -> Result<Response, ApiError> {
-    crate::state::prepare_registration(&mut draft);
     let run = draft.validate().map_err(|e| ApiError::invalid(e.field(), e.rule().to_string()))?;
     let registration = app.handle.register(run).await?;
     let mut out = String::from("{\"run\":");
