@@ -23,7 +23,8 @@ pub use registration::NewRun;
 /// One worker of a run, as Ray's `TrainWorkerInfo`.
 ///
 /// Built from a [`TrainWorkerInfoDraft`] (or deserialized), which checks the
-/// rules of a single worker; the rules across workers are checked by the run.
+/// rules of a single worker; the rules across the workers of a group are
+/// those of a [`WorkerList`](crate::WorkerList), which a run holds.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TrainWorkerInfo {
     actor_id: String,
