@@ -14,16 +14,13 @@ use trainstate_client::{
 use trainstate_schema::limits::MAX_STATUS_DETAIL_LEN;
 use trainstate_schema::text::{errored_status_detail, last_chars};
 use trainstate_schema::{
-    ActorStatus, CauseKind, RunAttemptDraft, RunId, RunStatus, TrainRunInfo, TrainRunInfoDraft,
+    ActorStatus, CauseKind, NewRun, RunAttemptDraft, RunId, RunStatus, TrainRunInfoDraft,
 };
 
 use crate::config::Retention;
 use crate::record::RunRecord;
 use crate::store::StoreOp;
 use crate::writer::PendingEvent;
-
-/// The id given to a run's first attempt when its registration names none.
-pub(crate) const FIRST_ATTEMPT_ID: &str = "0";
 
 /// The result of a request: either nothing to write (a repeat), or a change
 /// to commit before answering.
@@ -111,14 +108,14 @@ impl Runs {
     /// Registers a run, or recognises a repeat of the same registration.
     pub(crate) fn register(
         &mut self,
-        run: TrainRunInfo,
+        new: NewRun,
         now_ms: u64,
     ) -> Result<Outcome<Registration>, StateError> {
-        if let Some(entry) = self.by_id.get_mut(run.id()) {
+        if let Some(entry) = self.by_id.get_mut(new.run().id()) {
             let stored = entry.record.run()?;
-            if let Some(field) = static_difference(&stored, &run) {
+            if let Some(field) = stored.static_difference(new.run()) {
                 return Err(StateError::Conflict {
-                    id: run.id().clone(),
+                    id: new.run().id().clone(),
                     reason: format!(
                         "already registered with a different {field}; a run's static metadata never changes"
                     ),
@@ -135,17 +132,7 @@ impl Runs {
             )));
         }
 
-        let run = if is_prepared(&run) {
-            run
-        } else {
-            let mut draft = run.into_draft();
-            prepare_registration(&mut draft);
-            if draft.run_status.is_terminal() {
-                let given = draft.end_time_ms;
-                end_run(&mut draft, given, now_ms);
-            }
-            draft.validate()?
-        };
+        let run = new.into_run(now_ms);
         let record = RunRecord::new(&run);
         let id = record.id.clone();
         self.put(record.clone(), now_ms);
@@ -255,7 +242,7 @@ impl Runs {
         let mut draft = run.into_draft();
         if draft.attempts.is_empty() {
             draft.attempts.push(RunAttemptDraft {
-                attempt_id: FIRST_ATTEMPT_ID.to_owned(),
+                attempt_id: NewRun::FIRST_ATTEMPT_ID.to_owned(),
                 start_time_ms: draft.start_time_ms,
                 end_time_ms: None,
                 workers: None,
@@ -416,33 +403,6 @@ impl Runs {
     }
 }
 
-/// Makes a registered run what the store keeps: its first attempt recorded
-/// (id [`FIRST_ATTEMPT_ID`] unless it names one) and no heartbeat time (that
-/// lives in memory).
-///
-/// The head service applies it to a draft before validating, so a
-/// registration is validated once; the actor prepares any run that arrives
-/// unprepared, and stamps the end of a run registered as ended.
-pub(crate) fn prepare_registration(draft: &mut TrainRunInfoDraft) {
-    draft.last_heartbeat_ms = None;
-    if draft.attempts.is_empty() {
-        draft.attempts.push(RunAttemptDraft {
-            attempt_id: FIRST_ATTEMPT_ID.to_owned(),
-            start_time_ms: draft.start_time_ms,
-            end_time_ms: None,
-            workers: None,
-        });
-    }
-}
-
-/// True when the actor would change nothing of a registered run.
-fn is_prepared(run: &TrainRunInfo) -> bool {
-    let ended = run.run_status().is_terminal();
-    run.last_heartbeat_ms().is_none()
-        && run.attempts().last().is_some_and(|a| !ended || a.end_time_ms().is_some())
-        && (!ended || run.end_time_ms().is_some())
-}
-
 /// Stamps the end of a run, and of its current attempt: at `end_time_ms`
 /// if the caller gave one, else now, but never before the run's start.
 fn end_run(draft: &mut TrainRunInfoDraft, end_time_ms: Option<u64>, now_ms: u64) {
@@ -451,24 +411,4 @@ fn end_run(draft: &mut TrainRunInfoDraft, end_time_ms: Option<u64>, now_ms: u64)
     if let Some(current) = draft.attempts.last_mut().filter(|a| a.end_time_ms.is_none()) {
         current.end_time_ms = Some(end.max(current.start_time_ms));
     }
-}
-
-/// The first static-metadata field in which two runs differ, if any.
-fn static_difference(stored: &TrainRunInfo, new: &TrainRunInfo) -> Option<&'static str> {
-    if stored.same_static_metadata(new) {
-        return None;
-    }
-    Some(if stored.name() != new.name() {
-        "name"
-    } else if stored.job_id() != new.job_id() {
-        "job_id"
-    } else if stored.controller_actor_id() != new.controller_actor_id() {
-        "controller_actor_id"
-    } else if stored.datasets() != new.datasets() {
-        "datasets"
-    } else if stored.start_time_ms() != new.start_time_ms() {
-        "start_time_ms"
-    } else {
-        "workers"
-    })
 }

@@ -6,8 +6,8 @@
 //! which route takes and answers which, and the OpenAPI document is
 //! generated from both.
 
-use trainstate_schema::TrainWorkerInfo;
 pub use trainstate_schema::api::*;
+use trainstate_schema::{TrainWorkerInfo, WorkerList};
 
 use crate::protocol::{NewAttempt, StatusUpdate};
 
@@ -42,22 +42,10 @@ impl From<NewAttempt> for AttemptRequest {
 impl TryFrom<AttemptRequest> for NewAttempt {
     type Error = crate::StateError;
 
-    /// Validates each worker; a broken rule names its path
-    /// (`workers[3].pid`). The rules across workers are the actor's.
+    /// Checks the worker group (each worker, and the rules across them); a
+    /// broken rule names its path (`workers[3].pid`).
     fn try_from(request: AttemptRequest) -> Result<Self, Self::Error> {
-        let workers = request
-            .workers
-            .into_iter()
-            .enumerate()
-            .map(|(i, draft)| {
-                TrainWorkerInfo::try_from(draft).map_err(|e| {
-                    crate::StateError::invalid(
-                        format!("workers[{i}].{}", e.field()),
-                        e.rule().to_string(),
-                    )
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(NewAttempt::new(request.attempt_id, request.start_time_ms, workers))
+        let workers = WorkerList::try_from(request.workers)?;
+        Ok(NewAttempt::new(request.attempt_id, request.start_time_ms, workers.into_vec()))
     }
 }

@@ -7,7 +7,7 @@ use ractor::ActorRef;
 use ractor::MessagingErr;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
-use trainstate_schema::{RunId, TrainRunInfo};
+use trainstate_schema::{NewRun, RunId, TrainRunInfo};
 
 use crate::error::StateError;
 use crate::events::Subscription;
@@ -129,8 +129,11 @@ impl StateHandle {
     }
 
     /// Registers a run; see [`StateMessage::Register`].
-    pub async fn register(&self, run: TrainRunInfo) -> Result<Registration, StateError> {
-        let run = Box::new(run);
+    ///
+    /// Takes a validated run or a [`NewRun`] normalised already; either is
+    /// validated no more.
+    pub async fn register(&self, run: impl Into<NewRun>) -> Result<Registration, StateError> {
+        let run = Box::new(run.into());
         self.call(|reply| StateMessage::Register { run, reply }).await
     }
 

@@ -8,7 +8,9 @@ use serde::de::{MapAccess, Visitor};
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
-use trainstate_schema::{CauseKind, RunCause, RunId, RunStatus, TrainRunInfo, TrainWorkerInfo};
+use trainstate_schema::{
+    CauseKind, NewRun, RunCause, RunId, RunStatus, TrainRunInfo, TrainWorkerInfo,
+};
 
 use crate::error::StateError;
 use crate::events::Subscription;
@@ -28,8 +30,9 @@ pub enum StateMessage {
     /// Registers a run. Repeating it with identical static metadata is a
     /// no-op that succeeds; with different metadata it is a conflict.
     Register {
-        /// The run to register.
-        run: Box<TrainRunInfo>,
+        /// The run to register, already normalised: the actor stores
+        /// [`NewRun::into_run`] at its own clock's time.
+        run: Box<NewRun>,
         /// The stored run and its lease.
         reply: Reply<Registration>,
     },

@@ -108,7 +108,7 @@ impl Remote {
         // A caller that gave up has dropped its receiver: nothing to tell it.
         match message {
             StateMessage::Register { run, reply } => {
-                let _ = reply.send(self.register(&run, timeout).await);
+                let _ = reply.send(self.register(run.run(), timeout).await);
             }
             StateMessage::SetStatus { id, update, reply } => {
                 let _ = reply.send(self.set_status(&id, update, timeout).await);

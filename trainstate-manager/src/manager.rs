@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use trainstate_client::{StateHandle, StatusUpdate};
 use trainstate_schema::{
     CauseKind, RunId, TrainDatasetInfoDraft, TrainRunInfo, TrainRunInfoDraft, TrainWorkerInfo,
+    WorkerList,
 };
 
 use crate::config::ManagerConfig;
@@ -254,8 +255,9 @@ impl TrainRunStateManager {
         Self::in_runtime("update_worker_group")?;
         tracking.shared.check_live(run_id)?;
         let workers = gather(worker_group, self.config.gather_timeout).await?;
-        check_workers(&workers)?;
-        let ack = tracking.shared.start_attempt(run_id, workers)?;
+        // A bad group is refused to the caller rather than by the actor later.
+        let workers = WorkerList::try_from(workers)?;
+        let ack = tracking.shared.start_attempt(run_id, workers.into_vec())?;
         self.delivery(run_id, ack).await
     }
 
@@ -418,15 +420,4 @@ fn build_run(parts: RunParts<'_>) -> Result<TrainRunInfo, ManagerError> {
         )
     };
     Ok(draft.validate()?)
-}
-
-/// Checks the rules across a worker group's workers (ranks and nodes), so a
-/// bad group is refused to the caller rather than by the actor later.
-fn check_workers(workers: &[TrainWorkerInfo]) -> Result<(), ManagerError> {
-    let probe = TrainRunInfoDraft {
-        workers: workers.iter().cloned().map(TrainWorkerInfo::into_draft).collect(),
-        ..TrainRunInfoDraft::new("check", "check", "check", "check", 0)
-    };
-    probe.validate()?;
-    Ok(())
 }

@@ -6,8 +6,8 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::path::PathBuf;
 
-use trainstate_schema::Resources;
-use trainstate_schema::limits::{MAX_GPUS_PER_WORKER, MAX_NAME_LEN};
+use trainstate_schema::limits::MAX_GPUS_PER_WORKER;
+use trainstate_schema::{Resources, validate_name};
 
 /// The variable CUDA reads the visible GPUs from.
 pub const CUDA_VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
@@ -61,9 +61,9 @@ impl WorkerMetadata {
     /// was found with the warnings about it (nothing is logged).
     ///
     /// - `pid`: the current process's id.
-    /// - `node_id`: the trimmed content of the machine-id file when it holds
-    ///   a usable id, else `host-` and the FNV-1a 64 hash (16 hex digits) of
-    ///   the hostname.
+    /// - `node_id`: the trimmed content of the machine-id file when it is a
+    ///   valid node id ([`trainstate_schema::validate_name`]), else `host-`
+    ///   and the FNV-1a 64 hash (16 hex digits) of the hostname.
     /// - `node_ip`: `inputs.node_ip` when set; else the address of the
     ///   interface that routes to `inputs.head` (a UDP socket is connected,
     ///   no packet is sent); else `127.0.0.1`.
@@ -320,11 +320,7 @@ fn node_id(inputs: &ProbeInputs) -> String {
         .as_ref()
         .and_then(|path| std::fs::read_to_string(path).ok())
         .map(|text| text.trim().to_owned())
-        .filter(|id| {
-            !id.is_empty()
-                && id.chars().count() <= MAX_NAME_LEN
-                && !id.chars().any(char::is_control)
-        });
+        .filter(|id| validate_name("node_id", id).is_ok());
     machine_id
         .unwrap_or_else(|| format!("host-{:016x}", fnv1a64(inputs.resolve_hostname().as_bytes())))
 }

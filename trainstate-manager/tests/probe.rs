@@ -68,6 +68,16 @@ fn the_node_id_is_the_machine_id_else_a_stable_hash_of_the_hostname() {
     let empty = ProbeInputs::empty().with_machine_id_path(&machine_id).with_hostname("gpu-17");
     assert_eq!(WorkerMetadata::probe(&empty).node_id, id);
 
+    // A machine id is used only when it is a valid node id.
+    for (content, used) in
+        [("a".repeat(1024), true), ("a".repeat(1025), false), ("4c4c\u{7}4544".to_owned(), false)]
+    {
+        std::fs::write(&machine_id, &content).unwrap();
+        let node_id = WorkerMetadata::probe(&inputs).node_id;
+        assert_eq!(node_id == content, used, "{content:?}");
+        assert_eq!(node_id == id, !used, "{content:?}");
+    }
+
     // The hostname from the first hostname file, then HOSTNAME.
     let hostname_file = dir.path().join("hostname");
     std::fs::write(&hostname_file, "gpu-17\n").unwrap();

@@ -256,6 +256,17 @@ async fn a_worker_that_fails_or_is_late_fails_the_registration_naming_its_rank()
         .await
         .unwrap();
     assert!(matches!(ok, RunRegistration::Registered(_)));
+
+    // A new worker group is checked the same way, and nothing is sent.
+    match manager.update_worker_group(ok.id(), &clash).await {
+        Err(ManagerError::InvalidRun(err)) => {
+            assert_eq!(err.field(), "workers[1].local_rank");
+            assert!(matches!(err.rule(), Rule::DuplicateLocalRank { rank: 0 }));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(manager.pending_writes(), 0);
+    assert_eq!(service.handle().get_run(ok.into_id()).await.unwrap().attempts().len(), 1);
     stop(&group);
     service.shutdown().await;
 }

@@ -57,13 +57,16 @@ mod resources;
 mod status;
 pub mod text;
 mod validate;
+mod workers;
 
 pub use draft::{RunAttemptDraft, TrainDatasetInfoDraft, TrainRunInfoDraft, TrainWorkerInfoDraft};
 pub use error::{Rule, ValidationError};
 pub use id::RunId;
-pub use model::{RunAttempt, TrainDatasetInfo, TrainRunInfo, TrainWorkerInfo};
+pub use model::{NewRun, RunAttempt, TrainDatasetInfo, TrainRunInfo, TrainWorkerInfo};
 pub use resources::Resources;
 pub use status::{ActorStatus, CauseKind, RunCause, RunStatus};
+pub use validate::validate_name;
+pub use workers::WorkerList;
 
 /// Version of the wire schema: bumped when a field is added, with the crate
 /// version otherwise.

@@ -1,5 +1,7 @@
 //! The validated wire types: immutable values that always obey the rules.
 
+mod registration;
+
 use std::collections::HashSet;
 
 use serde::ser::SerializeStruct;
@@ -14,11 +16,15 @@ use crate::limits::{MAX_ATTEMPTS, MAX_DATASETS};
 use crate::resources::Resources;
 use crate::status::{ActorStatus, RunCause, RunStatus};
 use crate::validate;
+use crate::workers::WorkerList;
+
+pub use registration::NewRun;
 
 /// One worker of a run, as Ray's `TrainWorkerInfo`.
 ///
 /// Built from a [`TrainWorkerInfoDraft`] (or deserialized), which checks the
-/// rules of a single worker; the rules across workers are checked by the run.
+/// rules of a single worker; the rules across the workers of a group are
+/// those of a [`WorkerList`](crate::WorkerList), which a run holds.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TrainWorkerInfo {
     actor_id: String,
@@ -113,7 +119,7 @@ impl TrainWorkerInfo {
         }
     }
 
-    fn from_checked(d: TrainWorkerInfoDraft) -> Self {
+    pub(crate) fn from_checked(d: TrainWorkerInfoDraft) -> Self {
         Self {
             actor_id: d.actor_id,
             world_rank: d.world_rank,
@@ -201,7 +207,7 @@ pub struct RunAttempt {
     start_time_ms: u64,
     end_time_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    workers: Option<Vec<TrainWorkerInfo>>,
+    workers: Option<WorkerList>,
 }
 
 impl RunAttempt {
@@ -231,7 +237,7 @@ impl RunAttempt {
             end_time_ms: self.end_time_ms,
             workers: self
                 .workers
-                .map(|ws| ws.into_iter().map(TrainWorkerInfo::into_draft).collect()),
+                .map(|ws| ws.into_vec().into_iter().map(TrainWorkerInfo::into_draft).collect()),
         }
     }
 }
@@ -249,7 +255,7 @@ pub struct TrainRunInfo {
     id: RunId,
     job_id: String,
     controller_actor_id: String,
-    workers: Vec<TrainWorkerInfo>,
+    workers: WorkerList,
     datasets: Vec<TrainDatasetInfo>,
     run_status: RunStatus,
     status_detail: String,
@@ -329,20 +335,50 @@ impl TrainRunInfo {
         self.attempts.first().and_then(RunAttempt::workers).unwrap_or(&self.workers)
     }
 
-    /// True when both have the same static metadata: `name`, `id`, `job_id`,
-    /// `controller_actor_id`, `datasets`, `start_time_ms` and the first
-    /// attempt's workers (whatever their `status`). This is what a repeated
-    /// registration of a run must match.
-    pub fn same_static_metadata(&self, other: &TrainRunInfo) -> bool {
+    /// The first field of static metadata in which the two runs differ, or
+    /// `None` when they have the same static metadata: `name`, `id`,
+    /// `job_id`, `controller_actor_id`, `datasets`, `start_time_ms` and the
+    /// first attempt's workers (whatever their `status`; named `workers`),
+    /// compared in that order. This is what a repeated registration of a
+    /// run must match.
+    ///
+    /// ```
+    /// use trainstate_schema::TrainRunInfoDraft;
+    ///
+    /// let draft = TrainRunInfoDraft::new("0192f0c5a4e27c3db1c1a2b3c4d5e6f7", "pretrain", "01000000", "c0ffee", 1_760_000_000_000);
+    /// let run = draft.clone().validate().unwrap();
+    /// let renamed = TrainRunInfoDraft { name: "finetune".into(), ..draft }.validate().unwrap();
+    /// assert_eq!(run.static_difference(&run), None);
+    /// assert_eq!(run.static_difference(&renamed), Some("name"));
+    /// ```
+    pub fn static_difference(&self, other: &TrainRunInfo) -> Option<&'static str> {
         let (mine, theirs) = (self.first_attempt_workers(), other.first_attempt_workers());
-        self.name == other.name
-            && self.id == other.id
-            && self.job_id == other.job_id
-            && self.controller_actor_id == other.controller_actor_id
-            && self.datasets == other.datasets
-            && self.start_time_ms == other.start_time_ms
-            && mine.len() == theirs.len()
-            && mine.iter().zip(theirs).all(|(a, b)| a.same_identity(b))
+        let same_workers = || {
+            mine.len() == theirs.len() && mine.iter().zip(theirs).all(|(a, b)| a.same_identity(b))
+        };
+        if self.name != other.name {
+            Some("name")
+        } else if self.id != other.id {
+            Some("id")
+        } else if self.job_id != other.job_id {
+            Some("job_id")
+        } else if self.controller_actor_id != other.controller_actor_id {
+            Some("controller_actor_id")
+        } else if self.datasets != other.datasets {
+            Some("datasets")
+        } else if self.start_time_ms != other.start_time_ms {
+            Some("start_time_ms")
+        } else if !same_workers() {
+            Some("workers")
+        } else {
+            None
+        }
+    }
+
+    /// True when both have the same static metadata; see
+    /// [`static_difference`](Self::static_difference).
+    pub fn same_static_metadata(&self, other: &TrainRunInfo) -> bool {
+        self.static_difference(other).is_none()
     }
 
     /// The unvalidated form, to change and validate again.
@@ -352,7 +388,7 @@ impl TrainRunInfo {
             id: self.id.as_str().to_owned(),
             job_id: self.job_id,
             controller_actor_id: self.controller_actor_id,
-            workers: self.workers.into_iter().map(TrainWorkerInfo::into_draft).collect(),
+            workers: self.workers.into_vec().into_iter().map(TrainWorkerInfo::into_draft).collect(),
             datasets: self.datasets.into_iter().map(TrainDatasetInfo::into_draft).collect(),
             run_status: self.run_status,
             status_detail: self.status_detail,
@@ -366,20 +402,6 @@ impl TrainRunInfo {
             controller_log_file_path: self.controller_log_file_path,
         }
     }
-}
-
-/// Validates a list of workers and returns them sorted by world rank.
-fn checked_workers(
-    prefix: &str,
-    drafts: Vec<TrainWorkerInfoDraft>,
-) -> Result<Vec<TrainWorkerInfo>, ValidationError> {
-    let order = validate::workers(prefix, &drafts)?;
-    let mut slots: Vec<Option<TrainWorkerInfoDraft>> = drafts.into_iter().map(Some).collect();
-    Ok(order
-        .into_iter()
-        .filter_map(|i| slots[i].take())
-        .map(TrainWorkerInfo::from_checked)
-        .collect())
 }
 
 impl TryFrom<TrainRunInfoDraft> for TrainRunInfo {
@@ -398,7 +420,7 @@ impl TryFrom<TrainRunInfoDraft> for TrainRunInfo {
                 return Err(ValidationError::new("resources", Rule::ResourcesMismatch));
             }
         }
-        let workers = checked_workers("workers", d.workers)?;
+        let workers = WorkerList::from_drafts_at("workers", d.workers)?;
 
         if d.datasets.len() > MAX_DATASETS {
             return Err(ValidationError::new("datasets", Rule::TooMany { max: MAX_DATASETS }));
@@ -501,7 +523,9 @@ fn checked_attempts(
             None
         } else {
             match (a.workers, a.end_time_ms) {
-                (Some(workers), Some(_)) => Some(checked_workers(&path("workers"), workers)?),
+                (Some(workers), Some(_)) => {
+                    Some(WorkerList::from_drafts_at(&path("workers"), workers)?)
+                }
                 (None, _) => {
                     return Err(ValidationError::new(
                         path("workers"),

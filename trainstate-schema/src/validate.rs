@@ -14,6 +14,26 @@ use crate::limits::{
 };
 use crate::resources::Resources;
 
+/// Checks `text` against the rule of names and ids other than run ids
+/// (`name`, `job_id`, `actor_id`, `node_id`, dataset names, resource names,
+/// attempt ids...): non-empty, at most [`MAX_NAME_LEN`] characters, no
+/// control characters. The error names `field`.
+///
+/// Use it to check a value before it goes into a draft, for example a
+/// node id read from a file:
+///
+/// ```
+/// use trainstate_schema::{Rule, validate_name};
+///
+/// assert!(validate_name("node_id", "4c4c4544-0042").is_ok());
+/// let err = validate_name("node_id", "line\nbreak").unwrap_err();
+/// assert_eq!(err.field(), "node_id");
+/// assert_eq!(err.rule(), &Rule::ControlCharacter);
+/// ```
+pub fn validate_name(field: &str, text: &str) -> Result<(), ValidationError> {
+    name(|| field.to_owned(), text)
+}
+
 /// Checks a name or non-run id: non-empty, at most [`MAX_NAME_LEN`]
 /// characters, no control characters.
 pub(crate) fn name(path: impl FnOnce() -> String, text: &str) -> Result<(), ValidationError> {
@@ -109,15 +129,41 @@ fn resources(path: &str, resources: &Resources) -> Result<(), ValidationError> {
     Ok(())
 }
 
+/// What the rules across workers read of each worker: a draft or a
+/// validated worker.
+pub(crate) trait Placement {
+    fn world_rank(&self) -> u32;
+    fn local_rank(&self) -> u32;
+    fn node_rank(&self) -> u32;
+    fn node_id(&self) -> &str;
+}
+
+impl Placement for TrainWorkerInfoDraft {
+    fn world_rank(&self) -> u32 {
+        self.world_rank
+    }
+    fn local_rank(&self) -> u32 {
+        self.local_rank
+    }
+    fn node_rank(&self) -> u32 {
+        self.node_rank
+    }
+    fn node_id(&self) -> &str {
+        &self.node_id
+    }
+}
+
 /// Checks a list of workers (the run's, or an attempt's) and returns their
-/// input indexes in world-rank order.
+/// input indexes in world-rank order. `each` checks the rules of worker `i`
+/// on its own, before its world rank.
 ///
 /// Rules: each worker on its own; world ranks are exactly 0..n-1; on each
 /// node, local ranks are unique and one node rank is used; distinct nodes
 /// have distinct node ranks.
-pub(crate) fn workers(
+pub(crate) fn workers<W: Placement>(
     prefix: &str,
-    workers: &[TrainWorkerInfoDraft],
+    workers: &[W],
+    mut each: impl FnMut(usize, &W) -> Result<(), ValidationError>,
 ) -> Result<Vec<usize>, ValidationError> {
     let n = workers.len();
     if n > MAX_WORKERS {
@@ -125,8 +171,8 @@ pub(crate) fn workers(
     }
     let mut by_rank: Vec<Option<usize>> = vec![None; n];
     for (i, w) in workers.iter().enumerate() {
-        worker(&format!("{prefix}[{i}]."), w)?;
-        let rank = w.world_rank;
+        each(i, w)?;
+        let rank = w.world_rank();
         let slot = by_rank.get_mut(rank as usize).ok_or_else(|| {
             ValidationError::new(
                 format!("{prefix}[{i}].world_rank"),
@@ -150,25 +196,25 @@ pub(crate) fn workers(
     let mut node_of_rank: HashMap<u32, &str> = HashMap::new();
     for (i, w) in workers.iter().enumerate() {
         let node = nodes
-            .entry(w.node_id.as_str())
-            .or_insert_with(|| Node { node_rank: w.node_rank, local_ranks: HashSet::new() });
-        if node.node_rank != w.node_rank {
+            .entry(w.node_id())
+            .or_insert_with(|| Node { node_rank: w.node_rank(), local_ranks: HashSet::new() });
+        if node.node_rank != w.node_rank() {
             return Err(ValidationError::new(
                 format!("{prefix}[{i}].node_rank"),
                 Rule::InconsistentNodeRank { expected: node.node_rank },
             ));
         }
-        if !node.local_ranks.insert(w.local_rank) {
+        if !node.local_ranks.insert(w.local_rank()) {
             return Err(ValidationError::new(
                 format!("{prefix}[{i}].local_rank"),
-                Rule::DuplicateLocalRank { rank: w.local_rank },
+                Rule::DuplicateLocalRank { rank: w.local_rank() },
             ));
         }
-        let owner = node_of_rank.entry(w.node_rank).or_insert(&w.node_id);
-        if *owner != w.node_id {
+        let owner = node_of_rank.entry(w.node_rank()).or_insert(w.node_id());
+        if *owner != w.node_id() {
             return Err(ValidationError::new(
                 format!("{prefix}[{i}].node_rank"),
-                Rule::NodeRankShared { rank: w.node_rank },
+                Rule::NodeRankShared { rank: w.node_rank() },
             ));
         }
     }

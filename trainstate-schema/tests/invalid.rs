@@ -4,11 +4,11 @@ use serde_json::{Value, json};
 
 use crate::common::{read_run, valid_run};
 
-type Mutation = fn(&mut Value);
+pub(crate) type Mutation = fn(&mut Value);
 
 /// (what is wrong, how to break the valid run, the field the error must name,
 /// a word the message must contain)
-const CASES: &[(&str, Mutation, &str, &str)] = &[
+pub(crate) const CASES: &[(&str, Mutation, &str, &str)] = &[
     ("run id with a slash", |d| d["id"] = "a/b".into(), "id", "^[A-Za-z0-9_-]"),
     ("empty run id", |d| d["id"] = "".into(), "id", "^[A-Za-z0-9_-]"),
     ("run id over 128", |d| d["id"] = "a".repeat(129).into(), "id", "^[A-Za-z0-9_-]"),

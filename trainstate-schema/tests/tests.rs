@@ -4,4 +4,6 @@ mod common;
 mod compat;
 mod invalid;
 mod properties;
+mod registration;
 mod schema;
+mod workers;

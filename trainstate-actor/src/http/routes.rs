@@ -9,8 +9,8 @@ use trainstate_client::api::{
     AttemptRequest, HealthResponse, HeartbeatResponse, ListQuery, RayRunListResponse,
     RegisterRequest, RegisterResponse, RunListResponse, StatusRequest, VersionResponse,
 };
-use trainstate_client::{NewAttempt, RunDocument, RunQuery};
-use trainstate_schema::RunId;
+use trainstate_client::{NewAttempt, RunDocument, RunQuery, StateError};
+use trainstate_schema::{NewRun, RunId};
 
 use super::AppState;
 use super::body::{JsonBody, QueryParams};
@@ -53,10 +53,9 @@ pub(crate) async fn get_run(
 
 pub(crate) async fn register_run(
     State(app): State<AppState>,
-    JsonBody(mut draft): JsonBody<RegisterRequest>,
+    JsonBody(draft): JsonBody<RegisterRequest>,
 ) -> Result<(StatusCode, Json<RegisterResponse<RunDocument>>), ApiError> {
-    crate::state::prepare_registration(&mut draft);
-    let run = draft.validate().map_err(|e| ApiError::invalid(e.field(), e.rule().to_string()))?;
+    let run = NewRun::try_from(draft).map_err(StateError::from)?;
     let registration = app.handle.register(run).await?;
     let status = if registration.created { StatusCode::CREATED } else { StatusCode::OK };
     let lease_ms = registration.lease.as_millis() as u64;

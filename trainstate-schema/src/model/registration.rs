@@ -1,0 +1,108 @@
+//! [`NewRun`]: a registration, normalised once.
+
+use super::{RunAttempt, TrainRunInfo};
+use crate::draft::TrainRunInfoDraft;
+use crate::error::ValidationError;
+
+/// A run on its way to being registered: what the state actor accepts as
+/// it is, normalised once.
+///
+/// Registering keeps a little more than the caller sends, and less:
+///
+/// - the run's first attempt is recorded, with id
+///   [`NewRun::FIRST_ATTEMPT_ID`] and the run's start, unless the run lists
+///   its attempts;
+/// - the heartbeat time is dropped (the state actor keeps it in memory);
+/// - a run registered as ended gets an end time if it has none (the time of
+///   the registration, never before the run's start), and its current
+///   attempt ends with it.
+///
+/// `NewRun` applies these to a run that is already valid, without checking
+/// it again: each step keeps every rule. So a registration read from a
+/// draft is validated exactly once ([`NewRun::try_from`]). Only the end
+/// time of a run registered as ended without one needs the time of the
+/// registration, which the state actor's clock gives: [`NewRun::into_run`]
+/// takes it.
+///
+/// ```
+/// use trainstate_schema::{NewRun, RunStatus, TrainRunInfoDraft};
+///
+/// let start = 1_760_000_000_000;
+/// let draft = TrainRunInfoDraft {
+///     run_status: RunStatus::Finished,
+///     ..TrainRunInfoDraft::new("0192f0c5a4e27c3db1c1a2b3c4d5e6f7", "pretrain", "01000000", "c0ffee", start)
+/// };
+/// let registration = NewRun::try_from(draft).unwrap(); // validates once
+/// let stored = registration.into_run(start + 60_000); // the actor's "now"
+/// assert_eq!(stored.end_time_ms(), Some(start + 60_000));
+/// let first = &stored.attempts()[0];
+/// assert_eq!(first.attempt_id(), NewRun::FIRST_ATTEMPT_ID);
+/// assert_eq!((first.start_time_ms(), first.end_time_ms()), (start, Some(start + 60_000)));
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewRun {
+    run: TrainRunInfo,
+}
+
+impl NewRun {
+    /// The id given to a run's first attempt when its registration lists no
+    /// attempts.
+    pub const FIRST_ATTEMPT_ID: &'static str = "0";
+
+    /// Normalises a valid run for registration: records its first attempt
+    /// if it lists none, and drops its heartbeat time.
+    pub fn new(mut run: TrainRunInfo) -> Self {
+        run.last_heartbeat_ms = None;
+        if run.attempts.is_empty() {
+            // One attempt, a valid id, starting with the run, no workers of
+            // its own, not ended: valid for any valid run.
+            run.attempts.push(RunAttempt {
+                attempt_id: Self::FIRST_ATTEMPT_ID.to_owned(),
+                start_time_ms: run.start_time_ms,
+                end_time_ms: None,
+                workers: None,
+            });
+        }
+        Self { run }
+    }
+
+    /// The run as it will be registered, but for the end time of a run
+    /// registered as ended without one. Its static metadata is final: it is
+    /// what a repeated registration is compared by.
+    pub fn run(&self) -> &TrainRunInfo {
+        &self.run
+    }
+
+    /// The run as the state actor stores it, registered at `now_ms` (Unix
+    /// ms): a run registered as ended without an end time ends at `now_ms`,
+    /// or at its start if `now_ms` is earlier; its current attempt, if not
+    /// ended, ends then too (never before the attempt's start).
+    pub fn into_run(self, now_ms: u64) -> TrainRunInfo {
+        let mut run = self.run;
+        if run.run_status.is_terminal() {
+            // An ended run's end is not before its start (a given end was
+            // checked); an ended run's current attempt may have an end,
+            // here not before the attempt's start.
+            let end = *run.end_time_ms.get_or_insert(now_ms.max(run.start_time_ms));
+            if let Some(current) = run.attempts.last_mut().filter(|a| a.end_time_ms.is_none()) {
+                current.end_time_ms = Some(end.max(current.start_time_ms));
+            }
+        }
+        run
+    }
+}
+
+impl From<TrainRunInfo> for NewRun {
+    fn from(run: TrainRunInfo) -> Self {
+        Self::new(run)
+    }
+}
+
+impl TryFrom<TrainRunInfoDraft> for NewRun {
+    type Error = ValidationError;
+
+    /// Checks every rule of the run once, then normalises it.
+    fn try_from(draft: TrainRunInfoDraft) -> Result<Self, ValidationError> {
+        Ok(Self::new(TrainRunInfo::try_from(draft)?))
+    }
+}
