@@ -24,8 +24,8 @@
 //! # Features
 //!
 //! - `cli` (default): the `trainstate` binary (`serve`, `runs`, `schema`);
-//!   turns on `server`. Its `serve --demo` drives simulated runs through
-//!   `trainstate-manager`, the binary's only use of it.
+//!   turns on `server`. Its `serve --demo` drives simulated runs through a
+//!   `StateHandle`.
 //! - `server`: the head service, `http::serve`: the HTTP API, live events
 //!   and the web page (axum).
 //! - `fault-injection`: test-only hooks (`Faults`) that make the actor

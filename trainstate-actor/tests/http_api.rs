@@ -119,7 +119,10 @@ async fn every_endpoint_answers_its_success_path() {
     assert_eq!((status, &body["status"]), (StatusCode::OK, &json!("ok")));
     let (_, body) = send(&client, Method::GET, &url("/api/version"), None, None).await;
     assert_eq!(body["wire_schema_version"], trainstate_schema::WIRE_SCHEMA_VERSION);
-    let metrics = client.get(url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let metrics = client.get(url("/metrics")).send().await.unwrap();
+    // Prometheus text exposition, version 0.0.4: what a scraper expects to parse.
+    assert_eq!(metrics.headers()["content-type"], "text/plain; version=0.0.4; charset=utf-8");
+    let metrics = metrics.text().await.unwrap();
     for name in [
         "trainstate_runs{status=\"RUNNING\"} 1",
         "trainstate_http_requests_total{route=\"/api/train/runs\",code=\"201\"} 2",

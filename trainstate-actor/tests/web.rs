@@ -1,18 +1,18 @@
-//! The web page in a real headless Chromium, driven through chromedriver's
-//! W3C WebDriver API: the runs view, a run's view, and live updates.
+//! The web page in a real headless Chromium, driven by `thirtyfour` through
+//! chromedriver: the runs view, a run's view, and live updates.
 //!
 //! Skips (with the reason) when Chromium or chromedriver is not installed,
 //! but fails when `CI=true`. `TRAINSTATE_UPDATE_SCREENSHOTS=1` also writes
 //! the runs view to `docs/screenshots/runs.png`.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use reqwest::{Client, Method};
+use reqwest::Client;
 use serde_json::{Value, json};
+use thirtyfour::{By, ChromiumLikeCapabilities, DesiredCapabilities, WebDriver, WebElement};
 use trainstate_actor::StateConfig;
 use trainstate_actor::http::HttpConfig;
 use trainstate_schema::RunId;
@@ -23,8 +23,8 @@ const CHROMIUM: &[&str] = &["/usr/bin/chromium", "/usr/bin/chromium-browser"];
 const CHROMEDRIVER: &[&str] = &["/usr/bin/chromedriver"];
 /// The deadline of every wait on the browser.
 const DEADLINE: Duration = Duration::from_secs(30);
-/// W3C WebDriver's key of an element reference.
-const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+/// How often a wait looks at the page again.
+const POLL: Duration = Duration::from_millis(25);
 
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
@@ -54,7 +54,7 @@ fn browser() -> Option<(PathBuf, PathBuf)> {
     None
 }
 
-// ---- A small WebDriver client ----------------------------------------------
+// ---- The browser ---------------------------------------------------------------
 
 /// A child process, killed when dropped.
 struct Killed(Child);
@@ -67,7 +67,8 @@ impl Drop for Killed {
 }
 
 /// Starts chromedriver on a free port and waits until it is ready.
-async fn start_chromedriver(http: &Client, chromedriver: &Path, log: &Path) -> (Killed, u16) {
+async fn start_chromedriver(chromedriver: &Path, log: &Path) -> (Killed, u16) {
+    let http = Client::builder().no_proxy().build().unwrap();
     let until = Instant::now() + DEADLINE;
     loop {
         // The port can be taken between this probe and chromedriver's bind: then try another.
@@ -91,34 +92,36 @@ async fn start_chromedriver(http: &Client, chromedriver: &Path, log: &Path) -> (
                     return (child, port);
                 }
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(POLL).await;
         }
         assert!(Instant::now() < until, "chromedriver never became ready; see {}", log.display());
     }
 }
 
-/// A browser session of chromedriver; dropping it ends the session (so
-/// Chromium exits) and kills chromedriver, also when a test fails halfway.
+/// A browser session of chromedriver. Dropping it ends the session (so
+/// Chromium exits) and then chromedriver, also when a test fails halfway.
 struct Browser {
     /// Names this browser's files in the output directory.
     label: &'static str,
-    http: Client,
-    port: u16,
-    session: Option<String>,
+    /// Dropped before chromedriver (fields drop in order): the session ends first.
+    driver: WebDriver,
     _chromedriver: Killed,
     _profile: tempfile::TempDir,
 }
 
 impl Browser {
     async fn start(chromium: &Path, chromedriver: &Path, label: &'static str) -> Self {
-        let http = Client::builder().no_proxy().build().unwrap();
         let log = output_dir().join(format!("chromedriver-{label}.log"));
-        let (child, port) = start_chromedriver(&http, chromedriver, &log).await;
+        let (chromedriver, port) = start_chromedriver(chromedriver, &log).await;
         let profile = tempfile::tempdir().unwrap();
-        let mut args: Vec<String> = [
+        let mut capabilities = DesiredCapabilities::chrome();
+        capabilities.set_binary(chromium.to_str().unwrap()).unwrap();
+        let user_data_dir = format!("--user-data-dir={}", profile.path().display());
+        for arg in [
             "--headless",
             "--no-sandbox",
             "--disable-gpu",
+            "--disable-dev-shm-usage",
             "--disable-background-networking",
             "--disable-component-update",
             "--disable-sync",
@@ -127,75 +130,45 @@ impl Browser {
             "--no-proxy-server",
             "--window-size=1280,900",
             "--force-device-scale-factor=1",
-        ]
-        .iter()
-        .map(|a| a.to_string())
-        .collect();
-        args.push(format!("--user-data-dir={}", profile.path().display()));
-        let mut browser =
-            Self { label, http, port, session: None, _chromedriver: child, _profile: profile };
-        let capabilities = json!({"capabilities": {"alwaysMatch": {
-            "browserName": "chrome",
-            "goog:chromeOptions": {"binary": chromium, "args": args},
-        }}});
-        let answer = browser.command(Method::POST, "/session", Some(capabilities)).await;
-        browser.session = Some(answer["sessionId"].as_str().expect("a session id").to_owned());
-        browser
-    }
-
-    /// One WebDriver command; its `value`, or a panic naming the WebDriver error.
-    async fn command(&self, method: Method, path: &str, body: Option<Value>) -> Value {
-        let url = format!("http://127.0.0.1:{}{path}", self.port);
-        let mut request = self.http.request(method.clone(), &url);
-        if let Some(body) = body {
-            request = request
-                .header("content-type", "application/json")
-                .body(serde_json::to_vec(&body).unwrap());
+            &user_data_dir,
+        ] {
+            capabilities.add_arg(arg).unwrap();
         }
-        let response = request.send().await.unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-        let status = response.status();
-        let text = response.text().await.unwrap();
-        let answer: Value = serde_json::from_str(&text)
-            .unwrap_or_else(|_| panic!("{method} {path}: not JSON ({status}): {text}"));
-        assert!(status.is_success(), "{method} {path}: {status}: {}", answer["value"]);
-        answer["value"].clone()
-    }
-
-    fn session_path(&self, tail: &str) -> String {
-        format!("/session/{}{tail}", self.session.as_deref().expect("a session"))
+        // No proxy for chromedriver on loopback, and no pooled connections: a session
+        // left open by a failed test is ended from another runtime (see WebDriver's Drop).
+        let http = Client::builder().no_proxy().pool_max_idle_per_host(0).build().unwrap();
+        let driver = WebDriver::builder(format!("http://127.0.0.1:{port}"), capabilities)
+            .client(http)
+            .await
+            .unwrap_or_else(|e| panic!("no browser session: {e}; see {}", log.display()));
+        Self { label, driver, _chromedriver: chromedriver, _profile: profile }
     }
 
     async fn goto(&self, url: &str) {
-        self.command(Method::POST, &self.session_path("/url"), Some(json!({"url": url}))).await;
+        self.driver.goto(url).await.unwrap_or_else(|e| panic!("goto {url}: {e}"));
+    }
+
+    async fn back(&self) {
+        self.driver.back().await.unwrap_or_else(|e| panic!("back: {e}"));
     }
 
     /// Runs `script` (a function body) in the page and returns what it returns.
     async fn execute(&self, script: &str) -> Value {
-        let body = json!({"script": script, "args": []});
-        self.command(Method::POST, &self.session_path("/execute/sync"), Some(body)).await
+        let answer = self.driver.execute(script, Vec::new()).await;
+        answer.unwrap_or_else(|e| panic!("{e} in the script:\n{script}")).json().clone()
     }
 
-    async fn find(&self, css: &str) -> String {
-        let body = json!({"using": "css selector", "value": css});
-        let element = self.command(Method::POST, &self.session_path("/element"), Some(body)).await;
-        element[ELEMENT]
-            .as_str()
-            .unwrap_or_else(|| panic!("an element reference: {element}"))
-            .to_owned()
+    async fn find(&self, css: &str) -> WebElement {
+        self.driver.find(By::Css(css)).await.unwrap_or_else(|e| panic!("{css}: {e}"))
     }
 
     async fn click(&self, css: &str) {
-        let element = self.find(css).await;
-        let path = self.session_path(&format!("/element/{element}/click"));
-        self.command(Method::POST, &path, Some(json!({}))).await;
+        self.find(css).await.click().await.unwrap_or_else(|e| panic!("click {css}: {e}"));
     }
 
     /// Saves a PNG of the page's body: the content, without the empty viewport below it.
     async fn screenshot(&self, path: &Path) {
-        let body = self.find("body").await;
-        let path_of = self.session_path(&format!("/element/{body}/screenshot"));
-        let data = self.command(Method::GET, &path_of, None).await;
-        let png = base64_decode(data.as_str().expect("base64 PNG"));
+        let png = self.find("body").await.screenshot_as_png().await.expect("a screenshot");
         assert!(png.starts_with(b"\x89PNG"), "a PNG");
         std::fs::write(path, png).unwrap();
     }
@@ -218,52 +191,13 @@ impl Browser {
                     text.as_str().unwrap_or_default()
                 );
             }
-            tokio::time::sleep(Duration::from_millis(25)).await;
+            tokio::time::sleep(POLL).await;
         }
     }
 
-    async fn quit(mut self) {
-        if self.session.is_some() {
-            self.command(Method::DELETE, &self.session_path(""), None).await;
-            self.session = None;
-        }
+    async fn quit(self) {
+        self.driver.quit().await.expect("the session ends");
     }
-}
-
-impl Drop for Browser {
-    fn drop(&mut self) {
-        if let Some(session) = self.session.take() {
-            // Blocking on purpose: Drop cannot await, and Chromium must not outlive the test.
-            if let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) {
-                let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
-                let _ = write!(
-                    stream,
-                    "DELETE /session/{session} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-                    self.port
-                );
-                let _ = stream.read_to_end(&mut Vec::new());
-            }
-        }
-    }
-}
-
-fn base64_decode(text: &str) -> Vec<u8> {
-    let value = |c: u8| match c {
-        b'A'..=b'Z' => c - b'A',
-        b'a'..=b'z' => c - b'a' + 26,
-        b'0'..=b'9' => c - b'0' + 52,
-        b'+' => 62,
-        b'/' => 63,
-        _ => panic!("not base64: {c:?}"),
-    };
-    let digits: Vec<u8> =
-        text.bytes().filter(|c| !c.is_ascii_whitespace() && *c != b'=').map(value).collect();
-    let mut out = Vec::with_capacity(digits.len() * 3 / 4);
-    for chunk in digits.chunks(4) {
-        let n = chunk.iter().enumerate().fold(0u32, |n, (i, &d)| n | u32::from(d) << (18 - 6 * i));
-        out.extend_from_slice(&n.to_be_bytes()[1..chunk.len()]);
-    }
-    out
 }
 
 // ---- The test ----------------------------------------------------------------
@@ -304,19 +238,12 @@ impl Api {
     }
 
     async fn post(&self, path: &str, body: Value) -> Value {
-        let mut request = self
-            .http
-            .post(format!("{}{path}", self.url))
-            .header("content-type", "application/json")
-            .body(serde_json::to_vec(&body).unwrap());
-        if let Some(token) = self.token {
-            request = request.bearer_auth(token);
-        }
-        let response = request.send().await.unwrap();
-        let status = response.status();
-        let text = response.text().await.unwrap();
-        assert!(status.is_success(), "POST {path}: {status}: {text}");
-        serde_json::from_str(&text).unwrap()
+        let url = format!("{}{path}", self.url);
+        let body = Some(("application/json", serde_json::to_vec(&body).unwrap()));
+        let (status, answer) =
+            crate::contract::send(&self.http, reqwest::Method::POST, &url, body, self.token).await;
+        assert!(status.is_success(), "POST {path}: {status}: {answer}");
+        answer
     }
 
     async fn register(&self, run: (RunId, Value)) -> RunId {
@@ -511,7 +438,7 @@ async fn the_page_lists_runs_shows_a_run_and_follows_changes_live() {
     browser.screenshot(&out.join("run.png")).await;
 
     // History back to the list, which follows changes too.
-    browser.command(Method::POST, &browser.session_path("/back"), Some(json!({}))).await;
+    browser.back().await;
     api.set_status(&resnet, json!({"status": "FINISHED"})).await;
     browser
         .wait_for(

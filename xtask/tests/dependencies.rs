@@ -4,7 +4,7 @@
 //! `cargo metadata --no-deps` and `cargo tree` read manifests and the lock
 //! file; unlike `cargo build` they do not wait on the build directory lock.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 
 use serde_json::Value;
@@ -75,5 +75,120 @@ fn schema_crate_pulls_in_nothing_async_nor_actor_nor_http() {
     let closure = normal_closure("trainstate-schema");
     for forbidden in ["tokio", "ractor", "axum", "hyper", "reqwest", "rusqlite"] {
         assert!(!closure.contains(forbidden), "trainstate-schema pulls in {forbidden}");
+    }
+}
+
+/// The arrows from one of our packages to the others.
+struct Arrows {
+    package: &'static str,
+    /// The ones of ours it may depend on directly (`None`: any).
+    may_use: Option<&'static [&'static str]>,
+    /// The ones of ours it must never reach, even through another of ours.
+    never: &'static [&'static str],
+}
+
+/// PRODUCT.md's "our crates it may use" column.
+const ARROWS: &[Arrows] = &[
+    Arrows {
+        package: "trainstate-schema",
+        may_use: Some(&[]),
+        never: &["trainstate-client", "trainstate-actor", "trainstate-manager", "xtask"],
+    },
+    Arrows {
+        package: "trainstate-client",
+        may_use: Some(&["trainstate-schema"]),
+        never: &["trainstate-actor", "trainstate-manager", "xtask"],
+    },
+    Arrows {
+        package: "trainstate-actor",
+        may_use: Some(&["trainstate-client", "trainstate-schema"]),
+        never: &["trainstate-manager", "xtask"],
+    },
+    Arrows {
+        package: "trainstate-manager",
+        may_use: Some(&["trainstate-client", "trainstate-schema"]),
+        never: &["trainstate-actor", "xtask"],
+    },
+    Arrows { package: "xtask", may_use: None, never: &[] },
+];
+
+/// The normal dependencies of each workspace package on the others, by
+/// name, as `cargo metadata` resolves them with default features (for the
+/// whole workspace at once, so a feature another package turns on counts).
+fn arrows_between_our_packages() -> BTreeMap<String, BTreeSet<String>> {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let version = Command::new(rustc).arg("-vV").output().expect("rustc runs");
+    let version = String::from_utf8(version.stdout).unwrap();
+    let host = version
+        .lines()
+        .find_map(|line| line.strip_prefix("host: "))
+        .expect("rustc -vV names the host");
+    let meta: Value = serde_json::from_slice(&cargo(&[
+        "metadata",
+        "--format-version",
+        "1",
+        // Only this platform's packages, which are the ones a build has downloaded.
+        "--filter-platform",
+        host,
+    ]))
+    .unwrap();
+    let members: BTreeSet<&str> = meta["workspace_members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|id| id.as_str().unwrap())
+        .collect();
+    let names: BTreeMap<&str, &str> = meta["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| members.contains(p["id"].as_str().unwrap()))
+        .map(|p| (p["id"].as_str().unwrap(), p["name"].as_str().unwrap()))
+        .collect();
+    meta["resolve"]["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|node| Some((names.get(node["id"].as_str().unwrap())?, node)))
+        .map(|(name, node)| {
+            let ours = node["deps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|dep| {
+                    dep["dep_kinds"].as_array().unwrap().iter().any(|k| k["kind"].is_null())
+                })
+                .filter_map(|dep| names.get(dep["pkg"].as_str().unwrap()))
+                .map(|dep| dep.to_string())
+                .collect();
+            (name.to_string(), ours)
+        })
+        .collect()
+}
+
+#[test]
+fn arrows_between_our_crates_are_the_allowed_ones() {
+    let arrows = arrows_between_our_packages();
+    let table: BTreeSet<&str> = ARROWS.iter().map(|row| row.package).collect();
+    let workspace: BTreeSet<&str> = arrows.keys().map(String::as_str).collect();
+    assert_eq!(table, workspace, "every workspace package has a row in ARROWS");
+
+    for Arrows { package, may_use, never } in ARROWS {
+        let direct = &arrows[*package];
+        if let Some(may_use) = may_use {
+            let allowed: BTreeSet<String> = may_use.iter().map(|p| p.to_string()).collect();
+            assert_eq!(direct, &allowed, "{package} depends on these of our crates");
+        }
+        // Everything of ours it reaches, through any chain of normal dependencies.
+        let mut reached = BTreeSet::new();
+        let mut next: Vec<&String> = direct.iter().collect();
+        while let Some(dep) = next.pop() {
+            if reached.insert(dep.as_str()) {
+                next.extend(&arrows[dep]);
+            }
+        }
+        for forbidden in *never {
+            assert!(!reached.contains(forbidden), "{package} reaches {forbidden}: {reached:?}");
+        }
     }
 }

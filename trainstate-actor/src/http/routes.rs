@@ -132,10 +132,9 @@ pub(crate) async fn healthz(State(app): State<AppState>) -> Result<Json<HealthRe
 pub(crate) async fn metrics(State(app): State<AppState>) -> Response {
     let text = app.metrics.render(&app.service);
     let mut response = text.into_response();
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-    );
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(super::metrics::CONTENT_TYPE));
     response
 }
 
