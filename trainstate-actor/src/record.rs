@@ -3,10 +3,9 @@
 use std::sync::Arc;
 
 use std::borrow::Cow;
-use trainstate_client::{RunDocument, StateError};
+use trainstate_client::{RunDocument, RunJson, StateError};
 
 use serde::Deserialize;
-use serde_json::value::RawValue;
 use trainstate_schema::{CauseKind, RunCause, RunId, RunStatus, TrainRunInfo};
 
 /// One run as the actor keeps it in memory: the canonical JSON it serves,
@@ -27,14 +26,15 @@ pub(crate) struct RunRecord {
     pub(crate) node_ids: Names,
     /// Distinct node IPs of every attempt's workers.
     pub(crate) node_ips: Names,
-    pub(crate) json: Arc<RawValue>,
+    /// Always set: `None` only while a record is being read back.
+    json: Option<RunJson>,
 }
 
 impl RunRecord {
     /// The record of a validated run. The stored JSON never carries
     /// `last_heartbeat_ms`: heartbeats live in memory only.
     pub(crate) fn new(run: &TrainRunInfo) -> Arc<Self> {
-        let json = serde_json::value::to_raw_value(run).expect("a validated run serializes");
+        let json = RunJson::of(run);
         let attempts = run.attempts().iter().filter_map(|a| a.workers());
         let nodes = attempts.flatten().chain(run.workers()).map(|w| (w.node_id(), w.node_ip()));
         let (node_ids, node_ips) = distinct_nodes(nodes);
@@ -42,13 +42,13 @@ impl RunRecord {
             id: run.id().clone(),
             start_time_ms: run.start_time_ms(),
             end_time_ms: run.end_time_ms(),
-            status: run.run_status(),
+            status: run.status(),
             lost_controller: run.cause().is_some_and(|c| c.kind == CauseKind::LostController),
             job_id: run.job_id().into(),
             name: run.name().into(),
             node_ids,
             node_ips,
-            json: json.into(),
+            json: Some(json),
         })
     }
 
@@ -56,39 +56,47 @@ impl RunRecord {
     /// after validating it: only the indexed fields are parsed, so loading
     /// grows with the bytes stored and no more.
     pub(crate) fn from_stored(json: String) -> Result<Arc<Self>, String> {
-        let json: Arc<RawValue> = RawValue::from_string(json).map_err(|e| e.to_string())?.into();
-        let index: StoredIndex<'_> = serde_json::from_str(json.get()).map_err(|e| e.to_string())?;
-        let id = RunId::parse(&index.id).map_err(|e| e.to_string())?;
-        let attempts = index.attempts.iter().filter_map(|a| a.workers.as_deref());
-        let nodes = attempts
-            .flatten()
-            .chain(&index.workers)
-            .map(|w| (w.node_id.as_ref(), w.node_ip.as_ref()));
-        let (node_ids, node_ips) = distinct_nodes(nodes);
-        let record = Self {
-            id,
-            start_time_ms: index.start_time_ms,
-            end_time_ms: index.end_time_ms,
-            status: index.run_status,
-            lost_controller: index.cause.is_some_and(|c| c.kind == CauseKind::LostController),
-            job_id: index.job_id.as_ref().into(),
-            name: index.name.as_ref().into(),
-            node_ids,
-            node_ips,
-            json: json.clone(),
+        let record = {
+            let index: StoredIndex<'_> = serde_json::from_str(&json).map_err(|e| e.to_string())?;
+            let id = RunId::parse(&index.id).map_err(|e| e.to_string())?;
+            let attempts = index.attempts.iter().filter_map(|a| a.workers.as_deref());
+            let nodes = attempts
+                .flatten()
+                .chain(&index.workers)
+                .map(|w| (w.node_id.as_ref(), w.node_ip.as_ref()));
+            let (node_ids, node_ips) = distinct_nodes(nodes);
+            Self {
+                id,
+                start_time_ms: index.start_time_ms,
+                end_time_ms: index.end_time_ms,
+                // Stores written before V2 statuses have only `run_status`.
+                status: index.status.unwrap_or(index.run_status),
+                lost_controller: index.cause.is_some_and(|c| c.kind == CauseKind::LostController),
+                job_id: index.job_id.as_ref().into(),
+                name: index.name.as_ref().into(),
+                node_ids,
+                node_ips,
+                json: None,
+            }
         };
-        Ok(Arc::new(record))
+        let json = RunJson::from_text(json, record.status.is_live()).map_err(|e| e.to_string())?;
+        Ok(Arc::new(Self { json: Some(json), ..record }))
+    }
+
+    /// The run's JSON.
+    pub(crate) fn json(&self) -> &RunJson {
+        self.json.as_ref().expect("a record has its JSON")
     }
 
     /// The typed run.
     pub(crate) fn run(&self) -> Result<TrainRunInfo, StateError> {
-        serde_json::from_str(self.json.get())
+        serde_json::from_str(&self.json().text())
             .map_err(|e| StateError::Corrupt { reason: format!("stored run {}: {e}", self.id) })
     }
 
     /// The document served to readers.
     pub(crate) fn document(&self, last_heartbeat_ms: Option<u64>) -> RunDocument {
-        RunDocument::new(self.json.clone(), last_heartbeat_ms)
+        RunDocument::new(self.json().clone(), last_heartbeat_ms)
     }
 }
 
@@ -118,6 +126,8 @@ struct StoredIndex<'a> {
     start_time_ms: u64,
     end_time_ms: Option<u64>,
     run_status: RunStatus,
+    #[serde(default)]
+    status: Option<RunStatus>,
     #[serde(borrow)]
     job_id: Cow<'a, str>,
     #[serde(borrow)]

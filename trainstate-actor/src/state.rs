@@ -14,7 +14,8 @@ use trainstate_client::{
 use trainstate_schema::limits::MAX_STATUS_DETAIL_LEN;
 use trainstate_schema::text::{errored_status_detail, last_chars};
 use trainstate_schema::{
-    ActorStatus, CauseKind, NewRun, RunAttemptDraft, RunId, RunStatus, TrainRunInfoDraft,
+    ActorStatus, AttemptStatus, CauseKind, NewRun, RunAttemptDraft, RunId, RunStatus,
+    TrainRunInfoDraft,
 };
 
 use crate::config::Retention;
@@ -166,15 +167,22 @@ impl Runs {
             to,
             reason: reason.to_owned(),
         };
-        if matches!(to, RunStatus::Running | RunStatus::Finished) && update.cause.is_some() {
+        if !matches!(to, RunStatus::Errored | RunStatus::Aborted) && update.cause.is_some() {
             return Err(StateError::invalid("cause", "only an ERRORED or ABORTED run has a cause"));
         }
-        if to == RunStatus::Running {
-            return if from == RunStatus::Running {
-                Ok(Outcome::Unchanged(self.document(&record)))
-            } else {
-                Err(illegal("a terminal status is final"))
-            };
+        if to.is_live() {
+            if from.is_terminal() {
+                return Err(illegal("a terminal status is final"));
+            }
+            if from == to {
+                return Ok(Outcome::Unchanged(self.document(&record)));
+            }
+            // Any live status may move to any other: a sub-status change.
+            let mut draft = record.run()?.into_draft();
+            draft.run_status = to.v1();
+            draft.status = Some(to);
+            draft.status_detail = last_chars(&update.detail, MAX_STATUS_DETAIL_LEN).to_owned();
+            return Ok(Outcome::Changed(self.replace(draft, EventKind::StatusChanged, now_ms)?));
         }
         if from.is_terminal() {
             let stored = record.run()?;
@@ -189,6 +197,7 @@ impl Runs {
 
         let mut draft = record.run()?.into_draft();
         draft.run_status = to;
+        draft.status = Some(to);
         draft.status_detail = match (to, update.cause) {
             (RunStatus::Errored, cause) => {
                 errored_status_detail(cause.and_then(|c| c.failed_world_rank), &update.detail)
@@ -241,27 +250,22 @@ impl Runs {
 
         let mut draft = run.into_draft();
         if draft.attempts.is_empty() {
-            draft.attempts.push(RunAttemptDraft {
-                attempt_id: NewRun::FIRST_ATTEMPT_ID.to_owned(),
-                start_time_ms: draft.start_time_ms,
-                end_time_ms: None,
-                workers: None,
-            });
+            draft.attempts.push(new_attempt_draft(NewRun::FIRST_ATTEMPT_ID, draft.start_time_ms));
         }
         let mut previous_workers = std::mem::take(&mut draft.workers);
         for worker in &mut previous_workers {
             worker.status = ActorStatus::Dead;
         }
         if let Some(current) = draft.attempts.last_mut() {
-            current.end_time_ms = Some(attempt.start_time_ms.max(current.start_time_ms));
+            if current.end_time_ms.is_none() {
+                // A new attempt ends the one it replaces.
+                current.end_time_ms = Some(attempt.start_time_ms.max(current.start_time_ms));
+                current.status = Some(AttemptStatus::Aborted);
+                current.status_detail = format!("replaced by attempt {}", attempt.attempt_id);
+            }
             current.workers = Some(previous_workers);
         }
-        draft.attempts.push(RunAttemptDraft {
-            attempt_id: attempt.attempt_id,
-            start_time_ms: attempt.start_time_ms,
-            end_time_ms: None,
-            workers: None,
-        });
+        draft.attempts.push(new_attempt_draft(&attempt.attempt_id, attempt.start_time_ms));
         draft.workers = attempt.workers.into_iter().map(|w| w.into_draft()).collect();
         Ok(Outcome::Changed(self.replace(draft, EventKind::AttemptStarted, now_ms)?))
     }
@@ -405,10 +409,31 @@ impl Runs {
 
 /// Stamps the end of a run, and of its current attempt: at `end_time_ms`
 /// if the caller gave one, else now, but never before the run's start.
+/// A new, running attempt with no workers of its own (they are the run's).
+fn new_attempt_draft(attempt_id: &str, start_time_ms: u64) -> RunAttemptDraft {
+    RunAttemptDraft {
+        attempt_id: attempt_id.to_owned(),
+        start_time_ms,
+        end_time_ms: None,
+        status: None,
+        status_detail: String::new(),
+        cause: None,
+        workers: None,
+    }
+}
+
 fn end_run(draft: &mut TrainRunInfoDraft, end_time_ms: Option<u64>, now_ms: u64) {
     let end = end_time_ms.unwrap_or_else(|| now_ms.max(draft.start_time_ms));
     draft.end_time_ms = Some(end);
+    let status = draft.status.unwrap_or(draft.run_status);
     if let Some(current) = draft.attempts.last_mut().filter(|a| a.end_time_ms.is_none()) {
         current.end_time_ms = Some(end.max(current.start_time_ms));
+        current.status = AttemptStatus::ending(status);
+        current.status_detail.clone_from(&draft.status_detail);
+        current.cause = draft.cause;
+    }
+    // The workers of an ended run are gone.
+    for worker in &mut draft.workers {
+        worker.status = ActorStatus::Dead;
     }
 }

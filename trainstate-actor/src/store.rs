@@ -105,7 +105,7 @@ impl SqliteStore {
                             record.start_time_ms as i64,
                             record.end_time_ms.map(|t| t as i64),
                             record.status.as_str(),
-                            record.json.get(),
+                            &*record.json().text(),
                         ])?;
                     }
                     StoreOp::Delete(id) => {

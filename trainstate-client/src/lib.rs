@@ -43,7 +43,7 @@ pub use error::StateError;
 pub use events::{EventKind, StateEvent, Subscription};
 pub use handle::{DEFAULT_CALL_TIMEOUT, StateHandle, get_state_actor, get_state_actor_named};
 pub use protocol::{
-    DEFAULT_STATE_ACTOR_NAME, NewAttempt, Registration, Reply, RunDocument, StateMessage,
+    DEFAULT_STATE_ACTOR_NAME, NewAttempt, Registration, Reply, RunDocument, RunJson, StateMessage,
     StatusUpdate,
 };
 pub use query::{Cursor, MAX_PAGE_LIMIT, RunPage, RunQuery};

@@ -1,5 +1,6 @@
 //! The messages the state actor answers, and what they carry.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -116,49 +117,155 @@ impl Registration {
     }
 }
 
-/// A stored run as canonical JSON, cheap to clone and to send.
+/// The canonical JSON of a stored run, kept in the shape it is served in.
 ///
-/// The state actor keeps runs as JSON; this is what it hands out.
-/// [`RunDocument::parse`] gives the typed run. It serializes as the run's
-/// JSON object: the stored text is copied as it is, and a live run's
-/// heartbeat time, which is kept apart because it changes with every
-/// heartbeat, is written as the `last_heartbeat_ms` member.
+/// An ended run is one raw JSON object, served by copying it. A live run is
+/// kept as its members, each raw, so that its heartbeat time (which changes
+/// with every heartbeat and is kept apart) is served as one more member
+/// without parsing or editing the stored text.
+#[derive(Debug, Clone)]
+pub struct RunJson(Repr);
+
+#[derive(Debug, Clone)]
+enum Repr {
+    Whole(Arc<RawValue>),
+    Members(Arc<[(Cow<'static, str>, Box<RawValue>)]>),
+}
+
+impl RunJson {
+    /// The JSON of `run`: whole when it has ended, as members while it is live.
+    pub fn of(run: &TrainRunInfo) -> Self {
+        let whole = serde_json::value::to_raw_value(run).expect("a validated run serializes");
+        if run.status().is_live() {
+            Self::members_of(&whole).expect("a serialized run is a JSON object")
+        } else {
+            Self(Repr::Whole(Arc::from(whole)))
+        }
+    }
+
+    /// Reads a stored run's JSON text, as members when `live`.
+    pub fn from_text(text: String, live: bool) -> Result<Self, serde_json::Error> {
+        let whole = RawValue::from_string(text)?;
+        if live { Self::members_of(&whole) } else { Ok(Self(Repr::Whole(Arc::from(whole)))) }
+    }
+
+    fn members_of(whole: &RawValue) -> Result<Self, serde_json::Error> {
+        let members: Members<'_> = serde_json::from_str(whole.get())?;
+        let members: Vec<_> =
+            members.0.into_iter().map(|(key, value)| (intern(key), value.to_owned())).collect();
+        Ok(Self(Repr::Members(members.into())))
+    }
+
+    /// The JSON text (without a heartbeat time).
+    pub fn text(&self) -> Cow<'_, str> {
+        match &self.0 {
+            Repr::Whole(raw) => Cow::Borrowed(raw.get()),
+            Repr::Members(_) => Cow::Owned(serde_json::to_string(self).expect("serializes")),
+        }
+    }
+
+    /// Serializes the run, adding `last_heartbeat_ms` when given.
+    fn serialize_with<S: Serializer>(
+        &self,
+        heartbeat: Option<u64>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match (&self.0, heartbeat) {
+            (Repr::Whole(raw), None) => raw.serialize(serializer),
+            (Repr::Whole(raw), Some(at)) => {
+                // Not the served path: a document read back from elsewhere.
+                let members: Members<'_> =
+                    serde_json::from_str(raw.get()).map_err(serde::ser::Error::custom)?;
+                let mut map = serializer.serialize_map(Some(members.0.len() + 1))?;
+                for (key, value) in members.0.iter().filter(|(k, _)| *k != LAST_HEARTBEAT) {
+                    map.serialize_entry(key, value)?;
+                }
+                map.serialize_entry(LAST_HEARTBEAT, &at)?;
+                map.end()
+            }
+            (Repr::Members(members), heartbeat) => {
+                let extra = usize::from(heartbeat.is_some());
+                let mut map = serializer.serialize_map(Some(members.len() + extra))?;
+                for (key, value) in members.iter().filter(|(k, _)| k != LAST_HEARTBEAT) {
+                    map.serialize_entry(key, value)?;
+                }
+                if let Some(at) = heartbeat {
+                    map.serialize_entry(LAST_HEARTBEAT, &at)?;
+                }
+                map.end()
+            }
+        }
+    }
+}
+
+impl Serialize for RunJson {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.serialize_with(None, serializer)
+    }
+}
+
+/// The member names of a run, shared rather than allocated per run.
+fn intern(key: &str) -> Cow<'static, str> {
+    const KNOWN: &[&str] = &[
+        "name",
+        "id",
+        "job_id",
+        "controller_actor_id",
+        "workers",
+        "datasets",
+        "run_status",
+        "status",
+        "status_detail",
+        "start_time_ms",
+        "end_time_ms",
+        "resources",
+        "attempts",
+        "cause",
+        "restored_from",
+        "controller_log_file_path",
+        "framework_versions",
+        "run_settings",
+    ];
+    match KNOWN.iter().find(|k| **k == key) {
+        Some(known) => Cow::Borrowed(known),
+        None => Cow::Owned(key.to_owned()),
+    }
+}
+
+/// A stored run as served: its JSON and, for a live run, the time its
+/// controller was last heard from. Cheap to clone and to send.
+///
+/// It serializes as the run's JSON object, the heartbeat time written as
+/// the `last_heartbeat_ms` member. [`RunDocument::parse`] gives the typed
+/// run.
 #[derive(Debug, Clone)]
 pub struct RunDocument {
-    body: Arc<RawValue>,
+    json: RunJson,
     last_heartbeat_ms: Option<u64>,
 }
 
 impl PartialEq for RunDocument {
     fn eq(&self, other: &Self) -> bool {
-        self.body.get() == other.body.get() && self.last_heartbeat_ms == other.last_heartbeat_ms
+        self.body() == other.body() && self.last_heartbeat_ms == other.last_heartbeat_ms
     }
 }
 
 impl Eq for RunDocument {}
 
 impl RunDocument {
-    /// Wraps the canonical JSON of a run (a JSON object) and the time its
-    /// controller was last heard from.
-    pub fn new(body: Arc<RawValue>, last_heartbeat_ms: Option<u64>) -> Self {
-        debug_assert!(body.get().starts_with('{'));
-        Self { body, last_heartbeat_ms }
+    /// A run's JSON and the time its controller was last heard from.
+    pub fn new(json: RunJson, last_heartbeat_ms: Option<u64>) -> Self {
+        Self { json, last_heartbeat_ms }
     }
 
     /// The canonical JSON of `run`, as a document with no heartbeat time.
     pub fn of(run: &TrainRunInfo) -> Self {
-        let body = serde_json::value::to_raw_value(run).expect("a validated run serializes");
-        Self::new(Arc::from(body), None)
+        Self::new(RunJson::of(run), None)
     }
 
     /// The stored JSON without the heartbeat time.
-    pub fn body(&self) -> &str {
-        self.body.get()
-    }
-
-    /// The stored JSON as a shared raw value.
-    pub fn raw(&self) -> &Arc<RawValue> {
-        &self.body
+    pub fn body(&self) -> Cow<'_, str> {
+        self.json.text()
     }
 
     /// When the controller was last heard from (Unix ms), for live runs.
@@ -180,18 +287,7 @@ impl RunDocument {
 
 impl Serialize for RunDocument {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let Some(heartbeat) = self.last_heartbeat_ms else {
-            return self.body.serialize(serializer);
-        };
-        // A live run: its members as stored, then the heartbeat time.
-        let members: Members<'_> =
-            serde_json::from_str(self.body.get()).map_err(serde::ser::Error::custom)?;
-        let mut map = serializer.serialize_map(Some(members.0.len() + 1))?;
-        for (key, value) in members.0.iter().filter(|(k, _)| *k != LAST_HEARTBEAT) {
-            map.serialize_entry(key, value)?;
-        }
-        map.serialize_entry(LAST_HEARTBEAT, &heartbeat)?;
-        map.end()
+        self.json.serialize_with(self.last_heartbeat_ms, serializer)
     }
 }
 
@@ -202,16 +298,16 @@ impl<'de> Deserialize<'de> for RunDocument {
         if !body.get().starts_with('{') {
             return Err(serde::de::Error::custom("a run must be a JSON object"));
         }
-        Ok(Self::new(Arc::from(body), None))
+        Ok(Self::new(RunJson(Repr::Whole(Arc::from(body))), None))
     }
 }
 
 impl schemars::JsonSchema for RunDocument {
-    fn schema_name() -> std::borrow::Cow<'static, str> {
+    fn schema_name() -> Cow<'static, str> {
         TrainRunInfo::schema_name()
     }
 
-    fn schema_id() -> std::borrow::Cow<'static, str> {
+    fn schema_id() -> Cow<'static, str> {
         TrainRunInfo::schema_id()
     }
 

@@ -10,10 +10,13 @@
 //! rules that a schema can express (lengths, patterns, minimums); the rules
 //! that span fields (ranks, nodes, times) are in the descriptions.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
+use crate::json::JsonValue;
 use crate::resources::Resources;
-use crate::status::{ActorStatus, RunCause, RunStatus};
+use crate::status::{ActorStatus, AttemptStatus, RunCause, RunStatus};
 
 /// One worker of a run, unvalidated.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -50,8 +53,9 @@ pub struct TrainWorkerInfoDraft {
     pub status: ActorStatus,
     /// Resources allocated to the worker: name to amount (finite, ≥ 0).
     pub resources: Resources,
-    /// Path of the worker's log file on its node, when known.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Path of the worker's log file on its node, when known (Ray's later V1 name;
+    /// Ray Train V2's `log_file_path` is read as the same field).
+    #[serde(default, skip_serializing_if = "Option::is_none", alias = "log_file_path")]
     pub worker_log_file_path: Option<String>,
 }
 
@@ -95,9 +99,21 @@ pub struct RunAttemptDraft {
     pub attempt_id: String,
     /// When the attempt's workers started (Unix ms).
     pub start_time_ms: u64,
-    /// When the attempt ended (Unix ms); null for the current attempt of a live run.
+    /// When the attempt ended (Unix ms); null while it is PENDING or RUNNING.
     #[serde(default)]
     pub end_time_ms: Option<u64>,
+    /// The attempt's status (Ray Train V2's). Derived when absent: RUNNING (PENDING while
+    /// the run is INITIALIZING or SCHEDULING) until the attempt ends; then the status
+    /// that ended its run, or ABORTED for an attempt another one replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<AttemptStatus>,
+    /// Human-readable detail of the attempt's status; `""` when there is nothing to say.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[cfg_attr(feature = "schemars", schemars(length(max = 50100)))]
+    pub status_detail: String,
+    /// The machine-readable cause of an ERRORED or ABORTED attempt (which rank failed first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<RunCause>,
     /// The attempt's workers, sorted by world rank. Present on ended attempts; absent on
     /// the current (last) attempt, whose workers are the run's `workers`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -131,8 +147,15 @@ pub struct TrainRunInfoDraft {
     pub workers: Vec<TrainWorkerInfoDraft>,
     /// The datasets given to the trainer.
     pub datasets: Vec<TrainDatasetInfoDraft>,
-    /// The run's status. `STARTED` is read as `RUNNING`.
+    /// The run's status as Ray's V1 readers know it: every live status is written as
+    /// RUNNING. `STARTED` is read as `RUNNING`.
     pub run_status: RunStatus,
+    /// Extension: the run's lifecycle status, with Ray Train V2's live sub-statuses
+    /// (INITIALIZING, SCHEDULING, RUNNING, RESTARTING, RESIZING). Written only when it
+    /// differs from `run_status`; when both are given, `run_status` must be this status
+    /// as V1 shows it. Absent: `run_status`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<RunStatus>,
     /// Human-readable detail of the status; `""` when there is nothing to say.
     /// Any text but NUL, at most 50,100 characters.
     #[serde(default)]
@@ -163,6 +186,15 @@ pub struct TrainRunInfoDraft {
     /// Path of the controller's log file on the head, when known (Ray's later V1 name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub controller_log_file_path: Option<String>,
+    /// Extension (Ray Train V2): the versions of the frameworks the run uses, by name
+    /// (for example `ray`, `torch`). At most 64 entries.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub framework_versions: BTreeMap<String, String>,
+    /// Extension (Ray Train V2): the run's settings as the trainer gave them (Ray's
+    /// `RunSettings`: scaling, failure, data and checkpoint configs), kept as JSON:
+    /// nested at most 16 deep, at most about 64 KiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_settings: Option<JsonValue>,
 }
 
 impl TrainRunInfoDraft {
@@ -204,6 +236,9 @@ impl TrainRunInfoDraft {
             cause: None,
             restored_from: None,
             controller_log_file_path: None,
+            status: None,
+            framework_versions: BTreeMap::new(),
+            run_settings: None,
         }
     }
 

@@ -103,7 +103,7 @@ pub enum Rule {
     DuplicateDatasetName,
     /// Two attempts of a run have the same `attempt_id`.
     DuplicateAttemptId,
-    /// A live (`RUNNING`) run has no end time.
+    /// A live run has no end time.
     EndTimeWhileRunning,
     /// An end time is before its start time.
     EndBeforeStart,
@@ -117,6 +117,20 @@ pub enum Rule {
     CurrentAttemptHasWorkers,
     /// The current attempt of a live run has no end time.
     CurrentAttemptEnded,
+    /// `run_status` must be `status` as V1 shows it (every live status is RUNNING).
+    StatusMismatch,
+    /// An attempt has an end time exactly when its status is terminal.
+    AttemptStatusMismatch,
+    /// The JSON nests deeper than the limit.
+    TooDeep {
+        /// The limit, in levels.
+        max: usize,
+    },
+    /// The JSON is larger than the limit.
+    TooLarge {
+        /// The limit, in bytes.
+        max: usize,
+    },
 }
 
 impl fmt::Display for Rule {
@@ -154,7 +168,9 @@ impl fmt::Display for Rule {
             Rule::Negative => f.write_str("must be zero or more"),
             Rule::DuplicateDatasetName => f.write_str("dataset names must be unique within a run"),
             Rule::DuplicateAttemptId => f.write_str("attempt ids must be unique within a run"),
-            Rule::EndTimeWhileRunning => f.write_str("must be null while the run is RUNNING"),
+            Rule::EndTimeWhileRunning => {
+                f.write_str("must be null while the run is live (RUNNING or another live status)")
+            }
             Rule::EndBeforeStart => f.write_str("must not be before the start time"),
             Rule::StartBeforePrevious => {
                 f.write_str("must not be before the run's start or the previous attempt's start")
@@ -171,6 +187,14 @@ impl fmt::Display for Rule {
             Rule::CurrentAttemptEnded => {
                 f.write_str("the current attempt of a RUNNING run must have end_time_ms null")
             }
+            Rule::StatusMismatch => f.write_str(
+                "run_status must be status as V1 shows it: RUNNING for every live status",
+            ),
+            Rule::AttemptStatusMismatch => f.write_str(
+                "an attempt has end_time_ms exactly when its status is FINISHED, ERRORED or ABORTED",
+            ),
+            Rule::TooDeep { max } => write!(f, "must nest at most {max} levels deep"),
+            Rule::TooLarge { max } => write!(f, "must be at most about {max} bytes of JSON"),
         }
     }
 }

@@ -37,3 +37,12 @@ pub const MAX_DATASETS: usize = 1_024;
 
 /// Most attempts (worker groups) kept in one run's history.
 pub const MAX_ATTEMPTS: usize = 256;
+
+/// How deeply `run_settings` may nest arrays and objects.
+pub const MAX_RUN_SETTINGS_DEPTH: usize = 16;
+
+/// About how many bytes of JSON `run_settings` may take.
+pub const MAX_RUN_SETTINGS_BYTES: usize = 64 * 1024;
+
+/// The most entries of `framework_versions`.
+pub const MAX_FRAMEWORK_VERSIONS: usize = 64;

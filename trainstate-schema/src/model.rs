@@ -2,7 +2,7 @@
 
 mod registration;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
 use serde::ser::SerializeStruct;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -12,9 +12,13 @@ use crate::draft::{
 };
 use crate::error::{Rule, ValidationError};
 use crate::id::RunId;
-use crate::limits::{MAX_ATTEMPTS, MAX_DATASETS};
+use crate::json::JsonValue;
+use crate::limits::{
+    MAX_ATTEMPTS, MAX_DATASETS, MAX_FRAMEWORK_VERSIONS, MAX_RUN_SETTINGS_BYTES,
+    MAX_RUN_SETTINGS_DEPTH,
+};
 use crate::resources::Resources;
-use crate::status::{ActorStatus, RunCause, RunStatus};
+use crate::status::{ActorStatus, AttemptStatus, RunCause, RunStatus};
 use crate::validate;
 use crate::workers::WorkerList;
 
@@ -35,7 +39,7 @@ pub struct TrainWorkerInfo {
     node_ip: String,
     pid: u32,
     gpu_ids: Vec<u32>,
-    status: ActorStatus,
+    pub(crate) status: ActorStatus,
     resources: Resources,
     #[serde(skip_serializing_if = "Option::is_none")]
     worker_log_file_path: Option<String>,
@@ -203,11 +207,16 @@ impl TryFrom<TrainDatasetInfoDraft> for TrainDatasetInfo {
 /// or a restart after a failure.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RunAttempt {
-    attempt_id: String,
-    start_time_ms: u64,
-    end_time_ms: Option<u64>,
+    pub(crate) attempt_id: String,
+    pub(crate) status: AttemptStatus,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub(crate) status_detail: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    workers: Option<WorkerList>,
+    pub(crate) cause: Option<RunCause>,
+    pub(crate) start_time_ms: u64,
+    pub(crate) end_time_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) workers: Option<WorkerList>,
 }
 
 impl RunAttempt {
@@ -223,6 +232,18 @@ impl RunAttempt {
     pub fn end_time_ms(&self) -> Option<u64> {
         self.end_time_ms
     }
+    /// The attempt's status.
+    pub fn status(&self) -> AttemptStatus {
+        self.status
+    }
+    /// Human-readable detail of the attempt's status; empty when there is nothing to say.
+    pub fn status_detail(&self) -> &str {
+        &self.status_detail
+    }
+    /// The machine-readable cause of an ERRORED or ABORTED attempt.
+    pub fn cause(&self) -> Option<RunCause> {
+        self.cause
+    }
     /// The workers of an ended attempt; `None` for the current attempt,
     /// whose workers are the run's [`TrainRunInfo::workers`].
     pub fn workers(&self) -> Option<&[TrainWorkerInfo]> {
@@ -235,6 +256,9 @@ impl RunAttempt {
             attempt_id: self.attempt_id,
             start_time_ms: self.start_time_ms,
             end_time_ms: self.end_time_ms,
+            status: Some(self.status),
+            status_detail: self.status_detail,
+            cause: self.cause,
             workers: self
                 .workers
                 .map(|ws| ws.into_vec().into_iter().map(TrainWorkerInfo::into_draft).collect()),
@@ -257,7 +281,7 @@ pub struct TrainRunInfo {
     controller_actor_id: String,
     workers: WorkerList,
     datasets: Vec<TrainDatasetInfo>,
-    run_status: RunStatus,
+    status: RunStatus,
     status_detail: String,
     start_time_ms: u64,
     end_time_ms: Option<u64>,
@@ -266,9 +290,25 @@ pub struct TrainRunInfo {
     cause: Option<RunCause>,
     restored_from: Option<RunId>,
     controller_log_file_path: Option<String>,
+    framework_versions: BTreeMap<String, String>,
+    run_settings: Option<JsonValue>,
 }
 
 impl TrainRunInfo {
+    /// Ends the current attempt at `end` (not before its start) if it has
+    /// not ended, with the status that ends the run, its detail and cause,
+    /// and marks the run's workers `DEAD`. For a run that has ended.
+    pub(crate) fn end_current_attempt(&mut self, end: u64) {
+        let ending = AttemptStatus::ending(self.status).unwrap_or(AttemptStatus::Aborted);
+        if let Some(current) = self.attempts.last_mut().filter(|a| a.end_time_ms.is_none()) {
+            current.end_time_ms = Some(end.max(current.start_time_ms));
+            current.status = ending;
+            current.status_detail.clone_from(&self.status_detail);
+            current.cause = self.cause;
+        }
+        self.workers.mark_dead();
+    }
+
     /// The run's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -293,9 +333,22 @@ impl TrainRunInfo {
     pub fn datasets(&self) -> &[TrainDatasetInfo] {
         &self.datasets
     }
-    /// The run's status.
+    /// The run's status as a V1 reader sees it: every live status is
+    /// `RUNNING`. See [`status`](Self::status) for the full lifecycle status.
     pub fn run_status(&self) -> RunStatus {
-        self.run_status
+        self.status.v1()
+    }
+    /// The run's lifecycle status, with Ray Train V2's live sub-statuses.
+    pub fn status(&self) -> RunStatus {
+        self.status
+    }
+    /// The versions of the frameworks the run uses, by name (Ray Train V2).
+    pub fn framework_versions(&self) -> &BTreeMap<String, String> {
+        &self.framework_versions
+    }
+    /// The run's settings as the trainer gave them (Ray Train V2's `RunSettings`).
+    pub fn run_settings(&self) -> Option<&JsonValue> {
+        self.run_settings.as_ref()
     }
     /// Human-readable detail of the status; empty when there is nothing to say.
     pub fn status_detail(&self) -> &str {
@@ -390,7 +443,8 @@ impl TrainRunInfo {
             controller_actor_id: self.controller_actor_id,
             workers: self.workers.into_vec().into_iter().map(TrainWorkerInfo::into_draft).collect(),
             datasets: self.datasets.into_iter().map(TrainDatasetInfo::into_draft).collect(),
-            run_status: self.run_status,
+            run_status: self.status.v1(),
+            status: Some(self.status),
             status_detail: self.status_detail,
             start_time_ms: self.start_time_ms,
             end_time_ms: self.end_time_ms,
@@ -400,6 +454,8 @@ impl TrainRunInfo {
             cause: self.cause,
             restored_from: self.restored_from.map(|id| id.as_str().to_owned()),
             controller_log_file_path: self.controller_log_file_path,
+            framework_versions: self.framework_versions,
+            run_settings: self.run_settings,
         }
     }
 }
@@ -445,9 +501,13 @@ impl TryFrom<TrainRunInfoDraft> for TrainRunInfo {
             })
             .collect();
 
+        let status = d.status.unwrap_or(d.run_status);
+        if d.status.is_some() && d.run_status.v1() != status.v1() {
+            return Err(ValidationError::new("status", Rule::StatusMismatch));
+        }
         validate::status_detail(&d.status_detail)?;
         if let Some(end) = d.end_time_ms {
-            if d.run_status == RunStatus::Running {
+            if status.is_live() {
                 return Err(ValidationError::new("end_time_ms", Rule::EndTimeWhileRunning));
             }
             if end < d.start_time_ms {
@@ -455,7 +515,27 @@ impl TryFrom<TrainRunInfoDraft> for TrainRunInfo {
             }
         }
 
-        let attempts = checked_attempts(d.attempts, d.start_time_ms, d.run_status)?;
+        let attempts = checked_attempts(d.attempts, d.start_time_ms, status)?;
+        if d.framework_versions.len() > MAX_FRAMEWORK_VERSIONS {
+            return Err(ValidationError::new(
+                "framework_versions",
+                Rule::TooMany { max: MAX_FRAMEWORK_VERSIONS },
+            ));
+        }
+        for (name, version) in &d.framework_versions {
+            validate::name(|| "framework_versions".into(), name)?;
+            validate::name(|| format!("framework_versions.{name}"), version)?;
+        }
+        if let Some(settings) = &d.run_settings {
+            if settings.depth() > MAX_RUN_SETTINGS_DEPTH {
+                let rule = Rule::TooDeep { max: MAX_RUN_SETTINGS_DEPTH };
+                return Err(ValidationError::new("run_settings", rule));
+            }
+            if settings.approximate_size() > MAX_RUN_SETTINGS_BYTES {
+                let rule = Rule::TooLarge { max: MAX_RUN_SETTINGS_BYTES };
+                return Err(ValidationError::new("run_settings", rule));
+            }
+        }
 
         let restored_from = match d.restored_from {
             Some(text) => {
@@ -475,7 +555,7 @@ impl TryFrom<TrainRunInfoDraft> for TrainRunInfo {
             controller_actor_id: d.controller_actor_id,
             workers,
             datasets,
-            run_status: d.run_status,
+            status,
             status_detail: d.status_detail,
             start_time_ms: d.start_time_ms,
             end_time_ms: d.end_time_ms,
@@ -484,7 +564,22 @@ impl TryFrom<TrainRunInfoDraft> for TrainRunInfo {
             cause: d.cause,
             restored_from,
             controller_log_file_path: d.controller_log_file_path,
+            framework_versions: d.framework_versions,
+            run_settings: d.run_settings,
         })
+    }
+}
+
+/// The status of an attempt that does not state one: running until it
+/// ends; then what ended its run, or ABORTED for one another replaced.
+fn derived_attempt_status(ended: bool, is_last: bool, run: RunStatus) -> AttemptStatus {
+    match (ended, is_last) {
+        (false, _) if matches!(run, RunStatus::Initializing | RunStatus::Scheduling) => {
+            AttemptStatus::Pending
+        }
+        (false, _) => AttemptStatus::Running,
+        (true, true) => AttemptStatus::ending(run).unwrap_or(AttemptStatus::Aborted),
+        (true, false) => AttemptStatus::Aborted,
     }
 }
 
@@ -513,7 +608,8 @@ fn checked_attempts(
         if a.end_time_ms.is_some_and(|end| end < a.start_time_ms) {
             return Err(ValidationError::new(path("end_time_ms"), Rule::EndBeforeStart));
         }
-        let workers = if i == last {
+        let is_last = i == last;
+        let workers = if is_last {
             if a.workers.is_some() {
                 return Err(ValidationError::new(path("workers"), Rule::CurrentAttemptHasWorkers));
             }
@@ -540,8 +636,22 @@ fn checked_attempts(
                 }
             }
         };
+        let attempt_status = match a.status {
+            Some(given) => {
+                if given.is_terminal() != a.end_time_ms.is_some() {
+                    return Err(ValidationError::new(path("status"), Rule::AttemptStatusMismatch));
+                }
+                given
+            }
+            None => derived_attempt_status(a.end_time_ms.is_some(), is_last, status),
+        };
+        validate::status_detail(&a.status_detail)
+            .map_err(|e| ValidationError::new(path("status_detail"), e.rule().clone()))?;
         attempts.push(RunAttempt {
             attempt_id: a.attempt_id,
+            status: attempt_status,
+            status_detail: a.status_detail,
+            cause: a.cause,
             start_time_ms: a.start_time_ms,
             end_time_ms: a.end_time_ms,
             workers,
@@ -563,15 +673,26 @@ impl Serialize for TrainRunInfo {
             + usize::from(self.last_heartbeat_ms.is_some())
             + usize::from(self.cause.is_some())
             + usize::from(self.restored_from.is_some())
-            + usize::from(self.controller_log_file_path.is_some());
-        let mut s = serializer.serialize_struct("TrainRunInfo", 11 + extensions)?;
+            + usize::from(self.controller_log_file_path.is_some())
+            + usize::from(!self.framework_versions.is_empty())
+            + usize::from(self.run_settings.is_some());
+        // `status` is written only when it says more than `run_status`: a
+        // live sub-status. A V1 document stays exactly a V1 document.
+        let detailed = self.status != self.status.v1();
+        let mut s =
+            serializer.serialize_struct("TrainRunInfo", 11 + extensions + usize::from(detailed))?;
         s.serialize_field("name", &self.name)?;
         s.serialize_field("id", &self.id)?;
         s.serialize_field("job_id", &self.job_id)?;
         s.serialize_field("controller_actor_id", &self.controller_actor_id)?;
         s.serialize_field("workers", &self.workers)?;
         s.serialize_field("datasets", &self.datasets)?;
-        s.serialize_field("run_status", &self.run_status)?;
+        s.serialize_field("run_status", &self.status.v1())?;
+        if detailed {
+            s.serialize_field("status", &self.status)?;
+        } else {
+            s.skip_field("status")?;
+        }
         s.serialize_field("status_detail", &self.status_detail)?;
         s.serialize_field("start_time_ms", &self.start_time_ms)?;
         s.serialize_field("end_time_ms", &self.end_time_ms)?;
@@ -590,6 +711,12 @@ impl Serialize for TrainRunInfo {
         }
         if let Some(path) = &self.controller_log_file_path {
             s.serialize_field("controller_log_file_path", path)?;
+        }
+        if !self.framework_versions.is_empty() {
+            s.serialize_field("framework_versions", &self.framework_versions)?;
+        }
+        if let Some(settings) = &self.run_settings {
+            s.serialize_field("run_settings", settings)?;
         }
         s.end()
     }

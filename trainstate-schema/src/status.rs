@@ -4,17 +4,31 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-/// The lifecycle status of a run, spelled as Ray spells it.
+/// The lifecycle status of a run, spelled as Ray spells it: Ray Train V2's
+/// statuses, of which V1 knows `RUNNING`, `FINISHED`, `ERRORED` and
+/// `ABORTED`.
 ///
-/// `STARTED` is accepted on input as Ray's deprecated spelling of `RUNNING`
-/// and is never written.
+/// `INITIALIZING`, `SCHEDULING`, `RUNNING`, `RESTARTING` and `RESIZING`
+/// are live; any live status may move to any other and to a terminal one.
+/// `FINISHED`, `ERRORED` and `ABORTED` are terminal and final. A V1
+/// document shows every live status as `RUNNING` ([`RunStatus::v1`]).
+/// `STARTED` is accepted on input as Ray's deprecated spelling of
+/// `RUNNING` and is never written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 #[non_exhaustive]
 pub enum RunStatus {
-    /// The run is live: its controller reports it.
+    /// The run is being set up.
+    Initializing,
+    /// The run waits for its workers to be scheduled.
+    Scheduling,
+    /// The run is live: its workers train.
     #[serde(alias = "STARTED")]
     Running,
+    /// The run recovers from a failure: a new attempt is on its way.
+    Restarting,
+    /// The run changes its number of workers.
+    Resizing,
     /// The run ended successfully.
     Finished,
     /// The run ended with an error raised by a worker or the controller.
@@ -25,19 +39,41 @@ pub enum RunStatus {
 
 impl RunStatus {
     /// Every status, in lifecycle order.
-    pub const ALL: [RunStatus; 4] =
-        [RunStatus::Running, RunStatus::Finished, RunStatus::Errored, RunStatus::Aborted];
+    pub const ALL: [RunStatus; 8] = [
+        RunStatus::Initializing,
+        RunStatus::Scheduling,
+        RunStatus::Running,
+        RunStatus::Restarting,
+        RunStatus::Resizing,
+        RunStatus::Finished,
+        RunStatus::Errored,
+        RunStatus::Aborted,
+    ];
 
     /// True for `FINISHED`, `ERRORED` and `ABORTED`: the run has ended and
     /// its status is final.
     pub fn is_terminal(self) -> bool {
-        !matches!(self, RunStatus::Running)
+        matches!(self, RunStatus::Finished | RunStatus::Errored | RunStatus::Aborted)
+    }
+
+    /// True for every status that is not terminal.
+    pub fn is_live(self) -> bool {
+        !self.is_terminal()
+    }
+
+    /// The status as a V1 reader sees it: every live status is `RUNNING`.
+    pub fn v1(self) -> RunStatus {
+        if self.is_live() { RunStatus::Running } else { self }
     }
 
     /// The wire spelling, for example `"RUNNING"`.
     pub fn as_str(self) -> &'static str {
         match self {
+            RunStatus::Initializing => "INITIALIZING",
+            RunStatus::Scheduling => "SCHEDULING",
             RunStatus::Running => "RUNNING",
+            RunStatus::Restarting => "RESTARTING",
+            RunStatus::Resizing => "RESIZING",
             RunStatus::Finished => "FINISHED",
             RunStatus::Errored => "ERRORED",
             RunStatus::Aborted => "ABORTED",
@@ -46,13 +82,10 @@ impl RunStatus {
 
     /// Parses the wire spelling (also the deprecated `STARTED`).
     pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "RUNNING" | "STARTED" => Some(RunStatus::Running),
-            "FINISHED" => Some(RunStatus::Finished),
-            "ERRORED" => Some(RunStatus::Errored),
-            "ABORTED" => Some(RunStatus::Aborted),
-            _ => None,
+        if text == "STARTED" {
+            return Some(RunStatus::Running);
         }
+        RunStatus::ALL.into_iter().find(|s| s.as_str() == text)
     }
 }
 
@@ -70,15 +103,73 @@ impl schemars::JsonSchema for RunStatus {
 
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         schemars::json_schema!({
-            "description": "The lifecycle status of a run, spelled as Ray spells it. RUNNING is live; FINISHED, ERRORED and ABORTED are terminal and final.",
+            "description": "The lifecycle status of a run, spelled as Ray spells it (Ray Train V2's statuses). INITIALIZING, SCHEDULING, RUNNING, RESTARTING and RESIZING are live; FINISHED, ERRORED and ABORTED are terminal and final. A V1 document's run_status shows every live status as RUNNING.",
             "oneOf": [
-                { "const": "RUNNING", "type": "string", "description": "The run is live: its controller reports it." },
+                { "const": "INITIALIZING", "type": "string", "description": "The run is being set up." },
+                { "const": "SCHEDULING", "type": "string", "description": "The run waits for its workers to be scheduled." },
+                { "const": "RUNNING", "type": "string", "description": "The run is live: its workers train." },
+                { "const": "RESTARTING", "type": "string", "description": "The run recovers from a failure: a new attempt is on its way." },
+                { "const": "RESIZING", "type": "string", "description": "The run changes its number of workers." },
                 { "const": "FINISHED", "type": "string", "description": "The run ended successfully." },
                 { "const": "ERRORED", "type": "string", "description": "The run ended with an error raised by a worker or the controller." },
                 { "const": "ABORTED", "type": "string", "description": "The run was stopped before it finished (user interrupt, lost controller, ...)." },
                 { "const": "STARTED", "type": "string", "deprecated": true, "description": "Ray's deprecated spelling of RUNNING: accepted on input, never written." }
             ]
         })
+    }
+}
+
+/// The status of one attempt (worker group) of a run, spelled as Ray
+/// Train V2 spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[non_exhaustive]
+pub enum AttemptStatus {
+    /// The attempt's workers are being scheduled.
+    Pending,
+    /// The attempt's workers train.
+    Running,
+    /// The attempt ended successfully.
+    Finished,
+    /// The attempt ended with an error raised by a worker.
+    Errored,
+    /// The attempt was stopped: replaced by another, or its run was aborted.
+    Aborted,
+}
+
+impl AttemptStatus {
+    /// True for `FINISHED`, `ERRORED` and `ABORTED`.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, AttemptStatus::Finished | AttemptStatus::Errored | AttemptStatus::Aborted)
+    }
+
+    /// The wire spelling, for example `"PENDING"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptStatus::Pending => "PENDING",
+            AttemptStatus::Running => "RUNNING",
+            AttemptStatus::Finished => "FINISHED",
+            AttemptStatus::Errored => "ERRORED",
+            AttemptStatus::Aborted => "ABORTED",
+        }
+    }
+
+    /// The attempt status that ends an attempt when its run ends with
+    /// `status`; `None` for a live status.
+    pub fn ending(status: RunStatus) -> Option<AttemptStatus> {
+        match status {
+            RunStatus::Finished => Some(AttemptStatus::Finished),
+            RunStatus::Errored => Some(AttemptStatus::Errored),
+            RunStatus::Aborted => Some(AttemptStatus::Aborted),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for AttemptStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

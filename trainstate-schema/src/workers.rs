@@ -79,6 +79,14 @@ impl WorkerList {
         &self.0
     }
 
+    /// Marks every worker `DEAD`: their attempt or run has ended. The
+    /// rules across workers do not look at status, so they still hold.
+    pub fn mark_dead(&mut self) {
+        for worker in &mut self.0 {
+            worker.status = crate::ActorStatus::Dead;
+        }
+    }
+
     /// The workers, sorted by world rank.
     pub fn into_vec(self) -> Vec<TrainWorkerInfo> {
         self.0

@@ -3,6 +3,7 @@
 use super::{RunAttempt, TrainRunInfo};
 use crate::draft::TrainRunInfoDraft;
 use crate::error::ValidationError;
+use crate::status::{AttemptStatus, RunStatus};
 
 /// A run on its way to being registered: what the state actor accepts as
 /// it is, normalised once.
@@ -58,6 +59,13 @@ impl NewRun {
             // its own, not ended: valid for any valid run.
             run.attempts.push(RunAttempt {
                 attempt_id: Self::FIRST_ATTEMPT_ID.to_owned(),
+                status: if run.status.is_terminal() || run.status == RunStatus::Running {
+                    AttemptStatus::Running
+                } else {
+                    AttemptStatus::Pending
+                },
+                status_detail: String::new(),
+                cause: None,
                 start_time_ms: run.start_time_ms,
                 end_time_ms: None,
                 workers: None,
@@ -79,14 +87,12 @@ impl NewRun {
     /// ended, ends then too (never before the attempt's start).
     pub fn into_run(self, now_ms: u64) -> TrainRunInfo {
         let mut run = self.run;
-        if run.run_status.is_terminal() {
+        if run.status.is_terminal() {
             // An ended run's end is not before its start (a given end was
             // checked); an ended run's current attempt may have an end,
             // here not before the attempt's start.
             let end = *run.end_time_ms.get_or_insert(now_ms.max(run.start_time_ms));
-            if let Some(current) = run.attempts.last_mut().filter(|a| a.end_time_ms.is_none()) {
-                current.end_time_ms = Some(end.max(current.start_time_ms));
-            }
+            run.end_current_attempt(end);
         }
         run
     }

@@ -96,7 +96,7 @@ fn doc_id(doc: &RunDocument) -> Result<String, String> {
     struct IdOnly {
         id: String,
     }
-    serde_json::from_str::<IdOnly>(doc.body())
+    serde_json::from_str::<IdOnly>(&doc.body())
         .map(|r| r.id)
         .map_err(|e| format!("a stored run does not parse: {e}"))
 }
