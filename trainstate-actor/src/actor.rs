@@ -71,6 +71,17 @@ impl Actor for TrainStateActor {
                     state.admit().and_then(|()| state.runs.start_attempt(&id, attempt, now));
                 state.write(outcome, reply);
             }
+            StateMessage::UpsertRayRun { run, reply } => {
+                state.before_write()?;
+                let outcome = state.admit().and_then(|()| state.runs.upsert_ray_run(*run, now));
+                state.write(outcome, reply);
+            }
+            StateMessage::UpsertRayAttempt { attempt, reply } => {
+                state.before_write()?;
+                let outcome =
+                    state.admit().and_then(|()| state.runs.upsert_ray_attempt(*attempt, now));
+                state.write(outcome, reply);
+            }
             StateMessage::Delete { id, reply } => {
                 state.before_write()?;
                 let outcome = state.admit().and_then(|()| state.runs.delete(&id));

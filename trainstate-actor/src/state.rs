@@ -14,8 +14,8 @@ use trainstate_client::{
 use trainstate_schema::limits::MAX_STATUS_DETAIL_LEN;
 use trainstate_schema::text::{errored_status_detail, last_chars};
 use trainstate_schema::{
-    ActorStatus, AttemptStatus, CauseKind, NewRun, RunAttemptDraft, RunId, RunStatus,
-    TrainRunInfoDraft,
+    ActorStatus, AttemptStatus, CauseKind, NewRun, RunAttemptDraft, RunCause, RunId, RunStatus,
+    TrainRunInfoDraft, ray_v2,
 };
 
 use crate::config::Retention;
@@ -270,6 +270,185 @@ impl Runs {
         Ok(Outcome::Changed(self.replace(draft, EventKind::AttemptStarted, now_ms)?))
     }
 
+    /// Creates or updates a run from Ray Train V2's whole run document.
+    pub(crate) fn upsert_ray_run(
+        &mut self,
+        v2: ray_v2::TrainRun,
+        now_ms: u64,
+    ) -> Result<Outcome<RunDocument>, StateError> {
+        let id = RunId::parse(&v2.id)?;
+        let Some(entry) = self.by_id.get(&id) else {
+            let mut draft = v2.to_draft();
+            draft.cause = ray_cause(v2.status, &draft.status_detail);
+            let run = NewRun::from_ray(draft.validate()?).into_run(now_ms);
+            let record = RunRecord::new(&run);
+            self.put(record.clone(), now_ms);
+            let mut change = Change {
+                ops: vec![StoreOp::Put(record.clone())],
+                events: vec![PendingEvent {
+                    kind: EventKind::Registered,
+                    run_id: id,
+                    record: Some(record.clone()),
+                }],
+                answer: self.document(&record),
+            };
+            self.evict_over_capacity(&mut change.ops, &mut change.events);
+            return Ok(Outcome::Changed(change));
+        };
+        let record = entry.record.clone();
+        let stored = record.run()?;
+        let conflict = |field: &str| StateError::Conflict {
+            id: id.clone(),
+            reason: format!(
+                "stored with a different {field}; a run's static metadata never changes"
+            ),
+        };
+        if stored.name() != v2.name {
+            return Err(conflict("name"));
+        }
+        if stored.job_id() != v2.job_id {
+            return Err(conflict("job_id"));
+        }
+        if stored.controller_actor_id() != v2.controller_actor_id {
+            return Err(conflict("controller_actor_id"));
+        }
+        if stored.start_time_ms() != ray_v2::ns_to_ms(v2.start_time_ns) {
+            return Err(conflict("start_time_ns"));
+        }
+        let (from, to) = (stored.status(), v2.status);
+        if from.is_terminal() && !(record.lost_controller && to.is_terminal()) {
+            return if from == to {
+                Ok(Outcome::Unchanged(self.document(&record)))
+            } else {
+                Err(StateError::IllegalTransition {
+                    id: id.clone(),
+                    from,
+                    to,
+                    reason: "a terminal status is final".into(),
+                })
+            };
+        }
+        let mut draft = stored.clone().into_draft();
+        v2.apply_to(&mut draft);
+        draft.cause = ray_cause(to, &draft.status_detail);
+        if to.is_terminal() {
+            let given = draft.end_time_ms;
+            end_run(&mut draft, given, now_ms);
+        }
+        let changed = draft.validate()?;
+        if changed == stored {
+            return Ok(Outcome::Unchanged(self.document(&record)));
+        }
+        Ok(Outcome::Changed(self.replace(
+            changed.into_draft(),
+            EventKind::StatusChanged,
+            now_ms,
+        )?))
+    }
+
+    /// Creates or updates an attempt of a run from Ray Train V2's whole
+    /// attempt document.
+    pub(crate) fn upsert_ray_attempt(
+        &mut self,
+        v2: ray_v2::TrainRunAttempt,
+        now_ms: u64,
+    ) -> Result<Outcome<RunDocument>, StateError> {
+        let id = RunId::parse(&v2.run_id)?;
+        let record = self.entry(&id)?.record.clone();
+        let stored = record.run()?;
+        let run_status = stored.status();
+        let illegal = |reason: &str| StateError::IllegalTransition {
+            id: id.clone(),
+            from: run_status,
+            to: run_status,
+            reason: reason.to_owned(),
+        };
+        let start_time_ms = ray_v2::ns_to_ms(v2.start_time_ns);
+        let end_time_ms = v2.end_time_ns.map(ray_v2::ns_to_ms);
+        let detail = v2.status_detail.clone().unwrap_or_default();
+        let cause = ray_attempt_cause(v2.status, &detail);
+        let mut workers = v2.worker_drafts();
+        if v2.status.is_terminal() {
+            for worker in &mut workers {
+                worker.status = ActorStatus::Dead;
+            }
+        }
+        let mut draft = stored.clone().into_draft();
+        let last = draft.attempts.len().checked_sub(1);
+        let kind = match draft.attempts.iter().position(|a| a.attempt_id == v2.attempt_id) {
+            Some(i) => {
+                let existing = &mut draft.attempts[i];
+                if existing.start_time_ms != start_time_ms {
+                    return Err(StateError::Conflict {
+                        id: id.clone(),
+                        reason: format!(
+                            "attempt {:?} already exists with another start time",
+                            v2.attempt_id
+                        ),
+                    });
+                }
+                let was_terminal = existing.status.is_some_and(|s| s.is_terminal());
+                if was_terminal && !v2.status.is_terminal() {
+                    return Err(illegal("a terminal attempt never moves back to live"));
+                }
+                existing.status = Some(v2.status);
+                existing.status_detail = detail;
+                existing.cause = cause;
+                existing.end_time_ms = end_time_ms;
+                if Some(i) == last {
+                    if !workers.is_empty() || v2.status.is_terminal() {
+                        draft.workers = if workers.is_empty() {
+                            std::mem::take(&mut draft.workers)
+                        } else {
+                            workers
+                        };
+                    }
+                    if v2.status.is_terminal() {
+                        for worker in &mut draft.workers {
+                            worker.status = ActorStatus::Dead;
+                        }
+                    }
+                } else if !workers.is_empty() {
+                    existing.workers = Some(workers);
+                }
+                EventKind::StatusChanged
+            }
+            None => {
+                if run_status.is_terminal() {
+                    return Err(illegal("an ended run starts no new attempts"));
+                }
+                let mut previous_workers = std::mem::take(&mut draft.workers);
+                for worker in &mut previous_workers {
+                    worker.status = ActorStatus::Dead;
+                }
+                if let Some(current) = draft.attempts.last_mut() {
+                    if current.end_time_ms.is_none() {
+                        current.end_time_ms = Some(start_time_ms.max(current.start_time_ms));
+                        current.status = Some(AttemptStatus::Aborted);
+                        current.status_detail = format!("replaced by attempt {}", v2.attempt_id);
+                    }
+                    current.workers = Some(previous_workers);
+                }
+                draft.attempts.push(RunAttemptDraft {
+                    attempt_id: v2.attempt_id.clone(),
+                    start_time_ms,
+                    end_time_ms,
+                    status: Some(v2.status),
+                    status_detail: detail,
+                    cause,
+                    workers: None,
+                });
+                draft.workers = workers;
+                EventKind::AttemptStarted
+            }
+        };
+        let changed = draft.validate()?;
+        if changed == stored {
+            return Ok(Outcome::Unchanged(self.document(&record)));
+        }
+        Ok(Outcome::Changed(self.replace(changed.into_draft(), kind, now_ms)?))
+    }
+
     /// Validates a changed run, makes it the run's latest version, and
     /// returns the write that commits it and the event that announces it.
     fn replace(
@@ -409,6 +588,26 @@ impl Runs {
 
 /// Stamps the end of a run, and of its current attempt: at `end_time_ms`
 /// if the caller gave one, else now, but never before the run's start.
+/// The cause of a run Ray Train V2 reports ERRORED: a user error, on the
+/// rank its detail names first (`[Rank 1 Error Snippet]`), if any.
+fn ray_cause(status: RunStatus, detail: &str) -> Option<RunCause> {
+    (status == RunStatus::Errored)
+        .then(|| RunCause::new(CauseKind::UserError, first_failed_rank(detail)))
+}
+
+/// The cause of an attempt Ray Train V2 reports ERRORED.
+fn ray_attempt_cause(status: AttemptStatus, detail: &str) -> Option<RunCause> {
+    (status == AttemptStatus::Errored)
+        .then(|| RunCause::new(CauseKind::UserError, first_failed_rank(detail)))
+}
+
+/// The rank of the first `[Rank N Error Snippet]` in Ray's error detail.
+fn first_failed_rank(detail: &str) -> Option<u32> {
+    let rest = &detail[detail.find("[Rank ")? + "[Rank ".len()..];
+    let digits = &rest[..rest.find(' ')?];
+    rest[digits.len()..].starts_with(" Error Snippet]").then(|| digits.parse().ok()).flatten()
+}
+
 /// A new, running attempt with no workers of its own (they are the run's).
 fn new_attempt_draft(attempt_id: &str, start_time_ms: u64) -> RunAttemptDraft {
     RunAttemptDraft {

@@ -4,17 +4,26 @@ use std::path::Path;
 use std::sync::Arc;
 
 use rusqlite::{Connection, OpenFlags, params};
-use trainstate_schema::RunId;
+use trainstate_schema::{ActorStatus, RunId, TrainRunInfo};
 
 use crate::config::Synchronous;
 use crate::errors::StoreError;
 use crate::record::RunRecord;
 
+/// One step of the store's schema.
+enum Migration {
+    /// SQL to run.
+    Sql(&'static str),
+    /// A rewrite of the stored runs.
+    Rewrite(fn(&rusqlite::Transaction<'_>) -> rusqlite::Result<()>),
+}
+
 /// The schema migrations, in order. `PRAGMA user_version` is the number
 /// applied. Append, never edit.
-const MIGRATIONS: &[&str] = &[
+const MIGRATIONS: &[Migration] = &[
     // 1: runs as canonical JSON, with the columns the order and retention need.
-    "CREATE TABLE runs (
+    Migration::Sql(
+        "CREATE TABLE runs (
         id TEXT PRIMARY KEY NOT NULL,
         start_time_ms INTEGER NOT NULL,
         end_time_ms INTEGER,
@@ -22,7 +31,35 @@ const MIGRATIONS: &[&str] = &[
         json TEXT NOT NULL
     ) WITHOUT ROWID;
     CREATE INDEX runs_by_start ON runs (start_time_ms DESC, id DESC);",
+    ),
+    // 2: Ray Train V2's lifecycle: every attempt states its status, the
+    // workers of an ended run are DEAD, `run_status` holds the full status.
+    Migration::Rewrite(upgrade_to_v2_lifecycle),
 ];
+
+/// Rewrites every stored run in today's canonical form: attempts with
+/// their (derived) statuses, and the workers of ended runs marked DEAD. A
+/// run that does not parse is left as it is, for the load to report.
+fn upgrade_to_v2_lifecycle(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
+    let rows: Vec<(String, String)> = tx
+        .prepare("SELECT id, json FROM runs")?
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    let mut update = tx.prepare("UPDATE runs SET json = ?2, run_status = ?3 WHERE id = ?1")?;
+    for (id, json) in rows {
+        let Ok(run) = serde_json::from_str::<TrainRunInfo>(&json) else { continue };
+        let mut draft = run.into_draft();
+        if draft.run_status.is_terminal() {
+            for worker in &mut draft.workers {
+                worker.status = ActorStatus::Dead;
+            }
+        }
+        let Ok(run) = draft.validate() else { continue };
+        let json = serde_json::to_string(&run).expect("a validated run serializes");
+        update.execute(params![id, json, run.status().as_str()])?;
+    }
+    Ok(())
+}
 
 /// SQLite's page cache, in KiB.
 const CACHE_KIB: u32 = 512;
@@ -134,9 +171,12 @@ fn migrate(conn: &mut Connection) -> Result<(), MigrateError> {
     if version > SCHEMA_VERSION {
         return Err(MigrateError::Newer(version));
     }
-    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+    for (i, migration) in MIGRATIONS.iter().enumerate().skip(version as usize) {
         let tx = conn.transaction()?;
-        tx.execute_batch(sql)?;
+        match migration {
+            Migration::Sql(sql) => tx.execute_batch(sql)?,
+            Migration::Rewrite(rewrite) => rewrite(&tx)?,
+        }
         tx.pragma_update(None, "user_version", (i + 1) as u32)?;
         tx.commit()?;
     }

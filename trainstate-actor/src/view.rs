@@ -95,7 +95,7 @@ impl View {
         heartbeat: impl Fn(&RunRecord) -> Option<u64>,
     ) -> RunPage {
         let matches = |record: &RunRecord| {
-            (query.statuses.is_empty() || query.statuses.contains(&record.status))
+            (query.statuses.is_empty() || query.statuses.iter().any(|s| s.matches(record.status)))
                 && query.job_id.as_deref().is_none_or(|job| *record.job_id == *job)
                 && query.name_contains.as_deref().is_none_or(|text| record.name.contains(text))
                 && query

@@ -9,5 +9,6 @@ mod lifecycle;
 mod listing;
 mod liveness;
 mod process;
+mod ray_v2;
 mod singleton;
 mod web;

@@ -7,7 +7,7 @@ use ractor::ActorRef;
 use ractor::MessagingErr;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
-use trainstate_schema::{NewRun, RunId, TrainRunInfo};
+use trainstate_schema::{NewRun, RunId, TrainRunInfo, ray_v2};
 
 use crate::error::StateError;
 use crate::events::Subscription;
@@ -153,6 +153,23 @@ impl StateHandle {
         attempt: NewAttempt,
     ) -> Result<RunDocument, StateError> {
         self.call(|reply| StateMessage::StartAttempt { id, attempt, reply }).await
+    }
+
+    /// Creates or updates a run from Ray Train V2's whole run document; see
+    /// [`StateMessage::UpsertRayRun`].
+    pub async fn upsert_ray_run(&self, run: ray_v2::TrainRun) -> Result<RunDocument, StateError> {
+        let run = Box::new(run);
+        self.call(|reply| StateMessage::UpsertRayRun { run, reply }).await
+    }
+
+    /// Creates or updates an attempt from Ray Train V2's whole attempt
+    /// document; see [`StateMessage::UpsertRayAttempt`].
+    pub async fn upsert_ray_attempt(
+        &self,
+        attempt: ray_v2::TrainRunAttempt,
+    ) -> Result<RunDocument, StateError> {
+        let attempt = Box::new(attempt);
+        self.call(|reply| StateMessage::UpsertRayAttempt { attempt, reply }).await
     }
 
     /// Renews a live run's lease and returns it.

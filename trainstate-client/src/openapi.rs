@@ -8,8 +8,8 @@ use schemars::generate::SchemaSettings;
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde_json::{Map, Value, json};
 use trainstate_schema::{
-    ActorStatus, CauseKind, Resources, RunAttempt, RunCause, RunId, RunStatus, TrainDatasetInfo,
-    TrainRunInfo, TrainWorkerInfo,
+    ActorStatus, AttemptStatus, CauseKind, Resources, RunAttempt, RunCause, RunId, RunStatus,
+    TrainDatasetInfo, TrainRunInfo, TrainWorkerInfo, ray_v2,
 };
 
 use crate::api::{
@@ -32,6 +32,7 @@ pub fn wire_schemas() -> Vec<(&'static str, Schema)> {
         of::<TrainDatasetInfo>("TrainDatasetInfo"),
         of::<RunAttempt>("RunAttempt"),
         of::<RunStatus>("RunStatus"),
+        of::<AttemptStatus>("AttemptStatus"),
         of::<ActorStatus>("ActorStatus"),
         of::<RunCause>("RunCause"),
         of::<CauseKind>("CauseKind"),
@@ -53,6 +54,10 @@ pub fn wire_schemas() -> Vec<(&'static str, Schema)> {
         of::<ErrorCode>("ErrorCode"),
         of::<ListQuery>("ListQuery"),
         of::<Cursor>("Cursor"),
+        // Ray Train V2's documents.
+        of::<ray_v2::TrainRun>("RayTrainRun"),
+        of::<ray_v2::TrainRunAttempt>("RayTrainRunAttempt"),
+        of::<ray_v2::TrainRunsResponse>("RayTrainRunsResponse"),
     ]
 }
 

@@ -9,6 +9,7 @@ use serde::de::{MapAccess, Visitor};
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
+use trainstate_schema::ray_v2;
 use trainstate_schema::{
     CauseKind, NewRun, RunCause, RunId, RunStatus, TrainRunInfo, TrainWorkerInfo,
 };
@@ -52,6 +53,24 @@ pub enum StateMessage {
         id: RunId,
         /// The new attempt.
         attempt: NewAttempt,
+        /// The stored run after the change.
+        reply: Reply<RunDocument>,
+    },
+    /// Creates or updates a run from Ray Train V2's whole run document, as
+    /// Ray's controller writes it. Idempotent; a terminal run never moves
+    /// back to live.
+    UpsertRayRun {
+        /// The whole V2 run.
+        run: Box<ray_v2::TrainRun>,
+        /// The stored run after the change.
+        reply: Reply<RunDocument>,
+    },
+    /// Creates or updates an attempt of a run from Ray Train V2's whole
+    /// attempt document. Idempotent; a terminal attempt never moves back to
+    /// live, and a new attempt ends the one before it.
+    UpsertRayAttempt {
+        /// The whole V2 attempt.
+        attempt: Box<ray_v2::TrainRunAttempt>,
         /// The stored run after the change.
         reply: Reply<RunDocument>,
     },

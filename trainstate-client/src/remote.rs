@@ -5,7 +5,7 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
-use trainstate_schema::{RunId, TrainRunInfo};
+use trainstate_schema::{RunId, TrainRunInfo, ray_v2};
 
 use crate::api::{
     AttemptRequest, ErrorResponse, HeartbeatResponse, ListQuery, RayRunListResponse,
@@ -116,6 +116,12 @@ impl Remote {
             StateMessage::StartAttempt { id, attempt, reply } => {
                 let _ = reply.send(self.start_attempt(&id, attempt, timeout).await);
             }
+            StateMessage::UpsertRayRun { run, reply } => {
+                let _ = reply.send(self.upsert_ray_run(&run, timeout).await);
+            }
+            StateMessage::UpsertRayAttempt { attempt, reply } => {
+                let _ = reply.send(self.upsert_ray_attempt(&attempt, timeout).await);
+            }
             StateMessage::Heartbeat { id, reply } => {
                 let _ = reply.send(self.heartbeat(&id, timeout).await);
             }
@@ -166,6 +172,40 @@ impl Remote {
     ) -> Result<RunDocument, StateError> {
         let body = AttemptRequest::from(attempt);
         let call = Call::post(format!("/api/train/runs/{id}/attempts"), &body, Some(id));
+        parse(&self.send(call, timeout).await?)
+    }
+
+    async fn upsert_ray_run(
+        &self,
+        run: &ray_v2::TrainRun,
+        timeout: Duration,
+    ) -> Result<RunDocument, StateError> {
+        let id = RunId::parse(&run.id).map_err(StateError::from)?;
+        let mut call = Call::post(format!("/api/train/v2/runs/{id}"), run, Some(&id));
+        call.method = Method::PUT;
+        parse(&self.send(call, timeout).await?)
+    }
+
+    async fn upsert_ray_attempt(
+        &self,
+        attempt: &ray_v2::TrainRunAttempt,
+        timeout: Duration,
+    ) -> Result<RunDocument, StateError> {
+        let id = RunId::parse(&attempt.run_id).map_err(StateError::from)?;
+        // The attempt id is the caller's text: encoded as one path segment.
+        let mut url = reqwest::Url::parse("http://head/").expect("a valid URL");
+        url.path_segments_mut().expect("an http URL has a path").extend([
+            "api",
+            "train",
+            "v2",
+            "runs",
+            id.as_str(),
+            "attempts",
+            &attempt.attempt_id,
+        ]);
+        let path = url.path().to_owned();
+        let mut call = Call::post(path, attempt, Some(&id));
+        call.method = Method::PUT;
         parse(&self.send(call, timeout).await?)
     }
 

@@ -4,12 +4,12 @@
 //! route the other lacks.
 
 use schemars::{JsonSchema, Schema, SchemaGenerator};
-use trainstate_schema::TrainRunInfo;
 use trainstate_schema::api::{
     AttemptRequest, ErrorCode, EventsQuery, HealthResponse, HeartbeatResponse, ListQuery,
     RayRunListResponse, RegisterRequest, RegisterResponse, RunEvent, RunListResponse,
     SnapshotEvent, StatusRequest, VersionResponse,
 };
+use trainstate_schema::{TrainRunInfo, ray_v2};
 
 /// One operation of the HTTP API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -21,6 +21,12 @@ pub enum Operation {
     RegisterRun,
     /// `GET /api/train/v2/runs`.
     ListRunsRay,
+    /// `GET /api/train/v2/runs/v1`: Ray Train V2's runs, as Ray serves them.
+    ListRunsRayV2,
+    /// `PUT /api/train/v2/runs/{id}`: Ray Train V2's run upsert.
+    UpsertRayRun,
+    /// `PUT /api/train/v2/runs/{id}/attempts/{attempt_id}`: Ray Train V2's attempt upsert.
+    UpsertRayAttempt,
     /// `GET /api/train/runs/{id}`.
     GetRun,
     /// `DELETE /api/train/runs/{id}`.
@@ -221,7 +227,7 @@ const RUN: SchemaFn = schema_of::<TrainRunInfo>;
 /// Every route the head serves, in documentation order.
 pub fn routes() -> Vec<Route> {
     use Access::{Open, Read, Write};
-    use HttpMethod::{Delete, Get, Post};
+    use HttpMethod::{Delete, Get, Post, Put};
     let route = |operation, operation_id, method, path, summary, access| Route {
         operation,
         operation_id,
@@ -299,6 +305,61 @@ pub fn routes() -> Vec<Route> {
                 "/api/train/v2/runs",
                 "Every retained run, newest first, unpaged: Ray 2.60's dashboard route for Train V1 state.",
                 Read,
+            )
+        },
+        Route {
+            success: &[Success {
+                status: 200,
+                description: "Every run, as Ray's TrainRunsResponse.",
+                body: Body::Json(schema_of::<ray_v2::TrainRunsResponse>),
+            }],
+            errors: READ_ERRORS,
+            ..route(
+                Operation::ListRunsRayV2,
+                "listRunsRayV2",
+                Get,
+                "/api/train/v2/runs/v1",
+                "Every retained run, newest first, unpaged, as Ray 2.60 answers its Train V2 route: DecoratedTrainRuns with their attempts and workers. Runs registered the V1 way get what V2 requires (an attempt, framework_versions, complete default run_settings).",
+                Read,
+            )
+        },
+        Route {
+            path_params: &[RUN_ID],
+            request: Some(schema_of::<ray_v2::TrainRun>),
+            success: &[Success {
+                status: 200,
+                description: "The run after the write.",
+                body: Body::Json(RUN),
+            }],
+            errors: WRITE_ERRORS,
+            ..route(
+                Operation::UpsertRayRun,
+                "upsertRayRun",
+                Put,
+                "/api/train/v2/runs/{id}",
+                "Create or update a run from Ray Train V2's whole TrainRun (its id must be the path's). Idempotent; a terminal run never moves back to live; static metadata never changes.",
+                Write,
+            )
+        },
+        Route {
+            path_params: &[
+                RUN_ID,
+                PathParam { name: "attempt_id", description: "The attempt id.", pattern: None },
+            ],
+            request: Some(schema_of::<ray_v2::TrainRunAttempt>),
+            success: &[Success {
+                status: 200,
+                description: "The run after the write.",
+                body: Body::Json(RUN),
+            }],
+            errors: WRITE_ERRORS,
+            ..route(
+                Operation::UpsertRayAttempt,
+                "upsertRayAttempt",
+                Put,
+                "/api/train/v2/runs/{id}/attempts/{attempt_id}",
+                "Create or update an attempt from Ray Train V2's whole TrainRunAttempt (run_id and attempt_id must be the path's). Idempotent; a terminal attempt never moves back to live; a new attempt ends the one before it.",
+                Write,
             )
         },
         Route {

@@ -292,7 +292,9 @@ pub struct EventsQuery {
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[non_exhaustive]
 pub struct ListQuery {
-    /// Comma-separated statuses (RUNNING, FINISHED, ERRORED, ABORTED).
+    /// Comma-separated statuses, any of INITIALIZING, SCHEDULING, RUNNING, RESTARTING,
+    /// RESIZING, FINISHED, ERRORED, ABORTED. As V1 readers see runs, RUNNING keeps every
+    /// live run; every other status keeps exactly itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<StatusFilter>,
     /// Only runs of this job.
@@ -341,7 +343,9 @@ impl FromStr for StatusFilter {
             .filter(|s| !s.is_empty())
             .map(|s| {
                 RunStatus::parse(s).ok_or_else(|| {
-                    format!("unknown status {s:?}: use RUNNING, FINISHED, ERRORED or ABORTED")
+                    format!(
+                        "unknown status {s:?}: use INITIALIZING, SCHEDULING, RUNNING, RESTARTING, RESIZING, FINISHED, ERRORED or ABORTED"
+                    )
                 })
             })
             .collect::<Result<_, _>>()
@@ -372,7 +376,7 @@ impl schemars::JsonSchema for StatusFilter {
         schemars::json_schema!({
             "type": "string",
             "description": "Comma-separated run statuses, for example RUNNING,ERRORED.",
-            "pattern": "^(RUNNING|STARTED|FINISHED|ERRORED|ABORTED)?(,(RUNNING|STARTED|FINISHED|ERRORED|ABORTED))*$"
+            "pattern": "^ *(INITIALIZING|SCHEDULING|RUNNING|STARTED|RESTARTING|RESIZING|FINISHED|ERRORED|ABORTED)? *(, *(INITIALIZING|SCHEDULING|RUNNING|STARTED|RESTARTING|RESIZING|FINISHED|ERRORED|ABORTED) *)*$"
         })
     }
 }

@@ -66,6 +66,13 @@ impl RunStatus {
         if self.is_live() { RunStatus::Running } else { self }
     }
 
+    /// True when a filter on this status keeps a run with `status`: as V1
+    /// readers see runs, `RUNNING` keeps every live run; every other status
+    /// keeps exactly itself.
+    pub fn matches(self, status: RunStatus) -> bool {
+        if self == RunStatus::Running { status.is_live() } else { self == status }
+    }
+
     /// The wire spelling, for example `"RUNNING"`.
     pub fn as_str(self) -> &'static str {
         match self {

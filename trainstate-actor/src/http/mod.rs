@@ -205,7 +205,7 @@ fn router(
         app = app.layer(
             CorsLayer::new()
                 .allow_origin(AllowOrigin::list(origins))
-                .allow_methods([Method::GET, Method::POST, Method::DELETE])
+                .allow_methods([Method::GET, Method::POST, Method::PUT, Method::DELETE])
                 .allow_headers([header::CONTENT_TYPE, header::AUTHORIZATION]),
         );
     }
@@ -245,6 +245,9 @@ fn handler(operation: Operation, filter: MethodFilter) -> MethodRouter<AppState>
         Operation::ListRuns => on(filter, routes::list_runs),
         Operation::RegisterRun => on(filter, routes::register_run),
         Operation::ListRunsRay => on(filter, routes::list_runs_ray),
+        Operation::ListRunsRayV2 => on(filter, routes::list_runs_ray_v2),
+        Operation::UpsertRayRun => on(filter, routes::upsert_ray_run),
+        Operation::UpsertRayAttempt => on(filter, routes::upsert_ray_attempt),
         Operation::GetRun => on(filter, routes::get_run),
         Operation::DeleteRun => on(filter, routes::delete_run),
         Operation::SetRunStatus => on(filter, routes::set_status),

@@ -10,7 +10,7 @@ use trainstate_client::api::{
     RegisterRequest, RegisterResponse, RunListResponse, StatusRequest, VersionResponse,
 };
 use trainstate_client::{NewAttempt, RunDocument, RunQuery, StateError};
-use trainstate_schema::{NewRun, RunId};
+use trainstate_schema::{NewRun, RunId, ray_v2};
 
 use super::AppState;
 use super::body::{JsonBody, QueryParams};
@@ -42,6 +42,44 @@ pub(crate) async fn list_runs_ray(
 ) -> Result<Json<RayRunListResponse<RunDocument>>, ApiError> {
     let page = app.handle.list(RunQuery::all()).await?;
     Ok(Json(RayRunListResponse::new(page.runs)))
+}
+
+/// Ray 2.60's Train V2 route: every retained run as a `DecoratedTrainRun`.
+pub(crate) async fn list_runs_ray_v2(
+    State(app): State<AppState>,
+) -> Result<Json<ray_v2::TrainRunsResponse>, ApiError> {
+    let page = app.handle.list(RunQuery::all()).await?;
+    let runs = page
+        .runs
+        .iter()
+        .map(|doc| doc.parse().map(|run| ray_v2::DecoratedTrainRun::of(&run)))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Json(ray_v2::TrainRunsResponse::new(runs)))
+}
+
+pub(crate) async fn upsert_ray_run(
+    State(app): State<AppState>,
+    Path(id): Path<String>,
+    JsonBody(run): JsonBody<ray_v2::TrainRun>,
+) -> Result<Json<RunDocument>, ApiError> {
+    if run.id != id {
+        return Err(ApiError::invalid("id", "must be the run id of the path"));
+    }
+    Ok(Json(app.handle.upsert_ray_run(run).await?))
+}
+
+pub(crate) async fn upsert_ray_attempt(
+    State(app): State<AppState>,
+    Path((id, attempt_id)): Path<(String, String)>,
+    JsonBody(attempt): JsonBody<ray_v2::TrainRunAttempt>,
+) -> Result<Json<RunDocument>, ApiError> {
+    if attempt.run_id != id {
+        return Err(ApiError::invalid("run_id", "must be the run id of the path"));
+    }
+    if attempt.attempt_id != attempt_id {
+        return Err(ApiError::invalid("attempt_id", "must be the attempt id of the path"));
+    }
+    Ok(Json(app.handle.upsert_ray_attempt(attempt).await?))
 }
 
 pub(crate) async fn get_run(

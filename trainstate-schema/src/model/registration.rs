@@ -77,6 +77,15 @@ impl NewRun {
     /// The run as it will be registered, but for the end time of a run
     /// registered as ended without one. Its static metadata is final: it is
     /// what a repeated registration is compared by.
+    /// A run first written by Ray Train V2: normalised like [`NewRun::new`],
+    /// but no first attempt is recorded, since Ray writes its attempts
+    /// itself, each under its own id.
+    pub fn from_ray(mut run: TrainRunInfo) -> Self {
+        run.last_heartbeat_ms = None;
+        Self { run }
+    }
+
+    /// The run to register.
     pub fn run(&self) -> &TrainRunInfo {
         &self.run
     }

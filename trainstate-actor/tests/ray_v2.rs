@@ -1,0 +1,435 @@
+//! Ray Train V2: its lifecycle in our model, its route as Ray serves it,
+//! its whole-object writes, and a store written by an earlier release.
+
+use reqwest::{Client, Method, StatusCode};
+use serde_json::{Value, json};
+use trainstate_actor::StateConfig;
+use trainstate_actor::http::HttpConfig;
+use trainstate_schema::RunId;
+
+use crate::common::{Server, run_with, unique_name};
+use crate::contract::send;
+
+const T0: u64 = 1_760_000_000_000;
+
+fn fixture(path: &str) -> Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures").join(path);
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+async fn server() -> Server {
+    Server::start(StateConfig::in_memory().with_name(unique_name("v2")), HttpConfig::default())
+        .await
+}
+
+fn body(value: &Value) -> Option<(&'static str, Vec<u8>)> {
+    Some(("application/json", serde_json::to_vec(value).unwrap()))
+}
+
+/// A V2 run document from a dashboard run: its own fields, with `status`.
+fn v2_run(dashboard_run: &Value, status: &str, ended: bool) -> Value {
+    let mut run = json!({});
+    for key in [
+        "id",
+        "name",
+        "job_id",
+        "controller_actor_id",
+        "start_time_ns",
+        "controller_log_file_path",
+        "framework_versions",
+        "run_settings",
+    ] {
+        run[key] = dashboard_run[key].clone();
+    }
+    run["status"] = status.into();
+    if ended {
+        run["status_detail"] = dashboard_run["status_detail"].clone();
+        run["end_time_ns"] = dashboard_run["end_time_ns"].clone();
+    }
+    run
+}
+
+/// A V2 attempt document from a dashboard attempt, at `status`.
+fn v2_attempt(attempt: &Value, status: &str, with_workers: bool, ended: bool) -> Value {
+    let mut doc = json!({
+        "run_id": attempt["run_id"],
+        "attempt_id": attempt["attempt_id"],
+        "status": status,
+        "start_time_ns": attempt["start_time_ns"],
+        "resources": [],
+        "workers": [],
+    });
+    if with_workers {
+        let workers: Vec<Value> = attempt["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| {
+                let mut w = w.clone();
+                let object = w.as_object_mut().unwrap();
+                object.remove("processStats");
+                object.remove("gpus");
+                object.insert("status".into(), "ALIVE".into());
+                w
+            })
+            .collect();
+        doc["resources"] = attempt["resources"].clone();
+        doc["workers"] = workers.into();
+    }
+    if ended {
+        doc["status_detail"] = attempt["status_detail"].clone();
+        doc["end_time_ns"] = attempt["end_time_ns"].clone();
+    }
+    doc
+}
+
+/// Writes every run of Ray's dashboard answer the way Ray's controller
+/// does: the run as it starts, each attempt pending, running, ended, then
+/// the run's end. Oldest run first.
+async fn write_like_ray(client: &Client, url: &str, dashboard: &Value) {
+    let put = |path: String, doc: Value| async move {
+        let (status, answer) =
+            send(client, Method::PUT, &format!("{url}{path}"), body(&doc), None).await;
+        assert_eq!(status, StatusCode::OK, "PUT {path}: {answer}");
+        answer
+    };
+    for run in dashboard["train_runs"].as_array().unwrap().iter().rev() {
+        let id = run["id"].as_str().unwrap();
+        put(format!("/api/train/v2/runs/{id}"), v2_run(run, "INITIALIZING", false)).await;
+        put(format!("/api/train/v2/runs/{id}"), v2_run(run, "SCHEDULING", false)).await;
+        for attempt in run["attempts"].as_array().unwrap() {
+            let path = format!(
+                "/api/train/v2/runs/{id}/attempts/{}",
+                attempt["attempt_id"].as_str().unwrap()
+            );
+            put(path.clone(), v2_attempt(attempt, "PENDING", false, false)).await;
+            put(path.clone(), v2_attempt(attempt, "RUNNING", true, false)).await;
+            put(format!("/api/train/v2/runs/{id}"), v2_run(run, "RUNNING", false)).await;
+            let end = attempt["status"].as_str().unwrap();
+            put(path, v2_attempt(attempt, end, true, true)).await;
+        }
+        let end = run["status"].as_str().unwrap();
+        let answer = put(format!("/api/train/v2/runs/{id}"), v2_run(run, end, true)).await;
+        // The V1 view of the same run.
+        assert_eq!(answer["run_status"], end);
+    }
+}
+
+/// The fields Ray's dashboard and trainstate both carry, times to the ms.
+fn shared_fields(run: &Value) -> Value {
+    let ms = |v: &Value| v.as_u64().map(|ns| ns / 1_000_000);
+    let attempts: Vec<Value> = run["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            let workers: Vec<Value> = a["workers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|w| {
+                    json!({
+                        "world_rank": w["world_rank"], "local_rank": w["local_rank"],
+                        "node_rank": w["node_rank"], "actor_id": w["actor_id"],
+                        "node_id": w["node_id"], "node_ip": w["node_ip"], "pid": w["pid"],
+                        "gpu_ids": w["gpu_ids"], "status": w["status"],
+                        "resources": w["resources"], "log_file_path": w["log_file_path"],
+                    })
+                })
+                .collect();
+            json!({
+                "attempt_id": a["attempt_id"], "status": a["status"],
+                "status_detail": a["status_detail"], "start_ms": ms(&a["start_time_ns"]),
+                "end_ms": ms(&a["end_time_ns"]), "resources": a["resources"], "workers": workers,
+            })
+        })
+        .collect();
+    json!({
+        "id": run["id"], "name": run["name"], "job_id": run["job_id"],
+        "controller_actor_id": run["controller_actor_id"], "status": run["status"],
+        "status_detail": run["status_detail"], "start_ms": ms(&run["start_time_ns"]),
+        "end_ms": ms(&run["end_time_ns"]),
+        "controller_log_file_path": run["controller_log_file_path"],
+        "framework_versions": run["framework_versions"], "run_settings": run["run_settings"],
+        "attempts": attempts,
+    })
+}
+
+/// Validates an answer of the V2 route under the JSON Schema of Ray's own
+/// pydantic model (`fixtures/ray-v2/TrainRunsResponse.schema.json`).
+fn assert_valid_under_rays_model(answer: &Value) {
+    let schema = fixture("ray-v2/TrainRunsResponse.schema.json");
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let errors: Vec<String> =
+        validator.iter_errors(answer).map(|e| format!("{e} at {}", e.instance_path())).collect();
+    assert!(errors.is_empty(), "Ray's TrainRunsResponse refuses the answer: {errors:?}");
+}
+
+#[test]
+fn rays_own_dashboard_answer_is_valid_under_the_committed_schema_of_its_model() {
+    // The oracle itself must refuse what Ray refuses, or it proves nothing.
+    let answer = fixture("ray-v2/dashboard-v2-runs.json");
+    assert_valid_under_rays_model(&answer);
+    let schema = fixture("ray-v2/TrainRunsResponse.schema.json");
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    for (what, mutate) in [
+        (
+            "no run_settings",
+            (|r: &mut Value| drop(r.as_object_mut().unwrap().remove("run_settings")))
+                as fn(&mut Value),
+        ),
+        ("no framework_versions", |r| {
+            drop(r.as_object_mut().unwrap().remove("framework_versions"))
+        }),
+        ("a V1 status", |r| r["status"] = "STARTED".into()),
+        ("a time in text", |r| r["start_time_ns"] = "1".into()),
+        ("an attempt without workers", |r| {
+            drop(r["attempts"][0].as_object_mut().unwrap().remove("workers"))
+        }),
+    ] {
+        let mut broken = answer.clone();
+        mutate(&mut broken["train_runs"][0]);
+        assert!(!validator.is_valid(&broken), "the schema accepts {what}");
+    }
+}
+
+#[tokio::test]
+async fn ray_v2_writes_replayed_from_rays_dashboard_give_back_rays_answer() {
+    let server = server().await;
+    let client = Client::new();
+    let dashboard = fixture("ray-v2/dashboard-v2-runs.json");
+    write_like_ray(&client, &server.url, &dashboard).await;
+
+    let (status, answer) =
+        send(&client, Method::GET, &format!("{}/api/train/v2/runs/v1", server.url), None, None)
+            .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_valid_under_rays_model(&answer);
+    let ours: Vec<Value> =
+        answer["train_runs"].as_array().unwrap().iter().map(shared_fields).collect();
+    let rays: Vec<Value> =
+        dashboard["train_runs"].as_array().unwrap().iter().map(shared_fields).collect();
+    assert_eq!(ours.len(), 3);
+    for (ours, rays) in ours.iter().zip(&rays) {
+        assert_eq!(ours, rays, "run {}", rays["name"]);
+    }
+
+    // Ray's V1 route answers too (Ray's own answers HTTP 500 on a V2 cluster).
+    let (status, v1) =
+        send(&client, Method::GET, &format!("{}/api/train/v2/runs", server.url), None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let statuses: Vec<&Value> =
+        v1["train_runs"].as_array().unwrap().iter().map(|r| &r["run_status"]).collect();
+    assert_eq!(statuses, [&json!("ERRORED"), &json!("FINISHED"), &json!("FINISHED")]);
+    let bad = &v1["train_runs"][0];
+    assert_eq!(bad["cause"], json!({"kind": "USER_ERROR", "failed_world_rank": 0}));
+    assert!(bad["workers"].as_array().unwrap().iter().all(|w| w["status"] == "DEAD"));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn v2_writes_are_idempotent_and_never_move_a_terminal_run_or_attempt_back() {
+    let server = server().await;
+    let client = Client::new();
+    let dashboard = fixture("ray-v2/dashboard-v2-runs.json");
+    write_like_ray(&client, &server.url, &dashboard).await;
+    let run = &dashboard["train_runs"][1];
+    let id = run["id"].as_str().unwrap();
+    let url = |path: &str| format!("{}/api/train/v2/runs/{id}{path}", server.url);
+    let (_, before) =
+        send(&client, Method::GET, &format!("{}/api/train/runs/{id}", server.url), None, None)
+            .await;
+
+    // The same whole document again changes nothing.
+    let (status, again) =
+        send(&client, Method::PUT, &url(""), body(&v2_run(run, "FINISHED", true)), None).await;
+    assert_eq!((status, &again), (StatusCode::OK, &before));
+    // Back to live: refused, naming both statuses.
+    let (status, refused) =
+        send(&client, Method::PUT, &url(""), body(&v2_run(run, "RUNNING", false)), None).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(refused["error"]["code"], "illegal_transition");
+    assert_eq!(
+        (&refused["error"]["from"], &refused["error"]["to"]),
+        (&json!("FINISHED"), &json!("RUNNING"))
+    );
+    let attempt = &run["attempts"][0];
+    let path = format!("/attempts/{}", attempt["attempt_id"].as_str().unwrap());
+    let (status, _) = send(
+        &client,
+        Method::PUT,
+        &url(&path),
+        body(&v2_attempt(attempt, "RUNNING", true, false)),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    // Static metadata never changes.
+    let mut renamed = v2_run(run, "FINISHED", true);
+    renamed["name"] = "other".into();
+    let (status, refused) = send(&client, Method::PUT, &url(""), body(&renamed), None).await;
+    assert_eq!((status, &refused["error"]["code"]), (StatusCode::CONFLICT, &json!("conflict")));
+    // The path and the body must name the same run.
+    let mut elsewhere = v2_run(run, "FINISHED", true);
+    elsewhere["id"] = "0192f0c5a4e27c3db1c1a2b3c4d5e6f7".into();
+    let (status, refused) = send(&client, Method::PUT, &url(""), body(&elsewhere), None).await;
+    assert_eq!(
+        (status, &refused["error"]["field"]),
+        (StatusCode::UNPROCESSABLE_ENTITY, &json!("id"))
+    );
+
+    let (_, after) =
+        send(&client, Method::GET, &format!("{}/api/train/runs/{id}", server.url), None, None)
+            .await;
+    assert_eq!(after, before, "refused writes changed nothing");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn runs_registered_the_v1_way_get_what_rays_v2_models_require() {
+    let server = server().await;
+    let client = Client::new();
+    let runs = format!("{}/api/train/runs", server.url);
+    let live = serde_json::to_value(run_with(&RunId::new_v7(), "v1-live", "job1", T0, 4)).unwrap();
+    send(&client, Method::POST, &runs, body(&live), None).await;
+    let ended =
+        serde_json::to_value(run_with(&RunId::new_v7(), "v1-ended", "job1", T0 + 1, 4)).unwrap();
+    send(&client, Method::POST, &runs, body(&ended), None).await;
+    let id = ended["id"].as_str().unwrap();
+    let status = json!({"status": "ERRORED", "detail": "boom", "cause": {"kind": "USER_ERROR", "failed_world_rank": 2}});
+    send(&client, Method::POST, &format!("{runs}/{id}/status"), body(&status), None).await;
+
+    let (_, answer) =
+        send(&client, Method::GET, &format!("{}/api/train/v2/runs/v1", server.url), None, None)
+            .await;
+    assert_valid_under_rays_model(&answer);
+    let errored = &answer["train_runs"][0];
+    assert_eq!(errored["status"], "ERRORED");
+    assert_eq!(errored["attempts"][0]["status"], "ERRORED");
+    assert_eq!(errored["attempts"][0]["workers"].as_array().unwrap().len(), 4);
+    assert_eq!(errored["run_settings"]["scaling_config"]["num_workers"], 4);
+    assert_eq!(answer["train_runs"][1]["attempts"][0]["status"], "RUNNING");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn live_sub_statuses_show_as_running_to_v1_readers_and_filters() {
+    let server = server().await;
+    let client = Client::new();
+    let runs = format!("{}/api/train/runs", server.url);
+    let run =
+        serde_json::to_value(run_with(&RunId::new_v7(), "restarting", "job1", T0, 2)).unwrap();
+    let id = run["id"].as_str().unwrap().to_owned();
+    send(&client, Method::POST, &runs, body(&run), None).await;
+    let (status, changed) = send(
+        &client,
+        Method::POST,
+        &format!("{runs}/{id}/status"),
+        body(&json!({"status": "RESTARTING"})),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{changed}");
+    assert_eq!(
+        (&changed["run_status"], &changed["status"]),
+        (&json!("RUNNING"), &json!("RESTARTING"))
+    );
+    assert!(changed["end_time_ms"].is_null());
+
+    for (filter, expected) in
+        [("RUNNING", 1), ("RESTARTING", 1), ("SCHEDULING", 0), ("FINISHED", 0)]
+    {
+        let (_, page) =
+            send(&client, Method::GET, &format!("{runs}?status={filter}"), None, None).await;
+        assert_eq!(page["total"], expected, "status={filter}");
+    }
+    let (_, v1) =
+        send(&client, Method::GET, &format!("{}/api/train/v2/runs", server.url), None, None).await;
+    assert_eq!(v1["train_runs"][0]["run_status"], "RUNNING");
+
+    // A live status moves to any other, and ends; then it is final.
+    for next in ["SCHEDULING", "RUNNING", "RESIZING", "FINISHED"] {
+        let (status, answer) = send(
+            &client,
+            Method::POST,
+            &format!("{runs}/{id}/status"),
+            body(&json!({"status": next})),
+            None,
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{next}: {answer}");
+    }
+    let (status, _) = send(
+        &client,
+        Method::POST,
+        &format!("{runs}/{id}/status"),
+        body(&json!({"status": "SCHEDULING"})),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_ended_run_and_a_replaced_attempt_list_their_workers_dead() {
+    let server = server().await;
+    let client = Client::new();
+    let runs = format!("{}/api/train/runs", server.url);
+    let run = serde_json::to_value(run_with(&RunId::new_v7(), "elastic", "job1", T0, 2)).unwrap();
+    let id = run["id"].as_str().unwrap().to_owned();
+    send(&client, Method::POST, &runs, body(&run), None).await;
+    let attempt = json!({"attempt_id": "1", "start_time_ms": T0 + 10, "workers": run["workers"]});
+    let (_, resized) =
+        send(&client, Method::POST, &format!("{runs}/{id}/attempts"), body(&attempt), None).await;
+    let first = &resized["attempts"][0];
+    assert_eq!(first["status"], "ABORTED");
+    assert!(first["workers"].as_array().unwrap().iter().all(|w| w["status"] == "DEAD"));
+    assert!(resized["workers"].as_array().unwrap().iter().all(|w| w["status"] == "ALIVE"));
+
+    let errored = json!({"status": "ERRORED", "detail": "boom", "cause": {"kind": "USER_ERROR", "failed_world_rank": 1}});
+    let (_, ended) =
+        send(&client, Method::POST, &format!("{runs}/{id}/status"), body(&errored), None).await;
+    assert!(ended["workers"].as_array().unwrap().iter().all(|w| w["status"] == "DEAD"));
+    let current = &ended["attempts"][1];
+    assert_eq!(current["status"], "ERRORED");
+    assert_eq!(current["cause"], json!({"kind": "USER_ERROR", "failed_world_rank": 1}));
+    assert!(current["end_time_ms"].is_u64());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_store_written_by_release_0_1_0_opens_and_takes_v2_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/store-v0.1.0.db");
+    std::fs::copy(fixture, dir.path().join("trainstate.db")).unwrap();
+    let config =
+        StateConfig::sqlite(dir.path().join("trainstate.db")).with_name(unique_name("old-store"));
+    let server = Server::start(config, HttpConfig::default()).await;
+    let client = Client::new();
+    let runs = format!("{}/api/train/runs", server.url);
+    let (_, page) = send(&client, Method::GET, &runs, None, None).await;
+    let names: Vec<&Value> =
+        page["train_runs"].as_array().unwrap().iter().map(|r| &r["name"]).collect();
+    assert_eq!(names, [&json!("old-resized"), &json!("old-errored"), &json!("run-0")]);
+    let resized = &page["train_runs"][0];
+    assert_eq!(resized["attempts"][0]["status"], "ABORTED", "a replaced attempt");
+    assert_eq!(resized["attempts"][1]["status"], "FINISHED", "the attempt that ended the run");
+    let (_, answer) =
+        send(&client, Method::GET, &format!("{}/api/train/v2/runs/v1", server.url), None, None)
+            .await;
+    assert_valid_under_rays_model(&answer);
+    // The live run of the old store moves on.
+    let live = "00000000000000000000000000005000";
+    let (status, _) = send(
+        &client,
+        Method::POST,
+        &format!("{runs}/{live}/status"),
+        body(&json!({"status": "RESIZING"})),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    server.stop().await;
+}
