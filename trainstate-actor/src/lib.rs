@@ -42,6 +42,8 @@ mod errors;
 mod faults;
 #[cfg(feature = "server")]
 pub mod http;
+#[cfg(feature = "server")]
+pub mod links;
 mod record;
 mod state;
 mod store;

@@ -338,3 +338,59 @@ fn regression_sigterm_right_after_ready_shuts_down_cleanly() {
     let status = head.wait();
     assert!(status.success(), "{status}");
 }
+
+#[test]
+fn runs_show_lists_attempts_with_statuses_and_fills_the_link_templates() {
+    let dir = tempfile::tempdir().unwrap();
+    let head = Head::start(
+        dir.path(),
+        &[
+            "--logs-url",
+            "https://logs.example/{run_id}/{rank}",
+            "--metrics-url",
+            "https://grafana.example/?run={run_id}",
+        ],
+    )
+    .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let remote = trainstate_client::StateHandle::connect(&head.url, None).unwrap();
+    let run = run_with(&RunId::new_v7(), "cli-v2", "job-cli", T0, 2);
+    runtime.block_on(async {
+        remote.register(run.clone()).await.unwrap();
+        let attempt = trainstate_client::NewAttempt::new("1", T0 + 5, run.workers().to_vec());
+        remote.start_attempt(run.id().clone(), attempt).await.unwrap();
+        let errored = trainstate_client::StatusUpdate::errored(
+            Some(1),
+            trainstate_schema::CauseKind::UserError,
+            "boom",
+        );
+        remote.set_status(run.id().clone(), errored).await.unwrap();
+    });
+    let shown = Command::new(env!("CARGO_BIN_EXE_trainstate"))
+        .args(["runs", "show", run.id().as_str(), "--url", &head.url])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(shown.stdout).unwrap();
+    assert!(shown.status.success(), "{text}");
+    let id = run.id();
+    assert!(text.contains(&format!("metrics         https://grafana.example/?run={id}")), "{text}");
+    assert!(text.contains(&format!("https://logs.example/{id}/1")), "{text}");
+    let attempts: Vec<&str> =
+        text.lines().skip_while(|l| !l.starts_with("attempts")).skip(2).take(2).collect();
+    assert!(attempts[0].starts_with("0") && attempts[0].contains("ABORTED"), "{text}");
+    assert!(
+        attempts[1].starts_with("1")
+            && attempts[1].contains("ERRORED")
+            && attempts[1].contains("USER_ERROR (rank 1)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_link_template_that_names_an_unknown_placeholder_is_refused_before_listening() {
+    let dir = tempfile::tempdir().unwrap();
+    let refused = Head::start(dir.path(), &["--logs-url", "https://logs.example/{run}"])
+        .err()
+        .expect("the head refuses to start");
+    assert!(refused.contains("--logs-url") && refused.contains("{run}"), "{refused}");
+}

@@ -498,3 +498,76 @@ async fn the_page_reads_a_protected_head_with_the_token_from_its_url() {
     browser.quit().await;
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_sub_statuses_attempts_with_causes_the_restart_budget_and_links_out() {
+    let Some((chromium, chromedriver)) = browser() else { return };
+    let links = trainstate_client::api::LinksResponse::new(
+        Some("https://logs.example/run/{run_id}/rank/{rank}".into()),
+        Some("https://grafana.example/d/train?var-run={run_id}&var-attempt={attempt_id}".into()),
+    );
+    let server = Server::start(
+        StateConfig::in_memory().with_name(unique_name("web-v2")),
+        HttpConfig::default().with_links(links),
+    )
+    .await;
+    let api = Api::new(&server, None);
+    let (id, mut run) = run_body("flaky-pretrain", "06000000", now_ms() - HOUR, 4, &["train"]);
+    run["run_settings"] = json!({"run_config": {"failure_config": {"max_failures": 2}}});
+    api.register((id.clone(), run.clone())).await;
+    api.set_status(&id, json!({"status": "RESTARTING"})).await;
+    api.post(
+        &format!("/api/train/runs/{id}/attempts"),
+        json!({"attempt_id": "1", "start_time_ms": now_ms() - HOUR / 2, "workers": run["workers"]}),
+    )
+    .await;
+    api.set_status(
+        &id,
+        json!({"status": "ERRORED", "detail": "boom", "cause": {"kind": "USER_ERROR", "failed_world_rank": 2}}),
+    )
+    .await;
+
+    let browser = Browser::start(&chromium, &chromedriver, "v2").await;
+    browser.goto(&format!("{}/runs/{id}", server.url)).await;
+    let shown = browser
+        .wait_for(
+            "the attempts, their statuses and the links",
+            "const statuses = [...document.querySelectorAll('[data-col=attempt-status]')].map((e) => e.textContent);
+             const links = [...document.querySelectorAll('a.out')].map((a) => a.getAttribute('href'));
+             const budget = [...document.querySelectorAll('h2')].map((e) => e.textContent).find((t) => t.startsWith('Attempts'));
+             const cause = document.querySelector('.attempt-cause')?.textContent;
+             return statuses.length === 2 && links.length > 1 && { statuses, links, budget, cause };",
+        )
+        .await;
+    assert_eq!(shown["statuses"], json!(["ABORTED", "ERRORED"]));
+    assert_eq!(shown["budget"], "Attempts (2 of at most 3)");
+    assert!(shown["cause"].as_str().unwrap().contains("first failed rank 2"), "{shown}");
+    let links: Vec<&str> =
+        shown["links"].as_array().unwrap().iter().map(|l| l.as_str().unwrap()).collect();
+    assert!(
+        links.contains(
+            &format!("https://grafana.example/d/train?var-run={id}&var-attempt=1").as_str()
+        ),
+        "{links:?}"
+    );
+    assert!(links.contains(&format!("https://logs.example/run/{id}/rank/3").as_str()), "{links:?}");
+
+    // A live sub-status is what the runs list shows.
+    let (other, _) = {
+        let (other, body) = run_body("scheduling-run", "06000000", now_ms() - 10 * MINUTE, 2, &[]);
+        api.register((other.clone(), body)).await;
+        api.set_status(&other, json!({"status": "SCHEDULING"})).await;
+        (other, ())
+    };
+    browser.goto(&format!("{}/", server.url)).await;
+    browser
+        .wait_for(
+            "the live sub-status in the list",
+            &format!(
+                "return document.querySelector(`#runs tr[data-run-id='{other}'] [data-col=status]`)?.textContent === 'SCHEDULING';"
+            ),
+        )
+        .await;
+    browser.quit().await;
+    server.stop().await;
+}

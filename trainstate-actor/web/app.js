@@ -105,6 +105,49 @@
   }, 1000);
 
   const badge = (status) => h('span', { class: `badge s-${String(status).toLowerCase()}` }, status);
+  /** A run's lifecycle status: Ray Train V2's sub-status when it has one. */
+  const statusOf = (run) => run.status || run.run_status;
+
+  // ---- Links out: the operator's URL templates (GET /api/links) ---------
+
+  const WORKER_PLACEHOLDERS = ['rank', 'node_id', 'node_ip', 'pid'];
+  let links = null;
+  let linksLoading = null;
+  /** Loads the templates once; a head without them shows no links. */
+  function loadLinks() {
+    linksLoading ??= (async () => {
+      try { links = await api('/api/links'); } catch (_) { links = null; }
+    })();
+    return linksLoading;
+  }
+  const perWorker = (template) => WORKER_PLACEHOLDERS.some((p) => template.includes(`{${p}}`));
+  /** `template` filled for `run` and, for a per-worker template, `worker`. */
+  function fillLink(template, run, worker) {
+    const attempts = run.attempts || [];
+    const values = {
+      run_id: run.id, run_name: run.name, job_id: run.job_id,
+      attempt_id: attempts.length ? attempts[attempts.length - 1].attempt_id : '',
+      start_ms: run.start_time_ms, end_ms: run.end_time_ms ?? '',
+      rank: worker ? worker.world_rank : '', node_id: worker ? worker.node_id : '',
+      node_ip: worker ? worker.node_ip : '', pid: worker ? worker.pid : '',
+    };
+    return template.replace(/\{(\w+)\}/g, (_, name) => encodeURIComponent(String(values[name] ?? '')));
+  }
+  /** The configured links of a run (`worker` null) or of a worker. */
+  function linksOf(run, worker) {
+    if (!links) return [];
+    return [['logs', 'Logs'], ['metrics', 'Metrics']]
+      .filter(([key]) => links[key] && perWorker(links[key]) === Boolean(worker))
+      .map(([key, label]) => h('a', {
+        href: fillLink(links[key], run, worker), target: '_blank', rel: 'noopener noreferrer',
+        class: 'out', 'data-link': key,
+      }, label));
+  }
+  /** How many attempts the run's settings allow (max_failures + 1), if they say. */
+  function attemptBudget(run) {
+    const failures = run.run_settings?.run_config?.failure_config?.max_failures;
+    return Number.isInteger(failures) && failures >= 0 ? failures + 1 : null;
+  }
 
   function copyButton(text, what) {
     const button = h('button', {
@@ -490,12 +533,12 @@
 
     function runRow(run) {
       const datasets = run.datasets.map((d) => d.name).join(', ');
-      return h('tr', { 'data-run-id': run.id, 'data-status': run.run_status },
+      return h('tr', { 'data-run-id': run.id, 'data-status': statusOf(run) },
         h('td', { 'data-col': 'name', class: 'name' },
           h('a', { href: runHref(run.id), 'data-nav': true, 'data-key': `run-${run.id}` }, run.name)),
         h('td', { 'data-col': 'id', class: 'mono nowrap opt' },
           h('span', { title: run.id }, short(run.id)), ' ', copyButton(run.id, 'run id')),
-        h('td', { 'data-col': 'status' }, badge(run.run_status)),
+        h('td', { 'data-col': 'status' }, badge(statusOf(run))),
         h('td', { 'data-col': 'job', class: 'mono opt' }, run.job_id),
         h('td', { 'data-col': 'start', class: 'nowrap opt' }, timeEl(run.start_time_ms)),
         h('td', { 'data-col': 'duration', class: 'num' }, durationEl(run.start_time_ms, run.end_time_ms)),
@@ -575,7 +618,7 @@
         back,
         h('div', { class: 'run-head' },
           h('h1', null, run.name),
-          h('span', { id: 'run-status', 'data-col': 'status' }, badge(run.run_status))),
+          h('span', { id: 'run-status', 'data-col': 'status' }, badge(statusOf(run)))),
         goneNote,
         st.error ? errorNote(st.error) : null,
         overview(run),
@@ -606,7 +649,8 @@
         run.restored_from ? item('Restored from',
           h('a', { href: runHref(run.restored_from), 'data-nav': true, class: 'mono' }, run.restored_from)) : null,
         item('Controller', h('span', { class: 'mono', title: run.controller_actor_id }, short(run.controller_actor_id))),
-        run.controller_log_file_path ? item('Controller log', h('span', { class: 'mono' }, run.controller_log_file_path)) : null);
+        run.controller_log_file_path ? item('Controller log', h('span', { class: 'mono' }, run.controller_log_file_path)) : null,
+        linksOf(run, null).length ? item('Links', h('span', { id: 'run-links' }, ...linksOf(run, null).flatMap((a, i) => (i ? [' · ', a] : [a])))) : null);
     }
 
     /** A button that shows the worker of world rank `rank` in the workers table. */
@@ -653,8 +697,12 @@
       const t0 = Math.min(run.start_time_ms, attempts[0].start_time_ms);
       const t1 = Math.max(...attempts.map((a, i) => endOf(a, i) ?? Date.now()), ended ? run.end_time_ms : Date.now());
       const span = Math.max(1, t1 - t0);
+      const budget = attemptBudget(run);
       const items = attempts.map((a, i) => {
         const current = i === attempts.length - 1;
+        const cause = a.cause ? h('span', { class: 'attempt-cause' }, ` · ${CAUSES[a.cause.kind] || a.cause.kind}`,
+          a.cause.failed_world_rank !== null && a.cause.failed_world_rank !== undefined
+            ? [', first failed rank ', rankLink(a.cause.failed_world_rank)] : null) : null;
         const end = endOf(a, i);
         const workers = current ? run.workers : a.workers || [];
         const left = ((a.start_time_ms - t0) / span) * 100;
@@ -662,12 +710,14 @@
         const shown = (st.attempt ?? null) === (current ? null : a.attempt_id);
         return h('li', { class: `attempt${shown ? ' shown' : ''}`, 'data-attempt-id': a.attempt_id },
           h('div', { class: 'attempt-name' }, `Attempt ${line(a.attempt_id)}`,
-            current ? h('span', { class: 'tag' }, 'current') : null),
+            budget ? h('span', { class: 'muted' }, ` (${i + 1} of at most ${budget})`) : null,
+            current ? h('span', { class: 'tag' }, 'current') : null,
+            a.status ? [' ', h('span', { 'data-col': 'attempt-status' }, badge(a.status))] : null),
           h('div', { class: 'track', 'aria-hidden': 'true' },
             h('div', { class: `bar${end === null ? ' live' : ''}`, style: { left: `${left}%`, width: `${Math.min(width, 100 - left)}%` } })),
           h('div', { class: 'attempt-meta' },
             `${formatTime(a.start_time_ms)} → ${end === null ? 'now' : formatTime(end)} · `,
-            durationEl(a.start_time_ms, end), ` · ${plural(workers.length, 'worker')} · `,
+            durationEl(a.start_time_ms, end), ` · ${plural(workers.length, 'worker')}`, cause, ' · ',
             h('button', {
               type: 'button', class: 'link', 'aria-pressed': String(shown), 'data-key': `attempt-${a.attempt_id}`,
               onclick: () => {
@@ -676,7 +726,8 @@
               },
             }, shown ? 'workers shown below' : 'show workers')));
       });
-      return section('Attempts', h('ol', { class: 'timeline' }, items));
+      const title = budget ? `Attempts (${attempts.length} of at most ${budget})` : 'Attempts';
+      return section(title, h('ol', { class: 'timeline' }, items));
     }
 
     function workerSections(run) {
@@ -729,6 +780,7 @@
         }) : null);
 
       // The workers, filtered to a node, sorted, one page at a time.
+      const workerLinks = Boolean(links && ['logs', 'metrics'].some((k) => links[k] && perWorker(links[k])));
       const key = WORKER_SORTS[st.sort];
       const shown = (st.node === null ? all.slice() : all.filter((w) => w.node_id === st.node))
         .sort((a, b) => {
@@ -749,7 +801,8 @@
       h('td', { class: 'mono' }, w.node_ip),
       h('td', { class: 'num' }, String(w.pid)),
       h('td', { class: 'mono' }, w.gpu_ids.length ? w.gpu_ids.join(', ') : h('span', { class: 'muted' }, '—')),
-      h('td', { 'data-col': 'status' }, h('span', { class: `badge w-${String(w.status).toLowerCase()}` }, w.status))));
+      h('td', { 'data-col': 'status' }, h('span', { class: `badge w-${String(w.status).toLowerCase()}` }, w.status)),
+      ...(workerLinks ? [h('td', { class: 'links' }, ...linksOf(run, w).flatMap((a, i) => (i ? [' · ', a] : [a])))] : [])));
       const sortHead = (label, field, cls) => {
         const sorted = st.sort === field;
         return h('th', { scope: 'col', class: cls, 'aria-sort': sorted ? (st.dir > 0 ? 'ascending' : 'descending') : null },
@@ -771,7 +824,8 @@
           sortHead('World rank', 'world_rank', 'num'), sortHead('Local rank', 'local_rank', 'num'),
           sortHead('Node rank', 'node_rank', 'num'), sortHead('Node ID', 'node_id'), sortHead('Node IP', 'node_ip'),
           sortHead('PID', 'pid', 'num'), sortHead('GPU IDs', 'gpu_ids'), sortHead('Status', 'status'),
-        ], rows.length ? rows : h('tr', null, h('td', { colspan: 8, class: 'empty' }, 'No workers.')), { id: 'workers' }),
+          ...(workerLinks ? [h('th', { scope: 'col' }, 'Links')] : []),
+        ], rows.length ? rows : h('tr', null, h('td', { colspan: workerLinks ? 9 : 8, class: 'empty' }, 'No workers.')), { id: 'workers' }),
         shown.length > WORKER_PAGE ? pager('workers', 'Pages of workers', {
           from: start + 1, to: Math.min(shown.length, start + WORKER_PAGE), total: shown.length,
           first: st.workerPage > 0 ? () => { st.workerPage = 0; rerender(); } : null,
@@ -783,6 +837,7 @@
     }
 
     load();
+    loadLinks().then(() => { if (!st.closed && st.run) rerender(); });
     return { refresh: throttle(load, MIN_REFRESH_MS), onEvent, close: () => { st.closed = true; } };
   }
 

@@ -172,6 +172,18 @@ impl StateHandle {
         self.call(|reply| StateMessage::UpsertRayAttempt { attempt, reply }).await
     }
 
+    /// The link templates the head service serves (`GET /api/links`): a
+    /// remote handle's only; a local handle has no head service.
+    pub async fn links(&self) -> Result<crate::api::LinksResponse, StateError> {
+        match &*self.inner {
+            #[cfg(feature = "http")]
+            Transport::Remote(remote) => remote.links(self.timeout).await,
+            Transport::Local(_) => Err(StateError::Unsupported {
+                reason: "link templates are the head service's; connect to it over HTTP".into(),
+            }),
+        }
+    }
+
     /// Renews a live run's lease and returns it.
     pub async fn heartbeat(&self, id: RunId) -> Result<Duration, StateError> {
         self.call(|reply| StateMessage::Heartbeat { id, reply }).await

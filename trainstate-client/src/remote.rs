@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use trainstate_schema::{RunId, TrainRunInfo, ray_v2};
 
 use crate::api::{
-    AttemptRequest, ErrorResponse, HeartbeatResponse, ListQuery, RayRunListResponse,
+    AttemptRequest, ErrorResponse, HeartbeatResponse, LinksResponse, ListQuery, RayRunListResponse,
     RegisterResponse, RunListResponse, StatusRequest,
 };
 use crate::error::StateError;
@@ -207,6 +207,10 @@ impl Remote {
         let mut call = Call::post(path, attempt, Some(&id));
         call.method = Method::PUT;
         parse(&self.send(call, timeout).await?)
+    }
+
+    pub(crate) async fn links(&self, timeout: Duration) -> Result<LinksResponse, StateError> {
+        parse(&self.send(Call::get("/api/links".into(), None, None), timeout).await?)
     }
 
     async fn heartbeat(&self, id: &RunId, timeout: Duration) -> Result<Duration, StateError> {

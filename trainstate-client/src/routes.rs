@@ -45,6 +45,8 @@ pub enum Operation {
     GetOpenApi,
     /// `GET /api/version`.
     GetVersion,
+    /// `GET /api/links`.
+    GetLinks,
     /// `GET /healthz`.
     Health,
     /// `GET /metrics`.
@@ -519,6 +521,22 @@ pub fn routes() -> Vec<Route> {
                 Get,
                 "/api/version",
                 "Service and schema versions.",
+                Read,
+            )
+        },
+        Route {
+            success: &[Success {
+                status: 200,
+                description: "The templates; null where none is configured.",
+                body: Body::Json(schema_of::<trainstate_schema::api::LinksResponse>),
+            }],
+            errors: &[ErrorCode::Unauthorized],
+            ..route(
+                Operation::GetLinks,
+                "getLinks",
+                Get,
+                "/api/links",
+                "The URL templates of links out to logs and metrics dashboards, as the operator configured them.",
                 Read,
             )
         },

@@ -168,6 +168,40 @@ impl VersionResponse {
     }
 }
 
+/// Answer of `GET /api/links`: the URL templates an operator configured,
+/// for links out of the page and the CLI to logs and metrics dashboards.
+///
+/// A template is a URL with placeholders in braces, each filled with the
+/// URL-encoded value: `{run_id}`, `{run_name}`, `{job_id}`, `{attempt_id}`,
+/// `{start_ms}`, `{end_ms}` for a run, and also `{rank}`, `{node_id}`,
+/// `{node_ip}`, `{pid}` for a worker. A template that names a worker's
+/// placeholder links each worker; the others link the run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[non_exhaustive]
+pub struct LinksResponse {
+    /// Where a run's or a worker's logs are.
+    #[serde(default)]
+    pub logs: Option<String>,
+    /// Where a run's or a worker's metrics dashboard is.
+    #[serde(default)]
+    pub metrics: Option<String>,
+}
+
+impl LinksResponse {
+    /// Templates for logs and metrics.
+    pub fn new(logs: Option<String>, metrics: Option<String>) -> Self {
+        Self { logs, metrics }
+    }
+}
+
+/// The placeholders a link template may use for a run.
+pub const RUN_LINK_PLACEHOLDERS: [&str; 6] =
+    ["run_id", "run_name", "job_id", "attempt_id", "start_ms", "end_ms"];
+
+/// The placeholders a link template may use for a worker, beside the run's.
+pub const WORKER_LINK_PLACEHOLDERS: [&str; 4] = ["rank", "node_id", "node_ip", "pid"];
+
 /// Answer of `GET /healthz`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]

@@ -3,9 +3,11 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use trainstate_client::api::{RunListResponse, StatusFilter};
+use trainstate_actor::links::{fill, is_per_worker};
+use trainstate_client::api::{LinksResponse, RunListResponse, StatusFilter};
 use trainstate_client::{RunQuery, StateHandle};
 use trainstate_schema::TrainRunInfo;
+use trainstate_schema::ray_v2::attempt_budget;
 use trainstate_schema::text::escape_control;
 
 use super::{HeadArgs, RunsCommand};
@@ -72,7 +74,7 @@ async fn run_command(command: RunsCommand) -> Result<String, String> {
                 rows.push(vec![
                     run.id().to_string(),
                     escape_control(run.name()).into_owned(),
-                    run.run_status().to_string(),
+                    run.status().to_string(),
                     escape_control(run.job_id()).into_owned(),
                     utc(run.start_time_ms()),
                     duration(run.start_time_ms(), run.end_time_ms()),
@@ -91,7 +93,9 @@ async fn run_command(command: RunsCommand) -> Result<String, String> {
             if head.json {
                 return Ok(format!("{}\n", run.to_json()));
             }
-            show(&run.parse().map_err(|e| e.to_string())?)
+            // Links are a nicety: a head without them (or an older one) still shows the run.
+            let links = state.links().await.unwrap_or_default();
+            show(&run.parse().map_err(|e| e.to_string())?, &links)
         }
     }
 }
@@ -105,14 +109,14 @@ fn unreachable_head(url: &str, err: trainstate_client::StateError) -> String {
     }
 }
 
-fn show(run: &TrainRunInfo) -> Result<String, String> {
+fn show(run: &TrainRunInfo, links: &LinksResponse) -> Result<String, String> {
     let mut out = String::new();
     let line = |out: &mut String, key: &str, value: &str| {
         out.push_str(&format!("{key:<16}{}\n", escape_control(value)));
     };
     line(&mut out, "id", run.id().as_str());
     line(&mut out, "name", run.name());
-    line(&mut out, "status", run.run_status().as_str());
+    line(&mut out, "status", run.status().as_str());
     line(&mut out, "job", run.job_id());
     line(&mut out, "controller", run.controller_actor_id());
     line(&mut out, "started (UTC)", &utc(run.start_time_ms()));
@@ -128,14 +132,57 @@ fn show(run: &TrainRunInfo) -> Result<String, String> {
     if let Some(from) = run.restored_from() {
         line(&mut out, "restored from", from.as_str());
     }
+    let named = [("logs", links.logs.as_deref()), ("metrics", links.metrics.as_deref())];
+    let run_links =
+        named.iter().filter_map(|(n, t)| t.filter(|t| !is_per_worker(t)).map(|t| (*n, t)));
+    for (name, template) in run_links {
+        line(&mut out, name, &fill(template, run, None));
+    }
+    if !run.attempts().is_empty() {
+        let budget = attempt_budget(run);
+        let current = run.attempts().len();
+        let title = match budget {
+            Some(budget) => format!("\nattempts ({current} of at most {budget})\n"),
+            None => "\nattempts\n".to_owned(),
+        };
+        out.push_str(&title);
+        let mut rows = vec![
+            ["ATTEMPT", "STATUS", "STARTED (UTC)", "DURATION", "WORKERS", "CAUSE"]
+                .map(String::from)
+                .to_vec(),
+        ];
+        for (i, a) in run.attempts().iter().enumerate() {
+            let workers = a.workers().map_or(run.workers().len(), <[_]>::len);
+            let workers = if i + 1 == current { run.workers().len() } else { workers };
+            let cause = a.cause().map_or_else(
+                || "-".to_owned(),
+                |c| match c.failed_world_rank {
+                    Some(rank) => format!("{} (rank {rank})", c.kind),
+                    None => c.kind.to_string(),
+                },
+            );
+            rows.push(vec![
+                escape_control(a.attempt_id()).into_owned(),
+                a.status().to_string(),
+                utc(a.start_time_ms()),
+                duration(a.start_time_ms(), a.end_time_ms()),
+                workers.to_string(),
+                cause,
+            ]);
+        }
+        out.push_str(&table(&rows));
+    }
+    let worker_links: Vec<(&str, &str)> =
+        named.iter().filter_map(|(n, t)| t.filter(|t| is_per_worker(t)).map(|t| (*n, t))).collect();
     out.push_str("\nworkers\n");
-    let mut rows = vec![
+    let mut header: Vec<String> =
         ["RANK", "LOCAL", "NODE", "NODE ID", "NODE IP", "PID", "GPUS", "STATUS"]
             .map(String::from)
-            .to_vec(),
-    ];
+            .to_vec();
+    header.extend(worker_links.iter().map(|(n, _)| n.to_uppercase()));
+    let mut rows = vec![header];
     for w in run.workers() {
-        rows.push(vec![
+        let mut row = vec![
             w.world_rank().to_string(),
             w.local_rank().to_string(),
             w.node_rank().to_string(),
@@ -144,7 +191,9 @@ fn show(run: &TrainRunInfo) -> Result<String, String> {
             w.pid().to_string(),
             w.gpu_ids().iter().map(u32::to_string).collect::<Vec<_>>().join(","),
             w.status().to_string(),
-        ]);
+        ];
+        row.extend(worker_links.iter().map(|(_, t)| fill(t, run, Some(w))));
+        rows.push(row);
     }
     out.push_str(&table(&rows));
     if !run.datasets().is_empty() {

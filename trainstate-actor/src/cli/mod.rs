@@ -72,6 +72,14 @@ struct ServeArgs {
     /// Origins allowed by CORS (repeat, or comma-separated).
     #[arg(long = "cors-origin", env = "TRAINSTATE_CORS_ORIGINS", value_delimiter = ',')]
     cors_origins: Vec<String>,
+    /// URL template of a run's or a worker's logs, shown as links on the page and by
+    /// `runs show`: placeholders {run_id}, {run_name}, {job_id}, {attempt_id},
+    /// {start_ms}, {end_ms}, and per worker {rank}, {node_id}, {node_ip}, {pid}.
+    #[arg(long, env = "TRAINSTATE_LOGS_URL")]
+    logs_url: Option<String>,
+    /// URL template of a run's or a worker's metrics dashboard (placeholders as --logs-url).
+    #[arg(long, env = "TRAINSTATE_METRICS_URL")]
+    metrics_url: Option<String>,
     /// The largest request body, in bytes.
     #[arg(long, env = "TRAINSTATE_MAX_BODY_BYTES", default_value_t = trainstate_actor::http::DEFAULT_MAX_BODY_BYTES)]
     max_body_bytes: usize,

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use trainstate_actor::http::{HttpConfig, serve};
 use trainstate_actor::{Retention, StateConfig, Synchronous, launch_state_actor};
+use trainstate_client::api::LinksResponse;
 
 use super::ServeArgs;
 
@@ -51,6 +52,14 @@ fn init_logging(json: bool) {
 async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
     let shutdown = shutdown_signals()?;
     let token = read_token(&args)?;
+    // Every flag is checked before the head says it is listening.
+    for (flag, template) in [("--logs-url", &args.logs_url), ("--metrics-url", &args.metrics_url)] {
+        if let Some(template) = template {
+            trainstate_actor::links::check_template(template)
+                .map_err(|e| format!("{flag}: {e}"))?;
+        }
+    }
+    let links = LinksResponse::new(args.logs_url.clone(), args.metrics_url.clone());
     let addr: SocketAddr = tokio::net::lookup_host(&args.listen)
         .await
         .map_err(|e| format!("--listen {}: {e}", args.listen))?
@@ -103,7 +112,8 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
         .with_protected_reads(args.protect_reads)
         .with_max_body_bytes(args.max_body_bytes)
         .with_max_subscribers(args.max_subscribers)
-        .with_cors_origins(args.cors_origins.clone());
+        .with_cors_origins(args.cors_origins.clone())
+        .with_links(links);
     serve(listener, service.clone(), http, shutdown).await.map_err(|e| format!("serving: {e}"))?;
     tracing::info!("stopped accepting; committing what is queued");
     service.shutdown().await;

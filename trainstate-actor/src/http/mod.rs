@@ -57,6 +57,9 @@ pub struct HttpConfig {
     pub max_subscribers: usize,
     /// Origins allowed by CORS; none means CORS is off.
     pub cors_origins: Vec<String>,
+    /// URL templates of links out to logs and metrics, checked by
+    /// [`crate::links::check_template`].
+    pub links: trainstate_client::api::LinksResponse,
 }
 
 impl Default for HttpConfig {
@@ -68,6 +71,7 @@ impl Default for HttpConfig {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             max_subscribers: DEFAULT_MAX_SUBSCRIBERS,
             cors_origins: Vec::new(),
+            links: trainstate_client::api::LinksResponse::default(),
         }
     }
 }
@@ -100,6 +104,13 @@ impl HttpConfig {
     /// Sets the bound on event subscribers.
     pub fn with_max_subscribers(mut self, max: usize) -> Self {
         self.max_subscribers = max;
+        self
+    }
+
+    /// Serves these link templates (check each with
+    /// [`crate::links::check_template`] first).
+    pub fn with_links(mut self, links: trainstate_client::api::LinksResponse) -> Self {
+        self.links = links;
         self
     }
 
@@ -257,6 +268,7 @@ fn handler(operation: Operation, filter: MethodFilter) -> MethodRouter<AppState>
         Operation::GetSchema => on(filter, routes::schema),
         Operation::GetOpenApi => on(filter, routes::openapi),
         Operation::GetVersion => on(filter, routes::version),
+        Operation::GetLinks => on(filter, routes::links),
         Operation::Health => on(filter, routes::healthz),
         Operation::Metrics => on(filter, routes::metrics),
         Operation::Page | Operation::RunPage => on(filter, web::page),

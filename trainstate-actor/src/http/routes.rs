@@ -6,8 +6,9 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use trainstate_client::api::{
-    AttemptRequest, HealthResponse, HeartbeatResponse, ListQuery, RayRunListResponse,
-    RegisterRequest, RegisterResponse, RunListResponse, StatusRequest, VersionResponse,
+    AttemptRequest, HealthResponse, HeartbeatResponse, LinksResponse, ListQuery,
+    RayRunListResponse, RegisterRequest, RegisterResponse, RunListResponse, StatusRequest,
+    VersionResponse,
 };
 use trainstate_client::{NewAttempt, RunDocument, RunQuery, StateError};
 use trainstate_schema::{NewRun, RunId, ray_v2};
@@ -159,6 +160,10 @@ pub(crate) async fn version() -> Json<VersionResponse> {
         trainstate_schema::WIRE_SCHEMA_VERSION.to_owned(),
         crate::STORE_SCHEMA_VERSION,
     ))
+}
+
+pub(crate) async fn links(State(app): State<AppState>) -> Json<LinksResponse> {
+    Json(app.config.links.clone())
 }
 
 pub(crate) async fn healthz(State(app): State<AppState>) -> Result<Json<HealthResponse>, ApiError> {
