@@ -414,8 +414,10 @@ impl Runs {
                 EventKind::StatusChanged
             }
             None => {
-                if run_status.is_terminal() {
-                    return Err(illegal("an ended run starts no new attempts"));
+                // An ended run may still learn of its attempts, once they
+                // have ended too (Ray's documents may arrive run first).
+                if run_status.is_terminal() && !v2.status.is_terminal() {
+                    return Err(illegal("an ended run starts no new live attempts"));
                 }
                 let mut previous_workers = std::mem::take(&mut draft.workers);
                 for worker in &mut previous_workers {
