@@ -175,6 +175,16 @@ impl RunJson {
         Ok(Self(Repr::Members(members.into())))
     }
 
+    /// About how many bytes the run's JSON takes: to size a buffer.
+    pub fn approximate_len(&self) -> usize {
+        match &self.0 {
+            Repr::Whole(raw) => raw.get().len(),
+            Repr::Members(members) => {
+                2 + members.iter().map(|(k, v)| k.len() + v.get().len() + 4).sum::<usize>()
+            }
+        }
+    }
+
     /// The JSON text (without a heartbeat time).
     pub fn text(&self) -> Cow<'_, str> {
         match &self.0 {
@@ -290,6 +300,11 @@ impl RunDocument {
     /// When the controller was last heard from (Unix ms), for live runs.
     pub fn last_heartbeat_ms(&self) -> Option<u64> {
         self.last_heartbeat_ms
+    }
+
+    /// About how many bytes the served JSON takes: to size a buffer.
+    pub fn approximate_len(&self) -> usize {
+        self.json.approximate_len() + 40
     }
 
     /// The full JSON of the run.

@@ -28,21 +28,34 @@ fn document(text: String, media_type: &'static str) -> Response {
     response
 }
 
+/// An answer serialized once into a buffer of about its size: a listing is
+/// mostly its runs' stored text, copied once.
+fn sized_json(answer: &impl serde::Serialize, capacity: usize) -> Response {
+    let mut body = Vec::with_capacity(capacity);
+    serde_json::to_writer(&mut body, answer).expect("API answers serialize");
+    ([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response()
+}
+
+/// The bytes of a list of runs, about.
+fn runs_len(runs: &[RunDocument]) -> usize {
+    runs.iter().map(|r| r.approximate_len() + 1).sum::<usize>() + 128
+}
+
 pub(crate) async fn list_runs(
     State(app): State<AppState>,
     QueryParams(params): QueryParams<ListQuery>,
-) -> Result<Json<RunListResponse<RunDocument>>, ApiError> {
+) -> Result<Response, ApiError> {
     let page = app.handle.list(RunQuery::try_from(params)?).await?;
+    let capacity = runs_len(&page.runs);
     let total = page.total as u64;
-    Ok(Json(RunListResponse::new(page.runs, page.next_cursor, total)))
+    Ok(sized_json(&RunListResponse::new(page.runs, page.next_cursor, total), capacity))
 }
 
 /// Ray 2.60's route: every retained run, newest first, unpaged.
-pub(crate) async fn list_runs_ray(
-    State(app): State<AppState>,
-) -> Result<Json<RayRunListResponse<RunDocument>>, ApiError> {
+pub(crate) async fn list_runs_ray(State(app): State<AppState>) -> Result<Response, ApiError> {
     let page = app.handle.list(RunQuery::all()).await?;
-    Ok(Json(RayRunListResponse::new(page.runs)))
+    let capacity = runs_len(&page.runs);
+    Ok(sized_json(&RayRunListResponse::new(page.runs), capacity))
 }
 
 /// Ray 2.60's Train V2 route: every retained run as a `DecoratedTrainRun`.
@@ -86,8 +99,9 @@ pub(crate) async fn upsert_ray_attempt(
 pub(crate) async fn get_run(
     State(app): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<RunDocument>, ApiError> {
-    Ok(Json(app.handle.get(run_id(&id)?).await?))
+) -> Result<Response, ApiError> {
+    let run = app.handle.get(run_id(&id)?).await?;
+    Ok(sized_json(&run, run.approximate_len()))
 }
 
 pub(crate) async fn register_run(
