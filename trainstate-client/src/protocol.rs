@@ -400,6 +400,12 @@ impl StatusUpdate {
         Self { status: RunStatus::Finished, detail: String::new(), cause: None, end_time_ms: None }
     }
 
+    /// The run moves to another live status (Ray Train V2's sub-statuses:
+    /// `INITIALIZING`, `SCHEDULING`, `RUNNING`, `RESTARTING`, `RESIZING`).
+    pub fn live(status: RunStatus, detail: impl Into<String>) -> Self {
+        Self { status, detail: detail.into(), cause: None, end_time_ms: None }
+    }
+
     /// The run failed. `rank` is the world rank of the worker that failed
     /// first, if a worker did; `trace` the error and its traceback.
     pub fn errored(rank: Option<u32>, kind: CauseKind, trace: impl Into<String>) -> Self {

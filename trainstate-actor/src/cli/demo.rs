@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::task::AbortHandle;
 use trainstate_client::{NewAttempt, StateHandle, StatusUpdate};
 use trainstate_schema::{
-    ActorStatus, CauseKind, Resources, RunId, TrainDatasetInfoDraft, TrainRunInfoDraft,
+    ActorStatus, CauseKind, Resources, RunId, RunStatus, TrainDatasetInfoDraft, TrainRunInfoDraft,
     TrainWorkerInfo, TrainWorkerInfoDraft,
 };
 
@@ -103,16 +103,21 @@ impl LiveRun {
         Ok(Self { id, heartbeat: heartbeat.abort_handle() })
     }
 
-    /// A new worker group: the actor marks the previous workers `DEAD`.
+    /// A new worker group, as Ray Train V2 reports it: the run is RESIZING,
+    /// the new attempt replaces the old one (whose workers the actor marks
+    /// `DEAD`), and the run is RUNNING again.
     async fn resize(
         &self,
         state: &StateHandle,
         attempt_id: &str,
         workers: Vec<TrainWorkerInfo>,
     ) -> Result<(), DemoError> {
+        let resizing = StatusUpdate::live(RunStatus::Resizing, "a node left: resizing");
+        state.set_status(self.id.clone(), resizing).await?;
         state
             .start_attempt(self.id.clone(), NewAttempt::new(attempt_id, now_ms(), workers))
             .await?;
+        state.set_status(self.id.clone(), StatusUpdate::live(RunStatus::Running, "")).await?;
         Ok(())
     }
 
