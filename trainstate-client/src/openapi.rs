@@ -14,8 +14,9 @@ use trainstate_schema::{
 
 use crate::api::{
     AttemptRequest, Cursor, ErrorCode, ErrorResponse, EventKind, HealthResponse, HeartbeatResponse,
-    ListQuery, RayRunListResponse, RegisterResponse, RunEvent, RunListResponse, SnapshotEvent,
-    StatusRequest, VersionResponse,
+    JoinRequest, ListQuery, RankEndRequest, RankHeartbeatRequest, RayRunListResponse,
+    RegisterResponse, RendezvousResponse, RunEvent, RunListResponse, SnapshotEvent, StatusRequest,
+    VersionResponse,
 };
 use crate::routes::{Access, Body, Route, routes};
 
@@ -53,6 +54,11 @@ pub fn wire_schemas() -> Vec<(&'static str, Schema)> {
         of::<ErrorCode>("ErrorCode"),
         of::<ListQuery>("ListQuery"),
         of::<Cursor>("Cursor"),
+        // The rendezvous.
+        of::<JoinRequest>("JoinRequest"),
+        of::<RankHeartbeatRequest>("RankHeartbeatRequest"),
+        of::<RankEndRequest>("RankEndRequest"),
+        of::<RendezvousResponse>("RendezvousResponse"),
     ]
 }
 

@@ -95,6 +95,9 @@ pub enum StateMessage {
         /// The ids of the runs it aborted.
         reply: Reply<Vec<RunId>>,
     },
+    /// A request of the rendezvous, where the ranks of a launch without a
+    /// controller report one run together.
+    Rendezvous(crate::rendezvous::RendezvousMessage),
 }
 
 /// The answer to a registration.
@@ -127,11 +130,16 @@ impl Registration {
 pub struct RunDocument {
     body: Arc<RawValue>,
     last_heartbeat_ms: Option<u64>,
+    /// When each rank of a rendezvous group was last heard from, by world
+    /// rank (memory only, like the heartbeat time).
+    rank_heartbeats: Option<Arc<[Option<u64>]>>,
 }
 
 impl PartialEq for RunDocument {
     fn eq(&self, other: &Self) -> bool {
-        self.body.get() == other.body.get() && self.last_heartbeat_ms == other.last_heartbeat_ms
+        self.body.get() == other.body.get()
+            && self.last_heartbeat_ms == other.last_heartbeat_ms
+            && self.rank_heartbeats == other.rank_heartbeats
     }
 }
 
@@ -142,7 +150,21 @@ impl RunDocument {
     /// controller was last heard from.
     pub fn new(body: Arc<RawValue>, last_heartbeat_ms: Option<u64>) -> Self {
         debug_assert!(body.get().starts_with('{'));
-        Self { body, last_heartbeat_ms }
+        Self { body, last_heartbeat_ms, rank_heartbeats: None }
+    }
+
+    /// The same document, with when each rank of its rendezvous group was
+    /// last heard from (by world rank; `None` for a rank not heard from),
+    /// served as the `rank_last_heartbeat_ms` member.
+    pub fn with_rank_heartbeats(mut self, by_rank: Arc<[Option<u64>]>) -> Self {
+        self.rank_heartbeats = Some(by_rank);
+        self
+    }
+
+    /// When each rank of the run's rendezvous group was last heard from,
+    /// by world rank, while the head tracks the group.
+    pub fn rank_heartbeats(&self) -> Option<&[Option<u64>]> {
+        self.rank_heartbeats.as_deref()
     }
 
     /// The canonical JSON of `run`, as a document with no heartbeat time.
@@ -180,17 +202,24 @@ impl RunDocument {
 
 impl Serialize for RunDocument {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let Some(heartbeat) = self.last_heartbeat_ms else {
+        if self.last_heartbeat_ms.is_none() && self.rank_heartbeats.is_none() {
             return self.body.serialize(serializer);
-        };
-        // A live run: its members as stored, then the heartbeat time.
+        }
+        // A live run: its members as stored, then the heartbeat times.
         let members: Members<'_> =
             serde_json::from_str(self.body.get()).map_err(serde::ser::Error::custom)?;
-        let mut map = serializer.serialize_map(Some(members.0.len() + 1))?;
-        for (key, value) in members.0.iter().filter(|(k, _)| *k != LAST_HEARTBEAT) {
+        let mut map = serializer.serialize_map(Some(members.0.len() + 2))?;
+        for (key, value) in
+            members.0.iter().filter(|(k, _)| *k != LAST_HEARTBEAT && *k != RANK_HEARTBEATS)
+        {
             map.serialize_entry(key, value)?;
         }
-        map.serialize_entry(LAST_HEARTBEAT, &heartbeat)?;
+        if let Some(heartbeat) = self.last_heartbeat_ms {
+            map.serialize_entry(LAST_HEARTBEAT, &heartbeat)?;
+        }
+        if let Some(by_rank) = &self.rank_heartbeats {
+            map.serialize_entry(RANK_HEARTBEATS, &**by_rank)?;
+        }
         map.end()
     }
 }
@@ -222,6 +251,9 @@ impl schemars::JsonSchema for RunDocument {
 
 /// The member a live run's heartbeat time is written as.
 const LAST_HEARTBEAT: &str = "last_heartbeat_ms";
+
+/// The member the ranks' heartbeat times of a rendezvous group are written as.
+const RANK_HEARTBEATS: &str = "rank_last_heartbeat_ms";
 
 /// The top-level members of a stored run, in stored order, values unparsed.
 struct Members<'a>(Vec<(&'a str, &'a RawValue)>);
