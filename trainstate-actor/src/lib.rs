@@ -43,6 +43,7 @@ mod faults;
 #[cfg(feature = "server")]
 pub mod http;
 mod record;
+mod rendezvous;
 mod state;
 mod store;
 mod supervisor;
