@@ -9,5 +9,6 @@ mod lifecycle;
 mod listing;
 mod liveness;
 mod process;
+mod rendezvous;
 mod singleton;
 mod web;
