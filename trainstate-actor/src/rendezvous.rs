@@ -360,10 +360,10 @@ impl Rendezvous {
         now_ms: u64,
     ) -> Result<Step, StateError> {
         let key: GroupKey = (join.key.clone(), join.attempt);
-        if !self.pending.contains_key(&key) {
-            if let Some(step) = self.join_run(&join, &key, runs, view, lease_ms, now_ms)? {
-                return Ok(step);
-            }
+        if !self.pending.contains_key(&key)
+            && let Some(step) = self.join_run(&join, &key, runs, view, lease_ms, now_ms)?
+        {
+            return Ok(step);
         }
         let identity = identity_of(&join.worker);
         let rank = join.worker.world_rank();

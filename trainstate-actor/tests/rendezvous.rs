@@ -298,7 +298,7 @@ async fn rank_heartbeats_keep_the_run_alive_and_are_served_with_it() {
     clock.advance_ms(50_000); // 50 s after the last heartbeat: within the lease.
     assert!(state.sweep_leases().await.unwrap().is_empty());
     clock.advance_ms(20_000); // Every rank silent for 70 s: the job is gone.
-    assert_eq!(state.sweep_leases().await.unwrap(), [id.clone()]);
+    assert_eq!(state.sweep_leases().await.unwrap(), std::slice::from_ref(&id));
     let run = state.get_run(id.clone()).await.unwrap();
     assert_eq!(run.cause().unwrap().kind, CauseKind::LostController);
     let document = state.get(id.clone()).await.unwrap();

@@ -118,10 +118,10 @@ fn py_type(schema: &Value) -> String {
             return union(alternatives.iter().map(py_type).collect());
         }
     }
-    if let Some(Value::Array(all)) = schema.get("allOf") {
-        if let [only] = all.as_slice() {
-            return py_type(only);
-        }
+    if let Some(Value::Array(all)) = schema.get("allOf")
+        && let [only] = all.as_slice()
+    {
+        return py_type(only);
     }
     match schema.get("type") {
         Some(Value::String(t)) => base_type(t, schema),
