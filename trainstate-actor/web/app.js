@@ -684,6 +684,8 @@
       const old = st.attempt === null ? null : attempts.find((a) => a.attempt_id === st.attempt && a.workers);
       if (!old) st.attempt = null;
       const all = old ? old.workers : run.workers;
+      // When each rank was last heard from (rendezvous runs, current attempt only).
+      const heard = !old && Array.isArray(run.rank_last_heartbeat_ms) ? run.rank_last_heartbeat_ms : null;
       const of = old ? ` of attempt ${line(old.attempt_id)}` : '';
 
       // One row per node, by node rank.
@@ -749,7 +751,8 @@
       h('td', { class: 'mono' }, w.node_ip),
       h('td', { class: 'num' }, String(w.pid)),
       h('td', { class: 'mono' }, w.gpu_ids.length ? w.gpu_ids.join(', ') : h('span', { class: 'muted' }, '—')),
-      h('td', { 'data-col': 'status' }, h('span', { class: `badge w-${String(w.status).toLowerCase()}` }, w.status))));
+      h('td', { 'data-col': 'status' }, h('span', { class: `badge w-${String(w.status).toLowerCase()}` }, w.status)),
+      heard ? h('td', { 'data-col': 'last_heard' }, timeEl(heard[w.world_rank])) : null));
       const sortHead = (label, field, cls) => {
         const sorted = st.sort === field;
         return h('th', { scope: 'col', class: cls, 'aria-sort': sorted ? (st.dir > 0 ? 'ascending' : 'descending') : null },
@@ -771,7 +774,8 @@
           sortHead('World rank', 'world_rank', 'num'), sortHead('Local rank', 'local_rank', 'num'),
           sortHead('Node rank', 'node_rank', 'num'), sortHead('Node ID', 'node_id'), sortHead('Node IP', 'node_ip'),
           sortHead('PID', 'pid', 'num'), sortHead('GPU IDs', 'gpu_ids'), sortHead('Status', 'status'),
-        ], rows.length ? rows : h('tr', null, h('td', { colspan: 8, class: 'empty' }, 'No workers.')), { id: 'workers' }),
+          heard ? h('th', { scope: 'col' }, 'Last heard') : null,
+        ].filter(Boolean), rows.length ? rows : h('tr', null, h('td', { colspan: heard ? 9 : 8, class: 'empty' }, 'No workers.')), { id: 'workers' }),
         shown.length > WORKER_PAGE ? pager('workers', 'Pages of workers', {
           from: start + 1, to: Math.min(shown.length, start + WORKER_PAGE), total: shown.length,
           first: st.workerPage > 0 ? () => { st.workerPage = 0; rerender(); } : null,
