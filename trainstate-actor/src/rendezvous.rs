@@ -38,6 +38,10 @@ use crate::view::View;
 /// kept: past this, its run was deleted or evicted.
 const UNCOMMITTED_GRACE_MS: u64 = 60_000;
 
+/// The most groups that may wait for ranks at once: past it, a join that
+/// would open another is refused as overloaded (memory stays bounded).
+pub(crate) const MAX_PENDING_GROUPS: usize = 10_000;
+
 /// The prefix of `controller_actor_id` of a run assembled by the rendezvous.
 const CONTROLLER_PREFIX: &str = "rendezvous:";
 
@@ -436,6 +440,7 @@ impl Rendezvous {
             None => None,
         };
         let Some((id, status)) = found else {
+            self.check_room()?;
             let run_id = join
                 .run_id
                 .clone()
@@ -478,10 +483,19 @@ impl Rendezvous {
                 join.key
             )),
             Some(std::cmp::Ordering::Greater) => {
+                self.check_room()?;
                 self.open(key.clone(), id, true, join, now_ms);
                 Ok(None)
             }
         }
+    }
+
+    /// Refuses to open another group past [`MAX_PENDING_GROUPS`].
+    fn check_room(&self) -> Result<(), StateError> {
+        if self.pending.len() >= MAX_PENDING_GROUPS {
+            return Err(StateError::Overloaded { in_flight: None });
+        }
+        Ok(())
     }
 
     /// Opens a group under `key` for run `run_id`.

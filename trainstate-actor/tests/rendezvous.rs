@@ -507,3 +507,21 @@ async fn the_rendezvous_over_http_answers_as_documented() {
     assert_eq!(answer.run_status, Some(RunStatus::Errored));
     server.stop().await;
 }
+
+#[tokio::test]
+async fn waiting_groups_are_bounded() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let service = launch_state_actor(config("rdv-bound", &clock)).await.unwrap();
+    let state = service.handle();
+    let group = workers(2, 2, "m-");
+    for i in 0..10_000 {
+        state.join_rendezvous(join(&format!("g{i}"), &group, 0)).await.unwrap();
+    }
+    let err = state.join_rendezvous(join("one-too-many", &group, 0)).await.unwrap_err();
+    assert!(matches!(err, StateError::Overloaded { .. }), "{err}");
+    // Groups already waiting still assemble, which makes room again.
+    let done = state.join_rendezvous(join("g7", &group, 1)).await.unwrap();
+    assert_eq!(done.run_status, Some(RunStatus::Running));
+    state.join_rendezvous(join("one-too-many", &group, 0)).await.unwrap();
+    service.shutdown().await;
+}
