@@ -8,6 +8,7 @@ use tokio::sync::oneshot;
 use trainstate_client::{Reply, StateError, StateMessage};
 
 use crate::config::StateConfig;
+use crate::rendezvous::{Reaction, Rendezvous};
 use crate::state::{Outcome, Runs};
 use crate::writer::{WriteJob, Writer};
 
@@ -22,6 +23,8 @@ pub(crate) struct ActorArgs {
 
 pub(crate) struct ActorState {
     runs: Runs,
+    /// Rendezvous groups and ranks: memory only.
+    rendezvous: Rendezvous,
     config: StateConfig,
     writer: Arc<Writer>,
 }
@@ -44,7 +47,12 @@ impl Actor for TrainStateActor {
             let (tx, _unanswered) = oneshot::channel();
             StateMessage::SweepLeases { reply: tx.into() }
         });
-        Ok(ActorState { runs, config: args.config, writer: args.writer })
+        Ok(ActorState {
+            runs,
+            rendezvous: Rendezvous::default(),
+            config: args.config,
+            writer: args.writer,
+        })
     }
 
     async fn handle(
@@ -89,7 +97,9 @@ impl Actor for TrainStateActor {
             }
             StateMessage::SweepLeases { reply } => {
                 state.before_write()?;
-                let change = state.runs.sweep(now);
+                let mut change = state.runs.sweep(now);
+                let view = &state.writer.shared.view;
+                state.rendezvous.sweep(&mut state.runs, view, now, &mut change);
                 if !change.answer.is_empty() {
                     tracing::warn!(runs = ?change.answer, "aborted runs whose controller stopped heartbeating");
                 }
@@ -101,7 +111,9 @@ impl Actor for TrainStateActor {
             StateMessage::Get { id, reply } => {
                 let view = state.writer.shared.view.read().unwrap_or_else(|e| e.into_inner());
                 let answer = match view.get(&id) {
-                    Some(record) => Ok(record.document(state.runs.heartbeat_of(record))),
+                    Some(record) => Ok(state
+                        .rendezvous
+                        .decorate(&id, record.document(state.runs.heartbeat_of(record)))),
                     None => Err(StateError::NotFound { id }),
                 };
                 drop(view);
@@ -120,6 +132,26 @@ impl Actor for TrainStateActor {
                 let subscription = view.subscribe(&shared.events, after_seq);
                 drop(view);
                 let _ = reply.send(Ok(subscription));
+            }
+            StateMessage::Rendezvous(message) => {
+                state.before_write()?;
+                let admitted = state.admit();
+                let lease_ms = state.config.lease.as_millis() as u64;
+                let view = &state.writer.shared.view;
+                match state.rendezvous.handle(
+                    message,
+                    &mut state.runs,
+                    view,
+                    admitted,
+                    lease_ms,
+                    now,
+                ) {
+                    Reaction::Answer(reply, answer) => {
+                        let _ = reply.send(answer);
+                    }
+                    Reaction::Write(reply, outcome) => state.write(outcome, reply),
+                    Reaction::Ignore => {}
+                }
             }
             _ => {}
         }

@@ -45,6 +45,7 @@ pub mod http;
 #[cfg(feature = "server")]
 pub mod links;
 mod record;
+mod rendezvous;
 mod state;
 mod store;
 mod supervisor;

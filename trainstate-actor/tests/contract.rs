@@ -125,7 +125,11 @@ pub(crate) async fn send(
 
 /// A concrete path for a documented template.
 fn concrete(template: &str) -> String {
-    template.replace("{id}", "0192f0c5a4e27c3db1c1a2b3c4d5e6f7").replace("{name}", "TrainRunInfo")
+    template
+        .replace("{id}", "0192f0c5a4e27c3db1c1a2b3c4d5e6f7")
+        .replace("{name}", "TrainRunInfo")
+        .replace("{key}", "torchrun:4f1c")
+        .replace("{rank}", "0")
 }
 
 #[tokio::test]

@@ -10,5 +10,6 @@ mod listing;
 mod liveness;
 mod process;
 mod ray_v2;
+mod rendezvous;
 mod singleton;
 mod web;

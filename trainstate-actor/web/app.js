@@ -735,6 +735,8 @@
       const old = st.attempt === null ? null : attempts.find((a) => a.attempt_id === st.attempt && a.workers);
       if (!old) st.attempt = null;
       const all = old ? old.workers : run.workers;
+      // When each rank was last heard from (rendezvous runs, current attempt only).
+      const heard = !old && Array.isArray(run.rank_last_heartbeat_ms) ? run.rank_last_heartbeat_ms : null;
       const of = old ? ` of attempt ${line(old.attempt_id)}` : '';
 
       // One row per node, by node rank.
@@ -802,6 +804,7 @@
       h('td', { class: 'num' }, String(w.pid)),
       h('td', { class: 'mono' }, w.gpu_ids.length ? w.gpu_ids.join(', ') : h('span', { class: 'muted' }, '—')),
       h('td', { 'data-col': 'status' }, h('span', { class: `badge w-${String(w.status).toLowerCase()}` }, w.status)),
+      heard ? h('td', { 'data-col': 'last_heard' }, timeEl(heard[w.world_rank])) : null,
       ...(workerLinks ? [h('td', { class: 'links' }, ...linksOf(run, w).flatMap((a, i) => (i ? [' · ', a] : [a])))] : [])));
       const sortHead = (label, field, cls) => {
         const sorted = st.sort === field;
@@ -824,8 +827,9 @@
           sortHead('World rank', 'world_rank', 'num'), sortHead('Local rank', 'local_rank', 'num'),
           sortHead('Node rank', 'node_rank', 'num'), sortHead('Node ID', 'node_id'), sortHead('Node IP', 'node_ip'),
           sortHead('PID', 'pid', 'num'), sortHead('GPU IDs', 'gpu_ids'), sortHead('Status', 'status'),
+          heard ? h('th', { scope: 'col' }, 'Last heard') : null,
           ...(workerLinks ? [h('th', { scope: 'col' }, 'Links')] : []),
-        ], rows.length ? rows : h('tr', null, h('td', { colspan: workerLinks ? 9 : 8, class: 'empty' }, 'No workers.')), { id: 'workers' }),
+        ].filter(Boolean), rows.length ? rows : h('tr', null, h('td', { colspan: 8 + (heard ? 1 : 0) + (workerLinks ? 1 : 0), class: 'empty' }, 'No workers.')), { id: 'workers' }),
         shown.length > WORKER_PAGE ? pager('workers', 'Pages of workers', {
           from: start + 1, to: Math.min(shown.length, start + WORKER_PAGE), total: shown.length,
           first: st.workerPage > 0 ? () => { st.workerPage = 0; rerender(); } : null,

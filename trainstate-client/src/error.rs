@@ -84,6 +84,14 @@ pub enum StateError {
         /// What the parser said.
         reason: String,
     },
+    /// The rendezvous refused a rank: a second process for a rank that has
+    /// joined, a world size that disagrees with the group's, a join into a
+    /// group that has closed or into a run that has ended.
+    #[error("rendezvous refused the rank: {reason}")]
+    Refused {
+        /// Why, naming the group.
+        reason: String,
+    },
     /// The call is not available on this transport (for example a
     /// subscription over HTTP), or the head does not serve it.
     #[error("unsupported: {reason}")]
@@ -121,7 +129,7 @@ impl StateError {
     pub fn code(&self) -> ErrorCode {
         match self {
             Self::NotFound { .. } => ErrorCode::NotFound,
-            Self::Conflict { .. } => ErrorCode::Conflict,
+            Self::Conflict { .. } | Self::Refused { .. } => ErrorCode::Conflict,
             Self::IllegalTransition { .. } => ErrorCode::IllegalTransition,
             Self::Invalid { .. } => ErrorCode::Invalid,
             Self::Unavailable { .. } => ErrorCode::Unavailable,
@@ -160,7 +168,8 @@ impl StateError {
             ErrorCode::MethodNotAllowed => Self::Unsupported { reason: body.message },
             ErrorCode::Conflict => match run_id {
                 Some(id) => Self::Conflict { id: id.clone(), reason: body.message },
-                None => missing("a run id"),
+                // A conflict about no run: the rendezvous refused a rank.
+                None => Self::Refused { reason: body.message },
             },
             ErrorCode::IllegalTransition => match (run_id, body.from, body.to) {
                 (Some(id), Some(from), Some(to)) => {

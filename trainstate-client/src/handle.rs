@@ -223,7 +223,10 @@ impl StateHandle {
 
     /// Sends one request and waits for its answer, up to the deadline: the
     /// one place where a call goes to the local actor or over HTTP.
-    async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> StateMessage) -> Result<T, StateError> {
+    pub(crate) async fn call<T>(
+        &self,
+        make: impl FnOnce(Reply<T>) -> StateMessage,
+    ) -> Result<T, StateError> {
         let deadline = Instant::now() + self.timeout;
         let (tx, rx) = oneshot::channel();
         let message = make(Reply::from(tx));

@@ -37,6 +37,7 @@ mod protocol;
 mod query;
 #[cfg(feature = "http")]
 mod remote;
+mod rendezvous;
 pub mod routes;
 
 pub use error::StateError;
@@ -47,3 +48,4 @@ pub use protocol::{
     StatusUpdate,
 };
 pub use query::{Cursor, MAX_PAGE_LIMIT, RunPage, RunQuery};
+pub use rendezvous::{Join, RankEnd, RendezvousMessage};

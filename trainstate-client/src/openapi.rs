@@ -14,8 +14,9 @@ use trainstate_schema::{
 
 use crate::api::{
     AttemptRequest, Cursor, ErrorCode, ErrorResponse, EventKind, HealthResponse, HeartbeatResponse,
-    ListQuery, RayRunListResponse, RegisterResponse, RunEvent, RunListResponse, SnapshotEvent,
-    StatusRequest, VersionResponse,
+    JoinRequest, ListQuery, RankEndRequest, RankHeartbeatRequest, RayRunListResponse,
+    RegisterResponse, RendezvousResponse, RunEvent, RunListResponse, SnapshotEvent, StatusRequest,
+    VersionResponse,
 };
 use crate::routes::{Access, Body, Route, routes};
 
@@ -24,7 +25,11 @@ use crate::routes::{Access, Body, Route, routes};
 pub fn wire_schemas() -> Vec<(&'static str, Schema)> {
     fn of<T: JsonSchema>(name: &'static str) -> (&'static str, Schema) {
         let generator = SchemaSettings::draft2020_12().for_deserialize().into_generator();
-        (name, generator.into_root_schema_for::<T>())
+        let mut schema = generator.into_root_schema_for::<T>();
+        if name == "TrainRunInfo" {
+            add_served_members(schema.as_object_mut().expect("a run's schema is an object"));
+        }
+        (name, schema)
     }
     vec![
         of::<TrainRunInfo>("TrainRunInfo"),
@@ -58,7 +63,26 @@ pub fn wire_schemas() -> Vec<(&'static str, Schema)> {
         of::<ray_v2::TrainRun>("RayTrainRun"),
         of::<ray_v2::TrainRunAttempt>("RayTrainRunAttempt"),
         of::<ray_v2::TrainRunsResponse>("RayTrainRunsResponse"),
+        // The rendezvous.
+        of::<JoinRequest>("JoinRequest"),
+        of::<RankHeartbeatRequest>("RankHeartbeatRequest"),
+        of::<RankEndRequest>("RankEndRequest"),
+        of::<RendezvousResponse>("RendezvousResponse"),
     ]
+}
+
+/// Adds to a run's schema the members the head writes when it serves a run
+/// and keeps apart from the stored run, because they change with every
+/// heartbeat (memory only). They are ignored on input.
+fn add_served_members(run: &mut Map<String, Value>) {
+    let member = json!({
+        "type": "array",
+        "items": { "type": ["integer", "null"], "format": "uint64", "minimum": 0 },
+        "description": "Extension, served only: for a run assembled by the rendezvous, when each rank of its current attempt was last heard from (Unix ms), indexed by world rank; null for a rank not heard from. Kept in the head's memory while it tracks the group (a live run, or one aborted for a lost controller); absent otherwise. Ignored on input."
+    });
+    if let Some(Value::Object(properties)) = run.get_mut("properties") {
+        properties.insert("rank_last_heartbeat_ms".into(), member);
+    }
 }
 
 /// The text of a generated document: pretty JSON and a final newline, as
@@ -86,7 +110,10 @@ pub fn document() -> Value {
         let item = paths.entry(route.path).or_insert_with(|| json!({}));
         item[route.method.as_lower_str()] = operation;
     }
-    let components = generator.take_definitions(true);
+    let mut components = generator.take_definitions(true);
+    if let Some(Value::Object(run)) = components.get_mut("TrainRunInfo") {
+        add_served_members(run);
+    }
     json!({
         "openapi": "3.1.0",
         "jsonSchemaDialect": "https://json-schema.org/draft/2020-12/schema",

@@ -115,6 +115,9 @@ pub enum StateMessage {
         /// The ids of the runs it aborted.
         reply: Reply<Vec<RunId>>,
     },
+    /// A request of the rendezvous, where the ranks of a launch without a
+    /// controller report one run together.
+    Rendezvous(crate::rendezvous::RendezvousMessage),
 }
 
 /// The answer to a registration.
@@ -193,43 +196,59 @@ impl RunJson {
         }
     }
 
-    /// Serializes the run, adding `last_heartbeat_ms` when given.
+    /// Serializes the run, adding `last_heartbeat_ms` and
+    /// `rank_last_heartbeat_ms` when given.
     fn serialize_with<S: Serializer>(
         &self,
         heartbeat: Option<u64>,
+        ranks: Option<&[Option<u64>]>,
         serializer: S,
     ) -> Result<S::Ok, S::Error> {
-        match (&self.0, heartbeat) {
-            (Repr::Whole(raw), None) => raw.serialize(serializer),
-            (Repr::Whole(raw), Some(at)) => {
-                // Not the served path: a document read back from elsewhere.
+        let served = |k: &str| k != LAST_HEARTBEAT && k != RANK_HEARTBEATS;
+        let extra = usize::from(heartbeat.is_some()) + usize::from(ranks.is_some());
+        match (&self.0, extra) {
+            (Repr::Whole(raw), 0) => raw.serialize(serializer),
+            (Repr::Whole(raw), _) => {
+                // Not the served path of live runs: a document read back from elsewhere.
                 let members: Members<'_> =
                     serde_json::from_str(raw.get()).map_err(serde::ser::Error::custom)?;
-                let mut map = serializer.serialize_map(Some(members.0.len() + 1))?;
-                for (key, value) in members.0.iter().filter(|(k, _)| *k != LAST_HEARTBEAT) {
+                let mut map = serializer.serialize_map(Some(members.0.len() + extra))?;
+                for (key, value) in members.0.iter().filter(|(k, _)| served(k)) {
                     map.serialize_entry(key, value)?;
                 }
-                map.serialize_entry(LAST_HEARTBEAT, &at)?;
+                serialize_times(&mut map, heartbeat, ranks)?;
                 map.end()
             }
-            (Repr::Members(members), heartbeat) => {
-                let extra = usize::from(heartbeat.is_some());
+            (Repr::Members(members), _) => {
                 let mut map = serializer.serialize_map(Some(members.len() + extra))?;
-                for (key, value) in members.iter().filter(|(k, _)| k != LAST_HEARTBEAT) {
+                for (key, value) in members.iter().filter(|(k, _)| served(k)) {
                     map.serialize_entry(key, value)?;
                 }
-                if let Some(at) = heartbeat {
-                    map.serialize_entry(LAST_HEARTBEAT, &at)?;
-                }
+                serialize_times(&mut map, heartbeat, ranks)?;
                 map.end()
             }
         }
     }
 }
 
+/// The members a served run gains from the head's memory.
+fn serialize_times<M: SerializeMap>(
+    map: &mut M,
+    heartbeat: Option<u64>,
+    ranks: Option<&[Option<u64>]>,
+) -> Result<(), M::Error> {
+    if let Some(at) = heartbeat {
+        map.serialize_entry(LAST_HEARTBEAT, &at)?;
+    }
+    if let Some(by_rank) = ranks {
+        map.serialize_entry(RANK_HEARTBEATS, by_rank)?;
+    }
+    Ok(())
+}
+
 impl Serialize for RunJson {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.serialize_with(None, serializer)
+        self.serialize_with(None, None, serializer)
     }
 }
 
@@ -271,11 +290,16 @@ fn intern(key: &str) -> Cow<'static, str> {
 pub struct RunDocument {
     json: RunJson,
     last_heartbeat_ms: Option<u64>,
+    /// When each rank of a rendezvous group was last heard from, by world
+    /// rank (memory only, like the heartbeat time).
+    rank_heartbeats: Option<Arc<[Option<u64>]>>,
 }
 
 impl PartialEq for RunDocument {
     fn eq(&self, other: &Self) -> bool {
-        self.body() == other.body() && self.last_heartbeat_ms == other.last_heartbeat_ms
+        self.body() == other.body()
+            && self.last_heartbeat_ms == other.last_heartbeat_ms
+            && self.rank_heartbeats == other.rank_heartbeats
     }
 }
 
@@ -284,7 +308,21 @@ impl Eq for RunDocument {}
 impl RunDocument {
     /// A run's JSON and the time its controller was last heard from.
     pub fn new(json: RunJson, last_heartbeat_ms: Option<u64>) -> Self {
-        Self { json, last_heartbeat_ms }
+        Self { json, last_heartbeat_ms, rank_heartbeats: None }
+    }
+
+    /// The same document, with when each rank of its rendezvous group was
+    /// last heard from (by world rank; `None` for a rank not heard from),
+    /// served as the `rank_last_heartbeat_ms` member.
+    pub fn with_rank_heartbeats(mut self, by_rank: Arc<[Option<u64>]>) -> Self {
+        self.rank_heartbeats = Some(by_rank);
+        self
+    }
+
+    /// When each rank of the run's rendezvous group was last heard from,
+    /// by world rank, while the head tracks the group.
+    pub fn rank_heartbeats(&self) -> Option<&[Option<u64>]> {
+        self.rank_heartbeats.as_deref()
     }
 
     /// The canonical JSON of `run`, as a document with no heartbeat time.
@@ -321,7 +359,11 @@ impl RunDocument {
 
 impl Serialize for RunDocument {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.json.serialize_with(self.last_heartbeat_ms, serializer)
+        self.json.serialize_with(
+            self.last_heartbeat_ms,
+            self.rank_heartbeats.as_deref(),
+            serializer,
+        )
     }
 }
 
@@ -352,6 +394,9 @@ impl schemars::JsonSchema for RunDocument {
 
 /// The member a live run's heartbeat time is written as.
 const LAST_HEARTBEAT: &str = "last_heartbeat_ms";
+
+/// The member the ranks' heartbeat times of a rendezvous group are written as.
+const RANK_HEARTBEATS: &str = "rank_last_heartbeat_ms";
 
 /// The top-level members of a stored run, in stored order, values unparsed.
 struct Members<'a>(Vec<(&'a str, &'a RawValue)>);

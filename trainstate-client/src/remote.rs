@@ -1,5 +1,7 @@
 //! The remote transport of `StateHandle`: the head service's HTTP API.
 
+mod rendezvous;
+
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
@@ -140,6 +142,7 @@ impl Remote {
             StateMessage::SweepLeases { reply } => {
                 let _ = reply.send(Err(local_only("lease sweeps")));
             }
+            StateMessage::Rendezvous(message) => self.rendezvous(message, timeout).await,
         }
     }
 

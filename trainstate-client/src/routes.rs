@@ -5,9 +5,10 @@
 
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use trainstate_schema::api::{
-    AttemptRequest, ErrorCode, EventsQuery, HealthResponse, HeartbeatResponse, ListQuery,
-    RayRunListResponse, RegisterRequest, RegisterResponse, RunEvent, RunListResponse,
-    SnapshotEvent, StatusRequest, VersionResponse,
+    AttemptRequest, ErrorCode, EventsQuery, HealthResponse, HeartbeatResponse, JoinRequest,
+    ListQuery, RankEndRequest, RankHeartbeatRequest, RayRunListResponse, RegisterRequest,
+    RegisterResponse, RendezvousResponse, RunEvent, RunListResponse, SnapshotEvent, StatusRequest,
+    VersionResponse,
 };
 use trainstate_schema::{TrainRunInfo, ray_v2};
 
@@ -59,6 +60,12 @@ pub enum Operation {
     PageScript,
     /// `GET /style.css`.
     PageStyle,
+    /// `POST /api/train/rendezvous/{key}/join`.
+    JoinRendezvous,
+    /// `POST /api/train/runs/{id}/ranks/{rank}/heartbeat`.
+    HeartbeatRank,
+    /// `POST /api/train/runs/{id}/ranks/{rank}/end`.
+    EndRank,
 }
 
 /// An HTTP method the API uses.
@@ -202,6 +209,25 @@ pub struct Route {
 
 const RUN_ID: PathParam =
     PathParam { name: "id", description: "The run id.", pattern: Some("^[A-Za-z0-9_-]{1,128}$") };
+
+const RENDEZVOUS_KEY: PathParam = PathParam {
+    name: "key",
+    description: "The key every rank of one launch shares (the launcher's job id, for example).",
+    pattern: Some(trainstate_schema::api::RENDEZVOUS_KEY_PATTERN),
+};
+
+const RANK: PathParam = PathParam {
+    name: "rank",
+    description: "The rank's world rank.",
+    pattern: Some("^[0-9]{1,5}$"),
+};
+
+/// What every rendezvous route answers.
+const RENDEZVOUS_ANSWER: &[Success] = &[Success {
+    status: 200,
+    description: "Where the rank's group stands.",
+    body: Body::Json(schema_of::<RendezvousResponse>),
+}];
 
 /// The errors any write may answer.
 const WRITE_ERRORS: &[ErrorCode] = &[
@@ -440,6 +466,48 @@ pub fn routes() -> Vec<Route> {
                 Post,
                 "/api/train/runs/{id}/heartbeat",
                 "Renew a live run's lease.",
+                Write,
+            )
+        },
+        Route {
+            path_params: &[RENDEZVOUS_KEY],
+            request: Some(schema_of::<JoinRequest>),
+            success: RENDEZVOUS_ANSWER,
+            errors: WRITE_ERRORS,
+            ..route(
+                Operation::JoinRendezvous,
+                "joinRendezvous",
+                Post,
+                "/api/train/rendezvous/{key}/join",
+                "Join one rank of a launch without a controller (torchrun, Slurm) into its group. The first join assigns the run id; the join that completes the group registers the run (or a new attempt of a live run of the same key) and is answered once committed. Repeating a join is a no-op; a second process for a rank, a world size that disagrees, or a join into a closed group or an ended run is refused (409). A group whose ranks do not all join within its join timeout is registered as ended: ABORTED (SYSTEM_ERROR), or ERRORED if a rank reported an error.",
+                Write,
+            )
+        },
+        Route {
+            path_params: &[RUN_ID, RANK],
+            request: Some(schema_of::<RankHeartbeatRequest>),
+            success: RENDEZVOUS_ANSWER,
+            errors: WRITE_ERRORS,
+            ..route(
+                Operation::HeartbeatRank,
+                "heartbeatRank",
+                Post,
+                "/api/train/runs/{id}/ranks/{rank}/heartbeat",
+                "A rank is alive: renews the run's lease and records when the rank was last heard from (memory only; served as the run's rank_last_heartbeat_ms). 404 when the head does not know the rank's group (after a head restart, join again); 409 when the rank's attempt was replaced.",
+                Write,
+            )
+        },
+        Route {
+            path_params: &[RUN_ID, RANK],
+            request: Some(schema_of::<RankEndRequest>),
+            success: RENDEZVOUS_ANSWER,
+            errors: WRITE_ERRORS,
+            ..route(
+                Operation::EndRank,
+                "endRank",
+                Post,
+                "/api/train/runs/{id}/ranks/{rank}/end",
+                "Report how one rank ended. The run FINISHES when every rank of its current attempt has finished; it is ERRORED (with the rank and its traceback) or ABORTED at the first rank that errored or was interrupted, unless restarts_remaining says the launcher restarts the workers. An end that ends the run is answered once committed; an end after the run ended answers its status.",
                 Write,
             )
         },

@@ -18,6 +18,9 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::{RunCause, RunId, RunStatus, TrainRunInfo, TrainRunInfoDraft, TrainWorkerInfoDraft};
 
+mod rendezvous;
+pub use rendezvous::*;
+
 /// Body of `POST /api/train/runs`: the run to register, as a draft so that a
 /// broken rule is reported with its field path.
 pub type RegisterRequest = TrainRunInfoDraft;

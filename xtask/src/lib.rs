@@ -1,4 +1,5 @@
-//! Code generation for trainstate: the committed JSON Schemas and schema docs.
+//! Code generation for trainstate: the committed JSON Schemas, schema docs
+//! and the Python package's wire types.
 //!
 //! Every generated file is a pure function of the Rust types, so the same
 //! generator writes the files (`cargo xtask codegen`), checks them
@@ -6,6 +7,7 @@
 //! when a committed file is stale.
 
 mod codegen;
+mod python;
 mod schema_doc;
 
 pub use codegen::{GeneratedFile, check, generated_files, workspace_root, write};

@@ -15,3 +15,18 @@ fn every_wire_type_has_a_schema_and_a_doc_section() {
         assert!(doc.contents.contains(&format!("\n## {name}\n")), "{name}");
     }
 }
+
+#[test]
+fn the_python_package_has_a_type_for_every_wire_type() {
+    let files = xtask::generated_files();
+    let module = files.iter().find(|f| f.path == "python/trainstate/_wire.py").unwrap();
+    for name in
+        ["TrainRunInfo", "TrainWorkerInfo", "JoinRequest", "RankEndRequest", "RendezvousResponse"]
+    {
+        assert!(module.contents.contains(&format!("\nclass {name}(")), "{name}");
+    }
+    for name in ["RunStatus", "CauseKind", "ErrorCode"] {
+        assert!(module.contents.contains(&format!("\n{name} = Literal[")), "{name}");
+    }
+    assert!(module.contents.contains("\"RUNNING\", \"FINISHED\", \"ERRORED\", \"ABORTED\""));
+}

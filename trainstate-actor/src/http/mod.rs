@@ -8,6 +8,7 @@ mod body;
 mod error;
 mod events;
 mod metrics;
+mod rendezvous;
 mod routes;
 mod web;
 
@@ -274,6 +275,9 @@ fn handler(operation: Operation, filter: MethodFilter) -> MethodRouter<AppState>
         Operation::Page | Operation::RunPage => on(filter, web::page),
         Operation::PageScript => on(filter, web::script),
         Operation::PageStyle => on(filter, web::style),
+        Operation::JoinRendezvous => on(filter, rendezvous::join),
+        Operation::HeartbeatRank => on(filter, rendezvous::heartbeat_rank),
+        Operation::EndRank => on(filter, rendezvous::end_rank),
         other => panic!("the route table names {other:?}, which has no handler"),
     }
 }

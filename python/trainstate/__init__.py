@@ -1,0 +1,157 @@
+"""Report a distributed training run to a trainstate head, from every rank.
+
+Call :func:`init` once in every process of the job (every rank that
+torchrun, Slurm's ``srun`` or another launcher starts, or a plain script)::
+
+    import trainstate
+    trainstate.init()   # reads TRAINSTATE_URL and TRAINSTATE_TOKEN
+
+Each rank joins its launch's group at the head, which registers the run
+once every rank has joined; ranks heartbeat in the background, and the run
+ends FINISHED when every rank exits cleanly, ERRORED (with the rank and its
+traceback) at the first uncaught exception, ABORTED on SIGTERM/SIGINT, and
+ABORTED for a lost controller if the job is killed outright.
+
+Nothing here breaks training: every request has a short deadline, a head
+that is down is logged once and retried in the background, and no
+exception from trainstate reaches your code.
+"""
+
+import logging
+import multiprocessing
+import os
+import sys
+from typing import Mapping, Optional
+from urllib.parse import urlsplit
+
+from . import _launch, _probe
+from ._run import TERMINAL, Run, current
+from ._run import _set_current as _set_current
+from ._wire import TrainWorkerInfo
+
+__all__ = ["Run", "TERMINAL", "current", "fail", "finish", "init", "__version__"]
+
+__version__ = "0.1.0"
+
+DEFAULT_TIMEOUT = 2.0
+"""The deadline of each request to the head, in seconds."""
+
+logger = logging.getLogger("trainstate")
+
+
+def init(
+    url: Optional[str] = None,
+    token: Optional[str] = None,
+    *,
+    name: Optional[str] = None,
+    key: Optional[str] = None,
+    job_id: Optional[str] = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    join_timeout: Optional[float] = None,
+    env: Optional[Mapping[str, str]] = None,
+) -> Run:
+    """Reports this process's rank of the run to the head; returns its :class:`Run`.
+
+    - ``url``, ``token``: the head (``http://head:8266``) and its bearer
+      token; ``TRAINSTATE_URL`` and ``TRAINSTATE_TOKEN`` when not given.
+      Without a URL the run is not reported (one warning says so).
+    - ``name``: the run's name; ``TRAINSTATE_RUN_NAME``, else the script's name.
+    - ``key``: the rendezvous key every rank of this launch shares;
+      ``TRAINSTATE_RUN_KEY``, else derived from the launcher
+      (``TORCHELASTIC_RUN_ID``, ``SLURM_JOB_ID`` and step id, or a fresh
+      one for a single process).
+    - ``job_id``: the run's job id; ``TRAINSTATE_JOB_ID``, else
+      ``SLURM_JOB_ID``, else the launcher's run id.
+    - ``timeout``: the deadline of each request, in seconds.
+    - ``join_timeout``: how long the head waits for the other ranks to join,
+      in seconds (the head's default, 5 minutes, when not given).
+    - ``env``: the environment to read instead of ``os.environ``.
+
+    Calling it again in the same process returns the same run. In a child
+    process started by ``multiprocessing`` (fork or spawn) it reports
+    nothing: only the rank itself does. Never raises.
+    """
+    existing = current()
+    if existing is not None and existing._pid == os.getpid():
+        return existing
+    try:
+        run = _make(url, token, name, key, job_id, timeout, join_timeout, os.environ if env is None else env)
+    except Exception as err:  # noqa: BLE001 - training must go on
+        logger.warning("trainstate: cannot report this rank (%s); training goes on", err)
+        run = Run(url=None, token=None, launch=None, worker=None, name="", timeout=timeout, join_timeout=None, reason=str(err))
+    _set_current(run)
+    run._start()
+    return run
+
+
+def _make(
+    url: Optional[str],
+    token: Optional[str],
+    name: Optional[str],
+    key: Optional[str],
+    job_id: Optional[str],
+    timeout: float,
+    join_timeout: Optional[float],
+    env: Mapping[str, str],
+) -> Run:
+    def disabled(reason: str) -> Run:
+        return Run(url=None, token=None, launch=None, worker=None, name="", timeout=timeout, join_timeout=None, reason=reason)
+
+    if multiprocessing.parent_process() is not None:
+        return disabled("a multiprocessing child: its rank reports")
+    url = url or env.get("TRAINSTATE_URL") or None
+    if url is None:
+        logger.warning("trainstate: TRAINSTATE_URL is not set; this run is not reported")
+        return disabled("no head URL")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"the head URL {url!r} must be http:// or https:// and name a host")
+    token = token or env.get("TRAINSTATE_TOKEN") or None
+    launch = _launch.detect(env, key=key, job_id=job_id)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    node_ip, _fallback = _probe.route_to(parts.hostname, port)
+    gpus = _probe.gpu_ids(env)
+    pid = os.getpid()
+    node = _probe.node_id()
+    worker: TrainWorkerInfo = {
+        "actor_id": f"{launch.launcher}:{pid}@{_probe.hostname()}"[:1024],
+        "world_rank": launch.rank,
+        "local_rank": launch.local_rank,
+        "node_rank": launch.node_rank,
+        "node_id": node,
+        "node_ip": node_ip,
+        "pid": pid,
+        "gpu_ids": gpus,
+        "status": "ALIVE",
+        "resources": _probe.resources(gpus),
+    }
+    run_name = name or env.get("TRAINSTATE_RUN_NAME") or _script_name()
+    return Run(
+        url=url.rstrip("/"),
+        token=token,
+        launch=launch,
+        worker=worker,
+        name=run_name[:1024],
+        timeout=timeout,
+        join_timeout=join_timeout,
+    )
+
+
+def _script_name() -> str:
+    script = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    base = os.path.splitext(os.path.basename(script))[0]
+    return base if base and base != "-c" and _probe.valid_name(base) else "python"
+
+
+def finish() -> None:
+    """Reports that this rank ended cleanly (also done at exit)."""
+    run = current()
+    if run is not None:
+        run.finish()
+
+
+def fail(error: Optional[BaseException] = None, detail: Optional[str] = None) -> None:
+    """Reports that this rank failed (also done for an uncaught exception)."""
+    run = current()
+    if run is not None:
+        run.fail(error, detail)

@@ -1,0 +1,39 @@
+"""A Hugging Face ``Trainer`` callback that reports the run from every rank.
+
+::
+
+    from trainstate.integrations.huggingface import TrainstateCallback
+    trainer = Trainer(model=model, args=args, callbacks=[TrainstateCallback()])
+
+Importable without ``transformers``: the class then derives from ``object``.
+"""
+
+from typing import Any, Optional
+
+import trainstate
+
+try:  # pragma: no cover - depends on what is installed
+    from transformers import TrainerCallback as _Base
+except Exception:  # not installed, or broken: the callback still imports
+    _Base = object  # type: ignore[assignment,misc]
+
+
+class TrainstateCallback(_Base):  # type: ignore[misc,valid-type]
+    """Joins the run when training begins, and ends this rank when it ends.
+
+    The Trainer calls its callbacks on every process, so every rank
+    reports; an exception raised by training is reported by the hook
+    :func:`trainstate.init` installs. Keyword arguments go to
+    :func:`trainstate.init`.
+    """
+
+    def __init__(self, **init_kwargs: Any) -> None:
+        self._init_kwargs = init_kwargs
+        self.run: Optional[trainstate.Run] = None
+
+    def on_train_begin(self, args: Any = None, state: Any = None, control: Any = None, **kwargs: Any) -> None:
+        self.run = trainstate.init(**self._init_kwargs)
+
+    def on_train_end(self, args: Any = None, state: Any = None, control: Any = None, **kwargs: Any) -> None:
+        if self.run is not None:
+            self.run.finish()

@@ -1,0 +1,48 @@
+"""A Lightning ``Callback`` that reports the run from every rank.
+
+::
+
+    from trainstate.integrations.lightning import TrainstateCallback
+    trainer = Trainer(callbacks=[TrainstateCallback()])
+
+Importable without Lightning (``lightning`` or ``pytorch_lightning``): the
+class then derives from ``object``.
+"""
+
+from typing import Any, Optional
+
+import trainstate
+
+try:  # pragma: no cover - depends on what is installed
+    from lightning.pytorch.callbacks import Callback as _Base
+except Exception:
+    try:
+        from pytorch_lightning.callbacks import Callback as _Base
+    except Exception:  # neither is installed (or it is broken)
+        _Base = object  # type: ignore[assignment,misc]
+
+
+class TrainstateCallback(_Base):  # type: ignore[misc,valid-type]
+    """Joins the run when fitting starts, ends this rank when it ends, and
+    reports an exception (or an interrupt) that Lightning catches.
+
+    Keyword arguments go to :func:`trainstate.init`.
+    """
+
+    def __init__(self, **init_kwargs: Any) -> None:
+        super().__init__()
+        self._init_kwargs = init_kwargs
+        self.run: Optional[trainstate.Run] = None
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        self.run = trainstate.init(**self._init_kwargs)
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.run is not None:
+            self.run.finish()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        # Lightning catches KeyboardInterrupt (and may go on to exit
+        # cleanly), so the interrupt is reported here.
+        if self.run is not None:
+            self.run.fail(exception)

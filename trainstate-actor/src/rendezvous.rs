@@ -1,0 +1,941 @@
+//! The rendezvous: where the ranks of a launch without a controller
+//! (torchrun, Slurm, a plain process) assemble their worker group, and how
+//! each rank's heartbeats and end become the run's lifecycle.
+//!
+//! Everything here lives in the actor's memory: the groups still waiting
+//! for ranks, and for each run assembled here the state of each rank of
+//! its current attempt (when it was last heard from, whether it ended).
+//! What a run becomes (registered, a new attempt, its end) goes through the
+//! state machine ([`Runs`]) and is committed like any other write. A run
+//! assembled here has `controller_actor_id` `rendezvous:<key>`, which is
+//! how the head finds the run of a key again after a restart.
+//!
+//! The rules, including what a restart of the head does to a half-assembled
+//! group, are written down in `docs/rendezvous.md`.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::Hasher;
+use std::sync::{Arc, RwLock};
+
+use serde::Deserialize;
+use trainstate_client::api::RendezvousResponse;
+use trainstate_client::{
+    Join, NewAttempt, RankEnd, RendezvousMessage, Reply, RunDocument, RunQuery, StateError,
+    StatusUpdate,
+};
+use trainstate_schema::limits::MAX_STATUS_DETAIL_LEN;
+use trainstate_schema::text::{errored_status_detail, last_chars};
+use trainstate_schema::{
+    CauseKind, NewRun, RunAttemptDraft, RunCause, RunId, RunStatus, TrainRunInfoDraft,
+    TrainWorkerInfo,
+};
+
+use crate::state::{Change, Outcome, Runs};
+use crate::view::View;
+
+/// How long a tracked group whose run is not (yet) in the committed view is
+/// kept: past this, its run was deleted or evicted.
+const UNCOMMITTED_GRACE_MS: u64 = 60_000;
+
+/// The most groups that may wait for ranks at once: past it, a join that
+/// would open another is refused as overloaded (memory stays bounded).
+pub(crate) const MAX_PENDING_GROUPS: usize = 10_000;
+
+/// The prefix of `controller_actor_id` of a run assembled by the rendezvous.
+const CONTROLLER_PREFIX: &str = "rendezvous:";
+
+/// The `controller_actor_id` of the run of `key`.
+fn controller_of(key: &str) -> String {
+    format!("{CONTROLLER_PREFIX}{key}")
+}
+
+/// What the actor does with a rendezvous request.
+pub(crate) enum Reaction {
+    /// Answer now: nothing to commit.
+    Answer(Reply<RendezvousResponse>, Result<RendezvousResponse, StateError>),
+    /// Commit, then answer.
+    Write(Reply<RendezvousResponse>, Result<Outcome<RendezvousResponse>, StateError>),
+    /// Nothing to do.
+    Ignore,
+}
+
+/// The answer of one request before it is committed or sent.
+enum Step {
+    Answer(RendezvousResponse),
+    Write(Outcome<RendezvousResponse>),
+}
+
+/// A group waits for its ranks under (key, attempt).
+type GroupKey = (String, u32);
+
+/// The actor's rendezvous state.
+#[derive(Default)]
+pub(crate) struct Rendezvous {
+    /// Groups still waiting for ranks.
+    pending: HashMap<GroupKey, Pending>,
+    /// The waiting group of each (run, attempt id).
+    pending_runs: HashMap<(RunId, String), GroupKey>,
+    /// The current attempt's ranks of each run assembled here.
+    groups: HashMap<RunId, Group>,
+    /// The run of each key, as far as this actor has seen (a cache: the
+    /// stored runs' `controller_actor_id` is the truth).
+    keys: HashMap<String, RunId>,
+}
+
+/// A group waiting for its ranks.
+struct Pending {
+    run_id: RunId,
+    /// True for a later attempt of a registered run.
+    existing: bool,
+    world_size: u32,
+    name: String,
+    job_id: String,
+    started_ms: u64,
+    timeout_ms: u64,
+    members: BTreeMap<u32, Member>,
+    placement: Placement,
+}
+
+struct Member {
+    worker: TrainWorkerInfo,
+    identity: u64,
+    last_heard_ms: u64,
+    /// How the rank ended, and when, if it did before the group completed.
+    end: Option<(u64, RankEnd)>,
+}
+
+/// The placement rules across a group's workers, checked one join at a time
+/// (the same rules a worker list checks at once).
+#[derive(Default)]
+struct Placement {
+    node_rank_of: HashMap<String, u32>,
+    node_of_rank: HashMap<u32, String>,
+    local_ranks: HashSet<(String, u32)>,
+}
+
+impl Placement {
+    fn check(&self, worker: &TrainWorkerInfo) -> Result<(), StateError> {
+        let node = worker.node_id();
+        if let Some(&rank) = self.node_rank_of.get(node) {
+            if rank != worker.node_rank() {
+                return Err(StateError::invalid(
+                    "worker.node_rank",
+                    format!(
+                        "node {node:?} already joined with node rank {rank}: one node rank per node"
+                    ),
+                ));
+            }
+        } else if let Some(other) = self.node_of_rank.get(&worker.node_rank()) {
+            return Err(StateError::invalid(
+                "worker.node_rank",
+                format!(
+                    "node rank {} is already node {other:?}'s: distinct nodes have distinct node ranks",
+                    worker.node_rank()
+                ),
+            ));
+        }
+        if self.local_ranks.contains(&(node.to_owned(), worker.local_rank())) {
+            return Err(StateError::invalid(
+                "worker.local_rank",
+                format!(
+                    "local rank {} already joined on node {node:?}: local ranks are unique per node",
+                    worker.local_rank()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn add(&mut self, worker: &TrainWorkerInfo) {
+        self.node_rank_of.insert(worker.node_id().to_owned(), worker.node_rank());
+        self.node_of_rank.insert(worker.node_rank(), worker.node_id().to_owned());
+        self.local_ranks.insert((worker.node_id().to_owned(), worker.local_rank()));
+    }
+}
+
+/// The ranks of a run's current attempt.
+struct Group {
+    attempt_id: String,
+    slots: Vec<Slot>,
+    ended: u32,
+    /// When the group was tracked (Unix ms).
+    since_ms: u64,
+}
+
+#[derive(Clone, Copy)]
+struct Slot {
+    identity: u64,
+    last_heard_ms: Option<u64>,
+    end: SlotEnd,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SlotEnd {
+    Running,
+    Finished,
+    Failed,
+}
+
+impl Group {
+    fn response(&self, id: &RunId, status: RunStatus, lease_ms: u64) -> RendezvousResponse {
+        let n = self.slots.len() as u32;
+        RendezvousResponse::new(
+            id.clone(),
+            &self.attempt_id,
+            n,
+            n,
+            self.ended,
+            Some(status),
+            lease_ms,
+        )
+    }
+
+    fn end(&mut self, rank: usize, end: SlotEnd) {
+        let slot = &mut self.slots[rank];
+        if slot.end == SlotEnd::Running {
+            self.ended += 1;
+        }
+        if slot.end != SlotEnd::Finished {
+            slot.end = end;
+        }
+    }
+}
+
+impl Pending {
+    fn response(&self, key: &GroupKey, lease_ms: u64) -> RendezvousResponse {
+        let ended = self.members.values().filter(|m| m.end.is_some()).count() as u32;
+        RendezvousResponse::new(
+            self.run_id.clone(),
+            key.1.to_string(),
+            self.world_size,
+            self.members.len() as u32,
+            ended,
+            None,
+            lease_ms,
+        )
+    }
+
+    /// The first end that ends the run (a failure with no restart to
+    /// come), by the time it was reported.
+    fn final_failure(&self) -> Option<(u32, &RankEnd)> {
+        self.members
+            .iter()
+            .filter_map(|(rank, m)| m.end.as_ref().map(|(at, end)| (*at, *rank, end)))
+            .filter(|(_, _, end)| end.status != RunStatus::Finished && end.restarts_remaining == 0)
+            .min_by_key(|(at, rank, _)| (*at, *rank))
+            .map(|(_, rank, end)| (rank, end))
+    }
+}
+
+/// A fingerprint of a worker's identity: what a repeated join must match.
+fn identity_of(worker: &TrainWorkerInfo) -> u64 {
+    let mut draft = worker.clone().into_draft();
+    draft.status = trainstate_schema::ActorStatus::Alive;
+    let text = serde_json::to_string(&draft).expect("a worker serializes");
+    let mut hasher = DefaultHasher::new();
+    hasher.write(text.as_bytes());
+    hasher.finish()
+}
+
+/// The status of a run in the working state; a live run's lease is renewed,
+/// as by a heartbeat: every request of a rank is a sign of life.
+fn touch(runs: &mut Runs, id: &RunId, now_ms: u64) -> Result<RunStatus, StateError> {
+    match runs.heartbeat(id, now_ms) {
+        Ok(_) => Ok(RunStatus::Running),
+        Err(StateError::IllegalTransition { from, .. }) => Ok(from),
+        Err(err) => Err(err),
+    }
+}
+
+/// `first`'s writes, then `second`'s, answered as `second`.
+fn chain<A, B>(first: Outcome<A>, second: Outcome<B>) -> Outcome<B> {
+    let (mut ops, mut events) = match first {
+        Outcome::Unchanged(_) => (Vec::new(), Vec::new()),
+        Outcome::Changed(change) => (change.ops, change.events),
+    };
+    match second {
+        Outcome::Unchanged(answer) if ops.is_empty() => Outcome::Unchanged(answer),
+        Outcome::Unchanged(answer) => Outcome::Changed(Change { ops, events, answer }),
+        Outcome::Changed(change) => {
+            ops.extend(change.ops);
+            events.extend(change.events);
+            Outcome::Changed(Change { ops, events, answer: change.answer })
+        }
+    }
+}
+
+fn answered<A, B>(outcome: Outcome<A>, answer: B) -> Outcome<B> {
+    match outcome {
+        Outcome::Unchanged(_) => Outcome::Unchanged(answer),
+        Outcome::Changed(change) => {
+            Outcome::Changed(Change { ops: change.ops, events: change.events, answer })
+        }
+    }
+}
+
+/// The status update of a rank's end that ends the run.
+fn update_of(rank: u32, end: &RankEnd) -> StatusUpdate {
+    let kind = end.cause_kind().unwrap_or(CauseKind::UserError);
+    match end.status {
+        RunStatus::Aborted => StatusUpdate::aborted(kind, aborted_detail(rank, end)),
+        RunStatus::Finished => StatusUpdate::finished(),
+        _ => StatusUpdate::errored(Some(rank), kind, end.detail.clone()),
+    }
+}
+
+fn aborted_detail(rank: u32, end: &RankEnd) -> String {
+    if end.detail.is_empty() {
+        format!("Rank {rank} was interrupted.")
+    } else {
+        format!("Rank {rank}: {}", end.detail)
+    }
+}
+
+/// `1, 3-5, 9`, at most 20 ranges.
+fn ranks_text(ranks: impl Iterator<Item = u32>) -> String {
+    let mut ranges: Vec<(u32, u32)> = Vec::new();
+    for rank in ranks {
+        match ranges.last_mut() {
+            Some((_, end)) if *end + 1 == rank => *end = rank,
+            _ => ranges.push((rank, rank)),
+        }
+    }
+    let mut parts: Vec<String> = ranges
+        .iter()
+        .take(20)
+        .map(|&(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") })
+        .collect();
+    if ranges.len() > 20 {
+        parts.push("...".into());
+    }
+    parts.join(", ")
+}
+
+/// The members of a stored run that say whose rendezvous it came from.
+#[derive(Deserialize)]
+struct Head<'a> {
+    #[serde(borrow)]
+    id: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    controller_actor_id: std::borrow::Cow<'a, str>,
+}
+
+impl Rendezvous {
+    /// Handles one request. `admitted` says whether a write may be queued
+    /// now (it is checked only when the request writes).
+    pub(crate) fn handle(
+        &mut self,
+        message: RendezvousMessage,
+        runs: &mut Runs,
+        view: &RwLock<View>,
+        admitted: Result<(), StateError>,
+        lease_ms: u64,
+        now_ms: u64,
+    ) -> Reaction {
+        let (reply, step) = match message {
+            RendezvousMessage::Join { join, reply } => {
+                (reply, self.join(*join, runs, view, admitted, lease_ms, now_ms))
+            }
+            RendezvousMessage::Heartbeat { id, rank, attempt_id, reply } => {
+                (reply, self.heartbeat(&id, rank, &attempt_id, runs, view, lease_ms, now_ms))
+            }
+            RendezvousMessage::End { id, rank, end, reply } => {
+                (reply, self.end(&id, rank, end, runs, view, admitted, lease_ms, now_ms))
+            }
+            // A request of a newer protocol: its reply port is dropped, and
+            // the caller learns the actor stopped before answering.
+            _ => return Reaction::Ignore,
+        };
+        match step {
+            Ok(Step::Answer(answer)) => Reaction::Answer(reply, Ok(answer)),
+            Ok(Step::Write(outcome)) => Reaction::Write(reply, Ok(outcome)),
+            Err(err) => Reaction::Answer(reply, Err(err)),
+        }
+    }
+
+    fn join(
+        &mut self,
+        join: Join,
+        runs: &mut Runs,
+        view: &RwLock<View>,
+        admitted: Result<(), StateError>,
+        lease_ms: u64,
+        now_ms: u64,
+    ) -> Result<Step, StateError> {
+        let key: GroupKey = (join.key.clone(), join.attempt);
+        if !self.pending.contains_key(&key)
+            && let Some(step) = self.join_run(&join, &key, runs, view, lease_ms, now_ms)?
+        {
+            return Ok(step);
+        }
+        let identity = identity_of(&join.worker);
+        let rank = join.worker.world_rank();
+        let pending = self.pending.get_mut(&key).expect("a group waits under the key");
+        if pending.world_size != join.world_size {
+            return Err(StateError::Refused {
+                reason: format!(
+                    "world_size {} disagrees with the group's {} (key {:?}, attempt {}): every rank of a launch must give the same",
+                    join.world_size, pending.world_size, key.0, key.1
+                ),
+            });
+        }
+        if let Some(member) = pending.members.get_mut(&rank) {
+            if member.identity != identity {
+                return Err(StateError::Refused {
+                    reason: format!(
+                        "rank {rank} of key {:?} (attempt {}) has already joined, as pid {} on node {:?}: a rank joins once",
+                        key.0,
+                        key.1,
+                        member.worker.pid(),
+                        member.worker.node_id()
+                    ),
+                });
+            }
+            member.last_heard_ms = now_ms;
+            return Ok(Step::Answer(pending.response(&key, lease_ms)));
+        }
+        pending.placement.check(&join.worker)?;
+        if (pending.members.len() as u32) + 1 == pending.world_size {
+            // This join completes the group: it will write.
+            admitted?;
+        }
+        pending.placement.add(&join.worker);
+        if rank == 0 {
+            pending.name = join.name;
+            pending.job_id = join.job_id;
+        }
+        pending.members.insert(
+            rank,
+            Member { worker: join.worker, identity, last_heard_ms: now_ms, end: None },
+        );
+        if (pending.members.len() as u32) < pending.world_size {
+            return Ok(Step::Answer(pending.response(&key, lease_ms)));
+        }
+        let pending = self.remove_pending(&key).expect("the group is waiting");
+        self.complete(key, pending, runs, lease_ms, now_ms).map(Step::Write)
+    }
+
+    /// A join when no group waits under its key: into the run of the key if
+    /// there is one (answered here), else a new group is opened (`None`).
+    fn join_run(
+        &mut self,
+        join: &Join,
+        key: &GroupKey,
+        runs: &mut Runs,
+        view: &RwLock<View>,
+        lease_ms: u64,
+        now_ms: u64,
+    ) -> Result<Option<Step>, StateError> {
+        let found = match self.run_of_key(&join.key, &join.job_id, view) {
+            Some(id) => match touch(runs, &id, now_ms) {
+                Ok(status) => Some((id, status)),
+                Err(StateError::NotFound { .. }) => {
+                    self.keys.remove(&join.key);
+                    self.groups.remove(&id);
+                    None
+                }
+                Err(err) => return Err(err),
+            },
+            None => None,
+        };
+        let Some((id, status)) = found else {
+            self.check_room()?;
+            let run_id = join
+                .run_id
+                .clone()
+                .filter(|hint| self.id_is_free(hint, view))
+                .unwrap_or_else(RunId::new_v7);
+            self.open(key.clone(), run_id, false, join, now_ms);
+            return Ok(None);
+        };
+        let group = self.group(&id, view, now_ms)?;
+        let refused = |reason: String| Err(StateError::Refused { reason });
+        let current = group.attempt_id.parse::<u32>().ok();
+        match current.map(|c| join.attempt.cmp(&c)) {
+            Some(std::cmp::Ordering::Equal) => {
+                let rank = join.worker.world_rank() as usize;
+                let same = group.slots.len() == join.world_size as usize
+                    && group
+                        .slots
+                        .get(rank)
+                        .is_some_and(|s| s.identity == identity_of(&join.worker));
+                if same {
+                    return Ok(Some(Step::Answer(group.response(&id, status, lease_ms))));
+                }
+                refused(format!(
+                    "the group of key {:?} (attempt {}) closed when its {} ranks had joined, and this is not one of them: run {id} is {status}",
+                    join.key,
+                    join.attempt,
+                    group.slots.len()
+                ))
+            }
+            Some(std::cmp::Ordering::Less) => refused(format!(
+                "attempt {} of key {:?} was replaced by attempt {}",
+                join.attempt, join.key, group.attempt_id
+            )),
+            None => refused(format!(
+                "run {id} of key {:?} has attempt {:?}, which the rendezvous did not start",
+                join.key, group.attempt_id
+            )),
+            Some(std::cmp::Ordering::Greater) if status.is_terminal() => refused(format!(
+                "run {id} of key {:?} has ended ({status}): a relaunch cannot join it; launch with a new key",
+                join.key
+            )),
+            Some(std::cmp::Ordering::Greater) => {
+                self.check_room()?;
+                self.open(key.clone(), id, true, join, now_ms);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Refuses to open another group past [`MAX_PENDING_GROUPS`].
+    fn check_room(&self) -> Result<(), StateError> {
+        if self.pending.len() >= MAX_PENDING_GROUPS {
+            return Err(StateError::Overloaded { in_flight: None });
+        }
+        Ok(())
+    }
+
+    /// Opens a group under `key` for run `run_id`.
+    fn open(&mut self, key: GroupKey, run_id: RunId, existing: bool, join: &Join, now_ms: u64) {
+        self.pending_runs.insert((run_id.clone(), key.1.to_string()), key.clone());
+        self.pending.insert(
+            key,
+            Pending {
+                run_id,
+                existing,
+                world_size: join.world_size,
+                name: join.name.clone(),
+                job_id: join.job_id.clone(),
+                started_ms: now_ms,
+                timeout_ms: join.join_timeout.as_millis() as u64,
+                members: BTreeMap::new(),
+                placement: Placement::default(),
+            },
+        );
+    }
+
+    fn remove_pending(&mut self, key: &GroupKey) -> Option<Pending> {
+        let pending = self.pending.remove(key)?;
+        self.pending_runs.remove(&(pending.run_id.clone(), key.1.to_string()));
+        Some(pending)
+    }
+
+    /// True when no run, stored or assembling, has `id`.
+    fn id_is_free(&self, id: &RunId, view: &RwLock<View>) -> bool {
+        let stored = view.read().unwrap_or_else(|e| e.into_inner()).get(id).is_some();
+        !stored
+            && !self.groups.contains_key(id)
+            && !self.pending.values().any(|p| p.run_id == *id)
+            && !self.keys.values().any(|k| k == id)
+    }
+
+    /// The run of `key`: the one this actor assembled, else the newest
+    /// stored run of `job_id` whose controller is the key's rendezvous.
+    fn run_of_key(&mut self, key: &str, job_id: &str, view: &RwLock<View>) -> Option<RunId> {
+        if let Some(id) = self.keys.get(key) {
+            return Some(id.clone());
+        }
+        let controller = controller_of(key);
+        let page = {
+            let view = view.read().unwrap_or_else(|e| e.into_inner());
+            view.list(&RunQuery::all().job_id(job_id), |_| None)
+        };
+        let id = page.runs.iter().find_map(|doc| {
+            let body = doc.body();
+            let head: Head<'_> = serde_json::from_str(&body).ok()?;
+            (head.controller_actor_id == controller).then(|| RunId::parse(&head.id).ok())?
+        })?;
+        self.keys.insert(key.to_owned(), id.clone());
+        Some(id)
+    }
+
+    /// The group of run `id`, rebuilt from the stored run if this actor has
+    /// not tracked it (after a restart).
+    fn group(
+        &mut self,
+        id: &RunId,
+        view: &RwLock<View>,
+        now_ms: u64,
+    ) -> Result<&mut Group, StateError> {
+        if !self.groups.contains_key(id) {
+            let record = view
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(id)
+                .cloned()
+                .ok_or_else(|| StateError::NotFound { id: id.clone() })?;
+            let run = record.run()?;
+            let attempt_id = run
+                .attempts()
+                .last()
+                .map_or(NewRun::FIRST_ATTEMPT_ID, |a| a.attempt_id())
+                .to_owned();
+            let slots = run
+                .workers()
+                .iter()
+                .map(|w| Slot {
+                    identity: identity_of(w),
+                    last_heard_ms: None,
+                    end: SlotEnd::Running,
+                })
+                .collect();
+            self.groups.insert(id.clone(), Group { attempt_id, slots, ended: 0, since_ms: now_ms });
+        }
+        Ok(self.groups.get_mut(id).expect("tracked above"))
+    }
+
+    /// Registers the run of a complete group, or its new attempt, with the
+    /// ends its ranks reported while it waited.
+    fn complete(
+        &mut self,
+        key: GroupKey,
+        pending: Pending,
+        runs: &mut Runs,
+        lease_ms: u64,
+        now_ms: u64,
+    ) -> Result<Outcome<RendezvousResponse>, StateError> {
+        let attempt_id = key.1.to_string();
+        let workers: Vec<TrainWorkerInfo> =
+            pending.members.values().map(|m| m.worker.clone()).collect();
+        let failure = pending.final_failure().map(|(rank, end)| (rank, end.clone()));
+        let all_finished = pending
+            .members
+            .values()
+            .all(|m| m.end.as_ref().is_some_and(|(_, e)| e.status == RunStatus::Finished));
+        let mut ended = 0;
+        let slots: Vec<Slot> = pending
+            .members
+            .values()
+            .map(|m| {
+                let end = match &m.end {
+                    None => SlotEnd::Running,
+                    Some((_, e)) if e.status == RunStatus::Finished => SlotEnd::Finished,
+                    Some(_) => SlotEnd::Failed,
+                };
+                ended += u32::from(end != SlotEnd::Running);
+                Slot { identity: m.identity, last_heard_ms: Some(m.last_heard_ms), end }
+            })
+            .collect();
+        let status = match (&failure, all_finished) {
+            (Some((_, end)), _) => end.status,
+            (None, true) => RunStatus::Finished,
+            (None, false) => RunStatus::Running,
+        };
+        let id = pending.run_id.clone();
+        let world_size = pending.world_size;
+        let outcome = if pending.existing {
+            let attempt = NewAttempt::new(&attempt_id, pending.started_ms, workers);
+            let started = answered(runs.start_attempt(&id, attempt, now_ms)?, ());
+            match (&failure, all_finished) {
+                (Some((rank, end)), _) => answered(
+                    chain(started, runs.set_status(&id, update_of(*rank, end), now_ms)?),
+                    (),
+                ),
+                (None, true) => answered(
+                    chain(started, runs.set_status(&id, StatusUpdate::finished(), now_ms)?),
+                    (),
+                ),
+                (None, false) => answered(started, ()),
+            }
+        } else {
+            let mut draft = TrainRunInfoDraft {
+                workers: workers.into_iter().map(TrainWorkerInfo::into_draft).collect(),
+                attempts: vec![RunAttemptDraft {
+                    attempt_id: attempt_id.clone(),
+                    start_time_ms: pending.started_ms,
+                    end_time_ms: None,
+                    status: None,
+                    status_detail: String::new(),
+                    cause: None,
+                    workers: None,
+                }],
+                ..TrainRunInfoDraft::new(
+                    id.to_string(),
+                    &pending.name,
+                    &pending.job_id,
+                    controller_of(&key.0),
+                    pending.started_ms,
+                )
+            };
+            draft.run_status = status;
+            if let Some((rank, end)) = &failure {
+                draft.status_detail = match end.status {
+                    RunStatus::Errored => errored_status_detail(Some(*rank), &end.detail),
+                    _ => last_chars(&aborted_detail(*rank, end), MAX_STATUS_DETAIL_LEN).to_owned(),
+                };
+                let failed_rank = (end.status == RunStatus::Errored).then_some(*rank);
+                draft.cause = end.cause_kind().map(|kind| RunCause::new(kind, failed_rank));
+            }
+            let run = NewRun::try_from(draft)?;
+            answered(runs.register(run, now_ms)?, ())
+        };
+        self.keys.insert(key.0, id.clone());
+        self.groups.insert(
+            id.clone(),
+            Group { attempt_id: attempt_id.clone(), slots, ended, since_ms: now_ms },
+        );
+        let answer = RendezvousResponse::new(
+            id,
+            attempt_id,
+            world_size,
+            world_size,
+            ended,
+            Some(status),
+            lease_ms,
+        );
+        Ok(answered(outcome, answer))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn heartbeat(
+        &mut self,
+        id: &RunId,
+        rank: u32,
+        attempt_id: &str,
+        runs: &mut Runs,
+        view: &RwLock<View>,
+        lease_ms: u64,
+        now_ms: u64,
+    ) -> Result<Step, StateError> {
+        if let Some(key) = self.pending_runs.get(&(id.clone(), attempt_id.to_owned())) {
+            let key = key.clone();
+            let pending = self.pending.get_mut(&key).expect("indexed groups wait");
+            let member = pending
+                .members
+                .get_mut(&rank)
+                .ok_or_else(|| StateError::NotFound { id: id.clone() })?;
+            member.last_heard_ms = now_ms;
+            return Ok(Step::Answer(pending.response(&key, lease_ms)));
+        }
+        let status = touch(runs, id, now_ms)?;
+        let group = self.group_of(id, rank, attempt_id, view, now_ms)?;
+        if status == RunStatus::Running {
+            group.slots[rank as usize].last_heard_ms = Some(now_ms);
+        }
+        Ok(Step::Answer(group.response(id, status, lease_ms)))
+    }
+
+    /// The tracked group of a rank of a registered run, checked against the
+    /// rank's attempt and world rank.
+    fn group_of(
+        &mut self,
+        id: &RunId,
+        rank: u32,
+        attempt_id: &str,
+        view: &RwLock<View>,
+        now_ms: u64,
+    ) -> Result<&mut Group, StateError> {
+        let group = self.group(id, view, now_ms)?;
+        if group.attempt_id != attempt_id {
+            return Err(StateError::Conflict {
+                id: id.clone(),
+                reason: format!(
+                    "attempt {attempt_id:?} is not the run's current attempt {:?}: it was replaced",
+                    group.attempt_id
+                ),
+            });
+        }
+        if rank as usize >= group.slots.len() {
+            return Err(StateError::invalid(
+                "rank",
+                format!("must be below the group's world size ({})", group.slots.len()),
+            ));
+        }
+        Ok(group)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn end(
+        &mut self,
+        id: &RunId,
+        rank: u32,
+        end: RankEnd,
+        runs: &mut Runs,
+        view: &RwLock<View>,
+        admitted: Result<(), StateError>,
+        lease_ms: u64,
+        now_ms: u64,
+    ) -> Result<Step, StateError> {
+        if let Some(key) = self.pending_runs.get(&(id.clone(), end.attempt_id.clone())) {
+            let key = key.clone();
+            let pending = self.pending.get_mut(&key).expect("indexed groups wait");
+            let member = pending
+                .members
+                .get_mut(&rank)
+                .ok_or_else(|| StateError::NotFound { id: id.clone() })?;
+            member.last_heard_ms = now_ms;
+            if member.end.is_none() {
+                member.end = Some((now_ms, end));
+            }
+            return Ok(Step::Answer(pending.response(&key, lease_ms)));
+        }
+        let status = touch(runs, id, now_ms)?;
+        let group = self.group_of(id, rank, &end.attempt_id, view, now_ms)?;
+        let slot = rank as usize;
+        group.slots[slot].last_heard_ms = Some(now_ms);
+        let ends_run = match end.status {
+            RunStatus::Finished => {
+                group.end(slot, SlotEnd::Finished);
+                group.slots.iter().all(|s| s.end == SlotEnd::Finished)
+            }
+            _ => {
+                group.end(slot, SlotEnd::Failed);
+                end.restarts_remaining == 0
+            }
+        };
+        let answer = group.response(id, status, lease_ms);
+        if !ends_run {
+            return Ok(Step::Answer(answer));
+        }
+        admitted?;
+        match runs.set_status(id, update_of(rank, &end), now_ms) {
+            Ok(outcome) => {
+                let mut answer = answer;
+                answer.run_status = Some(end.status);
+                Ok(Step::Write(answered(outcome, answer)))
+            }
+            // The run had ended already: the end changes nothing.
+            Err(StateError::IllegalTransition { .. }) => Ok(Step::Answer(answer)),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Closes the groups whose ranks did not all join in time, registering
+    /// each as ended; forgets the groups of runs that ended or are gone.
+    pub(crate) fn sweep(
+        &mut self,
+        runs: &mut Runs,
+        view: &RwLock<View>,
+        now_ms: u64,
+        change: &mut Change<Vec<RunId>>,
+    ) {
+        let expired: Vec<GroupKey> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| now_ms.saturating_sub(p.started_ms) >= p.timeout_ms)
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in expired {
+            let Some(pending) = self.remove_pending(&key) else { continue };
+            let id = pending.run_id.clone();
+            match self.close_incomplete(&key, pending, runs, now_ms) {
+                Ok(Outcome::Changed(closed)) => {
+                    tracing::warn!(run = %id, key = %key.0, "closed a rendezvous group whose ranks did not all join in time");
+                    change.ops.extend(closed.ops);
+                    change.events.extend(closed.events);
+                }
+                Ok(Outcome::Unchanged(())) => {}
+                Err(err) => {
+                    tracing::error!(run = %id, key = %key.0, error = %err, "cannot close an incomplete rendezvous group")
+                }
+            }
+        }
+        let view = view.read().unwrap_or_else(|e| e.into_inner());
+        self.groups.retain(|id, group| match view.get(id) {
+            Some(record) => !record.status.is_terminal() || record.lost_controller,
+            None => now_ms.saturating_sub(group.since_ms) < UNCOMMITTED_GRACE_MS,
+        });
+        let groups = &self.groups;
+        self.keys.retain(|_, id| groups.contains_key(id));
+    }
+
+    /// Ends the run of a group that did not assemble in time: ERRORED if a
+    /// rank reported an error, else ABORTED (`SYSTEM_ERROR`, or
+    /// `USER_INTERRUPT` if a rank was interrupted), with a detail naming the
+    /// ranks that joined and those missing. A new run is registered with no
+    /// workers: a partial group is not a worker group.
+    fn close_incomplete(
+        &mut self,
+        key: &GroupKey,
+        pending: Pending,
+        runs: &mut Runs,
+        now_ms: u64,
+    ) -> Result<Outcome<()>, StateError> {
+        let joined = ranks_text(pending.members.keys().copied());
+        let missing =
+            ranks_text((0..pending.world_size).filter(|r| !pending.members.contains_key(r)));
+        let mut detail = format!(
+            "The worker group of rendezvous key {:?} (attempt {}) did not assemble within {:.1} s: {} of {} ranks joined ({joined}); missing ranks: {missing}.",
+            key.0,
+            key.1,
+            pending.timeout_ms as f64 / 1000.0,
+            pending.members.len(),
+            pending.world_size,
+        );
+        let failure = pending.final_failure().map(|(rank, end)| (rank, end.clone()));
+        let (update, cause) = match &failure {
+            Some((rank, end)) if end.status == RunStatus::Errored => {
+                detail.push('\n');
+                detail.push_str(&end.detail);
+                let kind = end.cause_kind().unwrap_or(CauseKind::UserError);
+                (
+                    StatusUpdate::errored(Some(*rank), kind, detail.clone()),
+                    RunCause::new(kind, Some(*rank)),
+                )
+            }
+            Some((rank, end)) => {
+                detail = format!("{detail} {}", aborted_detail(*rank, end));
+                let kind = end.cause_kind().unwrap_or(CauseKind::UserInterrupt);
+                (StatusUpdate::aborted(kind, detail.clone()), RunCause::new(kind, None))
+            }
+            None => (
+                StatusUpdate::aborted(CauseKind::SystemError, detail.clone()),
+                RunCause::new(CauseKind::SystemError, None),
+            ),
+        };
+        let outcome = if pending.existing {
+            answered(runs.set_status(&pending.run_id, update.clone(), now_ms)?, ())
+        } else {
+            let status_detail = match update.status {
+                RunStatus::Errored => {
+                    errored_status_detail(cause.failed_world_rank, &update.detail)
+                }
+                _ => last_chars(&update.detail, MAX_STATUS_DETAIL_LEN).to_owned(),
+            };
+            let draft = TrainRunInfoDraft {
+                run_status: update.status,
+                status_detail,
+                cause: Some(cause),
+                attempts: vec![RunAttemptDraft {
+                    attempt_id: key.1.to_string(),
+                    start_time_ms: pending.started_ms,
+                    end_time_ms: None,
+                    status: None,
+                    status_detail: String::new(),
+                    cause: None,
+                    workers: None,
+                }],
+                ..TrainRunInfoDraft::new(
+                    pending.run_id.to_string(),
+                    &pending.name,
+                    &pending.job_id,
+                    controller_of(&key.0),
+                    pending.started_ms,
+                )
+            };
+            answered(runs.register(NewRun::try_from(draft)?, now_ms)?, ())
+        };
+        self.keys.insert(key.0.clone(), pending.run_id.clone());
+        self.groups.insert(
+            pending.run_id,
+            Group { attempt_id: key.1.to_string(), slots: Vec::new(), ended: 0, since_ms: now_ms },
+        );
+        Ok(outcome)
+    }
+
+    /// `document` with when each rank of its group was last heard from,
+    /// while the head tracks the group.
+    pub(crate) fn decorate(&self, id: &RunId, document: RunDocument) -> RunDocument {
+        match self.groups.get(id) {
+            Some(group) if !group.slots.is_empty() => {
+                let by_rank: Arc<[Option<u64>]> =
+                    group.slots.iter().map(|s| s.last_heard_ms).collect();
+                document.with_rank_heartbeats(by_rank)
+            }
+            _ => document,
+        }
+    }
+}

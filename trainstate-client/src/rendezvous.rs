@@ -1,0 +1,354 @@
+//! The rendezvous: the protocol for launches that have no controller.
+//!
+//! Launchers like torchrun and Slurm start every rank on its own; no
+//! process knows the whole worker group. Each rank joins the rendezvous
+//! with its own worker info and the world size, under a key that every
+//! rank of the launch shares. The state actor assembles the group when all
+//! ranks have joined and registers the run (or, for a relaunch of a live
+//! run, a new attempt of it). Each rank then heartbeats and reports its own
+//! end; the run finishes when every rank has finished, and errors or aborts
+//! at the first rank that did (unless the launcher restarts the workers).
+//!
+//! ```no_run
+//! # async fn example(state: trainstate_client::StateHandle, worker: trainstate_schema::TrainWorkerInfo) -> Result<(), trainstate_client::StateError> {
+//! use trainstate_client::{Join, RankEnd};
+//!
+//! let joined = state.join_rendezvous(Join::new("slurm:4242.0", 2, worker, "pretrain", "4242")?).await?;
+//! let rank = 0;
+//! state.heartbeat_rank(joined.run_id.clone(), rank, joined.attempt_id.clone()).await?;
+//! state.end_rank(joined.run_id, rank, RankEnd::finished(joined.attempt_id)).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! The rules (deadlines, restarts of the head, relaunches) are written down
+//! in `docs/rendezvous.md`.
+
+use std::time::Duration;
+
+use trainstate_schema::api::{
+    DEFAULT_JOIN_TIMEOUT_MS, JoinRequest, MAX_JOIN_TIMEOUT_MS, RENDEZVOUS_KEY_PATTERN,
+    RankEndRequest, RendezvousResponse, is_rendezvous_key,
+};
+use trainstate_schema::limits::{MAX_STATUS_DETAIL_LEN, MAX_WORKERS};
+use trainstate_schema::{CauseKind, RunId, RunStatus, TrainWorkerInfo, validate_name};
+
+use crate::error::StateError;
+use crate::handle::StateHandle;
+use crate::protocol::{Reply, StateMessage};
+
+/// One rank joining the rendezvous, checked: see [`StateHandle::join_rendezvous`].
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Join {
+    /// The key every rank of the launch shares ([`RENDEZVOUS_KEY_PATTERN`]).
+    pub key: String,
+    /// How many ranks the group has.
+    pub world_size: u32,
+    /// Which launch of the key this is: 0, then the launcher's restart count.
+    pub attempt: u32,
+    /// This rank; its world rank is below `world_size`.
+    pub worker: TrainWorkerInfo,
+    /// The run's name (world rank 0's is kept).
+    pub name: String,
+    /// The run's job id (world rank 0's is kept).
+    pub job_id: String,
+    /// How long the group waits for missing ranks, from its first join.
+    pub join_timeout: Duration,
+    /// The run id an earlier answer gave, when joining again after the head
+    /// forgot the group.
+    pub run_id: Option<RunId>,
+}
+
+impl Join {
+    /// A join of `worker` into the group of `key`, attempt 0, with the
+    /// default join timeout. Checks every rule.
+    pub fn new(
+        key: impl Into<String>,
+        world_size: u32,
+        worker: TrainWorkerInfo,
+        name: impl Into<String>,
+        job_id: impl Into<String>,
+    ) -> Result<Self, StateError> {
+        let join = Self {
+            key: key.into(),
+            world_size,
+            attempt: 0,
+            worker,
+            name: name.into(),
+            job_id: job_id.into(),
+            join_timeout: Duration::from_millis(DEFAULT_JOIN_TIMEOUT_MS),
+            run_id: None,
+        };
+        join.check()?;
+        Ok(join)
+    }
+
+    /// The same join, for attempt `attempt` (the launcher's restart count).
+    pub fn with_attempt(mut self, attempt: u32) -> Self {
+        self.attempt = attempt;
+        self
+    }
+
+    /// The same join, waiting `timeout` for missing ranks (1 ms to a day).
+    pub fn with_join_timeout(mut self, timeout: Duration) -> Result<Self, StateError> {
+        self.join_timeout = timeout;
+        self.check()?;
+        Ok(self)
+    }
+
+    /// The same join, asking to keep `run_id` if the head forgot the group.
+    pub fn with_run_id(mut self, run_id: RunId) -> Self {
+        self.run_id = Some(run_id);
+        self
+    }
+
+    /// A join read from the HTTP API: `key` from the path, the rest from
+    /// the body. A broken rule names its field (`worker.pid`).
+    pub fn from_request(key: &str, request: JoinRequest) -> Result<Self, StateError> {
+        let worker = request.worker.validate().map_err(|err| {
+            StateError::invalid(format!("worker.{}", err.field()), err.rule().to_string())
+        })?;
+        let timeout_ms = request.join_timeout_ms.unwrap_or(DEFAULT_JOIN_TIMEOUT_MS);
+        if !(1..=MAX_JOIN_TIMEOUT_MS).contains(&timeout_ms) {
+            return Err(StateError::invalid(
+                "join_timeout_ms",
+                format!("must be 1 to {MAX_JOIN_TIMEOUT_MS} (one day)"),
+            ));
+        }
+        let join = Self {
+            key: key.to_owned(),
+            world_size: request.world_size,
+            attempt: request.attempt,
+            worker,
+            name: request.name,
+            job_id: request.job_id,
+            join_timeout: Duration::from_millis(timeout_ms),
+            run_id: request.run_id,
+        };
+        join.check()?;
+        Ok(join)
+    }
+
+    /// The body of the join over HTTP.
+    pub fn to_request(&self) -> JoinRequest {
+        let mut request = JoinRequest::new(
+            self.world_size,
+            self.worker.clone().into_draft(),
+            self.name.clone(),
+            self.job_id.clone(),
+        );
+        request.attempt = self.attempt;
+        request.join_timeout_ms = Some(self.join_timeout.as_millis() as u64);
+        request.run_id = self.run_id.clone();
+        request
+    }
+
+    fn check(&self) -> Result<(), StateError> {
+        if !is_rendezvous_key(&self.key) {
+            return Err(StateError::invalid("key", format!("must match {RENDEZVOUS_KEY_PATTERN}")));
+        }
+        if self.world_size == 0 || self.world_size as usize > MAX_WORKERS {
+            return Err(StateError::invalid("world_size", format!("must be 1 to {MAX_WORKERS}")));
+        }
+        if self.worker.world_rank() >= self.world_size {
+            return Err(StateError::invalid(
+                "worker.world_rank",
+                format!("must be below world_size ({})", self.world_size),
+            ));
+        }
+        validate_name("name", &self.name)?;
+        validate_name("job_id", &self.job_id)?;
+        let timeout_ms = self.join_timeout.as_millis();
+        if timeout_ms == 0 || timeout_ms > u128::from(MAX_JOIN_TIMEOUT_MS) {
+            return Err(StateError::invalid(
+                "join_timeout_ms",
+                format!("must be 1 to {MAX_JOIN_TIMEOUT_MS} (one day)"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How one rank ended: see [`StateHandle::end_rank`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RankEnd {
+    /// The attempt the rank belongs to.
+    pub attempt_id: String,
+    /// `FINISHED`, `ERRORED` or `ABORTED`.
+    pub status: RunStatus,
+    /// For `ERRORED`, the error and its traceback.
+    pub detail: String,
+    /// The cause of an `ERRORED` or `ABORTED` end.
+    pub cause: Option<CauseKind>,
+    /// How many more times the launcher restarts the workers; above 0, a
+    /// failure does not end the run.
+    pub restarts_remaining: u32,
+}
+
+impl RankEnd {
+    /// The rank ended cleanly.
+    pub fn finished(attempt_id: impl Into<String>) -> Self {
+        Self {
+            attempt_id: attempt_id.into(),
+            status: RunStatus::Finished,
+            detail: String::new(),
+            cause: None,
+            restarts_remaining: 0,
+        }
+    }
+
+    /// The rank raised an error; `trace` is the error and its traceback.
+    pub fn errored(attempt_id: impl Into<String>, trace: impl Into<String>) -> Self {
+        Self {
+            status: RunStatus::Errored,
+            detail: trace.into(),
+            cause: Some(CauseKind::UserError),
+            ..Self::finished(attempt_id)
+        }
+    }
+
+    /// The rank was interrupted (SIGTERM, SIGINT).
+    pub fn aborted(attempt_id: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self {
+            status: RunStatus::Aborted,
+            detail: detail.into(),
+            cause: Some(CauseKind::UserInterrupt),
+            ..Self::finished(attempt_id)
+        }
+    }
+
+    /// The same end, with `n` restarts of the launcher to come.
+    pub fn with_restarts_remaining(mut self, n: u32) -> Self {
+        self.restarts_remaining = n;
+        self
+    }
+
+    /// The cause the run gets if this end ends it.
+    pub fn cause_kind(&self) -> Option<CauseKind> {
+        match self.status {
+            RunStatus::Errored => Some(self.cause.unwrap_or(CauseKind::UserError)),
+            RunStatus::Aborted => Some(self.cause.unwrap_or(CauseKind::UserInterrupt)),
+            _ => None,
+        }
+    }
+}
+
+impl TryFrom<RankEndRequest> for RankEnd {
+    type Error = StateError;
+
+    fn try_from(request: RankEndRequest) -> Result<Self, StateError> {
+        if request.status == RunStatus::Running {
+            return Err(StateError::invalid("status", "must be FINISHED, ERRORED or ABORTED"));
+        }
+        if request.status == RunStatus::Finished && request.cause.is_some() {
+            return Err(StateError::invalid("cause", "only an ERRORED or ABORTED end has a cause"));
+        }
+        if request.detail.chars().count() > MAX_STATUS_DETAIL_LEN {
+            return Err(StateError::invalid(
+                "detail",
+                format!("must be at most {MAX_STATUS_DETAIL_LEN} characters"),
+            ));
+        }
+        validate_name("attempt_id", &request.attempt_id)?;
+        Ok(Self {
+            attempt_id: request.attempt_id,
+            status: request.status,
+            detail: request.detail,
+            cause: request.cause,
+            restarts_remaining: request.restarts_remaining,
+        })
+    }
+}
+
+impl From<RankEnd> for RankEndRequest {
+    fn from(end: RankEnd) -> Self {
+        let mut request = RankEndRequest::new(end.attempt_id, end.status);
+        request.detail = end.detail;
+        request.cause = end.cause;
+        request.restarts_remaining = end.restarts_remaining;
+        request
+    }
+}
+
+/// A request to the rendezvous of the state actor: the one
+/// [`StateMessage::Rendezvous`] carries.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RendezvousMessage {
+    /// One rank joins its group.
+    Join {
+        /// The join.
+        join: Box<Join>,
+        /// Where the group stands.
+        reply: Reply<RendezvousResponse>,
+    },
+    /// One rank is alive.
+    Heartbeat {
+        /// The run.
+        id: RunId,
+        /// The rank's world rank.
+        rank: u32,
+        /// The rank's attempt.
+        attempt_id: String,
+        /// Where the group stands.
+        reply: Reply<RendezvousResponse>,
+    },
+    /// One rank ended.
+    End {
+        /// The run.
+        id: RunId,
+        /// The rank's world rank.
+        rank: u32,
+        /// How it ended.
+        end: RankEnd,
+        /// Where the group stands.
+        reply: Reply<RendezvousResponse>,
+    },
+}
+
+impl StateHandle {
+    /// Joins `join.worker` into the rendezvous group of `join.key`.
+    ///
+    /// The answer says the run id (assigned at the group's first join, the
+    /// same for every rank) and whether the run is registered yet
+    /// (`run_status` is null while ranks are missing). The join that
+    /// completes the group is answered once the run (or its new attempt)
+    /// is committed. Repeating a join is a no-op; a second process for the
+    /// same rank, a world size that disagrees with the group's, a join into
+    /// a group that has closed or a run that has ended is refused
+    /// ([`StateError::Refused`]).
+    pub async fn join_rendezvous(&self, join: Join) -> Result<RendezvousResponse, StateError> {
+        let join = Box::new(join);
+        self.call(|reply| StateMessage::Rendezvous(RendezvousMessage::Join { join, reply })).await
+    }
+
+    /// Says rank `rank` of `attempt_id` is alive: renews the run's lease and
+    /// records when the rank was last heard from (in memory only).
+    pub async fn heartbeat_rank(
+        &self,
+        id: RunId,
+        rank: u32,
+        attempt_id: impl Into<String>,
+    ) -> Result<RendezvousResponse, StateError> {
+        let attempt_id = attempt_id.into();
+        self.call(|reply| {
+            StateMessage::Rendezvous(RendezvousMessage::Heartbeat { id, rank, attempt_id, reply })
+        })
+        .await
+    }
+
+    /// Reports how rank `rank` ended. The run finishes once every rank of
+    /// its current attempt has finished, and errors (or aborts) at the first
+    /// rank that errored (or was interrupted) with no restart to come. An
+    /// end that ends the run is answered once committed.
+    pub async fn end_rank(
+        &self,
+        id: RunId,
+        rank: u32,
+        end: RankEnd,
+    ) -> Result<RendezvousResponse, StateError> {
+        self.call(|reply| StateMessage::Rendezvous(RendezvousMessage::End { id, rank, end, reply }))
+            .await
+    }
+}

@@ -1,0 +1,201 @@
+//! The documents of the rendezvous: how the ranks of a launch that has no
+//! controller (torchrun, Slurm, a plain process) report one run together.
+//!
+//! Every rank joins the rendezvous by a key that all ranks of one launch
+//! share ([`JoinRequest`]); the head assembles the worker group once all
+//! `world_size` ranks have joined and registers the run, or a new attempt of
+//! it for a relaunch. Each rank then heartbeats ([`RankHeartbeatRequest`])
+//! and reports its own end ([`RankEndRequest`]); every answer is a
+//! [`RendezvousResponse`].
+
+use serde::{Deserialize, Serialize};
+
+use crate::{CauseKind, RunId, RunStatus, TrainWorkerInfoDraft};
+
+/// The pattern of a rendezvous key: 1 to 256 of `A-Z a-z 0-9 . _ : -`, safe
+/// in a URL path.
+pub const RENDEZVOUS_KEY_PATTERN: &str = "^[A-Za-z0-9._:-]{1,256}$";
+
+/// The longest rendezvous key.
+pub const MAX_RENDEZVOUS_KEY_LEN: usize = 256;
+
+/// How long a group waits for its missing ranks when the first rank to join
+/// does not say: 5 minutes.
+pub const DEFAULT_JOIN_TIMEOUT_MS: u64 = 300_000;
+
+/// The longest a group may wait for its missing ranks: one day.
+pub const MAX_JOIN_TIMEOUT_MS: u64 = 86_400_000;
+
+/// True when `key` matches [`RENDEZVOUS_KEY_PATTERN`].
+///
+/// ```
+/// use trainstate_schema::api::is_rendezvous_key;
+///
+/// assert!(is_rendezvous_key("torchrun:4f1c2a.0"));
+/// assert!(!is_rendezvous_key("a/b"));
+/// assert!(!is_rendezvous_key(""));
+/// ```
+pub fn is_rendezvous_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= MAX_RENDEZVOUS_KEY_LEN
+        && key.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+}
+
+/// Body of `POST /api/train/rendezvous/{key}/join`: one rank of a launch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[non_exhaustive]
+pub struct JoinRequest {
+    /// How many ranks the group has (torchrun's `WORLD_SIZE`, Slurm's
+    /// `SLURM_NTASKS`); every rank of a group must say the same. 1 to 65,536.
+    #[cfg_attr(feature = "schemars", schemars(range(min = 1, max = 65536)))]
+    pub world_size: u32,
+    /// Which launch of the key this is: 0 for the first, then the launcher's
+    /// restart count (`TORCHELASTIC_RESTART_COUNT`, `SLURM_RESTART_COUNT`).
+    /// A later attempt of a live run becomes a new attempt of that run, with
+    /// this number as its `attempt_id`.
+    #[serde(default)]
+    pub attempt: u32,
+    /// This rank: its `world_rank` is the rank, below `world_size`.
+    pub worker: TrainWorkerInfoDraft,
+    /// The run's name (world rank 0's is kept).
+    #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = 1024)))]
+    pub name: String,
+    /// The run's job id (world rank 0's is kept).
+    #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = 1024)))]
+    pub job_id: String,
+    /// How long, from the first join, the group waits for its missing
+    /// ranks before the head gives up on it (the first rank's value
+    /// counts); 5 minutes when absent. 1 ms to one day.
+    #[serde(default)]
+    #[cfg_attr(feature = "schemars", schemars(range(min = 1, max = 86_400_000_u64)))]
+    pub join_timeout_ms: Option<u64>,
+    /// The run id an earlier answer gave this rank, when it joins again
+    /// because the head forgot the group (a head restart): the group keeps
+    /// that id if no other run has it.
+    #[serde(default)]
+    pub run_id: Option<RunId>,
+}
+
+impl JoinRequest {
+    /// A join of `worker` into a group of `world_size`, attempt 0.
+    pub fn new(
+        world_size: u32,
+        worker: TrainWorkerInfoDraft,
+        name: impl Into<String>,
+        job_id: impl Into<String>,
+    ) -> Self {
+        Self {
+            world_size,
+            attempt: 0,
+            worker,
+            name: name.into(),
+            job_id: job_id.into(),
+            join_timeout_ms: None,
+            run_id: None,
+        }
+    }
+}
+
+/// Body of `POST /api/train/runs/{id}/ranks/{rank}/heartbeat`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[non_exhaustive]
+pub struct RankHeartbeatRequest {
+    /// The attempt the rank belongs to, as the join answered it.
+    #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = 1024)))]
+    pub attempt_id: String,
+}
+
+impl RankHeartbeatRequest {
+    /// A heartbeat of a rank of `attempt_id`.
+    pub fn new(attempt_id: impl Into<String>) -> Self {
+        Self { attempt_id: attempt_id.into() }
+    }
+}
+
+/// Body of `POST /api/train/runs/{id}/ranks/{rank}/end`: how one rank ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[non_exhaustive]
+pub struct RankEndRequest {
+    /// The attempt the rank belongs to, as the join answered it.
+    #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = 1024)))]
+    pub attempt_id: String,
+    /// `FINISHED` (the rank ended cleanly), `ERRORED` (it raised) or
+    /// `ABORTED` (it was interrupted). The run finishes when every rank of
+    /// its current attempt has finished; it errors or aborts at the first
+    /// rank that did, unless the launcher restarts the workers.
+    pub status: RunStatus,
+    /// For `ERRORED`, the error and its traceback; else a few words.
+    #[serde(default)]
+    #[cfg_attr(feature = "schemars", schemars(length(max = 50100)))]
+    pub detail: String,
+    /// The cause: `USER_ERROR` for `ERRORED` and `USER_INTERRUPT` for
+    /// `ABORTED` when absent.
+    #[serde(default)]
+    pub cause: Option<CauseKind>,
+    /// How many more times the launcher restarts the workers after this
+    /// failure (`TORCHELASTIC_MAX_RESTARTS` less the restart count). Above
+    /// 0, a failure does not end the run: its next attempt joins.
+    #[serde(default)]
+    pub restarts_remaining: u32,
+}
+
+impl RankEndRequest {
+    /// A rank's end with `status`, no detail, no restart to come.
+    pub fn new(attempt_id: impl Into<String>, status: RunStatus) -> Self {
+        Self {
+            attempt_id: attempt_id.into(),
+            status,
+            detail: String::new(),
+            cause: None,
+            restarts_remaining: 0,
+        }
+    }
+}
+
+/// The answer of every rendezvous route: where the rank's group stands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[non_exhaustive]
+pub struct RendezvousResponse {
+    /// The run the group reports, assigned at the first join.
+    pub run_id: RunId,
+    /// The group's attempt of the run.
+    pub attempt_id: String,
+    /// How many ranks the group has.
+    pub world_size: u32,
+    /// How many ranks have joined (`world_size` once the group is complete).
+    pub joined: u32,
+    /// How many ranks of the group have reported their end.
+    pub ranks_ended: u32,
+    /// The run's status; null while the group waits for ranks and the run
+    /// is not registered yet.
+    pub run_status: Option<RunStatus>,
+    /// The run's lease, in milliseconds: heartbeat well within it.
+    pub lease_ms: u64,
+}
+
+impl RendezvousResponse {
+    /// An answer for the group of `attempt_id` of run `run_id`.
+    pub fn new(
+        run_id: RunId,
+        attempt_id: impl Into<String>,
+        world_size: u32,
+        joined: u32,
+        ranks_ended: u32,
+        run_status: Option<RunStatus>,
+        lease_ms: u64,
+    ) -> Self {
+        Self {
+            run_id,
+            attempt_id: attempt_id.into(),
+            world_size,
+            joined,
+            ranks_ended,
+            run_status,
+            lease_ms,
+        }
+    }
+}
