@@ -42,6 +42,7 @@ mod errors;
 mod faults;
 #[cfg(feature = "server")]
 pub mod http;
+pub mod ray_export;
 mod record;
 mod state;
 mod store;
