@@ -110,10 +110,16 @@ impl Site {
         std::fs::metadata(self.file()).unwrap().len()
     }
 
-    /// The saved position: (byte offset, line).
+    /// The saved position in Ray's file: (byte offset, line).
     fn position(&self) -> Option<(u64, u64)> {
+        self.position_in(EVENTS_FILE)
+    }
+
+    /// The saved position in the file `name`: (byte offset, line).
+    fn position_in(&self, name: &str) -> Option<(u64, u64)> {
         let text = std::fs::read_to_string(&self.position).ok()?;
-        let position: Value = serde_json::from_str(&text).unwrap();
+        let positions: Value = serde_json::from_str(&text).unwrap();
+        let position = positions["files"].get(name)?;
         Some((position["offset"].as_u64().unwrap(), position["line"].as_u64().unwrap()))
     }
 
@@ -318,7 +324,7 @@ async fn replaying_rays_file_as_ray_writes_it_gives_back_rays_dashboard_answer()
 
     // Before Ray writes anything, the ingester waits for the file.
     eventually("the ingester waiting for Ray", || {
-        site.log().contains("waiting for Ray to write the file").then_some(())
+        site.log().contains("waiting for Ray to write").then_some(())
     })
     .await;
     site.append_lines(&lines[..10]);
@@ -487,6 +493,23 @@ async fn a_new_ray_session_is_followed_once_the_previous_one_is_read_to_its_end(
     assert_eq!(status_of(&client, &head, "v2-next-session").await.as_deref(), Some("FINISHED"));
     let len = std::fs::metadata(&next_file).unwrap().len();
     assert_eq!(site.position().unwrap(), (len, next.len() as u64));
+}
+
+#[tokio::test]
+async fn the_file_name_of_earlier_ray_releases_is_followed_too() {
+    // Before Ray named the file after the Train state, one logger named
+    // after the run events' source type wrote runs and attempts alike.
+    let site = Site::new();
+    let head = Head::start(&site.data, "127.0.0.1:0");
+    let client = Client::new();
+    let earlier = site.events.join("event_EXPORT_TRAIN_RUN.log");
+    std::fs::write(&earlier, format!("{}\n", rays_lines().join("\n"))).unwrap();
+    let mut ingester = site.ingester(&head, true);
+    assert!(ingester.wait().success(), "{}", site.log());
+    assert_rays_answer(&client, &head).await;
+    let len = std::fs::metadata(&earlier).unwrap().len();
+    assert_eq!(site.position_in("event_EXPORT_TRAIN_RUN.log"), Some((len, 31)));
+    assert_eq!(site.position(), None);
 }
 
 #[tokio::test]

@@ -83,15 +83,20 @@ async fn ray_export(args: RayExportArgs) -> Result<(), String> {
         "ingesting Ray's export events"
     );
     let report = ingest(&handle, &config, shutdown).await.map_err(|e| e.to_string())?;
+    for position in &report.positions {
+        tracing::info!(
+            file = %position.file.display(),
+            offset = position.offset,
+            line = position.line,
+            "position"
+        );
+    }
     tracing::info!(
         applied = report.applied,
         rejected = report.rejected,
         stale = report.stale,
         malformed = report.malformed,
         other = report.other,
-        file = %report.file.as_deref().map(|f| f.display().to_string()).unwrap_or_default(),
-        offset = report.offset,
-        line = report.line,
         "stopped"
     );
     Ok(())

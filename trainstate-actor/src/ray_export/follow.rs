@@ -10,13 +10,21 @@ use tokio::sync::watch;
 use trainstate_client::{StateError, StateHandle};
 
 use super::decode::{Decoded, ExportEvent, decode_line};
-use super::position::{Check, FileId, Line, Position, read_lines};
+use super::position::{Check, FileId, Line, Position, Positions, read_lines};
 
-/// The file Ray (2.4x and later) appends its Train run and attempt events
-/// to, in `<session>/logs/export_events/`. Ray's `RotatingFileHandler`
-/// renames it to `….log.1` (and so on) when it grows past
+/// The file Ray appends its Train run and attempt events to, in
+/// `<session>/logs/export_events/`. Ray's `RotatingFileHandler` renames it
+/// to `….log.1` (and so on) when it grows past
 /// `RAY_EXPORT_EVENT_MAX_FILE_SIZE_BYTES` and starts a new one.
 pub const TRAIN_STATE_FILE: &str = "event_EXPORT_TRAIN_STATE.log";
+
+/// The file earlier Ray releases appended the same events to (one logger,
+/// named after the run events' source type, took attempts too).
+pub const TRAIN_RUN_FILE: &str = "event_EXPORT_TRAIN_RUN.log";
+
+/// Every file name followed, each with a position of its own. One Ray
+/// session writes one of them.
+pub const FOLLOWED_FILES: [&str; 2] = [TRAIN_RUN_FILE, TRAIN_STATE_FILE];
 
 /// Where Ray's export events are under a session directory.
 pub const SESSION_EVENTS_DIR: &str = "logs/export_events";
@@ -98,11 +106,19 @@ pub struct IngestReport {
     pub malformed: u64,
     /// Events of other sources (jobs, actors, datasets), skipped.
     pub other: u64,
-    /// The file the ingester is in, if any.
-    pub file: Option<PathBuf>,
-    /// Its byte offset there, just after the last line handled.
+    /// Where the ingester is in each file it has read.
+    pub positions: Vec<FilePosition>,
+}
+
+/// Where an ingester is in one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FilePosition {
+    /// The file (symbolic links resolved).
+    pub file: PathBuf,
+    /// The byte offset just after the last line handled.
     pub offset: u64,
-    /// How many lines of that file come before `offset`.
+    /// How many lines come before `offset`.
     pub line: u64,
 }
 
@@ -168,13 +184,15 @@ pub async fn ingest(
             .map_err(|e| position_error(format!("cannot create its directory: {e}")))?;
     }
     let _lock = lock(&config.position_file)?;
-    let position = Position::load(&config.position_file).map_err(position_error)?;
-    if let Some(p) = &position {
+    let positions = Positions::load(&config.position_file)
+        .map_err(position_error)?
+        .unwrap_or_else(Positions::new);
+    for p in positions.files.values() {
         tracing::info!(file = %p.path.display(), offset = p.offset, line = p.line, "resuming");
     }
     let (stop, stopped) = watch::channel(false);
     let mut ingester =
-        Ingester { handle, config, stop: stopped, position, report: IngestReport::default() };
+        Ingester { handle, config, stop: stopped, positions, report: IngestReport::default() };
     let result = {
         let run = ingester.run();
         tokio::pin!(run);
@@ -188,9 +206,12 @@ pub async fn ingest(
         }
     };
     let mut report = ingester.report;
-    if let Some(p) = ingester.position {
-        (report.file, report.offset, report.line) = (Some(p.path), p.offset, p.line);
-    }
+    report.positions = ingester
+        .positions
+        .files
+        .into_values()
+        .map(|p| FilePosition { file: p.path, offset: p.offset, line: p.line })
+        .collect();
     result.map(|()| report)
 }
 
@@ -216,6 +237,18 @@ enum Flow {
     Stop,
 }
 
+/// What one look at a followed name found.
+enum Polled {
+    /// No file under the name.
+    Missing,
+    /// Nothing new.
+    Idle,
+    /// Something was done: look again right away.
+    Busy,
+    /// Told to stop.
+    Stop,
+}
+
 /// What the file under the followed name is, seen from the position.
 enum Step {
     /// No file yet.
@@ -233,7 +266,7 @@ struct Ingester<'a> {
     handle: &'a StateHandle,
     config: &'a IngestConfig,
     stop: watch::Receiver<bool>,
-    position: Option<Position>,
+    positions: Positions,
     report: IngestReport,
 }
 
@@ -260,79 +293,22 @@ impl Ingester<'_> {
     async fn run(&mut self) -> Result<(), IngestError> {
         let mut told_missing = false;
         while !self.stopped() {
-            let path = self.config.events_dir().join(TRAIN_STATE_FILE);
-            let step = {
-                let (at, position) = (path.clone(), self.position.clone());
-                let (max_lines, max_bytes) =
-                    (self.config.max_batch_lines, self.config.max_line_bytes);
-                blocking(move || step(&at, position.as_ref(), max_lines, max_bytes))
-                    .await
-                    .map_err(|source| IngestError::Read { path: path.clone(), source })?
-            };
-            let idle = match step {
-                Step::Missing => {
-                    if !told_missing {
-                        tracing::info!(file = %path.display(), "waiting for Ray to write the file");
-                        told_missing = true;
-                    }
-                    // A new Ray session that has not written yet: the end
-                    // of the previous session's file is still to be read.
-                    if let Some(previous) = self.position.clone() {
-                        let at = previous.clone();
-                        if let Some(old) = blocking(move || find_old(&at)).await
-                            && let Flow::Stop = self.drain(&old, previous).await?
-                        {
-                            return Ok(());
-                        }
-                    }
-                    true
+            let (mut idle, mut missing) = (true, true);
+            for name in FOLLOWED_FILES {
+                match self.poll(name).await? {
+                    Polled::Missing => {}
+                    Polled::Idle => missing = false,
+                    Polled::Busy => (idle, missing) = (false, false),
+                    Polled::Stop => return Ok(()),
                 }
-                Step::Replaced { new, old } => {
-                    match (self.position.clone(), old) {
-                        (Some(previous), Some(old)) => {
-                            tracing::info!(
-                                file = %path.display(),
-                                previous = %old.display(),
-                                "a new file under the name: reading the rest of the previous one first"
-                            );
-                            if let Flow::Stop = self.drain(&old, previous).await? {
-                                return Ok(());
-                            }
-                        }
-                        (Some(previous), None) => tracing::warn!(
-                            file = %path.display(),
-                            previous = %previous.path.display(),
-                            offset = previous.offset,
-                            "a new file under the name, and the previous one is gone"
-                        ),
-                        (None, _) => {}
-                    }
-                    tracing::info!(file = %path.display(), "reading from the start");
-                    self.save(new).await?;
-                    false
-                }
-                Step::Rewound { check, new } => {
-                    let what = match check {
-                        Check::Truncated => "truncated",
-                        _ => "rewritten",
-                    };
-                    tracing::warn!(
-                        file = %path.display(),
-                        offset = self.position.as_ref().map_or(0, |p| p.offset),
-                        "the file was {what}: reading it from the start"
-                    );
-                    self.save(new).await?;
-                    false
-                }
-                Step::Lines { lines, position } => {
-                    let idle = lines.is_empty();
-                    self.position = Some(position);
-                    if !idle {
-                        self.apply_lines(&path, lines).await?;
-                    }
-                    idle
-                }
-            };
+            }
+            if missing && !told_missing {
+                tracing::info!(
+                    dir = %self.config.events_dir().display(),
+                    "waiting for Ray to write {TRAIN_STATE_FILE}"
+                );
+                told_missing = true;
+            }
             if idle && (self.config.once || !self.wait(self.config.poll_interval).await) {
                 return Ok(());
             }
@@ -340,9 +316,86 @@ impl Ingester<'_> {
         Ok(())
     }
 
+    /// Looks at the file under `name` once, and handles what is new there.
+    async fn poll(&mut self, name: &'static str) -> Result<Polled, IngestError> {
+        let path = self.config.events_dir().join(name);
+        let position = self.positions.files.get(name).cloned();
+        let step = {
+            let (at, from) = (path.clone(), position.clone());
+            let (max_lines, max_bytes) = (self.config.max_batch_lines, self.config.max_line_bytes);
+            blocking(move || step(&at, from.as_ref(), max_lines, max_bytes))
+                .await
+                .map_err(|source| IngestError::Read { path: path.clone(), source })?
+        };
+        match step {
+            Step::Missing => {
+                // A new Ray session that has not written yet: the end of
+                // the previous session's file is still to be read.
+                if let Some(previous) = position {
+                    let at = previous.clone();
+                    if let Some(old) = blocking(move || find_old(&at)).await
+                        && let Flow::Stop = self.drain(name, &old, previous).await?
+                    {
+                        return Ok(Polled::Stop);
+                    }
+                }
+                Ok(Polled::Missing)
+            }
+            Step::Replaced { new, old } => {
+                match (position, old) {
+                    (Some(previous), Some(old)) => {
+                        tracing::info!(
+                            file = %path.display(),
+                            previous = %old.display(),
+                            "a new file under the name: reading the rest of the previous one first"
+                        );
+                        if let Flow::Stop = self.drain(name, &old, previous).await? {
+                            return Ok(Polled::Stop);
+                        }
+                    }
+                    (Some(previous), None) => tracing::warn!(
+                        file = %path.display(),
+                        previous = %previous.path.display(),
+                        offset = previous.offset,
+                        "a new file under the name, and the previous one is gone"
+                    ),
+                    (None, _) => {}
+                }
+                tracing::info!(file = %path.display(), "reading from the start");
+                self.save(name, new).await?;
+                Ok(Polled::Busy)
+            }
+            Step::Rewound { check, new } => {
+                let what = match check {
+                    Check::Truncated => "truncated",
+                    _ => "rewritten",
+                };
+                tracing::warn!(
+                    file = %path.display(),
+                    offset = position.map_or(0, |p| p.offset),
+                    "the file was {what}: reading it from the start"
+                );
+                self.save(name, new).await?;
+                Ok(Polled::Busy)
+            }
+            Step::Lines { lines, .. } if lines.is_empty() => Ok(Polled::Idle),
+            Step::Lines { lines, position } => {
+                match self.apply_lines(name, &path, position, lines).await? {
+                    Flow::Continue => Ok(Polled::Busy),
+                    Flow::Stop => Ok(Polled::Stop),
+                }
+            }
+        }
+    }
+
     /// Reads the rest of a file that is no longer under the followed name
     /// (rotated away, or an earlier session's), to its very end.
-    async fn drain(&mut self, old: &Path, mut position: Position) -> Result<Flow, IngestError> {
+    async fn drain(
+        &mut self,
+        name: &'static str,
+        old: &Path,
+        mut position: Position,
+    ) -> Result<Flow, IngestError> {
         loop {
             let lines = {
                 let (old, from) = (old.to_owned(), position.clone());
@@ -366,19 +419,23 @@ impl Ingester<'_> {
                     return Ok(Flow::Continue);
                 }
             };
-            self.position = Some(position);
-            if let Flow::Stop = self.apply_lines(old, lines).await? {
+            if let Flow::Stop = self.apply_lines(name, old, position, lines).await? {
                 return Ok(Flow::Stop);
             }
-            position = self.position.clone().expect("set above");
+            position = self.positions.files[name].clone();
         }
     }
 
-    /// Handles `lines` in order, then saves the position after the last
-    /// one handled.
-    async fn apply_lines(&mut self, file: &Path, lines: Vec<Line>) -> Result<Flow, IngestError> {
+    /// Handles `lines`, read from `position` on, in order, then saves the
+    /// position after the last one handled.
+    async fn apply_lines(
+        &mut self,
+        name: &'static str,
+        file: &Path,
+        mut position: Position,
+        lines: Vec<Line>,
+    ) -> Result<Flow, IngestError> {
         let mut flow = Flow::Continue;
-        let mut position = self.position.clone().expect("lines come from a position");
         for line in &lines {
             flow = self.handle_line(file, line).await?;
             if let Flow::Stop = flow {
@@ -387,18 +444,21 @@ impl Ingester<'_> {
             position.offset = line.end;
             position.line = line.number;
         }
-        self.save(position).await?;
+        self.save(name, position).await?;
         Ok(flow)
     }
 
-    async fn save(&mut self, position: Position) -> Result<(), IngestError> {
+    /// Makes `position` the one of `name`, and saves every position.
+    async fn save(&mut self, name: &'static str, position: Position) -> Result<(), IngestError> {
         let path = self.config.position_file.clone();
-        let saved = position.clone();
-        blocking(move || saved.save(&path)).await.map_err(|e| IngestError::Position {
-            path: self.config.position_file.clone(),
-            reason: format!("cannot write it: {e}"),
-        })?;
-        self.position = Some(position);
+        let mut positions = self.positions.clone();
+        positions.files.insert(name.to_owned(), position);
+        self.positions = blocking(move || positions.save(&path).map(|()| positions))
+            .await
+            .map_err(|e| IngestError::Position {
+                path: self.config.position_file.clone(),
+                reason: format!("cannot write it: {e}"),
+            })?;
         Ok(())
     }
 

@@ -24,5 +24,6 @@ pub use decode::{
 };
 #[cfg(unix)]
 pub use follow::{
-    IngestConfig, IngestError, IngestReport, SESSION_EVENTS_DIR, TRAIN_STATE_FILE, ingest,
+    FOLLOWED_FILES, FilePosition, IngestConfig, IngestError, IngestReport, SESSION_EVENTS_DIR,
+    TRAIN_RUN_FILE, TRAIN_STATE_FILE, ingest,
 };

@@ -4,9 +4,10 @@
 //! A position names a file by its identity (device and inode, and a
 //! fingerprint of its first bytes, which tells a file rewritten in place
 //! from the one it replaced) and the byte offset just after the last line
-//! handled. It is written atomically: a temporary file, fsync, rename over
-//! the old one, fsync of the directory.
+//! handled. The position file holds one position for each file name the
+//! ingester follows, and is written atomically.
 
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::MetadataExt;
@@ -34,11 +35,66 @@ impl FileId {
     }
 }
 
-/// Where an ingester is in an export event file.
+/// Where an ingester is in each file it follows, by the file's name: what
+/// the position file holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Position {
+pub(crate) struct Positions {
     /// The format of this file.
     pub(crate) version: u32,
+    /// Each followed name's position.
+    pub(crate) files: BTreeMap<String, Position>,
+}
+
+impl Positions {
+    /// No position yet.
+    pub(crate) fn new() -> Self {
+        Self { version: POSITION_VERSION, files: BTreeMap::new() }
+    }
+
+    /// The positions saved in `path`, if there are any.
+    pub(crate) fn load(path: &Path) -> Result<Option<Positions>, String> {
+        let bytes = match std::fs::read(path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(format!("cannot read it: {e}")),
+        };
+        let positions: Positions = serde_json::from_slice(&bytes).map_err(|e| {
+            format!("it does not parse ({e}); delete it to read the events from the start")
+        })?;
+        if positions.version != POSITION_VERSION {
+            return Err(format!(
+                "it has format {} and this build reads format {POSITION_VERSION}",
+                positions.version
+            ));
+        }
+        Ok(Some(positions))
+    }
+
+    /// Writes the positions to `path` atomically and durably: a temporary
+    /// file, fsync, rename over the old one, fsync of the directory.
+    pub(crate) fn save(&self, path: &Path) -> std::io::Result<()> {
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
+        {
+            let mut file = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+            let mut json = serde_json::to_vec_pretty(self).expect("positions serialize");
+            json.push(b'\n');
+            file.write_all(&json)?;
+            file.sync_all()?;
+        }
+        std::fs::rename(&tmp, path)?;
+        let dir = match path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir,
+            _ => Path::new("."),
+        };
+        File::open(dir)?.sync_all()
+    }
+}
+
+/// Where an ingester is in one export event file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Position {
     /// The path the file was read under (symbolic links resolved).
     pub(crate) path: PathBuf,
     /// The file's identity.
@@ -57,54 +113,7 @@ pub(crate) struct Position {
 impl Position {
     /// The start of a file.
     pub(crate) fn start(path: PathBuf, id: FileId) -> Self {
-        Self {
-            version: POSITION_VERSION,
-            path,
-            id,
-            fingerprint_len: 0,
-            fingerprint: fnv1a(&[]),
-            offset: 0,
-            line: 0,
-        }
-    }
-
-    /// The position saved in `path`, if there is one.
-    pub(crate) fn load(path: &Path) -> Result<Option<Position>, String> {
-        let bytes = match std::fs::read(path) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(format!("cannot read it: {e}")),
-        };
-        let position: Position = serde_json::from_slice(&bytes).map_err(|e| {
-            format!("it does not parse ({e}); delete it to read the events from the start")
-        })?;
-        if position.version != POSITION_VERSION {
-            return Err(format!(
-                "it has format {} and this build reads format {POSITION_VERSION}",
-                position.version
-            ));
-        }
-        Ok(Some(position))
-    }
-
-    /// Writes the position to `path` atomically and durably.
-    pub(crate) fn save(&self, path: &Path) -> std::io::Result<()> {
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(".tmp");
-        let tmp = PathBuf::from(tmp);
-        {
-            let mut file = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
-            let mut json = serde_json::to_vec_pretty(self).expect("a position serializes");
-            json.push(b'\n');
-            file.write_all(&json)?;
-            file.sync_all()?;
-        }
-        std::fs::rename(&tmp, path)?;
-        let dir = match path.parent() {
-            Some(dir) if !dir.as_os_str().is_empty() => dir,
-            _ => Path::new("."),
-        };
-        File::open(dir)?.sync_all()
+        Self { path, id, fingerprint_len: 0, fingerprint: fnv1a(&[]), offset: 0, line: 0 }
     }
 
     /// Whether `file` (of identity `id` and length `len`) is still the file
@@ -298,8 +307,10 @@ mod tests {
         position.offset = 11;
         position.line = 1;
         let saved = dir.path().join("position.json");
-        position.save(&saved).unwrap();
-        assert_eq!(Position::load(&saved).unwrap(), Some(position.clone()));
+        let mut positions = Positions::new();
+        positions.files.insert("events.log".into(), position.clone());
+        positions.save(&saved).unwrap();
+        assert_eq!(Positions::load(&saved).unwrap(), Some(positions));
         assert_eq!(position.check(&mut file, id, len).unwrap(), Check::Same);
 
         std::fs::write(&path, b"first line\n").unwrap();
@@ -311,8 +322,10 @@ mod tests {
         let other = FileId { ino: id.ino + 1, ..id };
         assert_eq!(position.check(&mut file, other, 29).unwrap(), Check::Replaced);
 
-        assert_eq!(Position::load(&dir.path().join("none")).unwrap(), None);
+        assert_eq!(Positions::load(&dir.path().join("none")).unwrap(), None);
         std::fs::write(&saved, b"{").unwrap();
-        assert!(Position::load(&saved).unwrap_err().contains("delete it"));
+        assert!(Positions::load(&saved).unwrap_err().contains("delete it"));
+        std::fs::write(&saved, br#"{"version": 2, "files": {}}"#).unwrap();
+        assert!(Positions::load(&saved).unwrap_err().contains("format 2"));
     }
 }
