@@ -41,7 +41,7 @@ pub(super) struct RayExportArgs {
     #[arg(long)]
     once: bool,
     /// How often to look for new events (e.g. 250ms, 2s).
-    #[arg(long, env = "TRAINSTATE_INGEST_POLL", default_value = "250ms", value_parser = super::duration::parse)]
+    #[arg(long, env = "TRAINSTATE_INGEST_POLL_INTERVAL", default_value = "250ms", value_parser = super::duration::parse)]
     poll_interval: Duration,
     /// Log JSON lines instead of human-readable text.
     #[arg(long, env = "TRAINSTATE_LOG_JSON")]

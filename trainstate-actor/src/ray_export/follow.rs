@@ -437,6 +437,10 @@ impl Ingester<'_> {
     ) -> Result<Flow, IngestError> {
         let mut flow = Flow::Continue;
         for line in &lines {
+            if self.stopped() {
+                flow = Flow::Stop;
+                break;
+            }
             flow = self.handle_line(file, line).await?;
             if let Flow::Stop = flow {
                 break;
