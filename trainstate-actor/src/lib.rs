@@ -21,6 +21,9 @@
 //! The guarantees (ordering, durability, idempotency, restarts, retention,
 //! liveness) are written down in `docs/state-actor.md`.
 //!
+//! [`ray_export`] ingests Ray Train V2's export events into a head
+//! (`trainstate ingest ray-export`); its guarantees are in `docs/ray.md`.
+//!
 //! # Features
 //!
 //! - `cli` (default): the `trainstate` binary (`serve`, `runs`, `schema`);
@@ -44,6 +47,7 @@ mod faults;
 pub mod http;
 #[cfg(feature = "server")]
 pub mod links;
+pub mod ray_export;
 mod record;
 mod rendezvous;
 mod state;

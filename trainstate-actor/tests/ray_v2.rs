@@ -12,7 +12,7 @@ use crate::contract::send;
 
 const T0: u64 = 1_760_000_000_000;
 
-fn fixture(path: &str) -> Value {
+pub(crate) fn fixture(path: &str) -> Value {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures").join(path);
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
@@ -116,7 +116,7 @@ async fn write_like_ray(client: &Client, url: &str, dashboard: &Value) {
 }
 
 /// The fields Ray's dashboard and trainstate both carry, times to the ms.
-fn shared_fields(run: &Value) -> Value {
+pub(crate) fn shared_fields(run: &Value) -> Value {
     let ms = |v: &Value| v.as_u64().map(|ns| ns / 1_000_000);
     let attempts: Vec<Value> = run["attempts"]
         .as_array()
@@ -157,7 +157,7 @@ fn shared_fields(run: &Value) -> Value {
 
 /// Validates an answer of the V2 route under the JSON Schema of Ray's own
 /// pydantic model (`fixtures/ray-v2/TrainRunsResponse.schema.json`).
-fn assert_valid_under_rays_model(answer: &Value) {
+pub(crate) fn assert_valid_under_rays_model(answer: &Value) {
     let schema = fixture("ray-v2/TrainRunsResponse.schema.json");
     let validator = jsonschema::validator_for(&schema).unwrap();
     let errors: Vec<String> =

@@ -9,6 +9,7 @@ mod lifecycle;
 mod listing;
 mod liveness;
 mod process;
+mod ray_export;
 mod ray_v2;
 mod rendezvous;
 mod singleton;

@@ -1,10 +1,12 @@
-//! The command line: `serve`, `runs list`, `runs show`, `schema`.
+//! The command line: `serve`, `runs list`, `runs show`, `schema`,
+//! `ingest ray-export`.
 //!
 //! Environment variables are read here, at the edge, and nowhere else.
 
 mod client;
 mod demo;
 mod duration;
+mod ingest;
 mod serve;
 
 use std::path::PathBuf;
@@ -34,6 +36,11 @@ enum Command {
     Schema {
         /// The type, for example TrainRunInfo.
         r#type: Option<String>,
+    },
+    /// Apply another system's record of its runs to a head service.
+    Ingest {
+        #[command(subcommand)]
+        command: ingest::IngestCommand,
     },
 }
 
@@ -151,5 +158,6 @@ pub(crate) fn main() -> ExitCode {
         Command::Serve(args) => serve::run(args),
         Command::Runs { command } => client::runs(command),
         Command::Schema { r#type } => client::schema(r#type.as_deref()),
+        Command::Ingest { command } => ingest::run(command),
     }
 }

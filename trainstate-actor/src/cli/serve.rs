@@ -35,7 +35,7 @@ fn fail(message: &str) -> ExitCode {
     ExitCode::FAILURE
 }
 
-fn init_logging(json: bool) {
+pub(super) fn init_logging(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
@@ -163,7 +163,7 @@ fn lock_data_dir(dir: &Path) -> Result<File, String> {
 
 /// SIGINT and SIGTERM, listened to from before the head is ready: a signal
 /// that arrives right after `listening on` must shut down cleanly too.
-fn shutdown_signals() -> Result<impl std::future::Future<Output = ()>, String> {
+pub(super) fn shutdown_signals() -> Result<impl std::future::Future<Output = ()>, String> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut interrupt =
         signal(SignalKind::interrupt()).map_err(|e| format!("cannot listen for SIGINT: {e}"))?;

@@ -1,0 +1,103 @@
+//! `trainstate ingest ray-export`: Ray's export events, applied to a head.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use trainstate_actor::ray_export::{IngestConfig, ingest};
+use trainstate_client::StateHandle;
+
+/// How long one write may take, retries to an unreachable head included,
+/// before the ingester says so and sends it again (writes are idempotent).
+const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+
+#[derive(Debug, Subcommand)]
+pub(super) enum IngestCommand {
+    /// Follow Ray Train V2's export events (event_EXPORT_TRAIN_STATE.log) and
+    /// apply each run and attempt to the head, in order, from a durable position.
+    RayExport(RayExportArgs),
+}
+
+#[derive(Debug, Args)]
+pub(super) struct RayExportArgs {
+    /// Ray's export events directory, e.g. /tmp/ray/session_latest/logs/export_events
+    /// (a session directory works too).
+    dir: PathBuf,
+    /// The head service.
+    #[arg(long, env = "TRAINSTATE_URL", default_value = "http://127.0.0.1:8266")]
+    url: String,
+    /// File holding the bearer token the head needs for writes.
+    #[arg(long, env = "TRAINSTATE_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+    /// Where the ingester keeps its position across restarts.
+    #[arg(
+        long,
+        env = "TRAINSTATE_INGEST_POSITION_FILE",
+        default_value = "trainstate-ray-export.position"
+    )]
+    position_file: PathBuf,
+    /// Read to the end of the file, then exit (instead of following it).
+    #[arg(long)]
+    once: bool,
+    /// How often to look for new events (e.g. 250ms, 2s).
+    #[arg(long, env = "TRAINSTATE_INGEST_POLL_INTERVAL", default_value = "250ms", value_parser = super::duration::parse)]
+    poll_interval: Duration,
+    /// Log JSON lines instead of human-readable text.
+    #[arg(long, env = "TRAINSTATE_LOG_JSON")]
+    log_json: bool,
+}
+
+pub(super) fn run(command: IngestCommand) -> ExitCode {
+    let IngestCommand::RayExport(args) = command;
+    super::serve::init_logging(args.log_json);
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => return fail(&format!("cannot start the runtime: {err}")),
+    };
+    match runtime.block_on(ray_export(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => fail(&message),
+    }
+}
+
+fn fail(message: &str) -> ExitCode {
+    eprintln!("trainstate: {message}");
+    ExitCode::FAILURE
+}
+
+async fn ray_export(args: RayExportArgs) -> Result<(), String> {
+    let shutdown = super::serve::shutdown_signals()?;
+    let token = args.token_file.as_deref().map(super::read_token_file).transpose()?;
+    let handle = StateHandle::connect(&args.url, token)
+        .map_err(|e| format!("--url {}: {e}", args.url))?
+        .with_timeout(CALL_TIMEOUT);
+    let config = IngestConfig::new(&args.dir, &args.position_file)
+        .with_once(args.once)
+        .with_poll_interval(args.poll_interval);
+    tracing::info!(
+        dir = %config.events_dir().display(),
+        head = %args.url,
+        position_file = %args.position_file.display(),
+        once = args.once,
+        "ingesting Ray's export events"
+    );
+    let report = ingest(&handle, &config, shutdown).await.map_err(|e| e.to_string())?;
+    for position in &report.positions {
+        tracing::info!(
+            file = %position.file.display(),
+            offset = position.offset,
+            line = position.line,
+            "position"
+        );
+    }
+    tracing::info!(
+        applied = report.applied,
+        rejected = report.rejected,
+        stale = report.stale,
+        malformed = report.malformed,
+        other = report.other,
+        "stopped"
+    );
+    Ok(())
+}

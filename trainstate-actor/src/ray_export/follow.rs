@@ -1,0 +1,666 @@
+//! Following Ray's export event file and applying its Train events to a
+//! head, in order, from a durable position.
+
+use std::fs::{File, OpenOptions};
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use trainstate_client::{StateError, StateHandle};
+
+use super::decode::{Decoded, ExportEvent, decode_line};
+use super::position::{Check, FileId, Line, Position, Positions, read_lines};
+
+/// The file Ray appends its Train run and attempt events to, in
+/// `<session>/logs/export_events/`. Ray's `RotatingFileHandler` renames it
+/// to `….log.1` (and so on) when it grows past
+/// `RAY_EXPORT_EVENT_MAX_FILE_SIZE_BYTES` and starts a new one.
+pub const TRAIN_STATE_FILE: &str = "event_EXPORT_TRAIN_STATE.log";
+
+/// The file earlier Ray releases appended the same events to (one logger,
+/// named after the run events' source type, took attempts too).
+pub const TRAIN_RUN_FILE: &str = "event_EXPORT_TRAIN_RUN.log";
+
+/// Every file name followed, each with a position of its own. One Ray
+/// session writes one of them.
+pub const FOLLOWED_FILES: [&str; 2] = [TRAIN_RUN_FILE, TRAIN_STATE_FILE];
+
+/// Where Ray's export events are under a session directory.
+pub const SESSION_EVENTS_DIR: &str = "logs/export_events";
+
+/// How an ingester runs.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct IngestConfig {
+    /// Ray's export events directory (`<session>/logs/export_events`), or
+    /// a session directory (its `logs/export_events` is used).
+    pub dir: PathBuf,
+    /// The file that keeps the ingester's position across restarts.
+    pub position_file: PathBuf,
+    /// How often to look for new lines when there are none.
+    pub poll_interval: Duration,
+    /// Read to the end once and return, instead of following the file.
+    pub once: bool,
+    /// The most lines applied between two writes of the position.
+    pub max_batch_lines: usize,
+    /// A longer line is skipped as malformed (never buffered whole).
+    pub max_line_bytes: usize,
+    /// The first wait before sending an event again to a head that could
+    /// not take it; it doubles up to `max_backoff`.
+    pub first_backoff: Duration,
+    /// The longest wait between two sends of one event.
+    pub max_backoff: Duration,
+}
+
+impl IngestConfig {
+    /// Follows the export events in `dir`, keeping the position in
+    /// `position_file`.
+    pub fn new(dir: impl Into<PathBuf>, position_file: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            position_file: position_file.into(),
+            poll_interval: Duration::from_millis(250),
+            once: false,
+            max_batch_lines: 64,
+            max_line_bytes: 16 << 20,
+            first_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(5),
+        }
+    }
+
+    /// The same, looking for new lines every `interval`.
+    pub fn with_poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// The same, reading to the end once (`true`) or following (`false`).
+    pub fn with_once(mut self, once: bool) -> Self {
+        self.once = once;
+        self
+    }
+
+    /// The export events directory now: `dir`, or its `logs/export_events`
+    /// when `dir` is a session directory.
+    pub fn events_dir(&self) -> PathBuf {
+        let under_session = self.dir.join(SESSION_EVENTS_DIR);
+        if under_session.is_dir() { under_session } else { self.dir.clone() }
+    }
+}
+
+/// What an ingester did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct IngestReport {
+    /// Events the head took.
+    pub applied: u64,
+    /// Events the head refused (logged with their position, skipped).
+    pub rejected: u64,
+    /// Events older than what the head has (a terminal run or attempt
+    /// never moves back): what applying an event again after a restart
+    /// looks like. Logged with their position, skipped.
+    pub stale: u64,
+    /// Lines that are not export events (logged with their position,
+    /// skipped).
+    pub malformed: u64,
+    /// Events of other sources (jobs, actors, datasets), skipped.
+    pub other: u64,
+    /// Where the ingester is in each file it has read.
+    pub positions: Vec<FilePosition>,
+}
+
+/// Where an ingester is in one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FilePosition {
+    /// The file (symbolic links resolved).
+    pub file: PathBuf,
+    /// The byte offset just after the last line handled.
+    pub offset: u64,
+    /// How many lines come before `offset`.
+    pub line: u64,
+}
+
+/// Why an ingester stopped before it was told to.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IngestError {
+    /// The position file cannot be read or written.
+    #[error("position file {}: {reason}", path.display())]
+    Position {
+        /// The position file.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+    /// Another ingester uses the same position file.
+    #[error(
+        "another ingester is using position file {}; stop it or choose another --position-file",
+        path.display()
+    )]
+    Locked {
+        /// The position file.
+        path: PathBuf,
+    },
+    /// An export event file cannot be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The head refuses the ingester's credentials: no event could be
+    /// applied, so none is skipped.
+    #[error("the head refuses the ingester's credentials ({reason}); check the token")]
+    Unauthorized {
+        /// What the head said.
+        reason: String,
+    },
+}
+
+/// Follows `config.dir`'s Train export events and applies each, in order,
+/// to the head behind `handle`, from the position saved in
+/// `config.position_file`, until `shutdown` completes (or, with
+/// `config.once`, until the end of the file).
+///
+/// Every event is a whole run or attempt, and applying one is an upsert,
+/// so applying an event again is harmless: the position is saved after
+/// each batch is applied, and a restart resumes from it. An event the head
+/// cannot take now (down, busy, restarting) is sent again with backoff,
+/// never skipped; one it refuses (invalid, conflicting) is logged with its
+/// position and skipped, as is a malformed line.
+pub async fn ingest(
+    handle: &StateHandle,
+    config: &IngestConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<IngestReport, IngestError> {
+    let position_error =
+        |reason: String| IngestError::Position { path: config.position_file.clone(), reason };
+    if let Some(parent) = config.position_file.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| position_error(format!("cannot create its directory: {e}")))?;
+    }
+    let _lock = lock(&config.position_file)?;
+    let positions = Positions::load(&config.position_file)
+        .map_err(position_error)?
+        .unwrap_or_else(Positions::new);
+    for p in positions.files.values() {
+        tracing::info!(file = %p.path.display(), offset = p.offset, line = p.line, "resuming");
+    }
+    let (stop, stopped) = watch::channel(false);
+    let mut ingester =
+        Ingester { handle, config, stop: stopped, positions, report: IngestReport::default() };
+    let result = {
+        let run = ingester.run();
+        tokio::pin!(run);
+        tokio::pin!(shutdown);
+        tokio::select! {
+            result = &mut run => result,
+            () = &mut shutdown => {
+                let _ = stop.send(true);
+                run.await
+            }
+        }
+    };
+    let mut report = ingester.report;
+    report.positions = ingester
+        .positions
+        .files
+        .into_values()
+        .map(|p| FilePosition { file: p.path, offset: p.offset, line: p.line })
+        .collect();
+    result.map(|()| report)
+}
+
+/// Holds `<position file>.lock` (an OS lock, released however the process
+/// ends) so that two ingesters never share a position.
+fn lock(position_file: &Path) -> Result<File, IngestError> {
+    let mut path = position_file.as_os_str().to_owned();
+    path.push(".lock");
+    let file =
+        OpenOptions::new().write(true).create(true).truncate(false).open(&path).map_err(|e| {
+            IngestError::Position {
+                path: position_file.to_owned(),
+                reason: format!("cannot open its lock file: {e}"),
+            }
+        })?;
+    file.try_lock().map_err(|_| IngestError::Locked { path: position_file.to_owned() })?;
+    Ok(file)
+}
+
+/// What to do after handling a line.
+enum Flow {
+    Continue,
+    Stop,
+}
+
+/// What one look at a followed name found.
+enum Polled {
+    /// No file under the name.
+    Missing,
+    /// Nothing new.
+    Idle,
+    /// Something was done: look again right away.
+    Busy,
+    /// Told to stop.
+    Stop,
+}
+
+/// What the file under the followed name is, seen from the position.
+enum Step {
+    /// No file yet.
+    Missing,
+    /// The file the position is in; its lines from there (maybe none).
+    Lines { lines: Vec<Line>, position: Position },
+    /// Another file than the position's (or no position yet): `new` is its
+    /// start, `old` where the position's file is now, if it still exists.
+    Replaced { new: Position, old: Option<PathBuf> },
+    /// The position's file, truncated or rewritten: `new` is its start.
+    Rewound { check: Check, new: Position },
+}
+
+struct Ingester<'a> {
+    handle: &'a StateHandle,
+    config: &'a IngestConfig,
+    stop: watch::Receiver<bool>,
+    positions: Positions,
+    report: IngestReport,
+}
+
+async fn blocking<T: Send + 'static>(task: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(task).await {
+        Ok(value) => value,
+        Err(err) => std::panic::resume_unwind(err.into_panic()),
+    }
+}
+
+impl Ingester<'_> {
+    fn stopped(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    /// Waits `duration`; false when told to stop first.
+    async fn wait(&mut self, duration: Duration) -> bool {
+        tokio::select! {
+            () = tokio::time::sleep(duration) => true,
+            _ = self.stop.wait_for(|stop| *stop) => false,
+        }
+    }
+
+    async fn run(&mut self) -> Result<(), IngestError> {
+        let mut told_missing = false;
+        while !self.stopped() {
+            let (mut idle, mut missing) = (true, true);
+            for name in FOLLOWED_FILES {
+                match self.poll(name).await? {
+                    Polled::Missing => {}
+                    Polled::Idle => missing = false,
+                    Polled::Busy => (idle, missing) = (false, false),
+                    Polled::Stop => return Ok(()),
+                }
+            }
+            if missing && !told_missing {
+                tracing::info!(
+                    dir = %self.config.events_dir().display(),
+                    "waiting for Ray to write {TRAIN_STATE_FILE}"
+                );
+                told_missing = true;
+            }
+            if idle && (self.config.once || !self.wait(self.config.poll_interval).await) {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Looks at the file under `name` once, and handles what is new there.
+    async fn poll(&mut self, name: &'static str) -> Result<Polled, IngestError> {
+        let path = self.config.events_dir().join(name);
+        let position = self.positions.files.get(name).cloned();
+        let step = {
+            let (at, from) = (path.clone(), position.clone());
+            let (max_lines, max_bytes) = (self.config.max_batch_lines, self.config.max_line_bytes);
+            blocking(move || step(&at, from.as_ref(), max_lines, max_bytes))
+                .await
+                .map_err(|source| IngestError::Read { path: path.clone(), source })?
+        };
+        match step {
+            Step::Missing => {
+                // A new Ray session that has not written yet: the end of
+                // the previous session's file is still to be read.
+                if let Some(previous) = position {
+                    let at = previous.clone();
+                    if let Some(old) = blocking(move || find_old(&at)).await
+                        && let Flow::Stop = self.drain(name, &old, previous).await?
+                    {
+                        return Ok(Polled::Stop);
+                    }
+                }
+                Ok(Polled::Missing)
+            }
+            Step::Replaced { new, old } => {
+                match (position, old) {
+                    (Some(previous), Some(old)) => {
+                        tracing::info!(
+                            file = %path.display(),
+                            previous = %old.display(),
+                            "a new file under the name: reading the rest of the previous one first"
+                        );
+                        if let Flow::Stop = self.drain(name, &old, previous).await? {
+                            return Ok(Polled::Stop);
+                        }
+                    }
+                    (Some(previous), None) => tracing::warn!(
+                        file = %path.display(),
+                        previous = %previous.path.display(),
+                        offset = previous.offset,
+                        "a new file under the name, and the previous one is gone"
+                    ),
+                    (None, _) => {}
+                }
+                tracing::info!(file = %path.display(), "reading from the start");
+                self.save(name, new).await?;
+                Ok(Polled::Busy)
+            }
+            Step::Rewound { check, new } => {
+                let what = match check {
+                    Check::Truncated => "truncated",
+                    _ => "rewritten",
+                };
+                tracing::warn!(
+                    file = %path.display(),
+                    offset = position.map_or(0, |p| p.offset),
+                    "the file was {what}: reading it from the start"
+                );
+                self.save(name, new).await?;
+                Ok(Polled::Busy)
+            }
+            Step::Lines { lines, .. } if lines.is_empty() => Ok(Polled::Idle),
+            Step::Lines { lines, position } => {
+                match self.apply_lines(name, &path, position, lines).await? {
+                    Flow::Continue => Ok(Polled::Busy),
+                    Flow::Stop => Ok(Polled::Stop),
+                }
+            }
+        }
+    }
+
+    /// Reads the rest of a file that is no longer under the followed name
+    /// (rotated away, or an earlier session's), to its very end.
+    async fn drain(
+        &mut self,
+        name: &'static str,
+        old: &Path,
+        mut position: Position,
+    ) -> Result<Flow, IngestError> {
+        loop {
+            let lines = {
+                let (old, from) = (old.to_owned(), position.clone());
+                let (max_lines, max_bytes) =
+                    (self.config.max_batch_lines, self.config.max_line_bytes);
+                blocking(move || -> std::io::Result<Option<Vec<Line>>> {
+                    let mut file = File::open(&old)?;
+                    let (id, len) = FileId::of(&file)?;
+                    if from.check(&mut file, id, len)? != Check::Same {
+                        return Ok(None);
+                    }
+                    read_lines(&mut file, &from, max_lines, max_bytes, true).map(Some)
+                })
+                .await
+            };
+            let lines = match lines {
+                Ok(Some(lines)) if !lines.is_empty() => lines,
+                Ok(_) => return Ok(Flow::Continue),
+                Err(err) => {
+                    tracing::warn!(file = %old.display(), error = %err, "the previous file cannot be read any more");
+                    return Ok(Flow::Continue);
+                }
+            };
+            if let Flow::Stop = self.apply_lines(name, old, position, lines).await? {
+                return Ok(Flow::Stop);
+            }
+            position = self.positions.files[name].clone();
+        }
+    }
+
+    /// Handles `lines`, read from `position` on, in order, then saves the
+    /// position after the last one handled.
+    async fn apply_lines(
+        &mut self,
+        name: &'static str,
+        file: &Path,
+        mut position: Position,
+        lines: Vec<Line>,
+    ) -> Result<Flow, IngestError> {
+        let mut flow = Flow::Continue;
+        for line in &lines {
+            if self.stopped() {
+                flow = Flow::Stop;
+                break;
+            }
+            flow = self.handle_line(file, line).await?;
+            if let Flow::Stop = flow {
+                break;
+            }
+            position.offset = line.end;
+            position.line = line.number;
+        }
+        self.save(name, position).await?;
+        Ok(flow)
+    }
+
+    /// Makes `position` the one of `name`, and saves every position.
+    async fn save(&mut self, name: &'static str, position: Position) -> Result<(), IngestError> {
+        let path = self.config.position_file.clone();
+        let mut positions = self.positions.clone();
+        positions.files.insert(name.to_owned(), position);
+        self.positions = blocking(move || positions.save(&path).map(|()| positions))
+            .await
+            .map_err(|e| IngestError::Position {
+                path: self.config.position_file.clone(),
+                reason: format!("cannot write it: {e}"),
+            })?;
+        Ok(())
+    }
+
+    async fn handle_line(&mut self, file: &Path, line: &Line) -> Result<Flow, IngestError> {
+        let Some(bytes) = &line.bytes else {
+            tracing::warn!(
+                file = %file.display(),
+                line = line.number,
+                offset = line.start,
+                "skipping a line longer than {} bytes",
+                self.config.max_line_bytes
+            );
+            self.report.malformed += 1;
+            return Ok(Flow::Continue);
+        };
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(Flow::Continue);
+        }
+        match decode_line(bytes) {
+            Err(error) => {
+                tracing::warn!(
+                    file = %file.display(),
+                    line = line.number,
+                    offset = line.start,
+                    %error,
+                    "skipping a malformed line"
+                );
+                self.report.malformed += 1;
+                Ok(Flow::Continue)
+            }
+            Ok(Decoded::Other { source_type }) => {
+                tracing::debug!(line = line.number, %source_type, "not a Train event");
+                self.report.other += 1;
+                Ok(Flow::Continue)
+            }
+            Ok(Decoded::Train { event_id, event }) => {
+                self.apply(file, line, &event_id, &event).await
+            }
+        }
+    }
+
+    /// Applies one event, sending it again while the head cannot take it.
+    async fn apply(
+        &mut self,
+        file: &Path,
+        line: &Line,
+        event_id: &str,
+        event: &ExportEvent,
+    ) -> Result<Flow, IngestError> {
+        let mut backoff = self.config.first_backoff;
+        let mut failures = 0_u32;
+        loop {
+            let result = match event {
+                ExportEvent::Run(run) => {
+                    self.handle.upsert_ray_run((**run).clone()).await.map(drop)
+                }
+                ExportEvent::Attempt(attempt) => {
+                    self.handle.upsert_ray_attempt((**attempt).clone()).await.map(drop)
+                }
+            };
+            let error = match result {
+                Ok(()) => {
+                    if failures > 0 {
+                        tracing::info!(line = line.number, "the head took the event");
+                    }
+                    self.report.applied += 1;
+                    return Ok(Flow::Continue);
+                }
+                Err(error) => error,
+            };
+            match disposition(&error) {
+                Disposition::Fatal => {
+                    return Err(IngestError::Unauthorized { reason: error.to_string() });
+                }
+                Disposition::Stale => {
+                    tracing::info!(
+                        file = %file.display(),
+                        line = line.number,
+                        offset = line.start,
+                        event_id,
+                        run_id = event.run_id(),
+                        %error,
+                        "the run has moved past this event: skipping it"
+                    );
+                    self.report.stale += 1;
+                    return Ok(Flow::Continue);
+                }
+                Disposition::Skip => {
+                    tracing::warn!(
+                        file = %file.display(),
+                        line = line.number,
+                        offset = line.start,
+                        event_id,
+                        run_id = event.run_id(),
+                        %error,
+                        "the head refused an event: skipping it"
+                    );
+                    self.report.rejected += 1;
+                    return Ok(Flow::Continue);
+                }
+                Disposition::Retry => {
+                    if failures == 0 || failures.is_power_of_two() {
+                        tracing::warn!(
+                            file = %file.display(),
+                            line = line.number,
+                            offset = line.start,
+                            %error,
+                            retry_in = ?backoff,
+                            "the head cannot take an event now: sending it again"
+                        );
+                    }
+                    failures = failures.saturating_add(1);
+                    if !self.wait(backoff).await {
+                        return Ok(Flow::Stop);
+                    }
+                    backoff = (backoff * 2).min(self.config.max_backoff);
+                }
+            }
+        }
+    }
+}
+
+enum Disposition {
+    /// Send the event again later.
+    Retry,
+    /// The head refuses the event itself: skip it.
+    Skip,
+    /// The head has a later state of the run: skip the event.
+    Stale,
+    /// The head refuses the ingester: stop.
+    Fatal,
+}
+
+/// What to do about an event the head did not take. Only what the event
+/// itself is refused for is skipped; anything the head may take later
+/// (down, busy, slow, failing, not serving the route yet) is retried, so
+/// no event is skipped for the head's sake.
+fn disposition(error: &StateError) -> Disposition {
+    match error {
+        StateError::IllegalTransition { .. } => Disposition::Stale,
+        StateError::NotFound { .. } | StateError::Conflict { .. } | StateError::Invalid { .. } => {
+            Disposition::Skip
+        }
+        StateError::Unauthorized { .. } => Disposition::Fatal,
+        _ => Disposition::Retry,
+    }
+}
+
+/// Where `path` stands with respect to `position`, and the next lines.
+fn step(
+    path: &Path,
+    position: Option<&Position>,
+    max_lines: usize,
+    max_line_bytes: usize,
+) -> std::io::Result<Step> {
+    let mut file = match File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Step::Missing),
+        Err(e) => return Err(e),
+    };
+    let (id, len) = FileId::of(&file)?;
+    let start = || {
+        let resolved = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+        Position::start(resolved, id)
+    };
+    let Some(position) = position else {
+        return Ok(Step::Replaced { new: start(), old: None });
+    };
+    match position.check(&mut file, id, len)? {
+        Check::Same => {}
+        Check::Replaced => return Ok(Step::Replaced { new: start(), old: find_old(position) }),
+        check => return Ok(Step::Rewound { check, new: start() }),
+    }
+    let lines = read_lines(&mut file, position, max_lines, max_line_bytes, false)?;
+    let mut position = position.clone();
+    position.extend_fingerprint(&mut file, len)?;
+    Ok(Step::Lines { lines, position })
+}
+
+/// Where the file `position` is in is now, if it still exists: under its
+/// own path (an earlier session's directory) or rotated beside it
+/// (`….log.1`, `….log.2`, ...).
+fn find_old(position: &Position) -> Option<PathBuf> {
+    let name = position.path.file_name()?.to_str()?;
+    let dir = position.path.parent()?;
+    let rotated =
+        std::fs::read_dir(dir).ok()?.filter_map(Result::ok).map(|e| e.path()).filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_prefix(name))
+                .is_some_and(|suffix| suffix.starts_with('.'))
+        });
+    std::iter::once(position.path.clone()).chain(rotated).find(|candidate| {
+        let is_it = || -> std::io::Result<bool> {
+            let mut file = File::open(candidate)?;
+            let (id, len) = FileId::of(&file)?;
+            Ok(position.check(&mut file, id, len)? == Check::Same)
+        };
+        is_it().unwrap_or(false)
+    })
+}

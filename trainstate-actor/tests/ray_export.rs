@@ -1,0 +1,582 @@
+//! `trainstate ingest ray-export` as a child process against a real head
+//! (`trainstate serve`, also a child process): Ray's export event file,
+//! appended to as Ray appends to it, ends up as Ray's own dashboard answer,
+//! across kills of the ingester and of the head, truncation, replacement,
+//! rotation and malformed lines.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use reqwest::{Client, Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::contract::send;
+use crate::ray_v2::{assert_valid_under_rays_model, fixture, shared_fields};
+
+const EVENTS_FILE: &str = "event_EXPORT_TRAIN_STATE.log";
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// A head service as a child process.
+struct Head {
+    child: Child,
+    url: String,
+}
+
+impl Head {
+    /// Starts `trainstate serve` on `listen` and waits for its first line.
+    fn start(data_dir: &Path, listen: &str) -> Head {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_trainstate"))
+            .args(["serve", "--listen", listen, "--data-dir"])
+            .arg(data_dir)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            let _ = tx.send(lines.next().and_then(Result::ok));
+            for _ in lines {}
+        });
+        let line = rx.recv_timeout(DEADLINE).ok().flatten().expect("the head starts");
+        let url = line.strip_prefix("listening on ").expect("the head's first line").to_owned();
+        Head { child, url }
+    }
+
+    fn listen(&self) -> String {
+        self.url.strip_prefix("http://").unwrap().to_owned()
+    }
+
+    fn kill9(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Head {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The places one test uses: Ray's export events directory, the
+/// ingester's position file and log, the head's data directory.
+struct Site {
+    _dir: tempfile::TempDir,
+    events: PathBuf,
+    position: PathBuf,
+    log: PathBuf,
+    data: PathBuf,
+}
+
+impl Site {
+    fn new() -> Site {
+        let dir = tempfile::tempdir().unwrap();
+        let events = dir.path().join("session/logs/export_events");
+        std::fs::create_dir_all(&events).unwrap();
+        Site {
+            events,
+            position: dir.path().join("ingest/position.json"),
+            log: dir.path().join("ingest.log"),
+            data: dir.path().join("head"),
+            _dir: dir,
+        }
+    }
+
+    fn file(&self) -> PathBuf {
+        self.events.join(EVENTS_FILE)
+    }
+
+    /// Appends to Ray's file the way Ray's logger does: one write a line.
+    fn append(&self, text: &str) {
+        let mut file = OpenOptions::new().create(true).append(true).open(self.file()).unwrap();
+        file.write_all(text.as_bytes()).unwrap();
+        file.flush().unwrap();
+    }
+
+    fn append_lines(&self, lines: &[String]) {
+        for line in lines {
+            self.append(&format!("{line}\n"));
+        }
+    }
+
+    fn file_len(&self) -> u64 {
+        std::fs::metadata(self.file()).unwrap().len()
+    }
+
+    /// The saved position in Ray's file: (byte offset, line).
+    fn position(&self) -> Option<(u64, u64)> {
+        self.position_in(EVENTS_FILE)
+    }
+
+    /// The saved position in the file `name`: (byte offset, line).
+    fn position_in(&self, name: &str) -> Option<(u64, u64)> {
+        let text = std::fs::read_to_string(&self.position).ok()?;
+        let positions: Value = serde_json::from_str(&text).unwrap();
+        let position = positions["files"].get(name)?;
+        Some((position["offset"].as_u64().unwrap(), position["line"].as_u64().unwrap()))
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Starts `trainstate ingest ray-export` on the session directory,
+    /// logging to the site's log (appended across restarts).
+    fn ingester(&self, head: &Head, once: bool) -> Ingester {
+        self.ingester_on(self.events.parent().unwrap().parent().unwrap(), head, once)
+    }
+
+    /// The same, on `dir`.
+    fn ingester_on(&self, dir: &Path, head: &Head, once: bool) -> Ingester {
+        let log = OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_trainstate"));
+        command
+            .args(["ingest", "ray-export"])
+            .arg(dir)
+            .args(["--url", &head.url, "--poll-interval", "10ms", "--position-file"])
+            .arg(&self.position)
+            .env("RUST_LOG", "info")
+            .env_remove("TRAINSTATE_TOKEN_FILE")
+            .stdout(Stdio::null())
+            .stderr(log);
+        if once {
+            command.arg("--once");
+        }
+        Ingester { child: command.spawn().unwrap() }
+    }
+
+    /// Waits until the saved position is `line` lines into the file.
+    async fn wait_for_line(&self, line: u64) {
+        eventually(&format!("the position at line {line}"), || {
+            self.position().is_some_and(|(_, at)| at == line).then_some(())
+        })
+        .await;
+    }
+
+    /// Waits until the saved position is at the end of the file.
+    async fn wait_for_end(&self) {
+        eventually("the position at the end of the file", || {
+            self.position().is_some_and(|(offset, _)| offset == self.file_len()).then_some(())
+        })
+        .await;
+    }
+
+    /// The last `stopped` summary in the log, as key → value.
+    fn summary(&self) -> std::collections::BTreeMap<String, String> {
+        let log = self.log();
+        let line = log.lines().rfind(|l| l.contains(" stopped ")).expect("a summary line");
+        fields(line)
+    }
+}
+
+/// The `key=value` fields of a log line.
+fn fields(line: &str) -> std::collections::BTreeMap<String, String> {
+    line.split_whitespace()
+        .filter_map(|f| f.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.trim_matches('"').to_owned()))
+        .collect()
+}
+
+struct Ingester {
+    child: Child,
+}
+
+impl Ingester {
+    fn kill9(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    fn terminate(&mut self) -> ExitStatus {
+        let pid = self.child.id().to_string();
+        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+        self.wait()
+    }
+
+    fn wait(&mut self) -> ExitStatus {
+        let until = Instant::now() + DEADLINE;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < until, "the ingester did not exit");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for Ingester {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `condition` until it gives a value, up to [`DEADLINE`].
+async fn eventually<T>(what: &str, mut condition: impl FnMut() -> Option<T>) -> T {
+    let until = Instant::now() + DEADLINE;
+    loop {
+        if let Some(value) = condition() {
+            return value;
+        }
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The lines of Ray's export event file in the fixtures.
+fn rays_lines() -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/ray-v2").join(EVENTS_FILE);
+    let mut text = String::new();
+    File::open(path).unwrap().read_to_string(&mut text).unwrap();
+    text.lines().map(str::to_owned).collect()
+}
+
+/// The events of the fixture's run `v2-ok` as those of another run, `name`,
+/// with fresh run and attempt ids.
+fn another_run(name: &str, n: u8) -> Vec<String> {
+    let (run_id, attempt_id) =
+        ("9a8b3f687361445ebe89f056750690d5", "83878b55ae6e404882e14dae79ac9d63");
+    rays_lines()
+        .into_iter()
+        .filter(|l| l.contains(run_id))
+        .map(|l| {
+            l.replace(run_id, &format!("{n:02x}{}", &run_id[2..]))
+                .replace(attempt_id, &format!("{n:02x}{}", &attempt_id[2..]))
+                .replace("\"v2-ok\"", &format!("\"{name}\""))
+        })
+        .collect()
+}
+
+/// JSON numbers by value: Ray's dashboard writes some whole floats as
+/// integers (`0` where Ray's event has `0.0`); JSON does not tell them apart.
+fn by_value(value: &Value) -> Value {
+    match value {
+        Value::Number(n) => json!(n.as_f64().unwrap()),
+        Value::Array(items) => Value::Array(items.iter().map(by_value).collect()),
+        Value::Object(map) => {
+            Value::Object(map.iter().map(|(k, v)| (k.clone(), by_value(v))).collect())
+        }
+        other => other.clone(),
+    }
+}
+
+/// The head's answer on Ray's V2 route.
+async fn v2_runs(client: &Client, head: &Head) -> Value {
+    let url = format!("{}/api/train/v2/runs/v1", head.url);
+    let (status, answer) = send(client, Method::GET, &url, None, None).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    answer
+}
+
+/// The status of the run `name` on the V2 route, if it is there.
+async fn status_of(client: &Client, head: &Head, name: &str) -> Option<String> {
+    let answer = v2_runs(client, head).await;
+    let run = answer["train_runs"].as_array().unwrap().iter().find(|r| r["name"] == name)?;
+    Some(run["status"].as_str().unwrap().to_owned())
+}
+
+/// Waits until the run `name` has `status` on the V2 route.
+async fn wait_for_status(client: &Client, head: &Head, name: &str, status: &str) {
+    let until = Instant::now() + DEADLINE;
+    while status_of(client, head, name).await.as_deref() != Some(status) {
+        assert!(Instant::now() < until, "timed out waiting for {name} to be {status}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The head answers Ray's V2 route as Ray's own dashboard did, on every
+/// field both carry, for every run of the fixture (and maybe others).
+async fn assert_rays_answer(client: &Client, head: &Head) {
+    let answer = v2_runs(client, head).await;
+    assert_valid_under_rays_model(&answer);
+    let rays = fixture("ray-v2/dashboard-v2-runs.json");
+    for rays_run in rays["train_runs"].as_array().unwrap() {
+        let ours = answer["train_runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["id"] == rays_run["id"])
+            .unwrap_or_else(|| panic!("run {} missing", rays_run["name"]));
+        assert_eq!(
+            by_value(&shared_fields(ours)),
+            by_value(&shared_fields(rays_run)),
+            "run {}",
+            rays_run["name"]
+        );
+    }
+}
+
+#[tokio::test]
+async fn replaying_rays_file_as_ray_writes_it_gives_back_rays_dashboard_answer() {
+    let site = Site::new();
+    let head = Head::start(&site.data, "127.0.0.1:0");
+    let client = Client::new();
+    let mut ingester = site.ingester(&head, false);
+    let lines = rays_lines();
+
+    // Before Ray writes anything, the ingester waits for the file.
+    eventually("the ingester waiting for Ray", || {
+        site.log().contains("waiting for Ray to write").then_some(())
+    })
+    .await;
+    site.append_lines(&lines[..10]);
+    site.wait_for_line(10).await;
+    // A line whose end has not been written yet is left for later.
+    let (first, rest) = lines[10].split_at(lines[10].len() / 2);
+    site.append(first);
+    site.append(&format!("{rest}\n"));
+    site.append_lines(&lines[11..]);
+    site.wait_for_end().await;
+    assert_eq!(site.position().unwrap().1, 31);
+
+    assert_rays_answer(&client, &head).await;
+    // The V1 view of the same runs.
+    let (_, v1) =
+        send(&client, Method::GET, &format!("{}/api/train/v2/runs", head.url), None, None).await;
+    let statuses: Vec<&Value> =
+        v1["train_runs"].as_array().unwrap().iter().map(|r| &r["run_status"]).collect();
+    assert_eq!(statuses, [&json!("ERRORED"), &json!("FINISHED"), &json!("FINISHED")]);
+
+    assert!(ingester.terminate().success(), "SIGTERM stops it cleanly: {}", site.log());
+    let summary = site.summary();
+    assert_eq!(summary["applied"], "31", "{summary:?}");
+    assert_eq!((&*summary["malformed"], &*summary["rejected"]), ("0", "0"));
+}
+
+#[tokio::test]
+async fn an_ingester_killed_mid_file_resumes_from_its_position_without_loss_or_double_effect() {
+    let site = Site::new();
+    let head = Head::start(&site.data, "127.0.0.1:0");
+    let client = Client::new();
+    let lines = rays_lines();
+
+    let mut ingester = site.ingester(&head, false);
+    site.append_lines(&lines[..12]);
+    site.wait_for_line(12).await;
+    let saved_at_12 = std::fs::read(&site.position).unwrap();
+    // Ray goes on writing; the ingester dies somewhere in it.
+    site.append_lines(&lines[12..]);
+    ingester.kill9();
+    let (offset, line) = site.position().unwrap();
+    assert!(line >= 12, "{line}");
+
+    let mut again = site.ingester(&head, true);
+    assert!(again.wait().success(), "{}", site.log());
+    let resumed = site.log();
+    let resumed = resumed.lines().rfind(|l| l.contains(" resuming ")).unwrap();
+    assert_eq!(fields(resumed)["offset"], offset.to_string(), "{resumed}");
+    assert_eq!(site.position().unwrap(), (site.file_len(), 31));
+    let summary = site.summary();
+    let handled: u64 =
+        ["applied", "stale"].iter().map(|k| summary[*k].parse::<u64>().unwrap()).sum();
+    assert_eq!(handled, 31 - line, "each event after the position, once: {summary:?}");
+    assert_eq!((&*summary["malformed"], &*summary["rejected"]), ("0", "0"));
+    assert_rays_answer(&client, &head).await;
+
+    // Killed after applying a batch but before saving its position: the
+    // batch is applied again on restart, to no effect.
+    let (_, before) =
+        send(&client, Method::GET, &format!("{}/api/train/runs", head.url), None, None).await;
+    std::fs::write(&site.position, saved_at_12).unwrap();
+    let mut replay = site.ingester(&head, true);
+    assert!(replay.wait().success(), "{}", site.log());
+    let summary = site.summary();
+    assert_eq!((&*summary["malformed"], &*summary["rejected"]), ("0", "0"), "{summary:?}");
+    let (_, after) =
+        send(&client, Method::GET, &format!("{}/api/train/runs", head.url), None, None).await;
+    assert_eq!(after, before, "applying events again changes nothing");
+    assert_rays_answer(&client, &head).await;
+}
+
+#[tokio::test]
+async fn a_truncated_or_replaced_file_is_noticed_and_read_from_its_start() {
+    let site = Site::new();
+    let head = Head::start(&site.data, "127.0.0.1:0");
+    let client = Client::new();
+    let mut ingester = site.ingester(&head, false);
+    site.append_lines(&rays_lines());
+    site.wait_for_end().await;
+
+    // Truncated in place, then written again: shorter than the position.
+    let again = another_run("v2-again", 1);
+    let mut file = OpenOptions::new().write(true).truncate(true).open(site.file()).unwrap();
+    file.write_all(format!("{}\n", again.join("\n")).as_bytes()).unwrap();
+    drop(file);
+    wait_for_status(&client, &head, "v2-again", "FINISHED").await;
+    site.wait_for_end().await;
+    assert_eq!(site.position().unwrap().1, again.len() as u64);
+    assert!(site.log().contains("reading it from the start"), "{}", site.log());
+
+    // Replaced: another file renamed over the name.
+    let third = another_run("v2-replaced", 2);
+    let tmp = site.events.join("new.tmp");
+    std::fs::write(&tmp, format!("{}\n", third.join("\n"))).unwrap();
+    std::fs::rename(&tmp, site.file()).unwrap();
+    wait_for_status(&client, &head, "v2-replaced", "FINISHED").await;
+    site.wait_for_end().await;
+    assert_eq!(site.position().unwrap().1, third.len() as u64);
+    assert!(site.log().contains("a new file under the name"), "{}", site.log());
+    assert_rays_answer(&client, &head).await;
+    assert!(ingester.terminate().success());
+}
+
+#[tokio::test]
+async fn a_rotated_file_is_read_to_its_end_before_the_new_one() {
+    let site = Site::new();
+    let head = Head::start(&site.data, "127.0.0.1:0");
+    let client = Client::new();
+    let lines = rays_lines();
+    let mut ingester = site.ingester(&head, false);
+    site.append_lines(&lines[..12]);
+    site.wait_for_line(12).await;
+    ingester.kill9();
+
+    // While no ingester runs, Ray writes the rest, and its logger rotates
+    // the file (event_EXPORT_TRAIN_STATE.log → .log.1) and starts a new one.
+    site.append_lines(&lines[12..]);
+    std::fs::rename(site.file(), site.events.join(format!("{EVENTS_FILE}.1"))).unwrap();
+    let next = another_run("v2-next", 3);
+    site.append_lines(&next);
+
+    let mut again = site.ingester(&head, true);
+    assert!(again.wait().success(), "{}", site.log());
+    assert!(site.log().contains("reading the rest of the previous one first"), "{}", site.log());
+    assert_eq!(site.position().unwrap(), (site.file_len(), next.len() as u64));
+    assert_rays_answer(&client, &head).await;
+    assert_eq!(status_of(&client, &head, "v2-next").await.as_deref(), Some("FINISHED"));
+}
+
+#[tokio::test]
+async fn a_new_ray_session_is_followed_once_the_previous_one_is_read_to_its_end() {
+    // Ray's sessions: /tmp/ray/session_<time>/, and session_latest, a link
+    // to the current one, which is what the ingester is told to follow.
+    let site = Site::new();
+    let sessions = site.events.ancestors().nth(3).unwrap().to_owned();
+    let latest = sessions.join("session_latest");
+    std::os::unix::fs::symlink(sessions.join("session"), &latest).unwrap();
+    let events = latest.join("logs/export_events");
+    let head = Head::start(&site.data, "127.0.0.1:0");
+    let client = Client::new();
+    let lines = rays_lines();
+
+    let mut ingester = site.ingester_on(&events, &head, false);
+    site.append_lines(&lines[..12]);
+    site.wait_for_line(12).await;
+    ingester.kill9();
+    // Ray writes the rest, stops, and starts again in a new session that
+    // has not written its file yet.
+    site.append_lines(&lines[12..]);
+    let next_session = sessions.join("session_2");
+    std::fs::create_dir_all(next_session.join("logs/export_events")).unwrap();
+    std::fs::remove_file(&latest).unwrap();
+    std::os::unix::fs::symlink(&next_session, &latest).unwrap();
+
+    let mut again = site.ingester_on(&events, &head, true);
+    assert!(again.wait().success(), "{}", site.log());
+    assert_rays_answer(&client, &head).await;
+    assert_eq!(site.position().unwrap(), (site.file_len(), 31));
+
+    // The new session writes: its file is read from the start.
+    let next = another_run("v2-next-session", 4);
+    let next_file = next_session.join("logs/export_events").join(EVENTS_FILE);
+    std::fs::write(&next_file, format!("{}\n", next.join("\n"))).unwrap();
+    let mut third = site.ingester_on(&events, &head, true);
+    assert!(third.wait().success(), "{}", site.log());
+    assert_eq!(status_of(&client, &head, "v2-next-session").await.as_deref(), Some("FINISHED"));
+    let len = std::fs::metadata(&next_file).unwrap().len();
+    assert_eq!(site.position().unwrap(), (len, next.len() as u64));
+}
+
+#[tokio::test]
+async fn the_file_name_of_earlier_ray_releases_is_followed_too() {
+    // Before Ray named the file after the Train state, one logger named
+    // after the run events' source type wrote runs and attempts alike.
+    let site = Site::new();
+    let head = Head::start(&site.data, "127.0.0.1:0");
+    let client = Client::new();
+    let earlier = site.events.join("event_EXPORT_TRAIN_RUN.log");
+    std::fs::write(&earlier, format!("{}\n", rays_lines().join("\n"))).unwrap();
+    let mut ingester = site.ingester(&head, true);
+    assert!(ingester.wait().success(), "{}", site.log());
+    assert_rays_answer(&client, &head).await;
+    let len = std::fs::metadata(&earlier).unwrap().len();
+    assert_eq!(site.position_in("event_EXPORT_TRAIN_RUN.log"), Some((len, 31)));
+    assert_eq!(site.position(), None);
+}
+
+#[tokio::test]
+async fn a_malformed_line_is_logged_with_its_position_and_skipped() {
+    let site = Site::new();
+    let head = Head::start(&site.data, "127.0.0.1:0");
+    let client = Client::new();
+    let mut lines = rays_lines();
+    let bad_id = lines[4].replacen("\"job_id\": \"AQAAAA==\"", "\"job_id\": \"!!\"", 1);
+    assert_ne!(bad_id, lines[4]);
+    // Line 3: not JSON. Line 6: an id that is not base64, beside its good
+    // twin. Line 9: an event of another source. Line 12: blank.
+    lines.insert(2, "{\"event_id\": \"x\", this is not JSON".to_owned());
+    lines.insert(5, bad_id);
+    lines.insert(
+        8,
+        r#"{"event_id": "y", "source_type": "EXPORT_SUBMISSION_JOB", "event_data": {}}"#.to_owned(),
+    );
+    lines.insert(11, String::new());
+    site.append_lines(&lines);
+    let offset_of = |n: usize| lines[..n - 1].iter().map(|l| l.len() as u64 + 1).sum::<u64>();
+
+    let mut ingester = site.ingester(&head, true);
+    assert!(ingester.wait().success(), "{}", site.log());
+    let log = site.log();
+    let malformed: Vec<_> = log
+        .lines()
+        .filter(|l| l.contains("skipping a malformed line"))
+        .map(|l| {
+            let f = fields(l);
+            (f["line"].clone(), f["offset"].clone())
+        })
+        .collect();
+    assert_eq!(
+        malformed,
+        [("3".to_owned(), offset_of(3).to_string()), ("6".to_owned(), offset_of(6).to_string()),],
+        "{log}"
+    );
+    assert!(log.contains("event_data.job_id"), "names the field: {log}");
+    let summary = site.summary();
+    assert_eq!(
+        (&*summary["applied"], &*summary["malformed"], &*summary["other"]),
+        ("31", "2", "1"),
+        "{summary:?}"
+    );
+    assert_rays_answer(&client, &head).await;
+}
+
+#[tokio::test]
+async fn a_head_that_restarts_mid_ingest_loses_nothing() {
+    let site = Site::new();
+    let mut head = Head::start(&site.data, "127.0.0.1:0");
+    let client = Client::new();
+    let lines = rays_lines();
+    let _ingester = site.ingester(&head, false);
+    site.append_lines(&lines[..12]);
+    site.wait_for_line(12).await;
+
+    head.kill9();
+    site.append_lines(&lines[12..]);
+    eventually("the ingester to find the head down", || {
+        site.log().contains("the head cannot take an event now").then_some(())
+    })
+    .await;
+    assert_eq!(site.position().unwrap().1, 12, "nothing is skipped while the head is down");
+
+    let head = Head::start(&site.data, &head.listen());
+    site.wait_for_end().await;
+    assert_rays_answer(&client, &head).await;
+}
