@@ -709,6 +709,7 @@ _TrainRunInfoOptional = TypedDict(
         "controller_log_file_path": "Optional[str]",
         "framework_versions": "Dict[str, str]",
         "run_settings": "Optional[JsonValue]",
+        "heartbeats": "Optional[bool]",
         "rank_last_heartbeat_ms": "List[Optional[int]]",
     },
     total=False,

@@ -20,6 +20,8 @@ pub(crate) struct RunRecord {
     pub(crate) end_time_ms: Option<u64>,
     pub(crate) status: RunStatus,
     pub(crate) lost_controller: bool,
+    /// The run's reporter heartbeats: the lease sweep may abort it.
+    pub(crate) leased: bool,
     pub(crate) job_id: Box<str>,
     pub(crate) name: Box<str>,
     /// Distinct node ids of every attempt's workers.
@@ -44,6 +46,7 @@ impl RunRecord {
             end_time_ms: run.end_time_ms(),
             status: run.status(),
             lost_controller: run.cause().is_some_and(|c| c.kind == CauseKind::LostController),
+            leased: run.heartbeats(),
             job_id: run.job_id().into(),
             name: run.name().into(),
             node_ids,
@@ -72,6 +75,7 @@ impl RunRecord {
                 // Stores written before V2 statuses have only `run_status`.
                 status: index.status.unwrap_or(index.run_status),
                 lost_controller: index.cause.is_some_and(|c| c.kind == CauseKind::LostController),
+                leased: index.heartbeats.unwrap_or(true),
                 job_id: index.job_id.as_ref().into(),
                 name: index.name.as_ref().into(),
                 node_ids,
@@ -128,6 +132,8 @@ struct StoredIndex<'a> {
     run_status: RunStatus,
     #[serde(default)]
     status: Option<RunStatus>,
+    #[serde(default)]
+    heartbeats: Option<bool>,
     #[serde(borrow)]
     job_id: Cow<'a, str>,
     #[serde(borrow)]

@@ -520,7 +520,7 @@ impl Runs {
         let expired: Vec<(RunId, u64)> = self
             .by_id
             .values()
-            .filter(|e| !e.record.status.is_terminal())
+            .filter(|e| !e.record.status.is_terminal() && e.record.leased)
             .filter(|e| now_ms.saturating_sub(e.last_heard_ms) > lease_ms)
             .map(|e| (e.record.id.clone(), e.last_heard_ms))
             .collect();

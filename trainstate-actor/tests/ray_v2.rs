@@ -433,3 +433,34 @@ async fn a_store_written_by_release_0_1_0_opens_and_takes_v2_writes() {
     assert_eq!(status, StatusCode::OK);
     server.stop().await;
 }
+
+#[tokio::test]
+async fn regression_a_run_written_by_ray_v2_is_not_aborted_for_not_heartbeating() {
+    // Ray's controller reports every change of a run but never heartbeats:
+    // a run that trained for longer than the lease without a change was
+    // aborted for a lost controller, and its later events were refused.
+    use std::sync::Arc;
+    use std::time::Duration;
+    let clock = Arc::new(trainstate_actor::ManualClock::new(T0));
+    let config = StateConfig::in_memory()
+        .with_name(unique_name("v2-lease"))
+        .with_clock(clock.clone())
+        .with_lease(Duration::from_secs(60));
+    let service = trainstate_actor::launch_state_actor(config).await.unwrap();
+    let state = service.handle();
+    let dashboard = fixture("ray-v2/dashboard-v2-runs.json");
+    let mut run: trainstate_schema::ray_v2::TrainRun =
+        serde_json::from_value(v2_run(&dashboard["train_runs"][0], "RUNNING", false)).unwrap();
+    run.start_time_ns = T0 * 1_000_000;
+    let v2 = state.upsert_ray_run(run).await.unwrap().parse().unwrap();
+    assert!(!v2.heartbeats());
+    let v1 = run_with(&RunId::new_v7(), "v1-silent", "job1", T0, 2);
+    state.register(v1.clone()).await.unwrap();
+
+    clock.advance_ms(10 * 60_000);
+    let aborted = state.sweep_leases().await.unwrap();
+    assert_eq!(aborted, [v1.id().clone()], "only the run that should heartbeat is aborted");
+    let still = state.get_run(v2.id().clone()).await.unwrap();
+    assert_eq!(still.status(), trainstate_schema::RunStatus::Running);
+    service.shutdown().await;
+}

@@ -273,6 +273,7 @@ fn intern(key: &str) -> Cow<'static, str> {
         "controller_log_file_path",
         "framework_versions",
         "run_settings",
+        "heartbeats",
     ];
     match KNOWN.iter().find(|k| **k == key) {
         Some(known) => Cow::Borrowed(known),

@@ -195,6 +195,11 @@ pub struct TrainRunInfoDraft {
     /// nested at most 16 deep, at most about 64 KiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_settings: Option<JsonValue>,
+    /// Extension: false for a run whose reporter does not heartbeat (Ray Train V2's
+    /// controller, through its writes or its export events). The head does not abort
+    /// such a run for a lost controller; its reporter ends it. Absent: true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeats: Option<bool>,
 }
 
 impl TrainRunInfoDraft {
@@ -239,6 +244,7 @@ impl TrainRunInfoDraft {
             status: None,
             framework_versions: BTreeMap::new(),
             run_settings: None,
+            heartbeats: None,
         }
     }
 

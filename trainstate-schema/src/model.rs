@@ -292,6 +292,7 @@ pub struct TrainRunInfo {
     controller_log_file_path: Option<String>,
     framework_versions: BTreeMap<String, String>,
     run_settings: Option<JsonValue>,
+    heartbeats: bool,
 }
 
 impl TrainRunInfo {
@@ -349,6 +350,11 @@ impl TrainRunInfo {
     /// The run's settings as the trainer gave them (Ray Train V2's `RunSettings`).
     pub fn run_settings(&self) -> Option<&JsonValue> {
         self.run_settings.as_ref()
+    }
+    /// False when the run's reporter does not heartbeat: the head then does
+    /// not abort it for a lost controller.
+    pub fn heartbeats(&self) -> bool {
+        self.heartbeats
     }
     /// Human-readable detail of the status; empty when there is nothing to say.
     pub fn status_detail(&self) -> &str {
@@ -456,6 +462,7 @@ impl TrainRunInfo {
             controller_log_file_path: self.controller_log_file_path,
             framework_versions: self.framework_versions,
             run_settings: self.run_settings,
+            heartbeats: (!self.heartbeats).then_some(false),
         }
     }
 }
@@ -566,6 +573,7 @@ impl TryFrom<TrainRunInfoDraft> for TrainRunInfo {
             controller_log_file_path: d.controller_log_file_path,
             framework_versions: d.framework_versions,
             run_settings: d.run_settings,
+            heartbeats: d.heartbeats.unwrap_or(true),
         })
     }
 }
@@ -674,7 +682,8 @@ impl Serialize for TrainRunInfo {
             + usize::from(self.restored_from.is_some())
             + usize::from(self.controller_log_file_path.is_some())
             + usize::from(!self.framework_versions.is_empty())
-            + usize::from(self.run_settings.is_some());
+            + usize::from(self.run_settings.is_some())
+            + usize::from(!self.heartbeats);
         // `status` is written only when it says more than `run_status`: a
         // live sub-status. A V1 document stays exactly a V1 document.
         let detailed = self.status != self.status.v1();
@@ -716,6 +725,9 @@ impl Serialize for TrainRunInfo {
         }
         if let Some(settings) = &self.run_settings {
             s.serialize_field("run_settings", settings)?;
+        }
+        if !self.heartbeats {
+            s.serialize_field("heartbeats", &false)?;
         }
         s.end()
     }

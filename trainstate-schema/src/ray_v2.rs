@@ -192,6 +192,8 @@ impl TrainRun {
             self.controller_actor_id.clone(),
             ns_to_ms(self.start_time_ns),
         );
+        // Ray's controller reports every change, but does not heartbeat.
+        draft.heartbeats = Some(false);
         self.apply_to(&mut draft);
         draft
     }
