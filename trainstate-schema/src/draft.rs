@@ -163,6 +163,14 @@ pub struct TrainRunInfoDraft {
     /// Path of the controller's log file on the head, when known (Ray's later V1 name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub controller_log_file_path: Option<String>,
+    /// Extension: the name of the cluster the run ran on, set by the head it
+    /// was registered with (`trainstate serve --cluster NAME`), so a hub that
+    /// keeps the runs of many clusters can tell them apart. Absent when the
+    /// head has no cluster name. Non-empty, at most 1,024 characters, no
+    /// control characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = 1024)))]
+    pub cluster: Option<String>,
 }
 
 impl TrainRunInfoDraft {
@@ -204,6 +212,7 @@ impl TrainRunInfoDraft {
             cause: None,
             restored_from: None,
             controller_log_file_path: None,
+            cluster: None,
         }
     }
 

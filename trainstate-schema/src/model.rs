@@ -266,6 +266,7 @@ pub struct TrainRunInfo {
     cause: Option<RunCause>,
     restored_from: Option<RunId>,
     controller_log_file_path: Option<String>,
+    cluster: Option<String>,
 }
 
 impl TrainRunInfo {
@@ -328,6 +329,10 @@ impl TrainRunInfo {
     /// Path of the controller's log file, when known.
     pub fn controller_log_file_path(&self) -> Option<&str> {
         self.controller_log_file_path.as_deref()
+    }
+    /// The cluster the run ran on, when its head has a cluster name.
+    pub fn cluster(&self) -> Option<&str> {
+        self.cluster.as_deref()
     }
 
     /// The workers of the run's first attempt: part of its static metadata.
@@ -400,6 +405,7 @@ impl TrainRunInfo {
             cause: self.cause,
             restored_from: self.restored_from.map(|id| id.as_str().to_owned()),
             controller_log_file_path: self.controller_log_file_path,
+            cluster: self.cluster,
         }
     }
 }
@@ -467,6 +473,9 @@ impl TryFrom<TrainRunInfoDraft> for TrainRunInfo {
         if let Some(path) = &d.controller_log_file_path {
             validate::file_path(|| "controller_log_file_path".into(), path)?;
         }
+        if let Some(cluster) = &d.cluster {
+            validate::name(|| "cluster".into(), cluster)?;
+        }
 
         Ok(Self {
             name: d.name,
@@ -484,6 +493,7 @@ impl TryFrom<TrainRunInfoDraft> for TrainRunInfo {
             cause: d.cause,
             restored_from,
             controller_log_file_path: d.controller_log_file_path,
+            cluster: d.cluster,
         })
     }
 }
@@ -563,7 +573,8 @@ impl Serialize for TrainRunInfo {
             + usize::from(self.last_heartbeat_ms.is_some())
             + usize::from(self.cause.is_some())
             + usize::from(self.restored_from.is_some())
-            + usize::from(self.controller_log_file_path.is_some());
+            + usize::from(self.controller_log_file_path.is_some())
+            + usize::from(self.cluster.is_some());
         let mut s = serializer.serialize_struct("TrainRunInfo", 11 + extensions)?;
         s.serialize_field("name", &self.name)?;
         s.serialize_field("id", &self.id)?;
@@ -590,6 +601,9 @@ impl Serialize for TrainRunInfo {
         }
         if let Some(path) = &self.controller_log_file_path {
             s.serialize_field("controller_log_file_path", path)?;
+        }
+        if let Some(cluster) = &self.cluster {
+            s.serialize_field("cluster", cluster)?;
         }
         s.end()
     }
