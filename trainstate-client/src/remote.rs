@@ -131,6 +131,9 @@ impl Remote {
             StateMessage::Subscribe { reply, .. } => {
                 let _ = reply.send(Err(local_only("subscriptions")));
             }
+            StateMessage::Forward { run, reply } => {
+                let _ = reply.send(self.forward(&run, timeout).await);
+            }
             StateMessage::SweepLeases { reply } => {
                 let _ = reply.send(Err(local_only("lease sweeps")));
             }
@@ -166,6 +169,23 @@ impl Remote {
     ) -> Result<RunDocument, StateError> {
         let body = AttemptRequest::from(attempt);
         let call = Call::post(format!("/api/train/runs/{id}/attempts"), &body, Some(id));
+        parse(&self.send(call, timeout).await?)
+    }
+
+    async fn forward(
+        &self,
+        run: &TrainRunInfo,
+        timeout: Duration,
+    ) -> Result<RunDocument, StateError> {
+        let id = run.id();
+        let body = serde_json::to_vec(run).expect("a validated run serializes");
+        let call = Call {
+            method: Method::PUT,
+            path: format!("/api/train/forwarded/{id}"),
+            query: None,
+            body: Some(body),
+            run_id: Some(id),
+        };
         parse(&self.send(call, timeout).await?)
     }
 

@@ -31,6 +31,8 @@ pub enum Operation {
     StartRunAttempt,
     /// `POST /api/train/runs/{id}/heartbeat`.
     HeartbeatRun,
+    /// `PUT /api/train/forwarded/{id}`.
+    ForwardRun,
     /// `GET /api/train/events`.
     RunEvents,
     /// `GET /api/schemas/{name}`.
@@ -221,7 +223,7 @@ const RUN: SchemaFn = schema_of::<TrainRunInfo>;
 /// Every route the head serves, in documentation order.
 pub fn routes() -> Vec<Route> {
     use Access::{Open, Read, Write};
-    use HttpMethod::{Delete, Get, Post};
+    use HttpMethod::{Delete, Get, Post, Put};
     let route = |operation, operation_id, method, path, summary, access| Route {
         operation,
         operation_id,
@@ -377,6 +379,24 @@ pub fn routes() -> Vec<Route> {
                 Post,
                 "/api/train/runs/{id}/heartbeat",
                 "Renew a live run's lease.",
+                Write,
+            )
+        },
+        Route {
+            path_params: &[RUN_ID],
+            request: Some(RUN),
+            success: &[Success {
+                status: 200,
+                description: "The run as stored here (unchanged when it was already).",
+                body: Body::Json(RUN),
+            }],
+            errors: WRITE_ERRORS,
+            ..route(
+                Operation::ForwardRun,
+                "forwardRun",
+                Put,
+                "/api/train/forwarded/{id}",
+                "Store a run forwarded by the head of another cluster (`trainstate serve --forward-to`), as it is: the write of a hub. It must name its cluster. Repeating it is a no-op; a run never goes back to an earlier state, and its static metadata and cluster never change (409).",
                 Write,
             )
         },
