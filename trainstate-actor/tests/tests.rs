@@ -10,4 +10,5 @@ mod listing;
 mod liveness;
 mod process;
 mod singleton;
+mod stores;
 mod web;
