@@ -83,8 +83,9 @@ pub(crate) type JobQueue = Arc<Mutex<Option<mpsc::Sender<Job>>>>;
 /// versions of runs a stale write touched, heartbeats other heads received.
 #[derive(Debug)]
 pub(crate) enum Absorb {
-    /// Another head's committed change.
-    Remote(RemoteChange),
+    /// Another head's committed change, taken in at this time: a sign of
+    /// life of a live run.
+    Remote(RemoteChange, u64),
     /// A write decided on a version of `id` that another head replaced was
     /// refused: put back the stored version, unless the working state has
     /// moved on from the refused one (`stale`: the refused put's version;
@@ -190,6 +191,7 @@ impl Writer {
         let store_config = config.store.clone();
         let (queue, sweeper) = (jobs.clone(), shared.sweeper.clone());
         let thread_shared = shared.clone();
+        let clock = config.clock.clone();
         #[cfg(feature = "fault-injection")]
         let faults = config.faults.clone();
         let handle = std::thread::Builder::new()
@@ -208,6 +210,7 @@ impl Writer {
                 let mut thread = WriterThread {
                     store,
                     shared: thread_shared,
+                    clock,
                     #[cfg(feature = "fault-injection")]
                     faults,
                 };
@@ -346,6 +349,7 @@ fn open(
 struct WriterThread {
     store: Option<Box<dyn Store>>,
     shared: Arc<Shared>,
+    clock: Arc<dyn crate::clock::Clock>,
     #[cfg(feature = "fault-injection")]
     faults: Arc<crate::faults::Faults>,
 }
@@ -417,7 +421,9 @@ impl WriterThread {
                 tracing::warn!(error = %err, "cannot share heartbeats with the other heads");
             }
             match store.follow() {
-                Ok(Followed::Changes(changes)) => take_remote(&shared, changes),
+                Ok(Followed::Changes(changes)) => {
+                    take_remote(&shared, changes, self.clock.now_ms())
+                }
                 Ok(Followed::Reload(records)) => {
                     tracing::warn!(
                         runs = records.len(),
@@ -448,7 +454,7 @@ impl WriterThread {
 
 /// Makes other heads' committed changes part of the committed view (and
 /// announces them), then hands them to the actor.
-fn take_remote(shared: &Shared, changes: Vec<RemoteChange>) {
+fn take_remote(shared: &Shared, changes: Vec<RemoteChange>, now_ms: u64) {
     if changes.is_empty() {
         return;
     }
@@ -471,7 +477,7 @@ fn take_remote(shared: &Shared, changes: Vec<RemoteChange>) {
             }
         }
     }
-    shared.push_inbox(changes.into_iter().map(Absorb::Remote));
+    shared.push_inbox(changes.into_iter().map(|change| Absorb::Remote(change, now_ms)));
 }
 
 impl WriterThread {
@@ -536,7 +542,7 @@ impl WriterThread {
             }
         };
         let stale: HashSet<usize> = committed.stale.iter().copied().collect();
-        take_remote(shared, committed.remote);
+        take_remote(shared, committed.remote, self.clock.now_ms());
         {
             let mut view = shared.view.write().unwrap_or_else(|e| e.into_inner());
             for job in batch.iter().enumerate().filter(|(i, _)| !stale.contains(i)).map(|(_, j)| j)

@@ -41,7 +41,6 @@ pub(crate) fn postgres_url() -> Option<String> {
 /// An empty store of one kind, which every [`config`](Fresh::config)
 /// opens again (for restarts) and which several heads may share.
 pub(crate) struct Fresh {
-    pub(crate) kind: Store,
     name: String,
     dir: tempfile::TempDir,
     url: Option<String>,
@@ -56,7 +55,7 @@ impl Store {
             Store::Sqlite => None,
             Store::Postgres => Some(fresh_schema(&postgres_url()?).await),
         };
-        Some(Fresh { kind: self, name: unique_name(what), dir, url })
+        Some(Fresh { name: unique_name(what), dir, url })
     }
 }
 
@@ -118,9 +117,13 @@ pub(crate) async fn connect(url: &str) -> tokio_postgres::Client {
 
 /// Runs each test on SQLite and on PostgreSQL: `mod name { sqlite, postgres }`.
 /// The body gets the store kind as `$store`; a PostgreSQL run without a test
-/// database returns early (see [`postgres_url`]).
+/// database returns early (see [`postgres_url`]). Tests run on tokio's
+/// current-thread runtime, or its multi-thread one after `multi_thread:`.
 macro_rules! on_both_stores {
-    ($(
+    (multi_thread: $($tests:tt)*) => {
+        $crate::stores::on_both_stores!(@with (flavor = "multi_thread", worker_threads = 2) $($tests)*);
+    };
+    (@with $flavor:tt $(
         $(#[doc = $doc:literal])*
         async fn $name:ident($store:ident) $body:block
     )*) => {$(
@@ -131,16 +134,19 @@ macro_rules! on_both_stores {
 
             async fn body($store: $crate::stores::Store) $body
 
-            #[tokio::test]
+            #[tokio::test $flavor]
             async fn sqlite() {
                 body($crate::stores::Store::Sqlite).await
             }
 
-            #[tokio::test]
+            #[tokio::test $flavor]
             async fn postgres() {
                 body($crate::stores::Store::Postgres).await
             }
         }
     )*};
+    ($($tests:tt)*) => {
+        $crate::stores::on_both_stores!(@with () $($tests)*);
+    };
 }
 pub(crate) use on_both_stores;

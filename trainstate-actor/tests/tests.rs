@@ -9,6 +9,7 @@ mod lifecycle;
 mod listing;
 mod liveness;
 mod process;
+mod shared_store;
 mod singleton;
 mod stores;
 mod web;

@@ -50,8 +50,8 @@ impl Runs {
     /// Takes in one thing the writer reports (see [`Absorb`]).
     pub(crate) fn absorb(&mut self, item: Absorb, now_ms: u64, home: Option<&str>) {
         match item {
-            Absorb::Remote(change) => match change.record {
-                Some(record) => self.replace_with(record, now_ms, home),
+            Absorb::Remote(change, heard_ms) => match change.record {
+                Some(record) => self.replace_with(record, heard_ms.min(now_ms), home),
                 None => {
                     self.remove(&change.id);
                 }
