@@ -4,6 +4,7 @@ mod common;
 mod contract;
 mod durability;
 mod events;
+mod forwarding;
 mod http_api;
 mod lifecycle;
 mod listing;
