@@ -161,6 +161,9 @@ async fn one_head_sweeps_with_every_heads_heartbeats_and_another_takes_over_when
     let (beating, silent) = (run("beating", T0), run("silent", T0));
     for r in [&beating, &silent] {
         other.handle().register(r.clone()).await.unwrap();
+        // The sweeping head knows the run from now on (a head that first
+        // hears of a live run later gives it a fresh lease from then).
+        sweeper.handle().get(r.id().clone()).await.unwrap();
     }
     clock.advance_ms(40_000);
     // Heard only by the head that does not sweep.
