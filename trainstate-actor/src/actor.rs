@@ -102,8 +102,8 @@ impl Actor for TrainStateActor {
             }
             StateMessage::Forward { run, reply } => {
                 state.before_write()?;
-                let id = run.id().clone();
-                state.find(&id, now).await;
+                // A run another head of a shared store stored first makes
+                // this write stale, and its retry a repeat: no need to look.
                 let home = state.config.cluster.clone();
                 let outcome = state.admit().and_then(|()| state.runs.upsert(*run, home.as_deref()));
                 state.write(outcome, reply);

@@ -228,7 +228,7 @@ impl Forwarding {
                     // Unreachable, busy, or not (yet) accepting us: keep the
                     // position and try again.
                     let retries = self.stats.retries.fetch_add(1, Ordering::Relaxed);
-                    if retries % 20 == 0 {
+                    if retries.is_multiple_of(20) {
                         tracing::warn!(hub = %self.target, error = %err, "cannot forward to the hub; retrying");
                     }
                     if self.pause(backoff).await {

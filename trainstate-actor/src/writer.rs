@@ -466,13 +466,14 @@ fn take_remote(shared: &Shared, changes: Vec<RemoteChange>, now_ms: u64) {
                     view.apply(&StoreOp::Put(record.clone()));
                     view.publish(&shared.events, change.kind, change.id.clone(), Some(record));
                 }
-                None if matches!(change.kind, EventKind::Evicted | EventKind::Deleted) => {
-                    if view.get(&change.id).is_some() {
-                        view.apply(&StoreOp::Delete(change.id.clone()));
-                        view.publish(&shared.events, change.kind, change.id.clone(), None);
-                    }
+                None if matches!(change.kind, EventKind::Evicted | EventKind::Deleted)
+                    && view.get(&change.id).is_some() =>
+                {
+                    view.apply(&StoreOp::Delete(change.id.clone()));
+                    view.publish(&shared.events, change.kind, change.id.clone(), None);
                 }
-                // Changed, then removed later: the removal is announced.
+                // Changed, then removed later (the removal is announced),
+                // or removed from a run this head never had.
                 None => {}
             }
         }

@@ -150,7 +150,7 @@ async fn write_runs(http: &Client, head: &str, first: u64, n: u64) -> Vec<RunId>
         let url = format!("{head}/api/train/runs");
         let (status, body) = send(http, Method::POST, &url, json_body(&r), None).await;
         assert_eq!(status, StatusCode::CREATED, "{body}");
-        if i % 3 == 0 {
+        if i.is_multiple_of(3) {
             let url = format!("{head}/api/train/runs/{}/status", r.id());
             let (status, body) =
                 send(http, Method::POST, &url, json_body(&json!({"status": "FINISHED"})), None)

@@ -220,7 +220,7 @@ async fn client(
             format!("/api/train/runs/{id}/status"),
             serde_json::to_vec(&json!({"status": "FINISHED"})).unwrap(),
         );
-        let writes = if i % 2 == 0 { vec![register, finish] } else { vec![register] };
+        let writes = if i.is_multiple_of(2) { vec![register, finish] } else { vec![register] };
         for (n, (method, path, body)) in writes.into_iter().enumerate() {
             // Registrations through one head, finishes through the other.
             let mut head = ((i as usize) + n) % 2;

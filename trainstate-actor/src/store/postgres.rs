@@ -130,6 +130,8 @@ pub(crate) struct PgStore {
     last_seen: u64,
     /// Set by the listener when a follow is queued, cleared when it starts.
     follow_queued: Arc<AtomicBool>,
+    /// The writer's queue: closed when the head shuts down.
+    jobs: JobQueue,
 }
 
 impl PgStore {
@@ -186,7 +188,7 @@ impl PgStore {
             pg_config,
             channel.clone(),
             head,
-            jobs,
+            jobs.clone(),
             sweeper,
             follow_queued.clone(),
             ready,
@@ -194,7 +196,7 @@ impl PgStore {
         // The first head to start sweeps from its first moment on.
         let _ = is_ready.recv_timeout(OPEN_TIMEOUT);
         tracing::info!(url = %url, schema = %schema, "PostgreSQL store open");
-        Ok(Self { runtime, pool, url, channel, head, last_seen: 0, follow_queued })
+        Ok(Self { runtime, pool, url, channel, head, last_seen: 0, follow_queued, jobs })
     }
 
     fn block_on<T>(
@@ -220,6 +222,7 @@ async fn migrate(client: &deadpool_postgres::Client, url: &str) -> Result<(), St
     client
         .batch_execute(
             "BEGIN;
+             SET LOCAL client_min_messages = warning;
              SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.trainstate.migrate'));
              CREATE TABLE IF NOT EXISTS trainstate_version (
                  singleton BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (singleton),
@@ -434,7 +437,7 @@ impl Store for PgStore {
     fn load(&mut self) -> Result<Vec<Arc<RunRecord>>, StoreError> {
         self.follow_queued.store(false, Ordering::SeqCst);
         let pool = self.pool.clone();
-        let deadline = Instant::now() + OPEN_TIMEOUT;
+        let mut warned = Instant::now() - OPEN_TIMEOUT;
         loop {
             let attempt = self.block_on("loading", async {
                 let mut client = pool.get().await.map_err(pg)?;
@@ -461,9 +464,14 @@ impl Store for PgStore {
                     self.last_seen = seq;
                     return records.map_err(StoreError::Corrupt);
                 }
-                // A database that restarts or fails over comes back: wait for it.
-                Err(err) if Instant::now() < deadline => {
-                    tracing::warn!(url = %self.url, error = %err, "cannot load from PostgreSQL; retrying");
+                // A database that restarts or fails over comes back: wait
+                // for it (writes meanwhile are answered Unavailable), unless
+                // the head is shutting down.
+                Err(err) if self.jobs.lock().unwrap_or_else(|e| e.into_inner()).is_some() => {
+                    if warned.elapsed() >= Duration::from_secs(10) {
+                        tracing::warn!(url = %self.url, error = %err, "cannot load from PostgreSQL; retrying");
+                        warned = Instant::now();
+                    }
                     std::thread::sleep(Duration::from_millis(250));
                 }
                 Err(err) => {
@@ -796,7 +804,7 @@ async fn commit(
         .await
         .map_err(pg)?;
     }
-    if seq % 1_000 == 0 && seq > CHANGES_KEPT {
+    if seq.is_multiple_of(1_000) && seq > CHANGES_KEPT {
         let through = (seq - CHANGES_KEPT) as i64;
         tx.execute("DELETE FROM trainstate_changes WHERE seq <= $1", &[&through])
             .await
