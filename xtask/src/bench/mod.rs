@@ -255,16 +255,14 @@ pub(crate) fn main(args: &[&str], root: &Path) -> ExitCode {
         }
     }
     if let Some(postgres) = &opts.postgres {
-        let lines = tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .map(|runtime| runtime.block_on(heads::run_all(&opts, postgres)));
-        match lines {
-            Ok(lines) => {
-                for line in lines {
-                    let mut full = header(&opts, &about, 1);
-                    full.extend(line.as_object().cloned().unwrap_or_default());
-                    ok &= emit(&opts, &Value::Object(full));
+        match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+            Ok(runtime) => {
+                for round in 1..=opts.rounds {
+                    for line in runtime.block_on(heads::run_all(&opts, postgres)) {
+                        let mut full = header(&opts, &about, round);
+                        full.extend(line.as_object().cloned().unwrap_or_default());
+                        ok &= emit(&opts, &Value::Object(full));
+                    }
                 }
             }
             Err(err) => {
