@@ -338,3 +338,44 @@ async fn killing_one_of_two_heads_mid_burst_loses_no_acknowledged_write() {
     .await;
     assert!(all["total"].as_u64().unwrap() >= acknowledged.len() as u64);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_behind_what_the_change_log_keeps_loads_every_run_again() {
+    let Some((a, b, store)) = two_heads("pruned", None).await else { return };
+    a.handle().register(run("before", T0)).await.unwrap();
+    // Another writer commits a run and prunes the log past both heads.
+    let missed = run("missed", T0 + 1);
+    let json = serde_json::to_string(&missed).unwrap();
+    let db = crate::stores::connect(store.url().unwrap()).await;
+    db.batch_execute("BEGIN").await.unwrap();
+    let seq: i64 = db
+        .query_one(
+            "UPDATE trainstate_meta SET seq = seq + 1, pruned_through = seq + 1 RETURNING seq",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    db.execute(
+        "INSERT INTO trainstate_runs (id, start_time_ms, run_status, version, seq, json)
+         VALUES ($1, $2, 'RUNNING', 42, $3, $4)",
+        &[&missed.id().as_str(), &((T0 + 1) as i64), &seq, &json],
+    )
+    .await
+    .unwrap();
+    db.batch_execute("COMMIT").await.unwrap();
+    // Each head finds out on its next follow and loads everything again.
+    for head in [&b, &a] {
+        let state = head.handle();
+        eventually("the head to list the missed run", Duration::from_secs(10), || {
+            let state = state.clone();
+            async move { state.list(trainstate_client::RunQuery::all()).await.unwrap().total == 2 }
+        })
+        .await;
+        assert_eq!(state.get(missed.id().clone()).await.unwrap().body(), json);
+    }
+    // And goes on writing.
+    b.handle().set_status(missed.id().clone(), StatusUpdate::finished()).await.unwrap();
+    a.shutdown().await;
+    b.shutdown().await;
+}

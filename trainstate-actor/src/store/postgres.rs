@@ -643,11 +643,15 @@ async fn commit(
 ) -> Result<(Committed, u64), PgError> {
     let mut client = pool.get().await.map_err(pg)?;
     let tx = client.transaction().await.map_err(pg)?;
-    let seq = tx
-        .query_one("UPDATE trainstate_meta SET seq = seq + 1 RETURNING seq", &[])
+    let row = tx
+        .query_one("UPDATE trainstate_meta SET seq = seq + 1 RETURNING seq, pruned_through", &[])
         .await
-        .map_err(pg)?
-        .get::<_, i64>(0) as u64;
+        .map_err(pg)?;
+    let (seq, pruned) = (row.get::<_, i64>(0) as u64, row.get::<_, i64>(1) as u64);
+    if pruned > last_seen {
+        // The log no longer holds everything this head missed: it reloads.
+        return Err("this head is too far behind the change log; reloading".into());
+    }
     // Every commit before this one has finished: take the others' in.
     let remote =
         if seq > last_seen + 1 { read_changes(&tx, last_seen, seq).await? } else { Vec::new() };
