@@ -34,6 +34,7 @@ VENV_PY = os.path.join(VENV, "bin", "python")
 REQUIREMENTS = os.path.join(ROOT, "bench", "ray-anchor-requirements.txt")
 DEFAULT_RAY_SCRIPT = os.path.join(os.path.dirname(ROOT), "shared", "bench", "ray_state_bench.py")
 ANALYSIS = os.path.join(ROOT, "bench", "analysis.md")
+HEADS = os.path.join(ROOT, "bench", "heads.md")
 RESULTS = os.path.join(ROOT, "bench", "results.jsonl")
 DOC = os.path.join(ROOT, "docs", "benchmarks.md")
 XTASK = os.path.join(ROOT, "target", "release", "xtask")
@@ -379,6 +380,13 @@ def write_doc(results, ray_ok, args, machine, started, finished, load_before, lo
 
     if os.path.exists(ANALYSIS):
         with open(ANALYSIS) as f:
+            L.append(f.read().rstrip())
+        L.append("")
+
+    # The stores beside each other (`cargo xtask bench --postgres`), measured
+    # apart and written by hand: kept as it is.
+    if os.path.exists(HEADS):
+        with open(HEADS) as f:
             L.append(f.read().rstrip())
         L.append("")
 

@@ -6,10 +6,11 @@ use std::sync::atomic::Ordering;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::oneshot;
 use trainstate_client::{Reply, StateError, StateMessage};
+use trainstate_schema::RunId;
 
 use crate::config::StateConfig;
 use crate::rendezvous::{Reaction, Rendezvous};
-use crate::state::{Outcome, Runs};
+use crate::state::{Outcome, Runs, is_foreign};
 use crate::writer::{WriteJob, Writer};
 
 /// The state actor. One per process, registered under the configured name
@@ -41,7 +42,8 @@ impl Actor for TrainStateActor {
     ) -> Result<ActorState, ActorProcessingErr> {
         let records = args.writer.load().await?;
         let now = args.config.clock.now_ms();
-        let runs = Runs::load(records, now, args.config.lease, args.config.retention);
+        let mut runs = Runs::load(records, now, args.config.lease, args.config.retention);
+        runs.exempt_foreign(args.config.cluster.as_deref());
         tracing::info!(runs = runs.len(), name = %args.config.name, "state actor started");
         myself.send_interval(args.config.sweep_every(), || {
             let (tx, _unanswered) = oneshot::channel();
@@ -62,21 +64,42 @@ impl Actor for TrainStateActor {
         state: &mut ActorState,
     ) -> Result<(), ActorProcessingErr> {
         let now = state.config.clock.now_ms();
+        state.absorb(now);
         match message {
             StateMessage::Register { run, reply } => {
                 state.before_write()?;
-                let outcome = state.admit().and_then(|()| state.runs.register(*run, now));
+                let run = match state.config.cluster.as_deref() {
+                    Some(cluster) => run.in_cluster(cluster).map_err(StateError::from),
+                    None => Ok(*run),
+                };
+                let outcome = match run {
+                    Ok(run) => {
+                        let id = run.run().id().clone();
+                        state
+                            .admit()
+                            .and_then(|()| state.owned(&id))
+                            .and_then(|()| state.runs.register(run, now))
+                    }
+                    Err(err) => Err(err),
+                };
                 state.write(outcome, reply);
             }
             StateMessage::SetStatus { id, update, reply } => {
                 state.before_write()?;
-                let outcome = state.admit().and_then(|()| state.runs.set_status(&id, update, now));
+                state.find(&id, now).await;
+                let outcome = state
+                    .admit()
+                    .and_then(|()| state.owned(&id))
+                    .and_then(|()| state.runs.set_status(&id, update, now));
                 state.write(outcome, reply);
             }
             StateMessage::StartAttempt { id, attempt, reply } => {
                 state.before_write()?;
-                let outcome =
-                    state.admit().and_then(|()| state.runs.start_attempt(&id, attempt, now));
+                state.find(&id, now).await;
+                let outcome = state
+                    .admit()
+                    .and_then(|()| state.owned(&id))
+                    .and_then(|()| state.runs.start_attempt(&id, attempt, now));
                 state.write(outcome, reply);
             }
             StateMessage::UpsertRayRun { run, reply } => {
@@ -92,11 +115,30 @@ impl Actor for TrainStateActor {
             }
             StateMessage::Delete { id, reply } => {
                 state.before_write()?;
+                state.find(&id, now).await;
                 let outcome = state.admit().and_then(|()| state.runs.delete(&id));
+                state.write(outcome, reply);
+            }
+            StateMessage::Forward { run, reply } => {
+                state.before_write()?;
+                // A run another head of a shared store stored first makes
+                // this write stale, and its retry a repeat: no need to look.
+                let home = state.config.cluster.clone();
+                let outcome = state.admit().and_then(|()| state.runs.upsert(*run, home.as_deref()));
                 state.write(outcome, reply);
             }
             StateMessage::SweepLeases { reply } => {
                 state.before_write()?;
+                if !state.writer.shared.sweeper.load(Ordering::SeqCst) {
+                    // Another head sharing the store sweeps.
+                    let _ = reply.send(Ok(Vec::new()));
+                    return Ok(());
+                }
+                if state.writer.shared.shared_store {
+                    // Every head's heartbeats and changes count.
+                    state.writer.sync(true).await;
+                    state.absorb(now);
+                }
                 let mut change = state.runs.sweep(now);
                 let view = &state.writer.shared.view;
                 state.rendezvous.sweep(&mut state.runs, view, now, &mut change);
@@ -106,9 +148,23 @@ impl Actor for TrainStateActor {
                 state.write(Ok(Outcome::Changed(change)), reply);
             }
             StateMessage::Heartbeat { id, reply } => {
-                let _ = reply.send(state.runs.heartbeat(&id, now));
+                state.find(&id, now).await;
+                let answer = state.owned(&id).and_then(|()| state.runs.heartbeat(&id, now));
+                if answer.is_ok() {
+                    state.writer.shared.note_heartbeat(&id, now);
+                }
+                let _ = reply.send(answer);
             }
             StateMessage::Get { id, reply } => {
+                let missing = {
+                    let view = state.writer.shared.view.read().unwrap_or_else(|e| e.into_inner());
+                    view.get(&id).is_none()
+                };
+                if missing && state.writer.shared.shared_store {
+                    // Perhaps another head has just registered it.
+                    state.writer.sync(false).await;
+                    state.absorb(now);
+                }
                 let view = state.writer.shared.view.read().unwrap_or_else(|e| e.into_inner());
                 let answer = match view.get(&id) {
                     Some(record) => Ok(state
@@ -160,6 +216,41 @@ impl Actor for TrainStateActor {
 }
 
 impl ActorState {
+    /// Takes in what the writer reported: other heads' changes, refused
+    /// writes' stored versions, other heads' heartbeats.
+    fn absorb(&mut self, now: u64) {
+        let home = self.config.cluster.as_deref();
+        for item in self.writer.shared.take_inbox() {
+            self.runs.absorb(item, now, home);
+        }
+    }
+
+    /// Before deciding on a run this head does not know: with a shared
+    /// store, another head may have just registered it.
+    async fn find(&mut self, id: &RunId, now: u64) {
+        if self.writer.shared.shared_store && self.runs.record(id).is_none() {
+            self.writer.sync(false).await;
+            self.absorb(now);
+        }
+    }
+
+    /// Refuses a change to a run of another cluster: it changes only
+    /// through forwarding from its own head.
+    fn owned(&self, id: &RunId) -> Result<(), StateError> {
+        match self.runs.record(id) {
+            Some(record) if is_foreign(record, self.config.cluster.as_deref()) => {
+                Err(StateError::Conflict {
+                    id: id.clone(),
+                    reason: format!(
+                        "the run belongs to cluster {:?}; it changes only through its own head, which forwards it here",
+                        record.cluster.as_deref().unwrap_or("")
+                    ),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Checks run before every write: injected faults, and a store that
     /// failed to commit (the actor then fails, and its supervisor restarts it
     /// from the store).

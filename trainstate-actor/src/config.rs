@@ -42,6 +42,10 @@ pub struct StateConfig {
     pub event_backlog: usize,
     /// The clock that leases, end times and retention ages are read from.
     pub clock: Arc<dyn Clock>,
+    /// The name of this head's cluster, stamped on every run registered
+    /// with it. Runs of other clusters (forwarded to this head as a hub)
+    /// change only through forwarding and are never aborted by its sweep.
+    pub cluster: Option<String>,
     /// Test-only fault hooks.
     #[cfg(feature = "fault-injection")]
     pub faults: Arc<crate::faults::Faults>,
@@ -51,6 +55,12 @@ impl StateConfig {
     /// A durable store in the SQLite file at `path` (created if missing).
     pub fn sqlite(path: impl Into<PathBuf>) -> Self {
         Self::with_store(StoreConfig::Sqlite { path: path.into(), synchronous: Synchronous::Full })
+    }
+
+    /// A durable store in the PostgreSQL database at `url`, which other
+    /// heads may share (see [`PostgresConfig`]).
+    pub fn postgres(url: impl Into<String>) -> Self {
+        Self::with_store(StoreConfig::Postgres(PostgresConfig::new(url)))
     }
 
     /// An ephemeral store: runs live in memory only and are lost when the
@@ -69,6 +79,7 @@ impl StateConfig {
             sweep_interval: None,
             event_backlog: DEFAULT_EVENT_BACKLOG,
             clock: Arc::new(SystemClock),
+            cluster: None,
             #[cfg(feature = "fault-injection")]
             faults: Arc::default(),
         }
@@ -116,6 +127,13 @@ impl StateConfig {
         self
     }
 
+    /// Names this head's cluster (see [`StateConfig::cluster`]). The name
+    /// follows [`trainstate_schema::validate_name`]'s rule.
+    pub fn with_cluster(mut self, cluster: Option<String>) -> Self {
+        self.cluster = cluster;
+        self
+    }
+
     /// Sets SQLite's `synchronous` level (durable stores only).
     pub fn with_synchronous(mut self, level: Synchronous) -> Self {
         if let StoreConfig::Sqlite { synchronous, .. } = &mut self.store {
@@ -150,6 +168,59 @@ pub enum StoreConfig {
     },
     /// Memory only: nothing survives the process.
     InMemory,
+    /// A PostgreSQL database, which several heads may share. Durable: a
+    /// write is acknowledged only once committed. Needs the `postgres`
+    /// feature to open.
+    Postgres(PostgresConfig),
+}
+
+/// Where a PostgreSQL store is, and how it is reached.
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PostgresConfig {
+    /// A libpq-style URL, `postgres://user:password@host:port/database`
+    /// (`?options=-c%20search_path%3Dname` keeps trainstate's tables in a
+    /// schema of their own; TLS is not supported: use a local socket or a
+    /// trusted network).
+    pub url: String,
+    /// The most connections the head opens for commits and reads (one more
+    /// listens for other heads' changes and holds the sweep lock).
+    pub pool_size: usize,
+}
+
+impl PostgresConfig {
+    /// The database at `url`, with a pool of 4 connections.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self { url: url.into(), pool_size: 4 }
+    }
+
+    /// The URL with its password hidden, for logs and messages.
+    pub fn redacted_url(&self) -> String {
+        redact_password(&self.url)
+    }
+}
+
+impl std::fmt::Debug for PostgresConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresConfig")
+            .field("url", &self.redacted_url())
+            .field("pool_size", &self.pool_size)
+            .finish()
+    }
+}
+
+/// `scheme://user:password@host/...` with the password replaced by `***`.
+pub(crate) fn redact_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((user_info, host)) => match user_info.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
 }
 
 /// SQLite's `synchronous` level.

@@ -42,6 +42,30 @@ pub enum StoreError {
     /// The thread that writes the store could not start, or has stopped.
     #[error("the store writer {0}")]
     Writer(&'static str),
+    /// This build cannot open such a store.
+    #[error("cannot open the store: {0}")]
+    Unsupported(&'static str),
+    /// PostgreSQL could not be reached or refused a statement.
+    #[error("PostgreSQL store {url}: {message}")]
+    Postgres {
+        /// The database, password hidden.
+        url: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// The PostgreSQL database was migrated by a newer trainstate.
+    #[error(
+        "PostgreSQL store {url} has schema version {found}, newer than the {supported} this trainstate supports; \
+         upgrade trainstate or point it at another database"
+    )]
+    NewerPostgresSchema {
+        /// The database, password hidden.
+        url: String,
+        /// The schema version found.
+        found: u32,
+        /// The newest schema version this build knows.
+        supported: u32,
+    },
 }
 
 /// The state actor could not be launched.

@@ -31,6 +31,10 @@
 //!   `StateHandle`.
 //! - `server`: the head service, `http::serve`: the HTTP API, live events
 //!   and the web page (axum).
+//! - `postgres` (with `cli`): the PostgreSQL store,
+//!   [`StateConfig::postgres`], which several heads can share.
+//! - `forward` (with `cli`): [`forward::start_forwarding`], a head sending
+//!   its runs to a hub.
 //! - `fault-injection`: test-only hooks (`Faults`) that make the actor
 //!   panic, fail a commit or hold the store writer. Never enable it in
 //!   production.
@@ -43,6 +47,8 @@ mod config;
 mod errors;
 #[cfg(feature = "fault-injection")]
 mod faults;
+#[cfg(feature = "forward")]
+pub mod forward;
 #[cfg(feature = "server")]
 pub mod http;
 #[cfg(feature = "server")]
@@ -59,7 +65,7 @@ mod writer;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{
     DEFAULT_EVENT_BACKLOG, DEFAULT_LEASE, DEFAULT_MAX_IN_FLIGHT_WRITES, DEFAULT_MAX_RUNS,
-    Retention, StateConfig, StoreConfig, Synchronous,
+    PostgresConfig, Retention, StateConfig, StoreConfig, Synchronous,
 };
 pub use errors::{LaunchError, StoreError};
 #[cfg(feature = "fault-injection")]
@@ -70,4 +76,4 @@ pub use supervisor::{
 pub use writer::StoreStats;
 
 /// The schema version of the SQLite store this build writes.
-pub const STORE_SCHEMA_VERSION: u32 = store::SCHEMA_VERSION;
+pub const STORE_SCHEMA_VERSION: u32 = store::sqlite::SCHEMA_VERSION;

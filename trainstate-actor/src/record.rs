@@ -1,6 +1,7 @@
 //! A stored run: its canonical JSON and the few fields the actor indexes.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use std::borrow::Cow;
 use trainstate_client::{RunDocument, RunJson, StateError};
@@ -30,6 +31,14 @@ pub(crate) struct RunRecord {
     pub(crate) node_ips: Names,
     /// Always set: `None` only while a record is being read back.
     json: Option<RunJson>,
+    /// The cluster the run belongs to (`None` for runs registered without one).
+    pub(crate) cluster: Option<Box<str>>,
+    /// Which version of the run this is: unique to this record, so a
+    /// shared store can tell whether a change was decided on the version
+    /// it holds (see `crate::store::versions`).
+    pub(crate) version: u64,
+    /// The version this record replaced in the working state (0: none).
+    pub(crate) base: AtomicU64,
 }
 
 impl RunRecord {
@@ -52,6 +61,9 @@ impl RunRecord {
             node_ids,
             node_ips,
             json: Some(json),
+            cluster: run.cluster().map(Into::into),
+            version: crate::store::versions::next(),
+            base: AtomicU64::new(0),
         })
     }
 
@@ -59,6 +71,12 @@ impl RunRecord {
     /// after validating it: only the indexed fields are parsed, so loading
     /// grows with the bytes stored and no more.
     pub(crate) fn from_stored(json: String) -> Result<Arc<Self>, String> {
+        Self::from_stored_version(json, crate::store::versions::next())
+    }
+
+    /// [`from_stored`](Self::from_stored), for a store that keeps each
+    /// run's version beside its JSON.
+    pub(crate) fn from_stored_version(json: String, version: u64) -> Result<Arc<Self>, String> {
         let record = {
             let index: StoredIndex<'_> = serde_json::from_str(&json).map_err(|e| e.to_string())?;
             let id = RunId::parse(&index.id).map_err(|e| e.to_string())?;
@@ -81,6 +99,9 @@ impl RunRecord {
                 node_ids,
                 node_ips,
                 json: None,
+                cluster: index.cluster.map(|c| c.as_ref().into()),
+                version,
+                base: AtomicU64::new(0),
             }
         };
         let json = RunJson::from_text(json, record.status.is_live()).map_err(|e| e.to_string())?;
@@ -144,6 +165,8 @@ struct StoredIndex<'a> {
     workers: Vec<StoredNode<'a>>,
     #[serde(default, borrow)]
     attempts: Vec<StoredAttempt<'a>>,
+    #[serde(default, borrow)]
+    cluster: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]

@@ -23,6 +23,10 @@ use crate::record::RunRecord;
 use crate::store::StoreOp;
 use crate::writer::PendingEvent;
 
+mod remote;
+
+pub(crate) use remote::is_foreign;
+
 /// The result of a request: either nothing to write (a repeat), or a change
 /// to commit before answering.
 pub(crate) enum Outcome<T> {
@@ -81,7 +85,10 @@ impl Runs {
         if record.status.is_terminal() {
             self.ended.insert((record.start_time_ms, record.id.clone()));
         }
-        self.by_id.insert(record.id.clone(), Entry { record, last_heard_ms });
+        let id = record.id.clone();
+        if let Some(previous) = self.by_id.insert(id, Entry { record, last_heard_ms }) {
+            remote::note_base(&self.by_id[&previous.record.id].record, &previous.record);
+        }
     }
 
     fn remove(&mut self, id: &RunId) -> Option<Arc<RunRecord>> {
@@ -99,7 +106,7 @@ impl Runs {
         if record.status.is_terminal() {
             return None;
         }
-        self.by_id.get(&record.id).map(|e| e.last_heard_ms)
+        self.by_id.get(&record.id).map(|e| e.last_heard_ms).filter(|&t| t != remote::NEVER_SWEPT)
     }
 
     fn document(&self, record: &Arc<RunRecord>) -> RunDocument {

@@ -25,7 +25,7 @@ pub(crate) fn supervisor_name(name: &str) -> String {
 
 pub(crate) enum SupervisorMessage {
     /// Answers once the supervisor (and so its first actor) has started.
-    Ready(RpcReplyPort<Arc<Shared>>),
+    Ready(RpcReplyPort<Arc<Writer>>),
     /// Drains the actor, commits everything queued, and stops.
     Shutdown(RpcReplyPort<()>),
 }
@@ -83,7 +83,7 @@ impl Actor for StateSupervisor {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             SupervisorMessage::Ready(reply) => {
-                let _ = reply.send(state.writer.shared.clone());
+                let _ = reply.send(state.writer.clone());
             }
             SupervisorMessage::Shutdown(reply) => {
                 state.shutting_down = true;
@@ -164,6 +164,7 @@ pub struct StateService {
     handle: StateHandle,
     supervisor: ActorRef<SupervisorMessage>,
     shared: Arc<Shared>,
+    writer: Arc<Writer>,
 }
 
 impl std::fmt::Debug for StateService {
@@ -176,6 +177,18 @@ impl StateService {
     /// A handle to the actor.
     pub fn handle(&self) -> StateHandle {
         self.handle.clone()
+    }
+
+    /// The store writer (forwarding reads through it).
+    #[cfg_attr(not(feature = "forward"), allow(dead_code))]
+    pub(crate) fn writer(&self) -> Arc<Writer> {
+        self.writer.clone()
+    }
+
+    /// True while this head sweeps leases and retention: always with a
+    /// store of its own; with a shared store, for one head at a time.
+    pub fn is_sweeper(&self) -> bool {
+        self.shared.sweeper.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Counters of the store.
@@ -231,8 +244,9 @@ pub async fn launch_state_actor(config: StateConfig) -> Result<StateService, Lau
             }
             other => LaunchError::Startup(startup_reason(other)),
         })?;
-    let shared = ready(&supervisor).await?;
-    Ok(StateService { handle: StateHandle::local(name), supervisor, shared })
+    let writer = ready(&supervisor).await?;
+    let shared = writer.shared.clone();
+    Ok(StateService { handle: StateHandle::local(name), supervisor, shared, writer })
 }
 
 /// The state actor named `config.name` in this process, launched with
@@ -272,7 +286,7 @@ pub async fn shutdown_state_actor(name: &str) -> bool {
     }
 }
 
-async fn ready(supervisor: &ActorRef<SupervisorMessage>) -> Result<Arc<Shared>, LaunchError> {
+async fn ready(supervisor: &ActorRef<SupervisorMessage>) -> Result<Arc<Writer>, LaunchError> {
     let (tx, rx) = oneshot::channel();
     supervisor
         .send_message(SupervisorMessage::Ready(tx.into()))

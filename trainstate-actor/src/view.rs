@@ -106,12 +106,14 @@ impl View {
                     .node_ip
                     .as_deref()
                     .is_none_or(|n| record.node_ips.iter().any(|x| **x == *n))
+                && query.cluster.as_deref().is_none_or(|c| record.cluster.as_deref() == Some(c))
         };
         let unfiltered = query.statuses.is_empty()
             && query.job_id.is_none()
             && query.name_contains.is_none()
             && query.node_id.is_none()
-            && query.node_ip.is_none();
+            && query.node_ip.is_none()
+            && query.cluster.is_none();
 
         let after = query.cursor.as_ref().map(|c| (c.start_time_ms(), c.id().clone()));
         let newest_first = match &after {

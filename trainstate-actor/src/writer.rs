@@ -2,6 +2,7 @@
 //! groups, then updates the committed view, announces events and answers
 //! the callers, in that order.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, RwLock};
@@ -15,7 +16,10 @@ use trainstate_schema::RunId;
 use crate::config::{StateConfig, StoreConfig};
 use crate::errors::StoreError;
 use crate::record::RunRecord;
-use crate::store::{SqliteStore, StoreOp};
+use crate::store::sqlite::SqliteStore;
+use crate::store::{
+    ChangedRun, Committed, Followed, JobChanges, Position, RemoteChange, Store, StoreOp,
+};
 use crate::view::View;
 
 /// The most writes committed in one transaction.
@@ -41,9 +45,56 @@ pub(crate) struct WriteJob {
     pub(crate) done: Completion,
 }
 
-enum Job {
+#[cfg_attr(not(feature = "forward"), allow(dead_code))]
+pub(crate) enum Job {
     Write(WriteJob),
     Load(oneshot::Sender<Result<Vec<Arc<RunRecord>>, StoreError>>),
+    /// Takes in what other heads committed to a shared store (and, with
+    /// `heartbeats`, the heartbeats they received), then answers.
+    Follow {
+        heartbeats: bool,
+        reply: Option<oneshot::Sender<()>>,
+    },
+    /// Runs changed after a position, for forwarding.
+    Changed {
+        after: Position,
+        limit: usize,
+        reply: oneshot::Sender<Result<Vec<ChangedRun>, String>>,
+    },
+    /// The durable position of forwarding to a target.
+    ForwardPosition {
+        target: String,
+        reply: oneshot::Sender<Result<Position, String>>,
+    },
+    /// Makes a position of forwarding durable.
+    SaveForwardPosition {
+        target: String,
+        at: Position,
+        reply: oneshot::Sender<Result<(), String>>,
+    },
+}
+
+/// The queue of the writer thread, which a shared store's listener also
+/// uses to ask for a follow; closed (`None`) when the writer stops.
+pub(crate) type JobQueue = Arc<Mutex<Option<mpsc::Sender<Job>>>>;
+
+/// What the writer hands the actor to take into its working state before
+/// its next decision: changes committed by other heads, the stored
+/// versions of runs a stale write touched, heartbeats other heads received.
+#[derive(Debug)]
+pub(crate) enum Absorb {
+    /// Another head's committed change, taken in at this time: a sign of
+    /// life of a live run.
+    Remote(RemoteChange, u64),
+    /// A write decided on a version of `id` that another head replaced was
+    /// refused: put back the stored version, unless the working state has
+    /// moved on from the refused one (`stale`: the refused put's version;
+    /// `None` for a refused delete).
+    Reset { id: RunId, stale: Option<u64>, truth: Option<Arc<RunRecord>> },
+    /// Start again from every stored run.
+    Reload(Vec<Arc<RunRecord>>),
+    /// Some head heard from the run's controller at this time.
+    Heard(RunId, u64),
 }
 
 /// Counters of the store, for metrics and tests.
@@ -69,12 +120,48 @@ pub(crate) struct Shared {
     /// is loaded again (the actor restarts to do that).
     pub(crate) poisoned: AtomicBool,
     pub(crate) stats: Arc<StoreStats>,
+    /// True when other heads share the store.
+    pub(crate) shared_store: bool,
+    /// True while this head is the one that sweeps leases and retention
+    /// (always, for a store of its own).
+    pub(crate) sweeper: Arc<AtomicBool>,
+    /// What the actor takes in before its next decision.
+    inbox: Mutex<Vec<Absorb>>,
+    inbox_pending: AtomicBool,
+    /// Heartbeats received here and not yet shared with other heads.
+    beats: Mutex<HashMap<RunId, u64>>,
+}
+
+impl Shared {
+    /// Takes what the writer left for the actor, in order.
+    pub(crate) fn take_inbox(&self) -> Vec<Absorb> {
+        if !self.inbox_pending.swap(false, Ordering::SeqCst) {
+            return Vec::new();
+        }
+        std::mem::take(&mut *self.inbox.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn push_inbox(&self, items: impl IntoIterator<Item = Absorb>) {
+        let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
+        let before = inbox.len();
+        inbox.extend(items);
+        if inbox.len() > before {
+            self.inbox_pending.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Notes a heartbeat, to share with the other heads of a shared store.
+    pub(crate) fn note_heartbeat(&self, id: &RunId, at_ms: u64) {
+        if self.shared_store {
+            self.beats.lock().unwrap_or_else(|e| e.into_inner()).insert(id.clone(), at_ms);
+        }
+    }
 }
 
 /// The handle to the writer thread. It outlives restarts of the actor, so
 /// writes queued by a failed actor are committed before its successor loads.
 pub(crate) struct Writer {
-    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    jobs: JobQueue,
     thread: Mutex<Option<JoinHandle<()>>>,
     pub(crate) shared: Arc<Shared>,
 }
@@ -82,32 +169,119 @@ pub(crate) struct Writer {
 impl Writer {
     /// Opens the store and starts the writer thread.
     pub(crate) fn start(config: &StateConfig) -> Result<Self, StoreError> {
-        let store = match &config.store {
-            StoreConfig::Sqlite { path, synchronous } => {
-                Some(SqliteStore::open(path, *synchronous)?)
-            }
-            StoreConfig::InMemory => None,
-        };
+        let (tx, rx) = mpsc::channel();
+        let jobs: JobQueue = Arc::new(Mutex::new(Some(tx)));
+        let shared_store = matches!(config.store, StoreConfig::Postgres(_));
         let shared = Arc::new(Shared {
             view: RwLock::new(View::new(config.event_backlog)),
             events: broadcast::channel(EVENT_CHANNEL_CAPACITY).0,
             in_flight: AtomicUsize::new(0),
             poisoned: AtomicBool::new(false),
             stats: Arc::default(),
+            shared_store,
+            sweeper: Arc::new(AtomicBool::new(!shared_store)),
+            inbox: Mutex::default(),
+            inbox_pending: AtomicBool::new(false),
+            beats: Mutex::default(),
         });
-        let (tx, rx) = mpsc::channel();
-        let mut thread = WriterThread {
-            store,
-            store_config: config.store.clone(),
-            shared: shared.clone(),
-            #[cfg(feature = "fault-injection")]
-            faults: config.faults.clone(),
-        };
+        // The store is opened (and dropped) on the writer thread: a
+        // PostgreSQL store runs a runtime of its own, which must not be
+        // started or stopped inside the caller's.
+        let (opened, is_open) = mpsc::sync_channel(1);
+        let store_config = config.store.clone();
+        let (queue, sweeper) = (jobs.clone(), shared.sweeper.clone());
+        let thread_shared = shared.clone();
+        let clock = config.clock.clone();
+        #[cfg(feature = "fault-injection")]
+        let faults = config.faults.clone();
         let handle = std::thread::Builder::new()
             .name("trainstate-writer".into())
-            .spawn(move || thread.run(rx))
+            .spawn(move || {
+                let store = match open(&store_config, queue, sweeper) {
+                    Ok(store) => {
+                        let _ = opened.send(Ok(()));
+                        store
+                    }
+                    Err(err) => {
+                        let _ = opened.send(Err(err));
+                        return;
+                    }
+                };
+                let mut thread = WriterThread {
+                    store,
+                    shared: thread_shared,
+                    clock,
+                    #[cfg(feature = "fault-injection")]
+                    faults,
+                };
+                thread.run(rx);
+            })
             .map_err(|_| StoreError::Writer("thread could not start"))?;
-        Ok(Self { jobs: Mutex::new(Some(tx)), thread: Mutex::new(Some(handle)), shared })
+        match is_open.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                let _ = handle.join();
+                return Err(err);
+            }
+            Err(_) => return Err(StoreError::Writer("thread stopped while opening the store")),
+        }
+        Ok(Self { jobs, thread: Mutex::new(Some(handle)), shared })
+    }
+
+    fn send(&self, job: Job) -> bool {
+        self.jobs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|jobs| jobs.send(job).is_ok())
+    }
+
+    /// Takes in what other heads committed to a shared store (with
+    /// `heartbeats`, also the heartbeats they received), after every write
+    /// queued before; the actor then finds it in its inbox.
+    pub(crate) async fn sync(&self, heartbeats: bool) {
+        let (tx, rx) = oneshot::channel();
+        if self.send(Job::Follow { heartbeats, reply: Some(tx) }) {
+            let _ = rx.await;
+        }
+    }
+
+    /// Runs changed after `after`, at most `limit`, in position order.
+    #[cfg_attr(not(feature = "forward"), allow(dead_code))]
+    pub(crate) async fn changed_after(
+        &self,
+        after: Position,
+        limit: usize,
+    ) -> Result<Vec<ChangedRun>, String> {
+        let (reply, rx) = oneshot::channel();
+        if !self.send(Job::Changed { after, limit, reply }) {
+            return Err("the store writer has stopped".into());
+        }
+        rx.await.map_err(|_| "the store writer has stopped".to_owned())?
+    }
+
+    /// The durable position of forwarding to `target`.
+    #[cfg_attr(not(feature = "forward"), allow(dead_code))]
+    pub(crate) async fn forward_position(&self, target: &str) -> Result<Position, String> {
+        let (reply, rx) = oneshot::channel();
+        if !self.send(Job::ForwardPosition { target: target.to_owned(), reply }) {
+            return Err("the store writer has stopped".into());
+        }
+        rx.await.map_err(|_| "the store writer has stopped".to_owned())?
+    }
+
+    /// Makes `at` the durable position of forwarding to `target`.
+    #[cfg_attr(not(feature = "forward"), allow(dead_code))]
+    pub(crate) async fn save_forward_position(
+        &self,
+        target: &str,
+        at: Position,
+    ) -> Result<(), String> {
+        let (reply, rx) = oneshot::channel();
+        if !self.send(Job::SaveForwardPosition { target: target.to_owned(), at, reply }) {
+            return Err("the store writer has stopped".into());
+        }
+        rx.await.map_err(|_| "the store writer has stopped".to_owned())?
     }
 
     /// Queues a write. Its completion runs after the commit.
@@ -127,14 +301,7 @@ impl Writer {
     /// committed, and makes it the committed view.
     pub(crate) async fn load(&self) -> Result<Vec<Arc<RunRecord>>, StoreError> {
         let (tx, rx) = oneshot::channel();
-        let sent = self
-            .jobs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map(|jobs| jobs.send(Job::Load(tx)).is_ok())
-            .unwrap_or(false);
-        if !sent {
+        if !self.send(Job::Load(tx)) {
             return Err(StoreError::Writer("has stopped"));
         }
         rx.await.map_err(|_| StoreError::Writer("has stopped"))?
@@ -155,10 +322,34 @@ impl Drop for Writer {
     }
 }
 
+/// Opens the store of `config` (on the writer thread).
+fn open(
+    config: &StoreConfig,
+    #[cfg_attr(not(feature = "postgres"), allow(unused_variables))] jobs: JobQueue,
+    #[cfg_attr(not(feature = "postgres"), allow(unused_variables))] sweeper: Arc<AtomicBool>,
+) -> Result<Option<Box<dyn Store>>, StoreError> {
+    Ok(match config {
+        StoreConfig::Sqlite { path, synchronous } => {
+            Some(Box::new(SqliteStore::open(path, *synchronous)?))
+        }
+        StoreConfig::InMemory => None,
+        #[cfg(feature = "postgres")]
+        StoreConfig::Postgres(pg) => {
+            Some(Box::new(crate::store::postgres::PgStore::open(pg, jobs, sweeper)?))
+        }
+        #[cfg(not(feature = "postgres"))]
+        StoreConfig::Postgres(_) => {
+            return Err(StoreError::Unsupported(
+                "PostgreSQL: this build lacks the `postgres` feature",
+            ));
+        }
+    })
+}
+
 struct WriterThread {
-    store: Option<SqliteStore>,
-    store_config: StoreConfig,
+    store: Option<Box<dyn Store>>,
     shared: Arc<Shared>,
+    clock: Arc<dyn crate::clock::Clock>,
     #[cfg(feature = "fault-injection")]
     faults: Arc<crate::faults::Faults>,
 }
@@ -167,58 +358,170 @@ impl WriterThread {
     fn run(&mut self, jobs: mpsc::Receiver<Job>) {
         while let Ok(first) = jobs.recv() {
             let mut batch = Vec::new();
-            let mut load = None;
+            let mut other = None;
             match first {
                 Job::Write(job) => batch.push(job),
-                Job::Load(reply) => load = Some(reply),
+                job => other = Some(job),
             }
-            while load.is_none() && batch.len() < MAX_BATCH {
+            while other.is_none() && batch.len() < MAX_BATCH {
                 match jobs.try_recv() {
                     Ok(Job::Write(job)) => batch.push(job),
-                    Ok(Job::Load(reply)) => load = Some(reply),
+                    Ok(job) => other = Some(job),
                     Err(_) => break,
                 }
             }
             if !batch.is_empty() {
                 self.commit(batch);
             }
-            if let Some(reply) = load {
-                let _ = reply.send(self.load());
+            match other {
+                None | Some(Job::Write(_)) => {}
+                Some(Job::Load(reply)) => {
+                    let _ = reply.send(self.load());
+                }
+                Some(Job::Follow { heartbeats, reply }) => {
+                    // Requests that pile up while one is served are served together.
+                    let mut replies: Vec<_> = reply.into_iter().collect();
+                    let mut heartbeats = heartbeats;
+                    self.follow(&mut heartbeats, &mut replies);
+                }
+                Some(Job::Changed { after, limit, reply }) => {
+                    let _ = reply.send(self.with_store(|s| s.changed_after(&after, limit)));
+                }
+                Some(Job::ForwardPosition { target, reply }) => {
+                    let _ = reply.send(self.with_store(|s| s.forward_position(&target)));
+                }
+                Some(Job::SaveForwardPosition { target, at, reply }) => {
+                    let _ = reply.send(self.with_store(|s| s.save_forward_position(&target, &at)));
+                }
             }
         }
     }
 
+    fn with_store<T>(
+        &mut self,
+        f: impl FnOnce(&mut dyn Store) -> Result<T, String>,
+    ) -> Result<T, String> {
+        match self.store.as_deref_mut() {
+            Some(store) => f(store),
+            None => Err("an in-memory store keeps no positions to forward from".into()),
+        }
+    }
+
+    /// Takes in what other heads committed (and shares and gathers
+    /// heartbeats), then answers whoever asked.
+    fn follow(&mut self, heartbeats: &mut bool, replies: &mut Vec<oneshot::Sender<()>>) {
+        let shared = self.shared.clone();
+        let usable = !shared.poisoned.load(Ordering::SeqCst);
+        if let Some(store) = self.store.as_deref_mut().filter(|s| usable && s.is_shared()) {
+            let beats: Vec<(RunId, u64)> =
+                shared.beats.lock().unwrap_or_else(|e| e.into_inner()).drain().collect();
+            if !beats.is_empty()
+                && let Err(err) = store.share_heartbeats(&beats)
+            {
+                tracing::warn!(error = %err, "cannot share heartbeats with the other heads");
+            }
+            match store.follow() {
+                Ok(Followed::Changes(changes)) => {
+                    take_remote(&shared, changes, self.clock.now_ms())
+                }
+                Ok(Followed::Reload(records)) => {
+                    tracing::warn!(
+                        runs = records.len(),
+                        "too far behind the other heads to replay their changes: reloading"
+                    );
+                    shared.view.write().unwrap_or_else(|e| e.into_inner()).replace_all(&records);
+                    shared.push_inbox([Absorb::Reload(records)]);
+                }
+                Err(err) => tracing::warn!(error = %err, "cannot follow the other heads' changes"),
+            }
+            if *heartbeats {
+                match store.shared_heartbeats() {
+                    Ok(beats) => {
+                        shared.push_inbox(beats.into_iter().map(|(id, at)| Absorb::Heard(id, at)))
+                    }
+                    Err(err) => {
+                        tracing::warn!(error = %err, "cannot read the other heads' heartbeats")
+                    }
+                }
+            }
+        }
+        *heartbeats = false;
+        for reply in replies.drain(..) {
+            let _ = reply.send(());
+        }
+    }
+}
+
+/// Makes other heads' committed changes part of the committed view (and
+/// announces them), then hands them to the actor.
+fn take_remote(shared: &Shared, changes: Vec<RemoteChange>, now_ms: u64) {
+    if changes.is_empty() {
+        return;
+    }
+    {
+        let mut view = shared.view.write().unwrap_or_else(|e| e.into_inner());
+        for change in &changes {
+            match &change.record {
+                Some(record) => {
+                    view.apply(&StoreOp::Put(record.clone()));
+                    view.publish(&shared.events, change.kind, change.id.clone(), Some(record));
+                }
+                None if matches!(change.kind, EventKind::Evicted | EventKind::Deleted)
+                    && view.get(&change.id).is_some() =>
+                {
+                    view.apply(&StoreOp::Delete(change.id.clone()));
+                    view.publish(&shared.events, change.kind, change.id.clone(), None);
+                }
+                // Changed, then removed later (the removal is announced),
+                // or removed from a run this head never had.
+                None => {}
+            }
+        }
+    }
+    shared.push_inbox(changes.into_iter().map(|change| Absorb::Remote(change, now_ms)));
+}
+
+impl WriterThread {
     fn commit(&mut self, batch: Vec<WriteJob>) {
         #[cfg(feature = "fault-injection")]
         self.faults.wait_while_held();
 
-        let shared = &*self.shared;
+        let shared = self.shared.clone();
+        let shared = &*shared;
+        let has_ops = batch.iter().any(|job| !job.ops.is_empty());
         let result = if shared.poisoned.load(Ordering::SeqCst) {
             Err("an earlier commit failed; the state actor is reloading the store".to_owned())
         } else {
             let started = Instant::now();
-            let has_ops = batch.iter().any(|job| !job.ops.is_empty());
             #[cfg(feature = "fault-injection")]
             let injected = has_ops && self.faults.take_commit_failure();
             #[cfg(not(feature = "fault-injection"))]
             let injected = false;
-            let result = match self.store.as_mut() {
+            let result = match self.store.as_deref_mut() {
                 _ if injected => Err("injected fault: disk I/O error".to_owned()),
-                Some(store) if has_ops => store
-                    .commit(batch.iter().flat_map(|job| job.ops.iter()))
-                    .map_err(|e| e.to_string()),
-                _ => Ok(()),
+                Some(store) if has_ops => {
+                    let changes: Vec<JobChanges<'_>> = batch
+                        .iter()
+                        .map(|job| JobChanges { ops: &job.ops, events: &job.events })
+                        .collect();
+                    store.commit(&changes)
+                }
+                _ => Ok(Committed::default()),
             };
             match result {
-                Ok(()) if !has_ops => Ok(()),
-                Ok(()) => {
+                Ok(committed) if !has_ops => Ok(committed),
+                Ok(committed) => {
                     let stats = &shared.stats;
-                    stats.transactions.fetch_add(1, Ordering::Relaxed);
-                    stats.writes.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                    if committed.stale.len() < batch.len() {
+                        stats.transactions.fetch_add(1, Ordering::Relaxed);
+                    }
+                    stats
+                        .writes
+                        .fetch_add((batch.len() - committed.stale.len()) as u64, Ordering::Relaxed);
                     stats
                         .commit_micros
                         .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
-                    Ok(())
+                    Ok(committed)
                 }
                 Err(err) => {
                     tracing::error!(error = %err, writes = batch.len(), "store commit failed");
@@ -229,9 +532,22 @@ impl WriterThread {
             }
         };
 
-        if result.is_ok() {
+        let committed = match result {
+            Ok(committed) => committed,
+            Err(err) => {
+                for job in batch {
+                    shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+                    (job.done)(Err(StateError::unavailable(err.clone())));
+                }
+                return;
+            }
+        };
+        let stale: HashSet<usize> = committed.stale.iter().copied().collect();
+        take_remote(shared, committed.remote, self.clock.now_ms());
+        {
             let mut view = shared.view.write().unwrap_or_else(|e| e.into_inner());
-            for job in &batch {
+            for job in batch.iter().enumerate().filter(|(i, _)| !stale.contains(i)).map(|(_, j)| j)
+            {
                 for op in &job.ops {
                     view.apply(op);
                 }
@@ -245,35 +561,49 @@ impl WriterThread {
                 }
             }
         }
-        for job in batch {
+        if !stale.is_empty() {
+            // The actor gets the stored versions before the callers hear
+            // to retry, so a retry is decided on them.
+            let truth: HashMap<RunId, Option<Arc<RunRecord>>> =
+                committed.truth.into_iter().collect();
+            let resets =
+                batch.iter().enumerate().filter(|(i, _)| stale.contains(i)).flat_map(|(_, job)| {
+                    job.ops.iter().map(|op| {
+                        let (id, stale) = match op {
+                            StoreOp::Put(record) => (record.id.clone(), Some(record.version)),
+                            StoreOp::Delete(id) => (id.clone(), None),
+                        };
+                        let truth = truth.get(&id).cloned().flatten();
+                        Absorb::Reset { id, stale, truth }
+                    })
+                });
+            shared.push_inbox(resets.collect::<Vec<_>>());
+        }
+        for (i, job) in batch.into_iter().enumerate() {
             shared.in_flight.fetch_sub(1, Ordering::SeqCst);
-            (job.done)(result.clone().map_err(StateError::unavailable));
+            let answer = if stale.contains(&i) {
+                Err(StateError::unavailable(
+                    "another head changed the run at the same time; nothing was written, retry",
+                ))
+            } else {
+                Ok(())
+            };
+            (job.done)(answer);
         }
     }
 
     fn load(&mut self) -> Result<Vec<Arc<RunRecord>>, StoreError> {
         let shared = &*self.shared;
-        let records = match &self.store_config {
-            StoreConfig::Sqlite { path, synchronous } => {
-                if shared.poisoned.load(Ordering::SeqCst) || self.store.is_none() {
-                    self.store = None;
-                    self.store = Some(SqliteStore::open(path, *synchronous)?);
-                }
-                let store = self.store.as_ref().expect("opened above");
-                let rows = store
-                    .load()
-                    .map_err(|source| StoreError::Sqlite { path: path.clone(), source })?;
-                rows.into_iter()
-                    .map(RunRecord::from_stored)
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(StoreError::Corrupt)?
-            }
-            StoreConfig::InMemory => {
+        let records = match self.store.as_deref_mut() {
+            Some(store) => store.load()?,
+            None => {
                 let view = shared.view.read().unwrap_or_else(|e| e.into_inner());
                 view.records()
             }
         };
         shared.view.write().unwrap_or_else(|e| e.into_inner()).replace_all(&records);
+        // The loaded runs include everything the inbox held.
+        shared.take_inbox();
         shared.poisoned.store(false, Ordering::SeqCst);
         Ok(records)
     }

@@ -5,227 +5,226 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use trainstate_actor::{Faults, StateConfig, launch_state_actor};
+use trainstate_actor::{Faults, launch_state_actor};
 use trainstate_client::{RunQuery, StateError, StatusUpdate};
 use trainstate_schema::RunId;
 
-use crate::common::{run, unique_name, wait_until};
+use crate::common::{run, wait_until};
+use crate::stores::on_both_stores;
 
 const T0: u64 = 1_760_000_000_000;
-
-fn sqlite(dir: &tempfile::TempDir, what: &str) -> StateConfig {
-    StateConfig::sqlite(dir.path().join("state.db")).with_name(unique_name(what))
-}
 
 async fn all_json(state: &trainstate_client::StateHandle) -> Vec<String> {
     let page = state.list(RunQuery::all()).await.unwrap();
     page.runs.iter().map(|r| r.body().to_string()).collect()
 }
 
-#[tokio::test]
-async fn restart_from_the_store_returns_identical_runs() {
-    let dir = tempfile::tempdir().unwrap();
-    let service = launch_state_actor(sqlite(&dir, "restart")).await.unwrap();
-    let state = service.handle();
-    for i in 0..20 {
-        let r = run(&format!("r{i}"), T0 + i);
-        let id = r.id().clone();
-        state.register(r).await.unwrap();
-        if i % 3 == 0 {
-            state.set_status(id, StatusUpdate::finished().ended_at(T0 + 100)).await.unwrap();
+on_both_stores! {
+    async fn restart_from_the_store_returns_identical_runs(store) {
+        let Some(fresh) = store.fresh("restart_from_the_sto").await else { return };
+        let service = launch_state_actor(fresh.config()).await.unwrap();
+        let state = service.handle();
+        for i in 0..20 {
+            let r = run(&format!("r{i}"), T0 + i);
+            let id = r.id().clone();
+            state.register(r).await.unwrap();
+            if i % 3 == 0 {
+                state.set_status(id, StatusUpdate::finished().ended_at(T0 + 100)).await.unwrap();
+            }
         }
-    }
-    let before = all_json(&state).await;
-    service.shutdown().await;
+        let before = all_json(&state).await;
+        service.shutdown().await;
 
-    let service = launch_state_actor(sqlite(&dir, "restart")).await.unwrap();
-    assert_eq!(all_json(&service.handle()).await, before);
-    assert_eq!(before.len(), 20);
-    service.shutdown().await;
-}
-
-#[tokio::test]
-async fn injected_panic_loses_nothing_acknowledged_and_handles_keep_working() {
-    let dir = tempfile::tempdir().unwrap();
-    let faults = Arc::new(Faults::default());
-    let service =
-        launch_state_actor(sqlite(&dir, "panic").with_faults(faults.clone())).await.unwrap();
-    let state = service.handle();
-    let mut acknowledged = Vec::new();
-    for i in 0..10 {
-        let r = run(&format!("before{i}"), T0 + i);
-        acknowledged.push(r.id().clone());
-        state.register(r).await.unwrap();
+        let service = launch_state_actor(fresh.config()).await.unwrap();
+        assert_eq!(all_json(&service.handle()).await, before);
+        assert_eq!(before.len(), 20);
+        service.shutdown().await;
     }
 
-    faults.panic_on_next_write();
-    let doomed = run("doomed", T0 + 50);
-    match state.register(doomed).await {
-        Err(StateError::Unavailable { .. }) => {}
-        other => panic!("the request in flight must fail, not hang: {other:?}"),
+    async fn injected_panic_loses_nothing_acknowledged_and_handles_keep_working(store) {
+        let Some(fresh) = store.fresh("injected_panic_loses").await else { return };
+        let faults = Arc::new(Faults::default());
+        let service =
+            launch_state_actor(fresh.config().with_faults(faults.clone())).await.unwrap();
+        let state = service.handle();
+        let mut acknowledged = Vec::new();
+        for i in 0..10 {
+            let r = run(&format!("before{i}"), T0 + i);
+            acknowledged.push(r.id().clone());
+            state.register(r).await.unwrap();
+        }
+
+        faults.panic_on_next_write();
+        let doomed = run("doomed", T0 + 50);
+        match state.register(doomed).await {
+            Err(StateError::Unavailable { .. }) => {}
+            other => panic!("the request in flight must fail, not hang: {other:?}"),
+        }
+
+        // The same handle finds the restarted actor, which reloaded the store.
+        let after = run("after", T0 + 60);
+        acknowledged.push(after.id().clone());
+        state.register(after).await.unwrap();
+        for id in &acknowledged {
+            state.get(id.clone()).await.unwrap();
+        }
+        assert_eq!(state.list(RunQuery::all()).await.unwrap().total, 11);
+        service.shutdown().await;
     }
 
-    // The same handle finds the restarted actor, which reloaded the store.
-    let after = run("after", T0 + 60);
-    acknowledged.push(after.id().clone());
-    state.register(after).await.unwrap();
-    for id in &acknowledged {
-        state.get(id.clone()).await.unwrap();
-    }
-    assert_eq!(state.list(RunQuery::all()).await.unwrap().total, 11);
-    service.shutdown().await;
-}
-
-#[tokio::test]
-async fn writes_that_arrive_together_are_committed_together() {
-    let dir = tempfile::tempdir().unwrap();
-    let faults = Arc::new(Faults::default());
-    let service =
-        launch_state_actor(sqlite(&dir, "group").with_faults(faults.clone())).await.unwrap();
-    let state = service.handle().with_timeout(Duration::from_secs(30));
-    // One write to learn the baseline, then hold the writer.
-    state.register(run("warmup", T0)).await.unwrap();
-    let stats = service.store_stats();
-    let before = stats.transactions.load(Ordering::SeqCst);
-    faults.hold_writer();
-    // The held writer may already have taken one job; the rest queue.
-    let tasks: Vec<_> = (0..100)
-        .map(|i| {
-            let state = state.clone();
-            tokio::spawn(async move { state.register(run(&format!("g{i}"), T0 + i)).await })
+    async fn writes_that_arrive_together_are_committed_together(store) {
+        let Some(fresh) = store.fresh("writes_that_arrive_t").await else { return };
+        let faults = Arc::new(Faults::default());
+        let service =
+            launch_state_actor(fresh.config().with_faults(faults.clone())).await.unwrap();
+        let state = service.handle().with_timeout(Duration::from_secs(30));
+        // One write to learn the baseline, then hold the writer.
+        state.register(run("warmup", T0)).await.unwrap();
+        let stats = service.store_stats();
+        let before = stats.transactions.load(Ordering::SeqCst);
+        faults.hold_writer();
+        // The held writer may already have taken one job; the rest queue.
+        let tasks: Vec<_> = (0..100)
+            .map(|i| {
+                let state = state.clone();
+                tokio::spawn(async move { state.register(run(&format!("g{i}"), T0 + i)).await })
+            })
+            .collect();
+        wait_until("100 writes in flight", Duration::from_secs(20), || {
+            service.in_flight_writes() == 100
         })
-        .collect();
-    wait_until("100 writes in flight", Duration::from_secs(20), || {
-        service.in_flight_writes() == 100
-    })
-    .await;
-    faults.release_writer();
-    for task in tasks {
-        task.await.unwrap().unwrap();
-    }
-    let transactions = stats.transactions.load(Ordering::SeqCst) - before;
-    assert!((1..=2).contains(&transactions), "100 queued writes took {transactions} transactions");
-    assert_eq!(state.list(RunQuery::all()).await.unwrap().total, 101);
-    service.shutdown().await;
-}
-
-#[tokio::test]
-async fn writes_past_the_in_flight_bound_are_refused_as_overloaded() {
-    let faults = Arc::new(Faults::default());
-    let config = StateConfig::in_memory()
-        .with_name(unique_name("overload"))
-        .with_max_in_flight_writes(5)
-        .with_faults(faults.clone());
-    let service = launch_state_actor(config).await.unwrap();
-    let state = service.handle().with_timeout(Duration::from_secs(30));
-    faults.hold_writer();
-    let tasks: Vec<_> = (0..5)
-        .map(|i| {
-            let state = state.clone();
-            tokio::spawn(async move { state.register(run(&format!("o{i}"), T0 + i)).await })
-        })
-        .collect();
-    wait_until("5 writes in flight", Duration::from_secs(20), || service.in_flight_writes() == 5)
         .await;
-    let refused = run("one too many", T0 + 9);
-    let refused_id = refused.id().clone();
-    assert!(matches!(
-        state.register(refused).await,
-        Err(StateError::Overloaded { in_flight: Some(5) })
-    ));
-    faults.release_writer();
-    for task in tasks {
-        task.await.unwrap().unwrap();
-    }
-    // Refused means nothing was stored.
-    assert!(matches!(state.get(refused_id).await, Err(StateError::NotFound { .. })));
-    service.shutdown().await;
-}
-
-#[tokio::test]
-async fn shutdown_commits_queued_writes_first() {
-    let dir = tempfile::tempdir().unwrap();
-    let service = launch_state_actor(sqlite(&dir, "drain")).await.unwrap();
-    let state = service.handle().with_timeout(Duration::from_secs(30));
-    let ids: Vec<RunId> = (0..200).map(|_| RunId::new_v7()).collect();
-    let tasks: Vec<_> = ids
-        .iter()
-        .enumerate()
-        .map(|(i, id)| {
-            let state = state.clone();
-            let r = crate::common::run_with(id, "drain", "job", T0 + i as u64, 8);
-            tokio::spawn(async move { state.register(r).await })
-        })
-        .collect();
-    // On this single-threaded runtime, one yield lets every task send its
-    // request: all 200 are queued before the shutdown is asked for.
-    tokio::task::yield_now().await;
-    service.shutdown().await;
-    let mut acknowledged = Vec::new();
-    for (task, id) in tasks.into_iter().zip(&ids) {
-        if task.await.unwrap().is_ok() {
-            acknowledged.push(id.clone());
+        faults.release_writer();
+        for task in tasks {
+            task.await.unwrap().unwrap();
         }
+        let transactions = stats.transactions.load(Ordering::SeqCst) - before;
+        assert!((1..=2).contains(&transactions), "100 queued writes took {transactions} transactions");
+        assert_eq!(state.list(RunQuery::all()).await.unwrap().total, 101);
+        service.shutdown().await;
     }
-    assert_eq!(acknowledged.len(), 200, "queued requests are answered before the actor stops");
-    let service = launch_state_actor(sqlite(&dir, "drain")).await.unwrap();
-    for id in &acknowledged {
-        service.handle().get(id.clone()).await.unwrap();
-    }
-    service.shutdown().await;
-}
 
-#[tokio::test]
-async fn a_store_written_by_a_newer_version_is_refused_clearly() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("state.db");
-    {
-        let conn = rusqlite_connection(&path);
-        conn.pragma_update(None, "user_version", 99).unwrap();
-    }
-    let err = launch_state_actor(StateConfig::sqlite(&path).with_name(unique_name("newer")))
-        .await
-        .unwrap_err();
-    let message = err.to_string();
-    assert!(message.contains("schema version 99"), "{message}");
-    assert!(message.contains("upgrade trainstate"), "{message}");
-}
-
-fn rusqlite_connection(path: &std::path::Path) -> rusqlite::Connection {
-    rusqlite::Connection::open(path).unwrap()
-}
-
-#[tokio::test]
-async fn a_failed_commit_answers_unavailable_and_the_actor_reloads_the_store() {
-    let dir = tempfile::tempdir().unwrap();
-    let faults = Arc::new(Faults::default());
-    let service = launch_state_actor(sqlite(&dir, "commit-failure").with_faults(faults.clone()))
-        .await
-        .unwrap();
-    let state = service.handle();
-    let kept = run("kept", T0);
-    state.register(kept.clone()).await.unwrap();
-
-    faults.fail_next_commit();
-    let lost = run("lost", T0 + 1);
-    match state.register(lost.clone()).await {
-        Err(StateError::Unavailable { reason }) => {
-            assert!(reason.contains("failed to commit"), "{reason}")
+    async fn writes_past_the_in_flight_bound_are_refused_as_overloaded(store) {
+        let Some(fresh) = store.fresh("writes_past_the_in_f").await else { return };
+        let faults = Arc::new(Faults::default());
+        let config = fresh
+            .config()
+            .with_max_in_flight_writes(5)
+            .with_faults(faults.clone());
+        let service = launch_state_actor(config).await.unwrap();
+        let state = service.handle().with_timeout(Duration::from_secs(30));
+        faults.hold_writer();
+        let tasks: Vec<_> = (0..5)
+            .map(|i| {
+                let state = state.clone();
+                tokio::spawn(async move { state.register(run(&format!("o{i}"), T0 + i)).await })
+            })
+            .collect();
+        wait_until("5 writes in flight", Duration::from_secs(20), || service.in_flight_writes() == 5)
+            .await;
+        let refused = run("one too many", T0 + 9);
+        let refused_id = refused.id().clone();
+        assert!(matches!(
+            state.register(refused).await,
+            Err(StateError::Overloaded { in_flight: Some(5) })
+        ));
+        faults.release_writer();
+        for task in tasks {
+            task.await.unwrap().unwrap();
         }
-        other => panic!("a failed commit must not be acknowledged: {other:?}"),
+        // Refused means nothing was stored.
+        assert!(matches!(state.get(refused_id).await, Err(StateError::NotFound { .. })));
+        service.shutdown().await;
     }
-    // The actor restarts from the store: the failed write is not there, as
-    // its caller was told; the acknowledged one is; and writes work again.
-    let after = run("after", T0 + 2);
-    let mut answer = state.register(after.clone()).await;
-    if matches!(answer, Err(StateError::Unavailable { .. })) {
-        // The write that found the store failed made the actor restart.
-        answer = state.register(after.clone()).await;
+
+    async fn shutdown_commits_queued_writes_first(store) {
+        let Some(fresh) = store.fresh("shutdown_commits_que").await else { return };
+        let service = launch_state_actor(fresh.config()).await.unwrap();
+        let state = service.handle().with_timeout(Duration::from_secs(30));
+        let ids: Vec<RunId> = (0..200).map(|_| RunId::new_v7()).collect();
+        let tasks: Vec<_> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| {
+                let state = state.clone();
+                let r = crate::common::run_with(id, "drain", "job", T0 + i as u64, 8);
+                tokio::spawn(async move { state.register(r).await })
+            })
+            .collect();
+        // On this single-threaded runtime, one yield lets every task send its
+        // request: all 200 are queued before the shutdown is asked for.
+        tokio::task::yield_now().await;
+        service.shutdown().await;
+        let mut acknowledged = Vec::new();
+        for (task, id) in tasks.into_iter().zip(&ids) {
+            if task.await.unwrap().is_ok() {
+                acknowledged.push(id.clone());
+            }
+        }
+        assert_eq!(acknowledged.len(), 200, "queued requests are answered before the actor stops");
+        let service = launch_state_actor(fresh.config()).await.unwrap();
+        for id in &acknowledged {
+            service.handle().get(id.clone()).await.unwrap();
+        }
+        service.shutdown().await;
     }
-    answer.unwrap();
-    state.get(kept.id().clone()).await.unwrap();
-    state.get(after.id().clone()).await.unwrap();
-    assert!(matches!(state.get(lost.id().clone()).await, Err(StateError::NotFound { .. })));
-    assert_eq!(service.store_stats().failures.load(Ordering::SeqCst), 1);
-    service.shutdown().await;
+
+    async fn a_failed_commit_answers_unavailable_and_the_actor_reloads_the_store(store) {
+        let Some(fresh) = store.fresh("a_failed_commit_answ").await else { return };
+        let faults = Arc::new(Faults::default());
+        let service = launch_state_actor(fresh.config().with_faults(faults.clone()))
+            .await
+            .unwrap();
+        let state = service.handle();
+        let kept = run("kept", T0);
+        state.register(kept.clone()).await.unwrap();
+
+        faults.fail_next_commit();
+        let lost = run("lost", T0 + 1);
+        match state.register(lost.clone()).await {
+            Err(StateError::Unavailable { reason }) => {
+                assert!(reason.contains("failed to commit"), "{reason}")
+            }
+            other => panic!("a failed commit must not be acknowledged: {other:?}"),
+        }
+        // The actor restarts from the store: the failed write is not there, as
+        // its caller was told; the acknowledged one is; and writes work again.
+        let after = run("after", T0 + 2);
+        let mut answer = state.register(after.clone()).await;
+        if matches!(answer, Err(StateError::Unavailable { .. })) {
+            // The write that found the store failed made the actor restart.
+            answer = state.register(after.clone()).await;
+        }
+        answer.unwrap();
+        state.get(kept.id().clone()).await.unwrap();
+        state.get(after.id().clone()).await.unwrap();
+        assert!(matches!(state.get(lost.id().clone()).await, Err(StateError::NotFound { .. })));
+        assert_eq!(service.store_stats().failures.load(Ordering::SeqCst), 1);
+        service.shutdown().await;
+    }
+
+    async fn a_store_written_by_a_newer_version_is_refused_clearly(store) {
+        let Some(fresh) = store.fresh("newer").await else { return };
+        match fresh.url() {
+            None => {
+                let conn = rusqlite::Connection::open(fresh.sqlite_path()).unwrap();
+                conn.pragma_update(None, "user_version", 99).unwrap();
+            }
+            Some(url) => {
+                crate::stores::connect(url)
+                    .await
+                    .batch_execute(
+                        "CREATE TABLE trainstate_version (
+                             singleton BOOLEAN PRIMARY KEY DEFAULT TRUE, version INTEGER NOT NULL);
+                         INSERT INTO trainstate_version (version) VALUES (99);",
+                    )
+                    .await
+                    .unwrap();
+            }
+        }
+        let err = launch_state_actor(fresh.config()).await.unwrap_err();
+        let message = err.to_string();
+        assert!(message.contains("schema version 99"), "{message}");
+        assert!(message.contains("upgrade trainstate"), "{message}");
+    }
 }

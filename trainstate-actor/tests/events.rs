@@ -4,12 +4,12 @@ use std::time::Duration;
 
 use reqwest::Client;
 use serde_json::Value;
-use trainstate_actor::StateConfig;
 use trainstate_actor::http::HttpConfig;
 use trainstate_client::StatusUpdate;
 use trainstate_schema::RunId;
 
-use crate::common::{Server, run_with, unique_name};
+use crate::common::{Server, run_with};
+use crate::stores::on_both_stores;
 
 const T0: u64 = 1_760_000_000_000;
 
@@ -73,79 +73,81 @@ impl SseReader {
     }
 }
 
-#[tokio::test]
-async fn a_reconnect_with_last_event_id_resumes_without_missing_an_event() {
-    let server = Server::start(
-        StateConfig::in_memory().with_name(unique_name("sse")).with_event_backlog(3),
-        HttpConfig::default(),
-    )
-    .await;
-    let state = server.service.handle();
-    let events = format!("{}/api/train/events", server.url);
-    let first = RunId::new_v7();
-    state.register(run_with(&first, "first", "job", T0, 2)).await.unwrap();
+on_both_stores! {
+    async fn a_reconnect_with_last_event_id_resumes_without_missing_an_event(store) {
+        let Some(fresh) = store.fresh("a_reconnect_with_las").await else { return };
+        let server = Server::start(
+            fresh.config().with_event_backlog(3),
+            HttpConfig::default(),
+        )
+        .await;
+        let state = server.service.handle();
+        let events = format!("{}/api/train/events", server.url);
+        let first = RunId::new_v7();
+        state.register(run_with(&first, "first", "job", T0, 2)).await.unwrap();
 
-    let mut stream = SseReader::open(&events, None).await;
-    let snapshot = stream.next().await;
-    assert_eq!(snapshot.event, "snapshot");
-    assert_eq!(snapshot.data["train_runs"].as_array().unwrap().len(), 1);
-    assert_eq!(snapshot.id.as_deref(), Some("1"));
+        let mut stream = SseReader::open(&events, None).await;
+        let snapshot = stream.next().await;
+        assert_eq!(snapshot.event, "snapshot");
+        assert_eq!(snapshot.data["train_runs"].as_array().unwrap().len(), 1);
+        assert_eq!(snapshot.id.as_deref(), Some("1"));
 
-    state.set_status(first.clone(), StatusUpdate::finished()).await.unwrap();
-    let change = stream.next().await;
-    assert_eq!(change.event, "status_changed");
-    assert_eq!(change.data["run"]["run_status"], "FINISHED");
-    let last_seen = change.id.clone().unwrap();
-    drop(stream);
+        state.set_status(first.clone(), StatusUpdate::finished()).await.unwrap();
+        let change = stream.next().await;
+        assert_eq!(change.event, "status_changed");
+        assert_eq!(change.data["run"]["run_status"], "FINISHED");
+        let last_seen = change.id.clone().unwrap();
+        drop(stream);
 
-    // Missed while disconnected.
-    let missed: Vec<RunId> = (0..2).map(|_| RunId::new_v7()).collect();
-    for (i, id) in missed.iter().enumerate() {
-        state.register(run_with(id, &format!("missed{i}"), "job", T0 + 1, 2)).await.unwrap();
-    }
-    let mut stream = SseReader::open(&events, Some(&last_seen)).await;
-    for id in &missed {
+        // Missed while disconnected.
+        let missed: Vec<RunId> = (0..2).map(|_| RunId::new_v7()).collect();
+        for (i, id) in missed.iter().enumerate() {
+            state.register(run_with(id, &format!("missed{i}"), "job", T0 + 1, 2)).await.unwrap();
+        }
+        let mut stream = SseReader::open(&events, Some(&last_seen)).await;
+        for id in &missed {
+            let event = stream.next().await;
+            assert_eq!(event.event, "registered", "no snapshot: the stream resumes");
+            assert_eq!(event.data["run_id"], id.as_str());
+        }
+        let live = RunId::new_v7();
+        state.register(run_with(&live, "live", "job", T0 + 2, 2)).await.unwrap();
         let event = stream.next().await;
-        assert_eq!(event.event, "registered", "no snapshot: the stream resumes");
-        assert_eq!(event.data["run_id"], id.as_str());
+        assert_eq!(
+            (event.event.as_str(), &event.data["run_id"]),
+            ("registered", &Value::from(live.as_str()))
+        );
+        assert_eq!(event.id.as_deref(), Some("5"));
+        drop(stream);
+
+        // Too far behind (the head keeps 3 events): a fresh snapshot instead.
+        let mut stream = SseReader::open(&events, Some("1")).await;
+        let event = stream.next().await;
+        assert_eq!(event.event, "snapshot");
+        assert_eq!(event.data["train_runs"].as_array().unwrap().len(), 4);
+        assert_eq!(event.id.as_deref(), Some("5"));
+        drop(stream);
+        server.stop().await;
     }
-    let live = RunId::new_v7();
-    state.register(run_with(&live, "live", "job", T0 + 2, 2)).await.unwrap();
-    let event = stream.next().await;
-    assert_eq!(
-        (event.event.as_str(), &event.data["run_id"]),
-        ("registered", &Value::from(live.as_str()))
-    );
-    assert_eq!(event.id.as_deref(), Some("5"));
-    drop(stream);
 
-    // Too far behind (the head keeps 3 events): a fresh snapshot instead.
-    let mut stream = SseReader::open(&events, Some("1")).await;
-    let event = stream.next().await;
-    assert_eq!(event.event, "snapshot");
-    assert_eq!(event.data["train_runs"].as_array().unwrap().len(), 4);
-    assert_eq!(event.id.as_deref(), Some("5"));
-    drop(stream);
-    server.stop().await;
-}
-
-#[tokio::test]
-async fn open_streams_end_at_shutdown_and_subscribers_are_bounded() {
-    let server = Server::start(
-        StateConfig::in_memory().with_name(unique_name("sse-bound")),
-        HttpConfig::default().with_max_subscribers(1),
-    )
-    .await;
-    let events = format!("{}/api/train/events", server.url);
-    let mut stream = SseReader::open(&events, None).await;
-    assert_eq!(stream.next().await.event, "snapshot");
-    let second = Client::new().get(&events).send().await.unwrap();
-    assert_eq!(second.status(), 503);
-    let body: Value = serde_json::from_str(&second.text().await.unwrap()).unwrap();
-    assert_eq!(body["error"]["code"], "too_many_subscribers");
-    // An open stream does not hold up a graceful shutdown.
-    tokio::time::timeout(Duration::from_secs(10), server.stop())
-        .await
-        .expect("shutdown is not blocked");
-    assert!(stream.response.chunk().await.map(|c| c.is_none()).unwrap_or(true));
+    async fn open_streams_end_at_shutdown_and_subscribers_are_bounded(store) {
+        let Some(fresh) = store.fresh("open_streams_end_at_").await else { return };
+        let server = Server::start(
+            fresh.config(),
+            HttpConfig::default().with_max_subscribers(1),
+        )
+        .await;
+        let events = format!("{}/api/train/events", server.url);
+        let mut stream = SseReader::open(&events, None).await;
+        assert_eq!(stream.next().await.event, "snapshot");
+        let second = Client::new().get(&events).send().await.unwrap();
+        assert_eq!(second.status(), 503);
+        let body: Value = serde_json::from_str(&second.text().await.unwrap()).unwrap();
+        assert_eq!(body["error"]["code"], "too_many_subscribers");
+        // An open stream does not hold up a graceful shutdown.
+        tokio::time::timeout(Duration::from_secs(10), server.stop())
+            .await
+            .expect("shutdown is not blocked");
+        assert!(stream.response.chunk().await.map(|c| c.is_none()).unwrap_or(true));
+    }
 }

@@ -13,28 +13,33 @@ use tokio::sync::Mutex;
 use trainstate_schema::RunId;
 
 use crate::common::run_with;
+use crate::stores::{Store, on_both_stores};
 
 const T0: u64 = 1_760_000_000_000;
 
 /// A head service running as a child process.
-struct Head {
-    child: Child,
-    url: String,
+pub(crate) struct Head {
+    pub(crate) child: Child,
+    pub(crate) url: String,
 }
 
 impl Head {
     /// Starts `trainstate serve` on a free port and waits for its
     /// `listening on` line; or returns what it printed on stderr if it exits.
-    fn start(data_dir: &Path, extra: &[&str]) -> Result<Head, String> {
+    pub(crate) fn start(data_dir: &Path, extra: &[&str]) -> Result<Head, String> {
         Self::start_with(data_dir, "127.0.0.1:0", extra)
     }
 
     /// Starts `trainstate serve` on a given address.
-    fn start_on(data_dir: &Path, listen: &str) -> Result<Head, String> {
+    pub(crate) fn start_on(data_dir: &Path, listen: &str) -> Result<Head, String> {
         Self::start_with(data_dir, listen, &[])
     }
 
-    fn start_with(data_dir: &Path, listen: &str, extra: &[&str]) -> Result<Head, String> {
+    pub(crate) fn start_with(
+        data_dir: &Path,
+        listen: &str,
+        extra: &[&str],
+    ) -> Result<Head, String> {
         let mut child = Command::new(env!("CARGO_BIN_EXE_trainstate"))
             .args(["serve", "--listen", listen, "--data-dir"])
             .arg(data_dir)
@@ -69,18 +74,18 @@ impl Head {
     }
 
     /// The port the head listens on.
-    fn port(&self) -> u16 {
+    pub(crate) fn port(&self) -> u16 {
         self.url.rsplit(':').next().unwrap().parse().unwrap()
     }
 
-    fn signal(&self, signal: &str) {
+    pub(crate) fn signal(&self, signal: &str) {
         let status =
             Command::new("kill").args([signal, &self.child.id().to_string()]).status().unwrap();
         assert!(status.success());
     }
 
     /// Waits for the process to exit, up to a deadline.
-    fn wait(&mut self) -> std::process::ExitStatus {
+    pub(crate) fn wait(&mut self) -> std::process::ExitStatus {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -168,16 +173,18 @@ async fn burst(url: String, acknowledged: Arc<Mutex<Vec<Value>>>, started: Arc<A
     }
 }
 
-fn without_heartbeat(mut run: Value) -> Value {
+pub(crate) fn without_heartbeat(mut run: Value) -> Value {
     run.as_object_mut().unwrap().remove("last_heartbeat_ms");
     run
 }
 
 /// Starts a burst of writes, stops the head with `signal` once some are
 /// acknowledged, restarts it, and checks every acknowledged run.
-async fn every_acknowledged_write_survives(signal: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let mut head = Head::start(dir.path(), &[]).unwrap();
+async fn every_acknowledged_write_survives(signal: &str, store: Store) {
+    let Some(fresh) = store.fresh("burst").await else { return };
+    let dir = fresh.dir();
+    let store_args: Vec<&str> = fresh.url().map(|url| vec!["--store", url]).unwrap_or_default();
+    let mut head = Head::start(dir, &store_args).unwrap();
     let acknowledged = Arc::new(Mutex::new(Vec::new()));
     let started = Arc::new(AtomicUsize::new(0));
     let writer = tokio::spawn(burst(head.url.clone(), acknowledged.clone(), started.clone()));
@@ -198,7 +205,7 @@ async fn every_acknowledged_write_survives(signal: &str) {
         "writes were in flight at the signal"
     );
 
-    let head = Head::start(dir.path(), &[]).unwrap();
+    let head = Head::start(dir, &store_args).unwrap();
     let client = reqwest::Client::new();
     let url = format!("{}/api/train/v2/runs", head.url);
     let (status, stored) =
@@ -221,14 +228,16 @@ async fn every_acknowledged_write_survives(signal: &str) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_during_a_burst_of_writes_loses_nothing_acknowledged() {
-    every_acknowledged_write_survives("-TERM").await;
-}
+on_both_stores! {
+    multi_thread:
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigkill_during_concurrent_writes_loses_nothing_acknowledged() {
-    every_acknowledged_write_survives("-KILL").await;
+    async fn sigterm_during_a_burst_of_writes_loses_nothing_acknowledged(store) {
+        every_acknowledged_write_survives("-TERM", store).await;
+    }
+
+    async fn sigkill_during_concurrent_writes_loses_nothing_acknowledged(store) {
+        every_acknowledged_write_survives("-KILL", store).await;
+    }
 }
 
 /// Workers of a simulated controller, answered at once.

@@ -407,6 +407,7 @@
     const st = {
       status: STATUSES.includes(params.get('status')) ? params.get('status') : '',
       name: params.get('name') || '',
+      cluster: params.get('cluster') || '',
       cursors: [null],
       page: null,
       counts: null,
@@ -421,17 +422,22 @@
       type: 'search', id: 'run-filter', placeholder: 'Filter by name', value: st.name,
       autocomplete: 'off', spellcheck: 'false',
     });
+    const clusterInput = h('input', {
+      type: 'search', id: 'cluster-filter', placeholder: 'Cluster', value: st.cluster,
+      autocomplete: 'off', spellcheck: 'false',
+    });
     const note = h('div', { class: 'note' });
     const body = h('tbody');
     const pagerSlot = h('div');
     const columns = [
       ['Name'], ['ID', 'opt'], ['Status'], ['Job', 'opt'], ['Started', 'opt'], ['Duration', 'num'],
-      ['Workers', 'num'], ['GPUs', 'num'], ['Datasets', 'opt'],
+      ['Workers', 'num'], ['GPUs', 'num'], ['Datasets', 'opt'], ['Cluster', 'opt'],
     ];
     fill(app,
       h('div', { class: 'toolbar' },
         h('h1', null, 'Runs'),
-        h('label', { class: 'search' }, h('span', { class: 'sr-only' }, 'Filter runs by name'), search)),
+        h('label', { class: 'search' }, h('span', { class: 'sr-only' }, 'Filter runs by name'), search),
+        h('label', { class: 'search cluster' }, h('span', { class: 'sr-only' }, 'Only runs of this cluster'), clusterInput)),
       counts, note,
       h('div', { class: 'table-wrap' },
         h('table', { id: 'runs', class: 'runs' },
@@ -449,6 +455,13 @@
         restart();
       }, 250);
     });
+    clusterInput.addEventListener('input', () => {
+      clearTimeout(typing);
+      typing = setTimeout(() => {
+        st.cluster = clusterInput.value.trim();
+        restart();
+      }, 250);
+    });
     // A click anywhere on a row opens it; keyboard users have the name link.
     body.addEventListener('click', (event) => {
       const row = event.target.closest('tr[data-run-id]');
@@ -462,6 +475,7 @@
       const query = new URLSearchParams();
       if (st.status) query.set('status', st.status);
       if (st.name) query.set('name', st.name);
+      if (st.cluster) query.set('cluster', st.cluster);
       history.replaceState(null, '', query.toString() ? `/?${query}` : '/');
       load();
     }
@@ -472,6 +486,7 @@
       const url = (extra) => {
         const query = new URLSearchParams(extra);
         if (st.name) query.set('name', st.name);
+        if (st.cluster) query.set('cluster', st.cluster);
         return `/api/train/runs?${query}`;
       };
       const pageQuery = { limit: RUN_PAGE };
@@ -519,7 +534,7 @@
       const runs = st.page.train_runs;
       fill(body, runs.map(runRow));
       if (!runs.length) {
-        const text = st.status || st.name ? 'No runs match the filter.'
+        const text = st.status || st.name || st.cluster ? 'No runs match the filter.'
           : 'No runs yet. Runs appear here as soon as a trainer reports them.';
         body.append(h('tr', null, h('td', { colspan: columns.length, class: 'empty' }, text)));
       }
@@ -547,7 +562,16 @@
         h('td', {
           'data-col': 'datasets', class: 'opt datasets',
           title: run.datasets.map((d) => d.dataset_name || d.name).join(', ') || null,
-        }, datasets || h('span', { class: 'muted' }, '—')));
+        }, datasets || h('span', { class: 'muted' }, '—')),
+        h('td', { 'data-col': 'cluster', class: 'opt' }, run.cluster
+          ? h('button', {
+            type: 'button', class: 'link', title: `Only runs of cluster ${run.cluster}`,
+            onclick: () => {
+              st.cluster = clusterInput.value = run.cluster;
+              restart();
+            },
+          }, run.cluster)
+          : h('span', { class: 'muted' }, '—')));
     }
 
     const refreshSoon = throttle(load, MIN_REFRESH_MS);

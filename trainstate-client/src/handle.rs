@@ -216,6 +216,15 @@ impl StateHandle {
         self.call(|reply| StateMessage::Delete { id, reply }).await
     }
 
+    /// Stores `run`, forwarded from the head of another cluster, as it is:
+    /// what a head's forwarding calls on its hub. Repeating it is a no-op;
+    /// a run never goes back to an earlier state, and its static metadata
+    /// and cluster never change.
+    pub async fn forward(&self, run: TrainRunInfo) -> Result<RunDocument, StateError> {
+        let run = Box::new(run);
+        self.call(|reply| StateMessage::Forward { run, reply }).await
+    }
+
     /// Runs the liveness sweep now and returns the runs it aborted.
     pub async fn sweep_leases(&self) -> Result<Vec<RunId>, StateError> {
         self.call(|reply| StateMessage::SweepLeases { reply }).await

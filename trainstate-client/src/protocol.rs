@@ -109,6 +109,15 @@ pub enum StateMessage {
         /// Done.
         reply: Reply<()>,
     },
+    /// Stores a run forwarded by the head of another cluster, as it is (a
+    /// hub's write): repeating it is a no-op, and it never takes a run back
+    /// to an earlier state.
+    Forward {
+        /// The run as its own head stores it; it names its cluster.
+        run: Box<TrainRunInfo>,
+        /// The run as stored here.
+        reply: Reply<RunDocument>,
+    },
     /// Runs the liveness sweep now: aborts every live run whose lease has
     /// expired. The actor also runs it periodically.
     SweepLeases {

@@ -25,6 +25,8 @@ pub struct RunQuery {
     pub node_id: Option<String>,
     /// Only runs that had a worker (in any attempt) on this node IP.
     pub node_ip: Option<String>,
+    /// Only runs of this cluster.
+    pub cluster: Option<String>,
     /// Page size, 1..=[`MAX_PAGE_LIMIT`]; `None` lists every matching run
     /// in one page (Ray's unpaged route).
     pub limit: Option<usize>,
@@ -40,6 +42,7 @@ impl Default for RunQuery {
             name_contains: None,
             node_id: None,
             node_ip: None,
+            cluster: None,
             limit: Some(100),
             cursor: None,
         }
@@ -99,6 +102,12 @@ impl RunQuery {
         self
     }
 
+    /// Keeps only runs of `cluster`.
+    pub fn cluster(mut self, cluster: impl Into<String>) -> Self {
+        self.cluster = Some(cluster.into());
+        self
+    }
+
     /// The query of `GET /api/train/runs` that asks for this page, or
     /// `None` for an unpaged listing (Ray's route, which takes no filters).
     pub fn to_list_query(&self) -> Option<ListQuery> {
@@ -109,6 +118,7 @@ impl RunQuery {
         query.name.clone_from(&self.name_contains);
         query.node_id.clone_from(&self.node_id);
         query.node_ip.clone_from(&self.node_ip);
+        query.cluster.clone_from(&self.cluster);
         query.limit = Some(u32::try_from(limit).unwrap_or(u32::MAX));
         query.cursor.clone_from(&self.cursor);
         Some(query)
@@ -121,6 +131,7 @@ impl RunQuery {
             || self.name_contains.is_some()
             || self.node_id.is_some()
             || self.node_ip.is_some()
+            || self.cluster.is_some()
     }
 
     /// Checks the page size.
@@ -147,6 +158,7 @@ impl TryFrom<ListQuery> for RunQuery {
             name_contains: query.name,
             node_id: query.node_id,
             node_ip: query.node_ip,
+            cluster: query.cluster,
             limit: query.limit.map_or(defaults.limit, |l| Some(l as usize)),
             cursor: query.cursor,
         };

@@ -139,6 +139,9 @@ impl Remote {
             StateMessage::Subscribe { reply, .. } => {
                 let _ = reply.send(Err(local_only("subscriptions")));
             }
+            StateMessage::Forward { run, reply } => {
+                let _ = reply.send(self.forward(&run, timeout).await);
+            }
             StateMessage::SweepLeases { reply } => {
                 let _ = reply.send(Err(local_only("lease sweeps")));
             }
@@ -214,6 +217,23 @@ impl Remote {
 
     pub(crate) async fn links(&self, timeout: Duration) -> Result<LinksResponse, StateError> {
         parse(&self.send(Call::get("/api/links".into(), None, None), timeout).await?)
+    }
+
+    async fn forward(
+        &self,
+        run: &TrainRunInfo,
+        timeout: Duration,
+    ) -> Result<RunDocument, StateError> {
+        let id = run.id();
+        let body = serde_json::to_vec(run).expect("a validated run serializes");
+        let call = Call {
+            method: Method::PUT,
+            path: format!("/api/train/forwarded/{id}"),
+            query: None,
+            body: Some(body),
+            run_id: Some(id),
+        };
+        parse(&self.send(call, timeout).await?)
     }
 
     async fn heartbeat(&self, id: &RunId, timeout: Duration) -> Result<Duration, StateError> {

@@ -38,6 +38,8 @@ pub enum Operation {
     StartRunAttempt,
     /// `POST /api/train/runs/{id}/heartbeat`.
     HeartbeatRun,
+    /// `PUT /api/train/forwarded/{id}`.
+    ForwardRun,
     /// `GET /api/train/events`.
     RunEvents,
     /// `GET /api/schemas/{name}`.
@@ -508,6 +510,24 @@ pub fn routes() -> Vec<Route> {
                 Post,
                 "/api/train/runs/{id}/ranks/{rank}/end",
                 "Report how one rank ended. The run FINISHES when every rank of its current attempt has finished; it is ERRORED (with the rank and its traceback) or ABORTED at the first rank that errored or was interrupted, unless restarts_remaining says the launcher restarts the workers. An end that ends the run is answered once committed; an end after the run ended answers its status.",
+                Write,
+            )
+        },
+        Route {
+            path_params: &[RUN_ID],
+            request: Some(RUN),
+            success: &[Success {
+                status: 200,
+                description: "The run as stored here (unchanged when it was already).",
+                body: Body::Json(RUN),
+            }],
+            errors: WRITE_ERRORS,
+            ..route(
+                Operation::ForwardRun,
+                "forwardRun",
+                Put,
+                "/api/train/forwarded/{id}",
+                "Store a run forwarded by the head of another cluster (`trainstate serve --forward-to`), as it is: the write of a hub. It must name its cluster. Repeating it is a no-op; a run never goes back to an earlier state, and its static metadata and cluster never change (409).",
                 Write,
             )
         },

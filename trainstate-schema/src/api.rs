@@ -346,6 +346,9 @@ pub struct ListQuery {
     /// Only runs that had a worker on this node IP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_ip: Option<String>,
+    /// Only runs of this cluster (their `cluster`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
     /// Page size, 1 to 1000; 100 when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "schemars", schemars(range(min = 1, max = 1000)))]

@@ -200,6 +200,14 @@ pub struct TrainRunInfoDraft {
     /// such a run for a lost controller; its reporter ends it. Absent: true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heartbeats: Option<bool>,
+    /// Extension: the name of the cluster the run ran on, set by the head it
+    /// was registered with (`trainstate serve --cluster NAME`), so a hub that
+    /// keeps the runs of many clusters can tell them apart. Absent when the
+    /// head has no cluster name. Non-empty, at most 1,024 characters, no
+    /// control characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = 1024)))]
+    pub cluster: Option<String>,
 }
 
 impl TrainRunInfoDraft {
@@ -245,6 +253,7 @@ impl TrainRunInfoDraft {
             framework_versions: BTreeMap::new(),
             run_settings: None,
             heartbeats: None,
+            cluster: None,
         }
     }
 

@@ -293,6 +293,7 @@ pub struct TrainRunInfo {
     framework_versions: BTreeMap<String, String>,
     run_settings: Option<JsonValue>,
     heartbeats: bool,
+    cluster: Option<String>,
 }
 
 impl TrainRunInfo {
@@ -388,6 +389,10 @@ impl TrainRunInfo {
     pub fn controller_log_file_path(&self) -> Option<&str> {
         self.controller_log_file_path.as_deref()
     }
+    /// The cluster the run ran on, when its head has a cluster name.
+    pub fn cluster(&self) -> Option<&str> {
+        self.cluster.as_deref()
+    }
 
     /// The workers of the run's first attempt: part of its static metadata.
     pub fn first_attempt_workers(&self) -> &[TrainWorkerInfo] {
@@ -450,7 +455,8 @@ impl TrainRunInfo {
             workers: self.workers.into_vec().into_iter().map(TrainWorkerInfo::into_draft).collect(),
             datasets: self.datasets.into_iter().map(TrainDatasetInfo::into_draft).collect(),
             run_status: self.status.v1(),
-            status: Some(self.status),
+            // As written: only a live sub-status says more than `run_status`.
+            status: (self.status != self.status.v1()).then_some(self.status),
             status_detail: self.status_detail,
             start_time_ms: self.start_time_ms,
             end_time_ms: self.end_time_ms,
@@ -463,6 +469,7 @@ impl TrainRunInfo {
             framework_versions: self.framework_versions,
             run_settings: self.run_settings,
             heartbeats: (!self.heartbeats).then_some(false),
+            cluster: self.cluster,
         }
     }
 }
@@ -554,6 +561,9 @@ impl TryFrom<TrainRunInfoDraft> for TrainRunInfo {
         if let Some(path) = &d.controller_log_file_path {
             validate::file_path(|| "controller_log_file_path".into(), path)?;
         }
+        if let Some(cluster) = &d.cluster {
+            validate::name(|| "cluster".into(), cluster)?;
+        }
 
         Ok(Self {
             name: d.name,
@@ -574,6 +584,7 @@ impl TryFrom<TrainRunInfoDraft> for TrainRunInfo {
             framework_versions: d.framework_versions,
             run_settings: d.run_settings,
             heartbeats: d.heartbeats.unwrap_or(true),
+            cluster: d.cluster,
         })
     }
 }
@@ -683,7 +694,8 @@ impl Serialize for TrainRunInfo {
             + usize::from(self.controller_log_file_path.is_some())
             + usize::from(!self.framework_versions.is_empty())
             + usize::from(self.run_settings.is_some())
-            + usize::from(!self.heartbeats);
+            + usize::from(!self.heartbeats)
+            + usize::from(self.cluster.is_some());
         // `status` is written only when it says more than `run_status`: a
         // live sub-status. A V1 document stays exactly a V1 document.
         let detailed = self.status != self.status.v1();
@@ -728,6 +740,9 @@ impl Serialize for TrainRunInfo {
         }
         if !self.heartbeats {
             s.serialize_field("heartbeats", &false)?;
+        }
+        if let Some(cluster) = &self.cluster {
+            s.serialize_field("cluster", cluster)?;
         }
         s.end()
     }

@@ -60,14 +60,42 @@ fn schema_crate_depends_on_serde_uuid_and_schemars_only() {
     assert!(direct.is_subset(&allowed), "trainstate-schema depends on {direct:?}");
 }
 
+/// The PostgreSQL client and anything of it; sqlx never, anywhere.
+const POSTGRES: &[&str] = &["tokio-postgres", "postgres-protocol", "deadpool-postgres", "sqlx"];
+
 #[test]
 fn client_and_manager_never_pull_in_the_server_or_the_store() {
     for package in ["trainstate-client", "trainstate-manager"] {
         let closure = normal_closure(package);
-        for forbidden in ["axum", "rusqlite", "libsqlite3-sys"] {
-            assert!(!closure.contains(forbidden), "{package} pulls in {forbidden}");
+        for forbidden in ["axum", "rusqlite", "libsqlite3-sys"].iter().chain(POSTGRES) {
+            assert!(!closure.contains(*forbidden), "{package} pulls in {forbidden}");
         }
     }
+}
+
+#[test]
+fn postgresql_is_behind_the_actors_feature_and_sqlx_is_nowhere() {
+    let tree = |features: &[&str]| {
+        let mut args = vec!["tree", "-e", "normal", "-p", "trainstate-actor"];
+        args.extend(features);
+        args.extend(["--prefix", "none", "--format", "{p}"]);
+        String::from_utf8(cargo(&args))
+            .unwrap()
+            .lines()
+            .filter_map(|line| line.split_whitespace().next().map(String::from))
+            .collect::<BTreeSet<String>>()
+    };
+    let without = tree(&["--no-default-features", "--features", "server"]);
+    for forbidden in POSTGRES {
+        assert!(
+            !without.contains(*forbidden),
+            "trainstate-actor without `postgres` pulls in {forbidden}"
+        );
+    }
+    let with = tree(&["--no-default-features", "--features", "postgres"]);
+    assert!(with.contains("tokio-postgres"), "the `postgres` feature brings tokio-postgres");
+    let everything = tree(&["--all-features"]);
+    assert!(!everything.contains("sqlx"), "sqlx beside rusqlite");
 }
 
 #[test]

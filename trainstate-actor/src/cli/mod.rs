@@ -55,6 +55,19 @@ struct ServeArgs {
     /// Keep runs in memory only: nothing survives the process.
     #[arg(long, env = "TRAINSTATE_IN_MEMORY")]
     in_memory: bool,
+    /// Keep runs in PostgreSQL instead of SQLite in --data-dir:
+    /// postgres://user:password@host:port/database. Several heads may share it.
+    #[arg(long, env = "TRAINSTATE_STORE", hide_env_values = true)]
+    store: Option<String>,
+    /// This head's cluster name, stamped on every run registered with it.
+    #[arg(long, env = "TRAINSTATE_CLUSTER")]
+    cluster: Option<String>,
+    /// Forward every committed run to the hub at this URL (needs --cluster).
+    #[arg(long, env = "TRAINSTATE_FORWARD_TO")]
+    forward_to: Option<String>,
+    /// File holding the bearer token of the hub's writes.
+    #[arg(long, env = "TRAINSTATE_FORWARD_TOKEN_FILE")]
+    forward_token_file: Option<PathBuf>,
     /// How long a live run stays live without a heartbeat (e.g. 2s, 60s, 5m).
     #[arg(long, env = "TRAINSTATE_LEASE", default_value = "60s", value_parser = duration::parse)]
     lease: Duration,

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use trainstate_actor::forward::{ForwardConfig, start_forwarding};
 use trainstate_actor::http::{HttpConfig, serve};
 use trainstate_actor::{Retention, StateConfig, Synchronous, launch_state_actor};
 use trainstate_client::api::LinksResponse;
@@ -72,16 +73,58 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
         ));
     }
 
+    if let Some(cluster) = &args.cluster {
+        trainstate_schema::validate_name("cluster", cluster)
+            .map_err(|e| format!("--cluster: {e}"))?;
+    }
+    let forward = match (&args.forward_to, &args.cluster) {
+        (Some(_), None) => {
+            return Err(
+                "--forward-to needs --cluster NAME, so the hub can tell this cluster's runs apart"
+                    .into(),
+            );
+        }
+        (Some(hub), Some(cluster)) => {
+            let token = match &args.forward_token_file {
+                Some(path) => Some(super::read_token_file(path)?),
+                None => None,
+            };
+            Some(ForwardConfig::new(hub.clone(), cluster.clone()).with_token(token))
+        }
+        (None, _) => None,
+    };
+    let postgres = match args.store.as_deref() {
+        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+            if args.in_memory {
+                return Err("--store and --in-memory exclude each other".into());
+            }
+            Some(url.to_owned())
+        }
+        Some(other) => {
+            return Err(format!(
+                "--store {:?}: give a postgres:// URL (SQLite in --data-dir is the default)",
+                other.split("://").next().unwrap_or(other)
+            ));
+        }
+        None => None,
+    };
     let mut config = if args.in_memory {
         StateConfig::in_memory()
+    } else if let Some(url) = &postgres {
+        StateConfig::postgres(url.clone())
     } else {
         std::fs::create_dir_all(&args.data_dir).map_err(|e| {
             format!("cannot create data directory {}: {e}", args.data_dir.display())
         })?;
         StateConfig::sqlite(args.data_dir.join(STORE_FILE))
     };
-    // Held until the process exits.
-    let _lock = if args.in_memory { None } else { Some(lock_data_dir(&args.data_dir)?) };
+    // Held until the process exits. A shared store needs none: heads take turns there.
+    let _lock = if args.in_memory || postgres.is_some() {
+        None
+    } else {
+        Some(lock_data_dir(&args.data_dir)?)
+    };
+    config = config.with_cluster(args.cluster.clone());
     let mut retention = Retention::max_runs(args.max_runs);
     if let Some(age) = args.max_age {
         retention = retention.with_max_age(age);
@@ -101,7 +144,18 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
         let _ = writeln!(stdout, "listening on http://{local}");
         let _ = stdout.flush();
     }
-    tracing::info!(address = %local, data_dir = %args.data_dir.display(), in_memory = args.in_memory, "head service ready");
+    let store = match &postgres {
+        Some(_) => "postgres",
+        None if args.in_memory => "memory",
+        None => "sqlite",
+    };
+    tracing::info!(address = %local, data_dir = %args.data_dir.display(), store, cluster = ?args.cluster, "head service ready");
+    let forwarder = match forward {
+        Some(forward) => {
+            Some(start_forwarding(&service, forward).map_err(|e| format!("--forward-to: {e}"))?)
+        }
+        None => None,
+    };
 
     if args.demo {
         super::demo::start(service.handle());
@@ -115,6 +169,9 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
         .with_cors_origins(args.cors_origins.clone())
         .with_links(links);
     serve(listener, service.clone(), http, shutdown).await.map_err(|e| format!("serving: {e}"))?;
+    if let Some(forwarder) = forwarder {
+        forwarder.stop().await;
+    }
     tracing::info!("stopped accepting; committing what is queued");
     service.shutdown().await;
     tracing::info!("shut down cleanly");

@@ -11,7 +11,7 @@ use trainstate_client::api::{
     VersionResponse,
 };
 use trainstate_client::{NewAttempt, RunDocument, RunQuery, StateError};
-use trainstate_schema::{NewRun, RunId, ray_v2};
+use trainstate_schema::{NewRun, RunId, TrainRunInfo, ray_v2};
 
 use super::AppState;
 use super::body::{JsonBody, QueryParams};
@@ -132,6 +132,18 @@ pub(crate) async fn start_attempt(
     let id = run_id(&id)?;
     let attempt = NewAttempt::try_from(request)?;
     Ok(Json(app.handle.start_attempt(id, attempt).await?))
+}
+
+pub(crate) async fn forward_run(
+    State(app): State<AppState>,
+    Path(id): Path<String>,
+    JsonBody(run): JsonBody<TrainRunInfo>,
+) -> Result<Json<RunDocument>, ApiError> {
+    let id = run_id(&id)?;
+    if *run.id() != id {
+        return Err(ApiError::invalid("id", "the run's id differs from the path's".to_owned()));
+    }
+    Ok(Json(app.handle.forward(run).await?))
 }
 
 pub(crate) async fn heartbeat(

@@ -74,6 +74,16 @@ impl NewRun {
         Self { run }
     }
 
+    /// The same registration on cluster `name` (the head's `--cluster`),
+    /// which replaces any cluster the caller named: a run belongs to the
+    /// cluster of the head it is registered with. `name` follows the rule of
+    /// [`validate_name`](crate::validate_name).
+    pub fn in_cluster(mut self, name: &str) -> Result<Self, ValidationError> {
+        crate::validate::name(|| "cluster".into(), name)?;
+        self.run.cluster = Some(name.to_owned());
+        Ok(self)
+    }
+
     /// The run as it will be registered, but for the end time of a run
     /// registered as ended without one. Its static metadata is final: it is
     /// what a repeated registration is compared by.

@@ -41,6 +41,17 @@ impl Server {
         data_dir: &Path,
         store: StoreKind,
     ) -> Result<(Self, Duration), String> {
+        let extra =
+            if store == StoreKind::Memory { vec!["--in-memory".to_owned()] } else { vec![] };
+        Self::spawn_with(bin, data_dir, &extra)
+    }
+
+    /// [`spawn`](Self::spawn) with these extra arguments of `serve`.
+    pub(crate) fn spawn_with(
+        bin: &Path,
+        data_dir: &Path,
+        extra: &[String],
+    ) -> Result<(Self, Duration), String> {
         let log = data_dir.join("serve.log");
         let stderr = std::fs::OpenOptions::new()
             .create(true)
@@ -48,10 +59,7 @@ impl Server {
             .open(&log)
             .map_err(|e| format!("cannot open {}: {e}", log.display()))?;
         let mut command = Command::new(bin);
-        command.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"]).arg(data_dir);
-        if store == StoreKind::Memory {
-            command.arg("--in-memory");
-        }
+        command.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"]).arg(data_dir).args(extra);
         // The benchmark sets every option itself.
         for (key, _) in std::env::vars_os() {
             if key.to_string_lossy().starts_with("TRAINSTATE_") || key == "RUST_LOG" {

@@ -9,6 +9,7 @@
 //! phases into one line. Nothing here asserts a time; every phase checks
 //! that the runs written are the runs read back, and fails otherwise.
 
+mod heads;
 mod http;
 mod records;
 mod unit;
@@ -27,12 +28,16 @@ pub(crate) const USAGE: &str =
     "usage: cargo xtask bench [--n 2000] [--w 8] [--path inproc|http|store|all|none]
                          [--store durable|memory|all] [--rounds 1] [--concurrency 64]
                          [--get-calls 20] [--ready N] [--out FILE] [--no-build]
+                         [--postgres URL]
 
   Registers N fresh runs of W workers (sequentially, then pipelined, each phase
   against a fresh state), lists them (unpaged and by pages of 1000), gets one,
   and reads the memory of the process that holds the state. Prints one JSON
   line per path, store and round, shaped like ray_state_bench.py's.
   --ready N also times `trainstate serve` starting on a store of N runs.
+  --postgres URL also measures the PostgreSQL store beside SQLite over HTTP
+  (register, list, get), with one head and with two heads on one database
+  (a fresh schema of URL each); `--path none` measures only that.
   Runs release builds: `cargo xtask bench` re-runs itself with --release.";
 
 /// Which way the state is reached.
@@ -101,6 +106,7 @@ pub(crate) struct Options {
     out: Option<PathBuf>,
     build: bool,
     pub(crate) trainstate_bin: PathBuf,
+    postgres: Option<String>,
 }
 
 impl Options {
@@ -118,6 +124,7 @@ impl Options {
             out: None,
             build: true,
             trainstate_bin: unit::trainstate_bin(root),
+            postgres: None,
         };
         let mut args = args.iter();
         while let Some(flag) = args.next() {
@@ -135,6 +142,7 @@ impl Options {
                 "--get-calls" => opts.get_calls = number()?.max(1),
                 "--ready" => opts.ready = number()?,
                 "--out" => opts.out = Some(PathBuf::from(value)),
+                "--postgres" => opts.postgres = Some((*value).to_owned()),
                 "--bin" => opts.trainstate_bin = PathBuf::from(value),
                 "--phase" => {
                     opts.phase = Some(Phase::parse(value).ok_or("--phase: seq or main")?);
@@ -243,6 +251,23 @@ pub(crate) fn main(args: &[&str], root: &Path) -> ExitCode {
                     }
                 };
                 ok &= emit(&opts, &Value::Object(line));
+            }
+        }
+    }
+    if let Some(postgres) = &opts.postgres {
+        match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+            Ok(runtime) => {
+                for round in 1..=opts.rounds {
+                    for line in runtime.block_on(heads::run_all(&opts, postgres)) {
+                        let mut full = header(&opts, &about, round);
+                        full.extend(line.as_object().cloned().unwrap_or_default());
+                        ok &= emit(&opts, &Value::Object(full));
+                    }
+                }
+            }
+            Err(err) => {
+                eprintln!("error: cannot start a runtime: {err}");
+                ok = false;
             }
         }
     }

@@ -1,11 +1,12 @@
 //! The SQLite store: schema, migrations, load and batched commits.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rusqlite::{Connection, OpenFlags, params};
-use trainstate_schema::{ActorStatus, RunId, TrainRunInfo};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
+use trainstate_schema::{ActorStatus, TrainRunInfo};
 
+use super::{ChangedRun, Committed, JobChanges, Position, Store, StoreOp};
 use crate::config::Synchronous;
 use crate::errors::StoreError;
 use crate::record::RunRecord;
@@ -32,7 +33,21 @@ const MIGRATIONS: &[Migration] = &[
     ) WITHOUT ROWID;
     CREATE INDEX runs_by_start ON runs (start_time_ms DESC, id DESC);",
     ),
-    // 2: Ray Train V2's lifecycle: every attempt states its status, the
+    // 2: each commit's sequence number on the runs it changed, and the
+    // positions of forwarding, so a head resumes forwarding where it was.
+    // Runs stored before are at 1, after position 0: all are forwarded.
+    Migration::Sql(
+        "ALTER TABLE runs ADD COLUMN seq INTEGER NOT NULL DEFAULT 1;
+    CREATE INDEX runs_by_seq ON runs (seq, id);
+    CREATE TABLE meta (key TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL) WITHOUT ROWID;
+    INSERT INTO meta (key, value) VALUES ('seq', 1);
+    CREATE TABLE forward_positions (
+        target TEXT PRIMARY KEY NOT NULL,
+        seq INTEGER NOT NULL,
+        id TEXT NOT NULL
+    ) WITHOUT ROWID;",
+    ),
+    // 3: Ray Train V2's lifecycle: every attempt states its status, the
     // workers of an ended run are DEAD, `run_status` holds the full status.
     Migration::Rewrite(upgrade_to_v2_lifecycle),
 ];
@@ -67,18 +82,13 @@ const CACHE_KIB: u32 = 512;
 /// The schema version this build writes.
 pub(crate) const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
 
-/// One change to the store.
-#[derive(Debug, Clone)]
-pub(crate) enum StoreOp {
-    /// Insert or replace a run.
-    Put(Arc<RunRecord>),
-    /// Remove a run.
-    Delete(RunId),
-}
-
 /// A durable store in one SQLite file.
 pub(crate) struct SqliteStore {
     conn: Connection,
+    path: PathBuf,
+    synchronous: Synchronous,
+    /// Set when a commit failed: the connection is opened again at the next load.
+    reopen: bool,
 }
 
 impl SqliteStore {
@@ -112,26 +122,35 @@ impl SqliteStore {
                 supported: SCHEMA_VERSION,
             },
         })?;
-        Ok(Self { conn })
+        Ok(Self { conn, path: path.to_path_buf(), synchronous, reopen: false })
+    }
+
+    fn at(&self) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
+        |source| StoreError::Sqlite { path: self.path.clone(), source }
     }
 
     /// Every stored run's JSON.
-    pub(crate) fn load(&self) -> Result<Vec<String>, rusqlite::Error> {
+    fn load_json(&self) -> Result<Vec<String>, rusqlite::Error> {
         let mut stmt = self.conn.prepare("SELECT json FROM runs")?;
         let rows = stmt.query_map([], |row| row.get::<_, String>(0))?;
         rows.collect()
     }
 
     /// Applies `ops` in one transaction.
-    pub(crate) fn commit<'a>(
+    fn commit_ops<'a>(
         &mut self,
         ops: impl Iterator<Item = &'a StoreOp>,
     ) -> Result<(), rusqlite::Error> {
         let tx = self.conn.transaction()?;
         {
+            let seq: i64 = tx.query_row(
+                "UPDATE meta SET value = value + 1 WHERE key = 'seq' RETURNING value",
+                [],
+                |row| row.get(0),
+            )?;
             let mut put = tx.prepare_cached(
-                "INSERT OR REPLACE INTO runs (id, start_time_ms, end_time_ms, run_status, json)
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                "INSERT OR REPLACE INTO runs (id, start_time_ms, end_time_ms, run_status, json, seq)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             )?;
             let mut delete = tx.prepare_cached("DELETE FROM runs WHERE id = ?1")?;
             for op in ops {
@@ -143,6 +162,7 @@ impl SqliteStore {
                             record.end_time_ms.map(|t| t as i64),
                             record.status.as_str(),
                             &*record.json().text(),
+                            seq,
                         ])?;
                     }
                     StoreOp::Delete(id) => {
@@ -152,6 +172,70 @@ impl SqliteStore {
             }
         }
         tx.commit()
+    }
+}
+
+impl Store for SqliteStore {
+    fn load(&mut self) -> Result<Vec<Arc<RunRecord>>, StoreError> {
+        if self.reopen {
+            *self = Self::open(&self.path.clone(), self.synchronous)?;
+        }
+        let rows = self.load_json().map_err(self.at())?;
+        rows.into_iter()
+            .map(RunRecord::from_stored)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(StoreError::Corrupt)
+    }
+
+    fn commit(&mut self, jobs: &[JobChanges<'_>]) -> Result<Committed, String> {
+        match self.commit_ops(jobs.iter().flat_map(|job| job.ops.iter())) {
+            Ok(()) => Ok(Committed::default()),
+            Err(err) => {
+                self.reopen = true;
+                Err(err.to_string())
+            }
+        }
+    }
+
+    fn changed_after(&mut self, after: &Position, limit: usize) -> Result<Vec<ChangedRun>, String> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT seq, id, json FROM runs WHERE (seq, id) > (?1, ?2)
+                 ORDER BY seq, id LIMIT ?3",
+            )
+            .map_err(|e| e.to_string())?;
+        let rows = stmt
+            .query_map(params![after.seq as i64, after.id, limit as i64], |row| {
+                Ok(ChangedRun {
+                    at: Position { seq: row.get::<_, i64>(0)? as u64, id: row.get(1)? },
+                    json: row.get(2)?,
+                })
+            })
+            .map_err(|e| e.to_string())?;
+        rows.collect::<Result<_, _>>().map_err(|e| e.to_string())
+    }
+
+    fn forward_position(&mut self, target: &str) -> Result<Position, String> {
+        self.conn
+            .query_row(
+                "SELECT seq, id FROM forward_positions WHERE target = ?1",
+                params![target],
+                |row| Ok(Position { seq: row.get::<_, i64>(0)? as u64, id: row.get(1)? }),
+            )
+            .optional()
+            .map(Option::unwrap_or_default)
+            .map_err(|e| e.to_string())
+    }
+
+    fn save_forward_position(&mut self, target: &str, at: &Position) -> Result<(), String> {
+        self.conn
+            .execute(
+                "INSERT OR REPLACE INTO forward_positions (target, seq, id) VALUES (?1, ?2, ?3)",
+                params![target, at.seq as i64, at.id],
+            )
+            .map(drop)
+            .map_err(|e| e.to_string())
     }
 }
 

@@ -1,0 +1,865 @@
+//! The PostgreSQL store: several heads on one database.
+//!
+//! - **Commits are ordered across heads** by one row, `trainstate_meta`:
+//!   every write transaction first increments its `seq` (a sequence table),
+//!   which holds the row's lock until COMMIT. So transactions of all heads
+//!   commit one after another, each with the next sequence number, and a
+//!   reader that sees number *n* committed sees every number before it.
+//! - **Stale writes are refused.** Under that lock, a transaction reads the
+//!   stored version of every run it puts and checks it against the version
+//!   the change was decided on; a job with a mismatch writes nothing (see
+//!   [`super`]). Deletes are of ended runs, which nothing revives, so they
+//!   need no check.
+//! - **Other heads follow** the change log, `trainstate_changes` (sequence
+//!   number, run, event kind): woken by `NOTIFY` after each commit, and by
+//!   a tick every second in case a notification was missed (a reconnect).
+//!   The log keeps the last [`CHANGES_KEPT`] commits; a head further behind
+//!   loads everything again.
+//! - **One head sweeps:** the one that holds the session advisory lock
+//!   `hashtext(current_schema() || '.trainstate.sweep')`, on the connection
+//!   that listens. It is released when that head's connection ends (a kill
+//!   closes it), and another head takes it within a second.
+//! - **Heartbeats** stay out of durable storage: each head shares the ones
+//!   it received (every second) in an `UNLOGGED` table, which the sweeping
+//!   head reads before it sweeps.
+//!
+//! Every table is prefixed `trainstate_` and lives in the connection's
+//! current schema; heads that use different schemas (`search_path`) of one
+//! database are separate deployments (the lock and channel names include
+//! the schema).
+
+use std::collections::{HashMap, HashSet};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use deadpool_postgres::GenericClient;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use futures_util::StreamExt;
+use tokio::runtime::Runtime;
+use tokio_postgres::{AsyncMessage, NoTls};
+use trainstate_schema::RunId;
+
+use super::{
+    ChangedRun, Committed, Followed, JobChanges, Position, RemoteChange, Store, StoreOp, event_kind,
+};
+use crate::config::PostgresConfig;
+use crate::errors::StoreError;
+use crate::record::RunRecord;
+use crate::writer::{Job, JobQueue};
+
+/// The schema migrations, in order; `trainstate_version.version` is the
+/// number applied. Append, never edit.
+const MIGRATIONS: &[&str] = &[
+    // 1: runs as canonical JSON with the columns order, filters, retention
+    // and following need; the sequence row; the change log; heartbeats
+    // (never durable); forwarding positions.
+    "CREATE TABLE trainstate_meta (
+        singleton BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (singleton),
+        seq BIGINT NOT NULL,
+        pruned_through BIGINT NOT NULL
+    );
+    INSERT INTO trainstate_meta (seq, pruned_through) VALUES (0, 0);
+    CREATE TABLE trainstate_runs (
+        id TEXT PRIMARY KEY,
+        start_time_ms BIGINT NOT NULL,
+        end_time_ms BIGINT,
+        run_status TEXT NOT NULL,
+        cluster TEXT,
+        version BIGINT NOT NULL,
+        seq BIGINT NOT NULL,
+        json TEXT NOT NULL
+    );
+    CREATE INDEX trainstate_runs_by_start ON trainstate_runs (start_time_ms DESC, id DESC);
+    CREATE INDEX trainstate_runs_by_cluster ON trainstate_runs (cluster, start_time_ms DESC, id DESC);
+    CREATE INDEX trainstate_runs_by_seq ON trainstate_runs (seq, id);
+    CREATE TABLE trainstate_changes (
+        seq BIGINT NOT NULL,
+        n INTEGER NOT NULL,
+        run_id TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        PRIMARY KEY (seq, n)
+    );
+    CREATE UNLOGGED TABLE trainstate_heartbeats (
+        run_id TEXT PRIMARY KEY,
+        last_heard_ms BIGINT NOT NULL
+    );
+    CREATE TABLE trainstate_forward_positions (
+        target TEXT PRIMARY KEY,
+        seq BIGINT NOT NULL,
+        id TEXT NOT NULL
+    );",
+];
+
+/// The schema version this build writes.
+pub(crate) const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
+
+/// How many commits the change log keeps for heads that follow it.
+pub(crate) const CHANGES_KEPT: u64 = 100_000;
+
+/// How often a head looks for changes it was not notified of, shares its
+/// heartbeats, and (if it does not sweep) tries to take the sweep lock.
+const TICK: Duration = Duration::from_secs(1);
+
+/// How long opening the store waits for the database to answer.
+const OPEN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The longest one statement or transaction may take before the head gives
+/// up on it (and reloads).
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+const SWEEP_LOCK: &str =
+    "SELECT pg_try_advisory_lock(hashtext(current_schema() || '.trainstate.sweep'))";
+
+type PgError = String;
+
+fn pg(err: impl std::fmt::Display) -> PgError {
+    err.to_string()
+}
+
+/// A store in a PostgreSQL database that other heads may share.
+pub(crate) struct PgStore {
+    runtime: Runtime,
+    pool: Pool,
+    url: String,
+    channel: String,
+    /// This head's id in notifications, so it skips its own.
+    head: u64,
+    /// The sequence number of the last commit this head has taken in.
+    last_seen: u64,
+    /// Set by the listener when a follow is queued, cleared when it starts.
+    follow_queued: Arc<AtomicBool>,
+    /// The writer's queue: closed when the head shuts down.
+    jobs: JobQueue,
+}
+
+impl PgStore {
+    /// Connects, migrates, and starts the listener that wakes the writer
+    /// (through `jobs`) when other heads commit, and that holds the sweep
+    /// lock while this head sweeps (`sweeper`).
+    pub(crate) fn open(
+        config: &PostgresConfig,
+        jobs: JobQueue,
+        sweeper: Arc<AtomicBool>,
+    ) -> Result<Self, StoreError> {
+        let url = config.redacted_url();
+        let fail = |message: String| StoreError::Postgres { url: url.clone(), message };
+        let pg_config = tokio_postgres::Config::from_str(&config.url)
+            .map_err(|e| fail(format!("not a PostgreSQL URL: {e}")))?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("trainstate-postgres")
+            .enable_all()
+            .build()
+            .map_err(|e| fail(format!("cannot start its runtime: {e}")))?;
+        let manager = Manager::from_config(
+            pg_config.clone(),
+            NoTls,
+            ManagerConfig { recycling_method: RecyclingMethod::Fast },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(config.pool_size.max(1))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .map_err(|e| fail(e.to_string()))?;
+        let schema = runtime.block_on(async {
+            let deadline = Instant::now() + OPEN_TIMEOUT;
+            let client = loop {
+                match pool.get().await {
+                    Ok(client) => break client,
+                    Err(err) if Instant::now() < deadline => {
+                        tracing::warn!(url = %url, error = %err, "waiting for PostgreSQL");
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                    }
+                    Err(err) => return Err(fail(format!("cannot connect: {err}"))),
+                }
+            };
+            migrate(&client, &url).await?;
+            let row =
+                client.query_one("SELECT current_schema()", &[]).await.map_err(|e| fail(pg(e)))?;
+            Ok::<_, StoreError>(row.get::<_, Option<String>>(0).unwrap_or_default())
+        })?;
+        let channel: String = format!("trainstate.{schema}").chars().take(63).collect();
+        let head = super::versions::next();
+        let follow_queued = Arc::new(AtomicBool::new(false));
+        let (ready, is_ready) = std::sync::mpsc::channel();
+        runtime.spawn(listen(
+            pg_config,
+            channel.clone(),
+            head,
+            jobs.clone(),
+            sweeper,
+            follow_queued.clone(),
+            ready,
+        ));
+        // The first head to start sweeps from its first moment on.
+        let _ = is_ready.recv_timeout(OPEN_TIMEOUT);
+        tracing::info!(url = %url, schema = %schema, "PostgreSQL store open");
+        Ok(Self { runtime, pool, url, channel, head, last_seen: 0, follow_queued, jobs })
+    }
+
+    fn block_on<T>(
+        &self,
+        what: &str,
+        future: impl Future<Output = Result<T, PgError>>,
+    ) -> Result<T, PgError> {
+        self.runtime.block_on(async {
+            match tokio::time::timeout(CALL_TIMEOUT, future).await {
+                Ok(result) => result,
+                Err(_) => Err(format!("{what} took longer than {CALL_TIMEOUT:?}")),
+            }
+        })
+    }
+}
+
+/// Applies the migrations this database lacks, one head at a time.
+async fn migrate(client: &deadpool_postgres::Client, url: &str) -> Result<(), StoreError> {
+    let fail = |e: tokio_postgres::Error| StoreError::Postgres {
+        url: url.to_owned(),
+        message: format!("migrating: {e}"),
+    };
+    client
+        .batch_execute(
+            "BEGIN;
+             SET LOCAL client_min_messages = warning;
+             SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.trainstate.migrate'));
+             CREATE TABLE IF NOT EXISTS trainstate_version (
+                 singleton BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (singleton),
+                 version INTEGER NOT NULL
+             );
+             INSERT INTO trainstate_version (version) VALUES (0) ON CONFLICT DO NOTHING;",
+        )
+        .await
+        .map_err(fail)?;
+    let result = async {
+        let found: i32 = client
+            .query_one("SELECT version FROM trainstate_version", &[])
+            .await
+            .map_err(fail)?
+            .get(0);
+        let found = found.max(0) as u32;
+        if found > SCHEMA_VERSION {
+            return Err(StoreError::NewerPostgresSchema {
+                url: url.to_owned(),
+                found,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        for (i, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+            client.batch_execute(sql).await.map_err(fail)?;
+            client
+                .execute("UPDATE trainstate_version SET version = $1", &[&((i + 1) as i32)])
+                .await
+                .map_err(fail)?;
+        }
+        Ok(())
+    }
+    .await;
+    match result {
+        Ok(()) => client.batch_execute("COMMIT").await.map_err(fail),
+        Err(err) => {
+            let _ = client.batch_execute("ROLLBACK").await;
+            Err(err)
+        }
+    }
+}
+
+/// Keeps a connection that listens for other heads' commits (waking the
+/// writer to follow them) and tries, every [`TICK`], to take the sweep
+/// lock, which it then holds for as long as the connection lives.
+async fn listen(
+    config: tokio_postgres::Config,
+    channel: String,
+    head: u64,
+    jobs: JobQueue,
+    sweeper: Arc<AtomicBool>,
+    follow_queued: Arc<AtomicBool>,
+    ready: std::sync::mpsc::Sender<()>,
+) {
+    let wake = |jobs: &JobQueue| -> bool {
+        let jobs = jobs.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(jobs) = jobs.as_ref() else { return false };
+        if !follow_queued.swap(true, Ordering::SeqCst) {
+            let _ = jobs.send(Job::Follow { heartbeats: false, reply: None });
+        }
+        true
+    };
+    let mine = format!("{head}:");
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match config.connect(NoTls).await {
+            Ok((client, mut connection)) => {
+                backoff = Duration::from_millis(100);
+                let (notified, mut notifications) = tokio::sync::mpsc::unbounded_channel();
+                let mine = mine.clone();
+                let driver = tokio::spawn(async move {
+                    let mut messages =
+                        futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+                    while let Some(message) = messages.next().await {
+                        match message {
+                            Ok(AsyncMessage::Notification(n))
+                                if !n.payload().starts_with(&mine) =>
+                            {
+                                let _ = notified.send(());
+                            }
+                            Ok(_) => {}
+                            Err(_) => break,
+                        }
+                    }
+                });
+                let listening = client
+                    .batch_execute(&format!("LISTEN {}", quote_ident(&channel)))
+                    .await
+                    .is_ok();
+                let mut connected = listening;
+                if connected {
+                    match client.query_one(SWEEP_LOCK, &[]).await {
+                        Ok(row) => sweep_lock_taken(&sweeper, row.get(0)),
+                        Err(_) => connected = false,
+                    }
+                }
+                let _ = ready.send(());
+                // What was committed while this head was not listening.
+                connected &= wake(&jobs);
+                let mut tick = tokio::time::interval(TICK);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                while connected {
+                    tokio::select! {
+                        got = notifications.recv() => {
+                            if got.is_none() {
+                                break;
+                            }
+                            while notifications.try_recv().is_ok() {}
+                            connected = wake(&jobs);
+                        }
+                        _ = tick.tick() => {
+                            if !sweeper.load(Ordering::SeqCst) {
+                                match client.query_one(SWEEP_LOCK, &[]).await {
+                                    Ok(row) => sweep_lock_taken(&sweeper, row.get(0)),
+                                    Err(_) => break,
+                                }
+                            }
+                            // Shares heartbeats; follows a commit whose notification was missed.
+                            connected = wake(&jobs);
+                        }
+                    }
+                }
+                if sweeper.swap(false, Ordering::SeqCst) {
+                    tracing::warn!("lost the connection that holds the sweep lock");
+                }
+                driver.abort();
+                if jobs.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
+                    return;
+                }
+            }
+            Err(err) => {
+                let _ = ready.send(());
+                tracing::warn!(error = %err, "cannot connect to PostgreSQL to listen; retrying");
+            }
+        }
+        if jobs.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
+            return;
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+fn sweep_lock_taken(sweeper: &AtomicBool, taken: bool) {
+    if taken && !sweeper.swap(true, Ordering::SeqCst) {
+        tracing::info!("this head now sweeps leases and retention");
+    }
+}
+
+/// `"name"`, quoted as an SQL identifier.
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+fn run_id(text: &str) -> Result<RunId, PgError> {
+    RunId::parse(text).map_err(|e| format!("stored run id {text:?}: {e}"))
+}
+
+/// A record read back with its stored version.
+fn record(json: String, version: i64) -> Result<Arc<RunRecord>, PgError> {
+    RunRecord::from_stored_version(json, version as u64)
+}
+
+/// Changes committed with sequence numbers in `(after, before)`, each
+/// with its run as stored now.
+async fn read_changes(
+    client: &impl GenericClient,
+    after: u64,
+    before: u64,
+) -> Result<Vec<RemoteChange>, PgError> {
+    let rows = client
+        .query(
+            "SELECT run_id, kind FROM trainstate_changes WHERE seq > $1 AND seq < $2 ORDER BY seq, n",
+            &[&(after as i64), &(before as i64)],
+        )
+        .await
+        .map_err(pg)?;
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<String> =
+        rows.iter().map(|r| r.get::<_, String>(0)).collect::<HashSet<_>>().into_iter().collect();
+    let stored = read_runs(client, &ids).await?;
+    rows.iter()
+        .map(|row| {
+            let id: String = row.get(0);
+            let kind: String = row.get(1);
+            Ok(RemoteChange {
+                kind: event_kind(&kind),
+                record: stored.get(&id).cloned(),
+                id: run_id(&id)?,
+            })
+        })
+        .collect()
+}
+
+/// The stored versions of the runs `ids` (absent ones are missing).
+async fn read_runs(
+    client: &impl GenericClient,
+    ids: &[String],
+) -> Result<HashMap<String, Arc<RunRecord>>, PgError> {
+    let rows = client
+        .query("SELECT id, version, json FROM trainstate_runs WHERE id = ANY($1)", &[&ids])
+        .await
+        .map_err(pg)?;
+    rows.into_iter()
+        .map(|row| Ok((row.get::<_, String>(0), record(row.get(2), row.get(1))?)))
+        .collect()
+}
+
+impl Store for PgStore {
+    fn load(&mut self) -> Result<Vec<Arc<RunRecord>>, StoreError> {
+        self.follow_queued.store(false, Ordering::SeqCst);
+        let pool = self.pool.clone();
+        let mut warned = Instant::now() - OPEN_TIMEOUT;
+        loop {
+            let attempt = self.block_on("loading", async {
+                let mut client = pool.get().await.map_err(pg)?;
+                let tx = client
+                    .build_transaction()
+                    .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                    .read_only(true)
+                    .start()
+                    .await
+                    .map_err(pg)?;
+                let seq: i64 =
+                    tx.query_one("SELECT seq FROM trainstate_meta", &[]).await.map_err(pg)?.get(0);
+                let rows =
+                    tx.query("SELECT version, json FROM trainstate_runs", &[]).await.map_err(pg)?;
+                tx.commit().await.map_err(pg)?;
+                let records = rows
+                    .into_iter()
+                    .map(|row| record(row.get(1), row.get(0)))
+                    .collect::<Result<Vec<_>, _>>();
+                Ok((seq as u64, records))
+            });
+            match attempt {
+                Ok((seq, records)) => {
+                    self.last_seen = seq;
+                    return records.map_err(StoreError::Corrupt);
+                }
+                // A database that restarts or fails over comes back: wait
+                // for it (writes meanwhile are answered Unavailable), unless
+                // the head is shutting down.
+                Err(err) if self.jobs.lock().unwrap_or_else(|e| e.into_inner()).is_some() => {
+                    if warned.elapsed() >= Duration::from_secs(10) {
+                        tracing::warn!(url = %self.url, error = %err, "cannot load from PostgreSQL; retrying");
+                        warned = Instant::now();
+                    }
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+                Err(err) => {
+                    return Err(StoreError::Postgres { url: self.url.clone(), message: err });
+                }
+            }
+        }
+    }
+
+    fn commit(&mut self, jobs: &[JobChanges<'_>]) -> Result<Committed, String> {
+        let pool = self.pool.clone();
+        let last_seen = self.last_seen;
+        let notify = (self.channel.clone(), self.head);
+        let (committed, seen) = self.block_on("a commit", commit(pool, jobs, last_seen, notify))?;
+        self.last_seen = seen;
+        Ok(committed)
+    }
+
+    fn is_shared(&self) -> bool {
+        true
+    }
+
+    fn follow(&mut self) -> Result<Followed, String> {
+        self.follow_queued.store(false, Ordering::SeqCst);
+        let pool = self.pool.clone();
+        let last_seen = self.last_seen;
+        let (followed, seen) = self.block_on("following", async move {
+            let mut client = pool.get().await.map_err(pg)?;
+            let seq: i64 =
+                client.query_one("SELECT seq FROM trainstate_meta", &[]).await.map_err(pg)?.get(0);
+            if seq as u64 <= last_seen {
+                return Ok((Followed::Changes(Vec::new()), last_seen));
+            }
+            let tx = client
+                .build_transaction()
+                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                .read_only(true)
+                .start()
+                .await
+                .map_err(pg)?;
+            let row = tx
+                .query_one("SELECT seq, pruned_through FROM trainstate_meta", &[])
+                .await
+                .map_err(pg)?;
+            let (seq, pruned) = (row.get::<_, i64>(0) as u64, row.get::<_, i64>(1) as u64);
+            let followed = if pruned > last_seen {
+                let rows =
+                    tx.query("SELECT version, json FROM trainstate_runs", &[]).await.map_err(pg)?;
+                let records = rows
+                    .into_iter()
+                    .map(|row| record(row.get(1), row.get(0)))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Followed::Reload(records)
+            } else {
+                Followed::Changes(read_changes(&tx, last_seen, seq + 1).await?)
+            };
+            tx.commit().await.map_err(pg)?;
+            Ok((followed, seq))
+        })?;
+        self.last_seen = seen;
+        Ok(followed)
+    }
+
+    fn share_heartbeats(&mut self, beats: &[(RunId, u64)]) -> Result<(), String> {
+        let ids: Vec<&str> = beats.iter().map(|(id, _)| id.as_str()).collect();
+        let times: Vec<i64> = beats.iter().map(|(_, at)| *at as i64).collect();
+        let pool = self.pool.clone();
+        self.block_on("sharing heartbeats", async move {
+            let client = pool.get().await.map_err(pg)?;
+            client
+                .execute(
+                    "INSERT INTO trainstate_heartbeats (run_id, last_heard_ms)
+                     SELECT * FROM UNNEST($1::text[], $2::bigint[])
+                     ON CONFLICT (run_id) DO UPDATE SET last_heard_ms =
+                         GREATEST(trainstate_heartbeats.last_heard_ms, EXCLUDED.last_heard_ms)",
+                    &[&ids, &times],
+                )
+                .await
+                .map_err(pg)?;
+            Ok(())
+        })
+    }
+
+    fn shared_heartbeats(&mut self) -> Result<Vec<(RunId, u64)>, String> {
+        let pool = self.pool.clone();
+        self.block_on("reading heartbeats", async move {
+            let client = pool.get().await.map_err(pg)?;
+            let rows = client
+                .query("SELECT run_id, last_heard_ms FROM trainstate_heartbeats", &[])
+                .await
+                .map_err(pg)?;
+            rows.into_iter()
+                .map(|row| Ok((run_id(row.get(0))?, row.get::<_, i64>(1) as u64)))
+                .collect()
+        })
+    }
+
+    fn changed_after(&mut self, after: &Position, limit: usize) -> Result<Vec<ChangedRun>, String> {
+        let pool = self.pool.clone();
+        let (seq, id) = (after.seq as i64, after.id.clone());
+        self.block_on("reading changed runs", async move {
+            let client = pool.get().await.map_err(pg)?;
+            let rows = client
+                .query(
+                    "SELECT seq, id, json FROM trainstate_runs WHERE (seq, id) > ($1, $2)
+                     ORDER BY seq, id LIMIT $3",
+                    &[&seq, &id, &(limit as i64)],
+                )
+                .await
+                .map_err(pg)?;
+            Ok(rows
+                .into_iter()
+                .map(|row| ChangedRun {
+                    at: Position { seq: row.get::<_, i64>(0) as u64, id: row.get(1) },
+                    json: row.get(2),
+                })
+                .collect())
+        })
+    }
+
+    fn forward_position(&mut self, target: &str) -> Result<Position, String> {
+        let pool = self.pool.clone();
+        let target = target.to_owned();
+        self.block_on("reading a forwarding position", async move {
+            let client = pool.get().await.map_err(pg)?;
+            let row = client
+                .query_opt(
+                    "SELECT seq, id FROM trainstate_forward_positions WHERE target = $1",
+                    &[&target],
+                )
+                .await
+                .map_err(pg)?;
+            Ok(row
+                .map(|row| Position { seq: row.get::<_, i64>(0) as u64, id: row.get(1) })
+                .unwrap_or_default())
+        })
+    }
+
+    fn save_forward_position(&mut self, target: &str, at: &Position) -> Result<(), String> {
+        let pool = self.pool.clone();
+        let (target, seq, id) = (target.to_owned(), at.seq as i64, at.id.clone());
+        self.block_on("saving a forwarding position", async move {
+            let client = pool.get().await.map_err(pg)?;
+            client
+                .execute(
+                    "INSERT INTO trainstate_forward_positions (target, seq, id) VALUES ($1, $2, $3)
+                     ON CONFLICT (target) DO UPDATE SET seq = EXCLUDED.seq, id = EXCLUDED.id
+                     WHERE (trainstate_forward_positions.seq, trainstate_forward_positions.id)
+                         < (EXCLUDED.seq, EXCLUDED.id)",
+                    &[&target, &seq, &id],
+                )
+                .await
+                .map_err(pg)?;
+            Ok(())
+        })
+    }
+}
+
+/// One transaction for a group of jobs: takes the next sequence number
+/// (and so the turn among heads), catches up with other heads' commits,
+/// refuses stale jobs, writes the rest with their change-log entries, and
+/// notifies the other heads. Returns what it did and the sequence number
+/// this head has now seen.
+async fn commit(
+    pool: Pool,
+    jobs: &[JobChanges<'_>],
+    last_seen: u64,
+    (channel, head): (String, u64),
+) -> Result<(Committed, u64), PgError> {
+    let mut client = pool.get().await.map_err(pg)?;
+    let tx = client.transaction().await.map_err(pg)?;
+    let row = tx
+        .query_one("UPDATE trainstate_meta SET seq = seq + 1 RETURNING seq, pruned_through", &[])
+        .await
+        .map_err(pg)?;
+    let (seq, pruned) = (row.get::<_, i64>(0) as u64, row.get::<_, i64>(1) as u64);
+    if pruned > last_seen {
+        // The log no longer holds everything this head missed: it reloads.
+        return Err("this head is too far behind the change log; reloading".into());
+    }
+    // Every commit before this one has finished: take the others' in.
+    let remote =
+        if seq > last_seen + 1 { read_changes(&tx, last_seen, seq).await? } else { Vec::new() };
+
+    // The stored version of every run a put touches.
+    let touched: Vec<String> = jobs
+        .iter()
+        .flat_map(|job| job.ops.iter())
+        .filter_map(|op| match op {
+            StoreOp::Put(record) => Some(record.id.as_str().to_owned()),
+            StoreOp::Delete(_) => None,
+        })
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    let mut current: HashMap<String, u64> = HashMap::with_capacity(touched.len());
+    if !touched.is_empty() {
+        for row in tx
+            .query("SELECT id, version FROM trainstate_runs WHERE id = ANY($1)", &[&touched])
+            .await
+            .map_err(pg)?
+        {
+            current.insert(row.get(0), row.get::<_, i64>(1) as u64);
+        }
+    }
+
+    // Each job's puts must have been decided on the stored version (as left
+    // by the jobs before it in this group).
+    let mut stale = Vec::new();
+    let mut net: HashMap<&str, Option<&Arc<RunRecord>>> = HashMap::new();
+    let mut order: Vec<&str> = Vec::new();
+    let mut log: Vec<(&str, &'static str)> = Vec::new();
+    for (i, job) in jobs.iter().enumerate() {
+        let mut after: HashMap<&str, Option<u64>> = HashMap::new();
+        let fresh = job.ops.iter().all(|op| match op {
+            StoreOp::Put(record) => {
+                let id = record.id.as_str();
+                let stored = after.get(id).copied().unwrap_or_else(|| current.get(id).copied());
+                let base = record.base.load(Ordering::Relaxed);
+                let fresh = stored == (base != 0).then_some(base);
+                after.insert(id, Some(record.version));
+                fresh
+            }
+            StoreOp::Delete(id) => {
+                after.insert(id.as_str(), None);
+                true
+            }
+        });
+        if !fresh {
+            stale.push(i);
+            continue;
+        }
+        for (id, version) in after {
+            match version {
+                Some(version) => current.insert(id.to_owned(), version),
+                None => current.remove(id),
+            };
+        }
+        for op in job.ops {
+            let (id, put) = match op {
+                StoreOp::Put(record) => (record.id.as_str(), Some(record)),
+                StoreOp::Delete(id) => (id.as_str(), None),
+            };
+            if net.insert(id, put).is_none() {
+                order.push(id);
+            }
+        }
+        log.extend(job.events.iter().map(|e| (e.run_id.as_str(), e.kind.as_str())));
+    }
+
+    let stale_ids: Vec<String> = stale
+        .iter()
+        .flat_map(|&i| jobs[i].ops.iter())
+        .map(|op| match op {
+            StoreOp::Put(record) => record.id.as_str().to_owned(),
+            StoreOp::Delete(id) => id.as_str().to_owned(),
+        })
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+
+    if net.is_empty() && log.is_empty() {
+        // Nothing to write: give the sequence number back.
+        let truth = truth_of(&tx, &stale_ids).await?;
+        tx.rollback().await.map_err(pg)?;
+        return Ok((Committed { remote, stale, truth }, seq - 1));
+    }
+
+    let mut puts = Puts::default();
+    let mut deletes: Vec<&str> = Vec::new();
+    let mut ended: Vec<&str> = Vec::new();
+    for id in &order {
+        match net[id] {
+            Some(record) => {
+                puts.push(record);
+                if record.status.is_terminal() {
+                    ended.push(id);
+                }
+            }
+            None => {
+                deletes.push(id);
+                ended.push(id);
+            }
+        }
+    }
+    if !puts.id.is_empty() {
+        tx.execute(
+            "INSERT INTO trainstate_runs
+                 (id, start_time_ms, end_time_ms, run_status, cluster, version, seq, json)
+             SELECT id, start_time_ms, end_time_ms, run_status, cluster, version, $1, json
+             FROM UNNEST($2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::text[],
+                         $7::bigint[], $8::text[])
+                 AS t(id, start_time_ms, end_time_ms, run_status, cluster, version, json)
+             ON CONFLICT (id) DO UPDATE SET
+                 end_time_ms = EXCLUDED.end_time_ms,
+                 run_status = EXCLUDED.run_status,
+                 cluster = EXCLUDED.cluster,
+                 version = EXCLUDED.version,
+                 seq = EXCLUDED.seq,
+                 json = EXCLUDED.json",
+            &[
+                &(seq as i64),
+                &puts.id,
+                &puts.start,
+                &puts.end,
+                &puts.status,
+                &puts.cluster,
+                &puts.version,
+                &puts.json,
+            ],
+        )
+        .await
+        .map_err(pg)?;
+    }
+    if !deletes.is_empty() {
+        tx.execute("DELETE FROM trainstate_runs WHERE id = ANY($1)", &[&deletes])
+            .await
+            .map_err(pg)?;
+    }
+    if !ended.is_empty() {
+        tx.execute("DELETE FROM trainstate_heartbeats WHERE run_id = ANY($1)", &[&ended])
+            .await
+            .map_err(pg)?;
+    }
+    if !log.is_empty() {
+        let n: Vec<i32> = (0..log.len() as i32).collect();
+        let ids: Vec<&str> = log.iter().map(|(id, _)| *id).collect();
+        let kinds: Vec<&str> = log.iter().map(|(_, kind)| *kind).collect();
+        tx.execute(
+            "INSERT INTO trainstate_changes (seq, n, run_id, kind)
+             SELECT $1, * FROM UNNEST($2::int[], $3::text[], $4::text[])",
+            &[&(seq as i64), &n, &ids, &kinds],
+        )
+        .await
+        .map_err(pg)?;
+    }
+    if seq.is_multiple_of(1_000) && seq > CHANGES_KEPT {
+        let through = (seq - CHANGES_KEPT) as i64;
+        tx.execute("DELETE FROM trainstate_changes WHERE seq <= $1", &[&through])
+            .await
+            .map_err(pg)?;
+        tx.execute(
+            "UPDATE trainstate_meta SET pruned_through = GREATEST(pruned_through, $1)",
+            &[&through],
+        )
+        .await
+        .map_err(pg)?;
+    }
+    let truth = truth_of(&tx, &stale_ids).await?;
+    tx.execute("SELECT pg_notify($1, $2)", &[&channel, &format!("{head}:{seq}")])
+        .await
+        .map_err(pg)?;
+    tx.commit().await.map_err(pg)?;
+    Ok((Committed { remote, stale, truth }, seq))
+}
+
+/// The stored version of each run in `ids` (`None` when there is none).
+async fn truth_of(
+    client: &impl GenericClient,
+    ids: &[String],
+) -> Result<Vec<(RunId, Option<Arc<RunRecord>>)>, PgError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let stored = read_runs(client, ids).await?;
+    ids.iter().map(|id| Ok((run_id(id)?, stored.get(id).cloned()))).collect()
+}
+
+/// Columns of runs to put, one array per column.
+#[derive(Default)]
+struct Puts<'a> {
+    id: Vec<&'a str>,
+    start: Vec<i64>,
+    end: Vec<Option<i64>>,
+    status: Vec<&'a str>,
+    cluster: Vec<Option<&'a str>>,
+    version: Vec<i64>,
+    json: Vec<String>,
+}
+
+impl<'a> Puts<'a> {
+    fn push(&mut self, record: &'a RunRecord) {
+        self.id.push(record.id.as_str());
+        self.start.push(record.start_time_ms as i64);
+        self.end.push(record.end_time_ms.map(|t| t as i64));
+        self.status.push(record.status.as_str());
+        self.cluster.push(record.cluster.as_deref());
+        self.version.push(record.version as i64);
+        self.json.push(record.json().text().into_owned());
+    }
+}

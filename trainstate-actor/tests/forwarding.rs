@@ -1,0 +1,239 @@
+//! Many clusters, one history: heads forward their runs to a hub, which
+//! keeps them as they are, resumes after either side restarts, and keeps
+//! them after their cluster is gone.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use reqwest::{Client, Method, StatusCode};
+use serde_json::{Value, json};
+use trainstate_actor::http::HttpConfig;
+use trainstate_actor::{ManualClock, launch_state_actor};
+use trainstate_client::RunQuery;
+use trainstate_schema::{RunId, RunStatus, TrainRunInfo};
+
+use crate::common::{Server, run, run_with};
+use crate::contract::send;
+use crate::process::{Head, without_heartbeat};
+use crate::stores::on_both_stores;
+
+const T0: u64 = 1_760_000_000_000;
+
+/// `run` as the head of cluster `cluster` stores it.
+fn in_cluster(run: &TrainRunInfo, cluster: &str) -> TrainRunInfo {
+    let mut draft = run.clone().into_draft();
+    draft.cluster = Some(cluster.to_owned());
+    draft.validate().unwrap()
+}
+
+fn json_body(value: &impl serde::Serialize) -> Option<(&'static str, Vec<u8>)> {
+    Some(("application/json", serde_json::to_vec(value).unwrap()))
+}
+
+/// Every run a head lists (of `cluster`, if given), by id, without the
+/// heartbeat time; fails if a run is listed twice.
+async fn runs_of(http: &Client, base: &str, cluster: Option<&str>) -> HashMap<String, Value> {
+    let filter = cluster.map(|c| format!("&cluster={c}")).unwrap_or_default();
+    let url = format!("{base}/api/train/runs?limit=1000{filter}");
+    let (status, page) = send(http, Method::GET, &url, None, None).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let runs = page["train_runs"].as_array().unwrap();
+    let by_id: HashMap<String, Value> = runs
+        .iter()
+        .map(|r| (r["id"].as_str().unwrap().to_owned(), without_heartbeat(r.clone())))
+        .collect();
+    assert_eq!(by_id.len(), runs.len(), "a run is listed once");
+    assert_eq!(page["total"].as_u64(), Some(runs.len() as u64));
+    by_id
+}
+
+on_both_stores! {
+    async fn the_hub_stores_forwarded_runs_as_they_are_and_never_takes_one_back(store) {
+        let Some(fresh) = store.fresh("hub-rules").await else { return };
+        let clock = Arc::new(ManualClock::new(T0 + 1_000));
+        let config = fresh
+            .config()
+            .with_clock(clock.clone())
+            .with_sweep_interval(Duration::from_secs(3600))
+            .with_cluster(Some("hub".into()));
+        let server = Server::start(config, HttpConfig::default()).await;
+        let http = Client::new();
+        let live = in_cluster(&run("forwarded", T0), "c1");
+        let url = format!("{}/api/train/forwarded/{}", server.url, live.id());
+        let put = |body: Value| {
+            let (http, url) = (http.clone(), url.clone());
+            async move { send(&http, Method::PUT, &url, json_body(&body), None).await }
+        };
+
+        let (status, stored) = put(serde_json::to_value(&live).unwrap()).await;
+        assert_eq!(status, StatusCode::OK, "{stored}");
+        assert_eq!(stored, serde_json::to_value(&live).unwrap(), "stored as it is");
+        let (status, again) = put(serde_json::to_value(&live).unwrap()).await;
+        assert_eq!((status, &again), (StatusCode::OK, &stored), "a repeat changes nothing");
+
+        // The hub never aborts another cluster's run, nor lets anyone but
+        // its head change it.
+        clock.advance_ms(3_600_000);
+        assert!(server.service.handle().sweep_leases().await.unwrap().is_empty());
+        let (status, refused) = send(
+            &http,
+            Method::POST,
+            &format!("{}/api/train/runs/{}/status", server.url, live.id()),
+            json_body(&json!({"status": "FINISHED"})),
+            None,
+        )
+        .await;
+        assert_eq!((status, &refused["error"]["code"]), (StatusCode::CONFLICT, &json!("conflict")));
+
+        let mut finished = live.clone().into_draft();
+        finished.run_status = RunStatus::Finished;
+        finished.status = None;
+        finished.end_time_ms = Some(T0 + 500);
+        finished.attempts = vec![trainstate_schema::RunAttemptDraft {
+            attempt_id: "0".into(),
+            start_time_ms: T0,
+            end_time_ms: Some(T0 + 500),
+            status: None,
+            status_detail: String::new(),
+            cause: None,
+            workers: None,
+        }];
+        let finished = finished.validate().unwrap();
+        let (status, stored) = put(serde_json::to_value(&finished).unwrap()).await;
+        assert_eq!((status, &stored["run_status"]), (StatusCode::OK, &json!("FINISHED")));
+
+        // Going back, another name, another cluster, no cluster: refused.
+        let (status, body) = put(serde_json::to_value(&live).unwrap()).await;
+        assert_eq!((status, &body["error"]["code"]), (StatusCode::CONFLICT, &json!("illegal_transition")));
+        let mut renamed = serde_json::to_value(&finished).unwrap();
+        renamed["name"] = json!("renamed");
+        let (status, body) = put(renamed).await;
+        assert_eq!((status, &body["error"]["code"]), (StatusCode::CONFLICT, &json!("conflict")));
+        let mut moved = serde_json::to_value(&finished).unwrap();
+        moved["cluster"] = json!("c2");
+        let (status, body) = put(moved).await;
+        assert_eq!((status, &body["error"]["code"]), (StatusCode::CONFLICT, &json!("conflict")));
+        let mut nameless = serde_json::to_value(&finished).unwrap();
+        nameless.as_object_mut().unwrap().remove("cluster");
+        let (status, body) = put(nameless).await;
+        assert_eq!((status, &body["error"]["field"]), (StatusCode::UNPROCESSABLE_ENTITY, &json!("cluster")));
+        let mut own = serde_json::to_value(&finished).unwrap();
+        own["cluster"] = json!("hub");
+        let (status, _) = put(own).await;
+        assert_eq!(status, StatusCode::CONFLICT, "a hub's own runs are not forwarded to it");
+
+        // Listed by cluster.
+        assert_eq!(runs_of(&http, &server.url, Some("c1")).await.len(), 1);
+        assert!(runs_of(&http, &server.url, Some("c2")).await.is_empty());
+        server.stop().await;
+    }
+
+    async fn a_head_stamps_its_cluster_on_every_run_it_registers(store) {
+        let Some(fresh) = store.fresh("stamp").await else { return };
+        let service = launch_state_actor(fresh.config().with_cluster(Some("c1".into()))).await.unwrap();
+        let state = service.handle();
+        let mut elsewhere = run("named-elsewhere", T0).into_draft();
+        elsewhere.cluster = Some("other".into());
+        for r in [run("plain", T0), elsewhere.validate().unwrap()] {
+            let stored = state.register(r).await.unwrap().run.parse().unwrap();
+            assert_eq!(stored.cluster(), Some("c1"));
+        }
+        let page = state.list(RunQuery::all().cluster("c1")).await.unwrap();
+        assert_eq!(page.total, 2);
+        service.shutdown().await;
+    }
+}
+
+/// Registers `n` runs through `head` (`first` numbers their names) and
+/// finishes every third; returns their ids.
+async fn write_runs(http: &Client, head: &str, first: u64, n: u64) -> Vec<RunId> {
+    let mut ids = Vec::new();
+    for i in first..first + n {
+        let r = run_with(&RunId::new_v7(), &format!("run{i}"), "job", T0 + i, 4);
+        let url = format!("{head}/api/train/runs");
+        let (status, body) = send(http, Method::POST, &url, json_body(&r), None).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        if i.is_multiple_of(3) {
+            let url = format!("{head}/api/train/runs/{}/status", r.id());
+            let (status, body) =
+                send(http, Method::POST, &url, json_body(&json!({"status": "FINISHED"})), None)
+                    .await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+        }
+        ids.push(r.id().clone());
+    }
+    ids
+}
+
+/// Waits until the hub holds exactly the head's runs, once each, equal.
+async fn wait_until_forwarded(http: &Client, head: &str, hub: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let want = runs_of(http, head, None).await;
+        let have = runs_of(http, hub, Some("c1")).await;
+        if want == have {
+            assert!(want.values().all(|r| r["cluster"] == "c1"));
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the hub has {} of the head's {} runs (or other versions)",
+            have.iter().filter(|(id, run)| want.get(*id) == Some(run)).count(),
+            want.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+on_both_stores! {
+    multi_thread:
+
+    /// The hub's store is the parameter; the head keeps SQLite.
+    async fn a_hub_that_stops_and_starts_again_ends_with_every_run_once_equal_to_the_heads(store) {
+        let Some(fresh) = store.fresh("hub").await else { return };
+        let token = fresh.dir().join("hub.token");
+        std::fs::write(&token, "hub-secret\n").unwrap();
+        let token = token.to_str().unwrap().to_owned();
+        let hub_dir = fresh.dir().join("hub");
+        let mut hub_args = vec!["--token-file", &token];
+        if let Some(url) = fresh.url() {
+            hub_args.extend(["--store", url]);
+        }
+        let mut hub = Head::start(&hub_dir, &hub_args).unwrap();
+        let hub_listen = format!("127.0.0.1:{}", hub.port());
+        let hub_url = hub.url.clone();
+        let head_dir = tempfile::tempdir().unwrap();
+        let head_args = [
+            "--cluster", "c1", "--forward-to", &hub_url, "--forward-token-file", &token,
+        ];
+        let mut head = Head::start(head_dir.path(), &head_args).unwrap();
+        let http = Client::new();
+
+        write_runs(&http, &head.url, 0, 20).await;
+        wait_until_forwarded(&http, &head.url, &hub_url).await;
+
+        // The hub goes away; the head keeps taking writes, and restarts.
+        hub.signal("-KILL");
+        hub.wait();
+        let earlier = write_runs(&http, &head.url, 20, 30).await;
+        for id in &earlier[1..10] {
+            let url = format!("{}/api/train/runs/{id}/status", head.url);
+            let _ = send(&http, Method::POST, &url, json_body(&json!({"status": "FINISHED"})), None).await;
+        }
+        head.signal("-KILL");
+        head.wait();
+        let head = Head::start(head_dir.path(), &head_args).unwrap();
+        write_runs(&http, &head.url, 50, 10).await;
+
+        // Back on its address: everything arrives, once, as the head has it.
+        let _hub = Head::start_with(&hub_dir, &hub_listen, &hub_args).unwrap();
+        wait_until_forwarded(&http, &head.url, &hub_url).await;
+        assert_eq!(runs_of(&http, &hub_url, Some("c1")).await.len(), 60);
+
+        // The cluster goes away: its runs stay on the hub.
+        drop(head);
+        drop(head_dir);
+        assert_eq!(runs_of(&http, &hub_url, Some("c1")).await.len(), 60);
+    }
+}

@@ -1,0 +1,381 @@
+//! Several heads on one PostgreSQL database: writes through one are seen
+//! through the others and on their event streams, racing writes leave one
+//! winner, one head sweeps at a time, and killing one leaves the others
+//! serving with every acknowledged write.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
+use trainstate_actor::{ManualClock, StateService, launch_state_actor};
+use trainstate_client::{EventKind, RunDocument, StateError, StatusUpdate};
+use trainstate_schema::{CauseKind, RunId, RunStatus};
+
+use crate::common::{run, run_with, unique_name};
+use crate::contract::check_answer;
+use crate::process::{Head, without_heartbeat};
+use crate::stores::{Fresh, Store};
+
+const T0: u64 = 1_760_000_000_000;
+
+/// Two heads (actors of their own) on one fresh schema; `None` without a
+/// test database.
+async fn two_heads(
+    what: &str,
+    clock: Option<&Arc<ManualClock>>,
+) -> Option<(StateService, StateService, Fresh)> {
+    let fresh = Store::Postgres.fresh(what).await?;
+    let config = |name: &str| {
+        let config =
+            fresh.config_named(&unique_name(name)).with_sweep_interval(Duration::from_secs(3600));
+        match clock {
+            Some(clock) => config.with_clock(clock.clone()),
+            None => config,
+        }
+    };
+    let a = launch_state_actor(config("a")).await.unwrap();
+    let b = launch_state_actor(config("b")).await.unwrap();
+    Some((a, b, fresh))
+}
+
+/// Polls `check` until it holds, or fails after `deadline`.
+async fn eventually<F: std::future::Future<Output = bool>>(
+    what: &str,
+    deadline: Duration,
+    mut check: impl FnMut() -> F,
+) {
+    let until = Instant::now() + deadline;
+    while !check().await {
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Retries a write while it is refused as decided on a stale version.
+async fn retrying<T, F: std::future::Future<Output = Result<T, StateError>>>(
+    mut write: impl FnMut() -> F,
+) -> Result<T, StateError> {
+    for _ in 0..100 {
+        match write().await {
+            Err(StateError::Unavailable { .. }) => {
+                tokio::time::sleep(Duration::from_millis(5)).await
+            }
+            other => return other,
+        }
+    }
+    panic!("a write stayed unavailable through 100 tries");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_through_one_head_is_seen_through_the_other_and_on_its_events() {
+    let Some((a, b, _store)) = two_heads("seen", None).await else { return };
+    let mut events = b.handle().subscribe(None).await.unwrap();
+    let r = run("through-a", T0);
+    a.handle().register(r.clone()).await.unwrap();
+    // Read right after the answer, through the other head.
+    assert_eq!(b.handle().get_run(r.id().clone()).await.unwrap().id(), r.id());
+    let event = tokio::time::timeout(Duration::from_secs(10), events.receiver.recv())
+        .await
+        .expect("B announces A's write")
+        .unwrap();
+    assert_eq!((event.kind, &event.run_id), (EventKind::Registered, r.id()));
+
+    // A change through B, read through A: the view follows within a moment.
+    let finished = b.handle().set_status(r.id().clone(), StatusUpdate::finished()).await.unwrap();
+    let (state, id) = (a.handle(), r.id().clone());
+    eventually("A to show B's change", Duration::from_secs(10), || {
+        let (state, id, finished) = (state.clone(), id.clone(), finished.clone());
+        async move { state.get(id).await.is_ok_and(|doc| doc.body() == finished.body()) }
+    })
+    .await;
+    let listed = a.handle().list(trainstate_client::RunQuery::all()).await.unwrap();
+    assert_eq!(listed.runs.iter().map(RunDocument::body).collect::<Vec<_>>(), [finished.body()]);
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_terminal_reports_through_two_heads_leave_exactly_one_winner() {
+    let Some((a, b, _store)) = two_heads("race", None).await else { return };
+    for i in 0..20 {
+        let r = run(&format!("race{i}"), T0 + i);
+        let id = r.id().clone();
+        a.handle().register(r).await.unwrap();
+        b.handle().get(id.clone()).await.unwrap();
+        let (ha, hb) = (a.handle(), b.handle());
+        let (first, second) = tokio::join!(
+            retrying(|| ha.set_status(id.clone(), StatusUpdate::finished())),
+            retrying(|| hb.set_status(
+                id.clone(),
+                StatusUpdate::errored(Some(0), CauseKind::UserError, "boom")
+            )),
+        );
+        let winner = match (first, second) {
+            (Ok(doc), Err(StateError::IllegalTransition { .. }))
+            | (Err(StateError::IllegalTransition { .. }), Ok(doc)) => doc,
+            other => panic!("run {i}: one report wins and the other is refused: {other:?}"),
+        };
+        for head in [&a, &b] {
+            let state = head.handle();
+            let (id, winner) = (id.clone(), winner.clone());
+            eventually("both heads to agree", Duration::from_secs(10), || {
+                let (state, id, winner) = (state.clone(), id.clone(), winner.clone());
+                async move { state.get(id).await.is_ok_and(|doc| doc.body() == winner.body()) }
+            })
+            .await;
+        }
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_repeated_through_another_head_is_a_no_op() {
+    let Some((a, b, _store)) = two_heads("repeat", None).await else { return };
+    for i in 0..20 {
+        let r = run(&format!("repeat{i}"), T0 + i);
+        let first = a.handle().register(r.clone()).await.unwrap();
+        let handle = b.handle();
+        let again = retrying(|| handle.register(r.clone())).await.unwrap();
+        assert!(first.created && !again.created, "run {i}");
+        assert_eq!(again.run.body(), first.run.body());
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_head_sweeps_with_every_heads_heartbeats_and_another_takes_over_when_it_stops() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let Some((a, b, store)) = two_heads("sweep", Some(&clock)).await else { return };
+    eventually("one sweeping head", Duration::from_secs(10), || {
+        let n = usize::from(a.is_sweeper()) + usize::from(b.is_sweeper());
+        async move { n == 1 }
+    })
+    .await;
+    let (sweeper, other) = if a.is_sweeper() { (a, b) } else { (b, a) };
+    let (beating, silent) = (run("beating", T0), run("silent", T0));
+    for r in [&beating, &silent] {
+        other.handle().register(r.clone()).await.unwrap();
+        // The sweeping head knows the run from now on (a head that first
+        // hears of a live run later gives it a fresh lease from then).
+        sweeper.handle().get(r.id().clone()).await.unwrap();
+    }
+    clock.advance_ms(40_000);
+    // Heard only by the head that does not sweep.
+    other.handle().heartbeat(beating.id().clone()).await.unwrap();
+    // Heads share heartbeats every second.
+    let db = crate::stores::connect(store.url().unwrap()).await;
+    eventually("the heartbeat to be shared", Duration::from_secs(10), || {
+        let db = &db;
+        async move {
+            let row =
+                db.query_one("SELECT count(*) FROM trainstate_heartbeats", &[]).await.unwrap();
+            row.get::<_, i64>(0) == 1
+        }
+    })
+    .await;
+    clock.advance_ms(30_000);
+    assert!(other.handle().sweep_leases().await.unwrap().is_empty(), "only one head sweeps");
+    assert_eq!(sweeper.handle().sweep_leases().await.unwrap(), [silent.id().clone()]);
+
+    sweeper.shutdown().await;
+    eventually("the other head to sweep", Duration::from_secs(10), || {
+        let sweeps = other.is_sweeper();
+        async move { sweeps }
+    })
+    .await;
+    clock.advance_ms(61_000);
+    assert_eq!(other.handle().sweep_leases().await.unwrap(), [beating.id().clone()]);
+    let stored = other.handle().get_run(beating.id().clone()).await.unwrap();
+    assert_eq!(stored.run_status(), RunStatus::Aborted);
+    other.shutdown().await;
+}
+
+/// One client of the burst: registers runs, and finishes every other one
+/// through the other head; a request to a head that died is sent to the
+/// survivor (every write is idempotent). Records the last acknowledged
+/// version of each run.
+async fn client(
+    worker: u64,
+    heads: [String; 2],
+    dead: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    acknowledged: Arc<Mutex<HashMap<String, Value>>>,
+    count: Arc<AtomicUsize>,
+) {
+    let http = reqwest::Client::new();
+    let mut i = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        let run = run_with(&RunId::new_v7(), &format!("w{worker}-{i}"), "ha", T0 + i, 4);
+        let id = run.id().to_string();
+        let register =
+            (Method::POST, "/api/train/runs".to_owned(), serde_json::to_vec(&run).unwrap());
+        let finish = (
+            Method::POST,
+            format!("/api/train/runs/{id}/status"),
+            serde_json::to_vec(&json!({"status": "FINISHED"})).unwrap(),
+        );
+        let writes = if i.is_multiple_of(2) { vec![register, finish] } else { vec![register] };
+        for (n, (method, path, body)) in writes.into_iter().enumerate() {
+            // Registrations through one head, finishes through the other.
+            let mut head = ((i as usize) + n) % 2;
+            let answer = loop {
+                if head == 0 && dead.load(Ordering::SeqCst) {
+                    head = 1;
+                }
+                let url = format!("{}{path}", heads[head]);
+                let sent = http
+                    .request(method.clone(), &url)
+                    .header("content-type", "application/json")
+                    .body(body.clone())
+                    .send()
+                    .await;
+                let answered = match sent {
+                    Ok(response) => {
+                        let status = response.status();
+                        response.bytes().await.ok().map(|bytes| (url, status, bytes))
+                    }
+                    Err(_) => None,
+                };
+                match answered {
+                    Some((url, status, bytes)) => {
+                        check_answer(&method, &url, status, &bytes);
+                        if status == StatusCode::SERVICE_UNAVAILABLE {
+                            continue; // decided on a stale version: retry
+                        }
+                        break (status, bytes);
+                    }
+                    // The head died with the request: the survivor gets it.
+                    None if head == 0 => head = 1,
+                    None => panic!("the surviving head failed a request"),
+                }
+            };
+            let (status, bytes) = answer;
+            assert!(status.is_success(), "{status}: {}", String::from_utf8_lossy(&bytes));
+            let body: Value = serde_json::from_slice(&bytes).unwrap();
+            let stored = if body.get("run").is_some() { body["run"].clone() } else { body };
+            acknowledged.lock().await.insert(id.clone(), without_heartbeat(stored));
+            count.fetch_add(1, Ordering::SeqCst);
+        }
+        i += 1;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_one_of_two_heads_mid_burst_loses_no_acknowledged_write() {
+    let Some(fresh) = Store::Postgres.fresh("ha").await else { return };
+    let url = fresh.url().unwrap().to_owned();
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut a = Head::start(dir_a.path(), &["--store", &url]).unwrap();
+    let b = Head::start(dir_b.path(), &["--store", &url]).unwrap();
+    let (dead, stop) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let acknowledged = Arc::new(Mutex::new(HashMap::new()));
+    let count = Arc::new(AtomicUsize::new(0));
+    let clients: Vec<_> = (0..6)
+        .map(|worker| {
+            tokio::spawn(client(
+                worker,
+                [a.url.clone(), b.url.clone()],
+                dead.clone(),
+                stop.clone(),
+                acknowledged.clone(),
+                count.clone(),
+            ))
+        })
+        .collect();
+    let wait_for = |n: usize| {
+        let count = count.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while count.load(Ordering::SeqCst) < n {
+                assert!(Instant::now() < deadline, "the burst made no progress");
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    };
+    wait_for(300).await;
+    a.signal("-KILL");
+    a.wait();
+    dead.store(true, Ordering::SeqCst);
+    let at_kill = count.load(Ordering::SeqCst);
+    wait_for(at_kill + 200).await;
+    stop.store(true, Ordering::SeqCst);
+    for client in clients {
+        client.await.unwrap();
+    }
+
+    // Every acknowledged write, through the survivor.
+    let acknowledged = acknowledged.lock().await.clone();
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for (id, expected) in &acknowledged {
+        let url = format!("{}/api/train/runs/{id}", b.url);
+        loop {
+            let (status, stored) =
+                crate::contract::send(&http, Method::GET, &url, None, None).await;
+            if status == StatusCode::OK && without_heartbeat(stored.clone()) == *expected {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "acknowledged {id} is not as acknowledged: {status} {stored}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let (_, all) = crate::contract::send(
+        &http,
+        Method::GET,
+        &format!("{}/api/train/runs?limit=1", b.url),
+        None,
+        None,
+    )
+    .await;
+    assert!(all["total"].as_u64().unwrap() >= acknowledged.len() as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_behind_what_the_change_log_keeps_loads_every_run_again() {
+    let Some((a, b, store)) = two_heads("pruned", None).await else { return };
+    a.handle().register(run("before", T0)).await.unwrap();
+    // Another writer commits a run and prunes the log past both heads.
+    let missed = run("missed", T0 + 1);
+    let json = serde_json::to_string(&missed).unwrap();
+    let db = crate::stores::connect(store.url().unwrap()).await;
+    db.batch_execute("BEGIN").await.unwrap();
+    let seq: i64 = db
+        .query_one(
+            "UPDATE trainstate_meta SET seq = seq + 1, pruned_through = seq + 1 RETURNING seq",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    db.execute(
+        "INSERT INTO trainstate_runs (id, start_time_ms, run_status, version, seq, json)
+         VALUES ($1, $2, 'RUNNING', 42, $3, $4)",
+        &[&missed.id().as_str(), &((T0 + 1) as i64), &seq, &json],
+    )
+    .await
+    .unwrap();
+    db.batch_execute("COMMIT").await.unwrap();
+    // Each head finds out on its next follow and loads everything again.
+    for head in [&b, &a] {
+        let state = head.handle();
+        eventually("the head to list the missed run", Duration::from_secs(10), || {
+            let state = state.clone();
+            async move { state.list(trainstate_client::RunQuery::all()).await.unwrap().total == 2 }
+        })
+        .await;
+        assert_eq!(state.get(missed.id().clone()).await.unwrap().body(), json);
+    }
+    // And goes on writing.
+    b.handle().set_status(missed.id().clone(), StatusUpdate::finished()).await.unwrap();
+    a.shutdown().await;
+    b.shutdown().await;
+}
