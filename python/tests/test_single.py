@@ -33,7 +33,8 @@ def test_a_clean_script_finishes_with_its_worker(head, name, tmp_path):
     [worker] = run["workers"]
     assert worker["pid"] == int(result.stdout.split()[1])
     assert worker["node_id"] == _probe.node_id()
-    assert (worker["world_rank"], worker["node_ip"], worker["status"]) == (0, "127.0.0.1", "ALIVE")
+    # The workers of an ended run are DEAD.
+    assert (worker["world_rank"], worker["node_ip"], worker["status"]) == (0, "127.0.0.1", "DEAD")
     assert worker["resources"]["CPU"] >= 1
     assert run["controller_actor_id"].startswith("rendezvous:local:")
     assert run["end_time_ms"] >= run["start_time_ms"]

@@ -26,7 +26,11 @@ def test_every_object_schema_has_a_typed_dict_with_its_keys():
 
 
 def test_enumerations_are_literals_of_the_wire_spellings():
-    assert typing.get_args(_wire.RunStatus)[:4] == ("RUNNING", "FINISHED", "ERRORED", "ABORTED")
+    assert typing.get_args(_wire.RunStatus)[:8] == (
+        "INITIALIZING", "SCHEDULING", "RUNNING", "RESTARTING", "RESIZING",
+        "FINISHED", "ERRORED", "ABORTED",
+    )
+    assert typing.get_args(_wire.AttemptStatus) == ("PENDING", "RUNNING", "FINISHED", "ERRORED", "ABORTED")
     assert "USER_INTERRUPT" in typing.get_args(_wire.CauseKind)
 
 
