@@ -35,6 +35,7 @@ REQUIREMENTS = os.path.join(ROOT, "bench", "ray-anchor-requirements.txt")
 DEFAULT_RAY_SCRIPT = os.path.join(os.path.dirname(ROOT), "shared", "bench", "ray_state_bench.py")
 ANALYSIS = os.path.join(ROOT, "bench", "analysis.md")
 HEADS = os.path.join(ROOT, "bench", "heads.md")
+VERSIONS = os.path.join(ROOT, "bench", "versions.md")
 RESULTS = os.path.join(ROOT, "bench", "results.jsonl")
 DOC = os.path.join(ROOT, "docs", "benchmarks.md")
 XTASK = os.path.join(ROOT, "target", "release", "xtask")
@@ -380,6 +381,13 @@ def write_doc(results, ray_ok, args, machine, started, finished, load_before, lo
 
     if os.path.exists(ANALYSIS):
         with open(ANALYSIS) as f:
+            L.append(f.read().rstrip())
+        L.append("")
+
+    # Two versions beside each other, measured apart and written by hand:
+    # kept as it is.
+    if os.path.exists(VERSIONS):
+        with open(VERSIONS) as f:
             L.append(f.read().rstrip())
         L.append("")
 

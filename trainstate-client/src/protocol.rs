@@ -160,7 +160,8 @@ pub struct RunJson(Repr);
 #[derive(Debug, Clone)]
 enum Repr {
     Whole(Arc<RawValue>),
-    Members(Arc<[(Cow<'static, str>, Box<RawValue>)]>),
+    /// The members, and about how many bytes their object takes.
+    Members(Arc<[(Cow<'static, str>, Box<RawValue>)]>, usize),
 }
 
 impl RunJson {
@@ -184,16 +185,14 @@ impl RunJson {
         let members: Members<'_> = serde_json::from_str(whole.get())?;
         let members: Vec<_> =
             members.0.into_iter().map(|(key, value)| (intern(key), value.to_owned())).collect();
-        Ok(Self(Repr::Members(members.into())))
+        Ok(Self(Repr::Members(members.into(), whole.get().len())))
     }
 
     /// About how many bytes the run's JSON takes: to size a buffer.
     pub fn approximate_len(&self) -> usize {
         match &self.0 {
             Repr::Whole(raw) => raw.get().len(),
-            Repr::Members(members) => {
-                2 + members.iter().map(|(k, v)| k.len() + v.get().len() + 4).sum::<usize>()
-            }
+            Repr::Members(_, len) => *len,
         }
     }
 
@@ -201,7 +200,7 @@ impl RunJson {
     pub fn text(&self) -> Cow<'_, str> {
         match &self.0 {
             Repr::Whole(raw) => Cow::Borrowed(raw.get()),
-            Repr::Members(_) => Cow::Owned(serde_json::to_string(self).expect("serializes")),
+            Repr::Members(..) => Cow::Owned(serde_json::to_string(self).expect("serializes")),
         }
     }
 
@@ -228,7 +227,7 @@ impl RunJson {
                 serialize_times(&mut map, heartbeat, ranks)?;
                 map.end()
             }
-            (Repr::Members(members), _) => {
+            (Repr::Members(members, _), _) => {
                 let mut map = serializer.serialize_map(Some(members.len() + extra))?;
                 for (key, value) in members.iter().filter(|(k, _)| served(k)) {
                     map.serialize_entry(key, value)?;
