@@ -735,11 +735,11 @@
         return h('li', { class: `attempt${shown ? ' shown' : ''}`, 'data-attempt-id': a.attempt_id },
           h('div', { class: 'attempt-name' }, `Attempt ${line(a.attempt_id)}`,
             budget ? h('span', { class: 'muted' }, ` (${i + 1} of at most ${budget})`) : null,
-            current ? h('span', { class: 'tag' }, 'current') : null,
-            a.status ? [' ', h('span', { 'data-col': 'attempt-status' }, badge(a.status))] : null),
+            current ? h('span', { class: 'tag' }, 'current') : null),
           h('div', { class: 'track', 'aria-hidden': 'true' },
             h('div', { class: `bar${end === null ? ' live' : ''}`, style: { left: `${left}%`, width: `${Math.min(width, 100 - left)}%` } })),
           h('div', { class: 'attempt-meta' },
+            a.status ? [h('span', { 'data-col': 'attempt-status' }, badge(a.status)), ' '] : null,
             `${formatTime(a.start_time_ms)} → ${end === null ? 'now' : formatTime(end)} · `,
             durationEl(a.start_time_ms, end), ` · ${plural(workers.length, 'worker')}`, cause, ' · ',
             h('button', {
