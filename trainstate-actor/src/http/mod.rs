@@ -122,6 +122,27 @@ impl HttpConfig {
     }
 }
 
+/// Checks one CORS origin as a browser sends it in `Origin`:
+/// `http(s)://host[:port]`, no path, no wildcard. `*` is refused rather
+/// than taken to mean "any": name the origins that may call the API.
+pub fn check_cors_origin(origin: &str) -> Result<HeaderValue, String> {
+    if origin == "*" {
+        return Err("a wildcard is not allowed: list each origin (https://host[:port])".into());
+    }
+    let rest = origin
+        .strip_prefix("https://")
+        .or_else(|| origin.strip_prefix("http://"))
+        .ok_or("an origin starts with http:// or https://")?;
+    let valid = !rest.is_empty()
+        && rest
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'));
+    if !valid {
+        return Err("an origin is scheme://host[:port], without path, query or spaces".into());
+    }
+    HeaderValue::from_str(origin).map_err(|e| e.to_string())
+}
+
 /// Documents generated once at start from the Rust types.
 pub(crate) struct Documents {
     schemas: Vec<(&'static str, String)>,
@@ -212,8 +233,18 @@ fn router(
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .layer(middleware::from_fn_with_state(state.clone(), measure));
     if !state.config.cors_origins.is_empty() {
-        let origins: Vec<HeaderValue> =
-            state.config.cors_origins.iter().filter_map(|o| o.parse().ok()).collect();
+        let origins: Vec<HeaderValue> = state
+            .config
+            .cors_origins
+            .iter()
+            .filter_map(|o| match check_cors_origin(o) {
+                Ok(origin) => Some(origin),
+                Err(err) => {
+                    tracing::warn!(origin = %o, "CORS origin ignored: {err}");
+                    None
+                }
+            })
+            .collect();
         app = app.layer(
             CorsLayer::new()
                 .allow_origin(AllowOrigin::list(origins))
@@ -315,7 +346,7 @@ async fn authorize(State(app): State<AppState>, request: Request, next: Next) ->
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer_token)
         .map(str::to_owned)
         .or_else(|| {
             // A browser's EventSource cannot send headers: reads may carry it in the query.
@@ -331,6 +362,13 @@ async fn authorize(State(app): State<AppState>, request: Request, next: Next) ->
         }
         _ => ApiError::unauthorized().into_response(),
     }
+}
+
+/// The credentials of an `Authorization: Bearer <token>` value. The scheme
+/// is case-insensitive (RFC 9110 §11.1), so `bearer` and `BEARER` count too.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim_start_matches(' '))
 }
 
 /// The token a read may carry in its query string.
@@ -369,7 +407,16 @@ async fn measure(State(app): State<AppState>, request: Request, next: Next) -> R
 
 #[cfg(test)]
 mod tests {
-    use super::constant_time_eq;
+    use super::{bearer_token, constant_time_eq};
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        for value in ["Bearer t0k", "bearer t0k", "BEARER t0k", "bEaReR  t0k"] {
+            assert_eq!(bearer_token(value), Some("t0k"), "{value}");
+        }
+        assert_eq!(bearer_token("Basic t0k"), None);
+        assert_eq!(bearer_token("Bearert0k"), None);
+    }
 
     #[test]
     fn constant_time_eq_compares_whole_tokens() {
