@@ -106,3 +106,207 @@ fn regression_flags_that_lied_or_crashed_are_refused_before_listening() {
     )
     .expect("flags at their limits start");
 }
+
+/// Reads one HTTP/1.1 answer (headers and a `content-length` body) from a
+/// raw socket; `None` if the server closed the connection first.
+async fn read_answer(stream: &mut tokio::net::TcpStream) -> Option<(StatusCode, Vec<u8>)> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let status: u16 = head.split(' ').nth(1)?.parse().ok()?;
+            let length: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map_or(0, |v| v.trim().parse().unwrap());
+            while buf.len() < end + 4 + length {
+                let n = stream.read(&mut chunk).await.ok()?;
+                if n == 0 {
+                    return None;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            let body = buf[end + 4..end + 4 + length].to_vec();
+            return Some((StatusCode::from_u16(status).unwrap(), body));
+        }
+        let n = stream.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// A guard on a wait that must end by itself; not a margin the test needs.
+const HANG: std::time::Duration = std::time::Duration::from_secs(60);
+
+#[tokio::test]
+async fn regression_over_limit_content_length_is_refused_at_once() {
+    use tokio::io::AsyncWriteExt;
+    // A deadline far longer than the guard: an answer can only come from
+    // the header check, not from the request deadline (the old 503 after 30 s).
+    let http = HttpConfig::default()
+        .with_max_body_bytes(1024)
+        .with_request_timeout(std::time::Duration::from_secs(3600));
+    let server = server(http).await;
+    let url = format!("{}/api/train/runs", server.url);
+    let mut stream =
+        tokio::net::TcpStream::connect(server.url.trim_start_matches("http://")).await.unwrap();
+    stream
+        .write_all(
+            b"POST /api/train/runs HTTP/1.1\r\nhost: 127.0.0.1\r\n\
+              content-type: application/json\r\ncontent-length: 1025\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let (status, body) = tokio::time::timeout(HANG, read_answer(&mut stream))
+        .await
+        .expect("the 413 comes without the body being sent")
+        .expect("an answer");
+    check_answer(&Method::POST, &url, status, &body);
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["error"]["code"], "payload_too_large");
+    drop(stream);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn regression_concurrent_request_bodies_are_bounded() {
+    use tokio::io::AsyncWriteExt;
+    let http = HttpConfig::default()
+        .with_max_concurrent_bodies(2)
+        .with_request_timeout(std::time::Duration::from_secs(3600));
+    let server = server(http).await;
+    let url = format!("{}/api/train/runs", server.url);
+    let addr = server.url.trim_start_matches("http://").to_owned();
+    // Two uploads that stall partway, as the 100 stalled uploads did.
+    let mut stalled = Vec::new();
+    for _ in 0..2 {
+        let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        stream
+            .write_all(
+                b"POST /api/train/runs HTTP/1.1\r\nhost: 127.0.0.1\r\n\
+                  content-type: application/json\r\ncontent-length: 100\r\n\r\n{\"run_id\":",
+            )
+            .await
+            .unwrap();
+        stalled.push(stream);
+    }
+    let client = Client::new();
+    let post = |i: usize| {
+        let client = client.clone();
+        let url = url.clone();
+        async move {
+            let run = run_with(&RunId::new_v7(), &format!("b{i}"), "job1", T0, 2);
+            crate::contract::send(
+                &client,
+                Method::POST,
+                &url,
+                Some(("application/json", serde_json::to_vec(&run).unwrap())),
+                None,
+            )
+            .await
+        }
+    };
+    // Until the head has taken both stalled bodies in, a third is served;
+    // from then on it is refused.
+    let deadline = std::time::Instant::now() + HANG;
+    let mut i = 0;
+    let refused = loop {
+        i += 1;
+        let (status, body) = post(i).await;
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            break body;
+        }
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        assert!(std::time::Instant::now() < deadline, "the bound never applied");
+        tokio::task::yield_now().await;
+    };
+    assert_eq!(refused["error"]["code"], "overloaded", "{refused}");
+    // A stalled upload that gives up frees its place.
+    stalled.pop();
+    loop {
+        i += 1;
+        let (status, body) = post(i).await;
+        if status == StatusCode::CREATED {
+            break;
+        }
+        assert_eq!(body["error"]["code"], "overloaded", "{body}");
+        assert!(std::time::Instant::now() < deadline, "the place was never freed");
+        tokio::task::yield_now().await;
+    }
+    drop(stalled);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn regression_half_sent_headers_are_cut_off_by_the_header_read_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let http =
+        HttpConfig::default().with_header_read_timeout(std::time::Duration::from_millis(200));
+    let server = server(http).await;
+    let mut stream =
+        tokio::net::TcpStream::connect(server.url.trim_start_matches("http://")).await.unwrap();
+    stream.write_all(b"GET /api/train/runs HTTP/1.1\r\nhost: 127.0").await.unwrap();
+    // The head closes the connection by itself (it never would before).
+    let answer = tokio::time::timeout(HANG, read_answer(&mut stream))
+        .await
+        .expect("the head must close a connection whose headers never finish");
+    assert!(answer.is_none(), "no answer to a request never sent: {answer:?}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn regression_connections_beyond_the_cap_wait_for_a_free_place() {
+    use tokio::io::AsyncWriteExt;
+    let server = server(HttpConfig::default().with_max_connections(1)).await;
+    let url = format!("{}/healthz", server.url);
+    // Connection A is accepted and served, then kept alive: the only place.
+    let mut a =
+        tokio::net::TcpStream::connect(server.url.trim_start_matches("http://")).await.unwrap();
+    let request = b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n";
+    a.write_all(request).await.unwrap();
+    let (status, body) = read_answer(&mut a).await.unwrap();
+    check_answer(&Method::GET, &url, status, &body);
+    // B waits in the backlog while A holds the place...
+    let b = tokio::spawn(async move {
+        crate::contract::send(&Client::new(), Method::GET, &url, None, None).await
+    });
+    for _ in 0..3 {
+        a.write_all(request).await.unwrap();
+        let (status, _) = read_answer(&mut a).await.unwrap();
+        assert_eq!(status, StatusCode::OK);
+        assert!(!b.is_finished(), "a second connection was served beside the first");
+    }
+    // ...and is served once A closes.
+    drop(a);
+    let (status, _) = tokio::time::timeout(HANG, b).await.unwrap().unwrap();
+    assert_eq!(status, StatusCode::OK);
+    server.stop().await;
+}
+
+#[test]
+fn regression_sigterm_completes_whatever_clients_do() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    // The header-read timeout is far longer than the test's guard: only the
+    // shutdown grace can end these connections.
+    let mut head =
+        Head::start(dir.path(), &["--header-read-timeout", "1h", "--shutdown-grace", "1s"])
+            .unwrap();
+    let addr = head.url.trim_start_matches("http://").to_owned();
+    // One client holds half-sent headers.
+    let mut half = std::net::TcpStream::connect(&addr).unwrap();
+    half.write_all(b"GET /api/train/runs HTTP/1.1\r\nhost: 127.0").unwrap();
+    // Another pipelines far more answers than socket buffers hold, and never reads.
+    let mut deaf = std::net::TcpStream::connect(&addr).unwrap();
+    let request = b"GET /openapi.json HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n".repeat(400);
+    deaf.write_all(&request).unwrap();
+    head.signal("-TERM");
+    let status = head.wait();
+    assert!(status.success(), "{status}");
+    drop((half, deaf));
+}

@@ -169,6 +169,10 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
         .with_protected_reads(args.protect_reads)
         .with_max_body_bytes(args.max_body_bytes)
         .with_max_subscribers(args.max_subscribers)
+        .with_header_read_timeout(args.header_read_timeout)
+        .with_max_connections(args.max_connections)
+        .with_max_concurrent_bodies(args.max_concurrent_bodies)
+        .with_shutdown_grace(args.shutdown_grace)
         .with_cors_origins(args.cors_origins.clone())
         .with_links(links);
     serve(listener, service.clone(), http, shutdown).await.map_err(|e| format!("serving: {e}"))?;
@@ -211,8 +215,22 @@ fn check_limits(args: &ServeArgs) -> Result<(), String> {
         trainstate_actor::http::check_cors_origin(origin)
             .map_err(|e| format!("--cors-origin {origin:?}: {e}"))?;
     }
-    if args.max_body_bytes == 0 {
-        return Err("--max-body-bytes must be at least 1".into());
+    for (flag, value) in [
+        ("--max-body-bytes", args.max_body_bytes),
+        ("--max-connections", args.max_connections),
+        ("--max-concurrent-bodies", args.max_concurrent_bodies),
+    ] {
+        if value == 0 {
+            return Err(format!("{flag} must be at least 1"));
+        }
+    }
+    for (flag, value) in [
+        ("--header-read-timeout", args.header_read_timeout),
+        ("--shutdown-grace", args.shutdown_grace),
+    ] {
+        if value > MAX_LEASE {
+            return Err(format!("{flag} {value:?}: at most {}h", MAX_LEASE.as_secs() / 3600));
+        }
     }
     Ok(())
 }

@@ -42,6 +42,22 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// The default bound on concurrent event subscribers.
 pub const DEFAULT_MAX_SUBSCRIBERS: usize = 256;
 
+/// The default time a client has to send a request's headers; hyper starts
+/// the same timer when a kept-alive connection waits for its next request,
+/// so it is also the idle timeout of a connection between requests.
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The default bound on open connections (well under a 1,024-descriptor limit).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+
+/// The default bound on request bodies being received at once: with the
+/// default body limit, at most 16 × 16 MiB are buffered.
+pub const DEFAULT_MAX_CONCURRENT_BODIES: usize = 16;
+
+/// The default time open connections get to finish after shutdown begins;
+/// then they are closed, whatever their clients do.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
 /// How the HTTP API is served.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -58,6 +74,15 @@ pub struct HttpConfig {
     pub max_subscribers: usize,
     /// Origins allowed by CORS; none means CORS is off.
     pub cors_origins: Vec<String>,
+    /// How long a client may take to send a request's headers, and how long
+    /// a kept-alive connection may wait idle for its next request.
+    pub header_read_timeout: Duration,
+    /// The most open connections; further ones wait in the listen backlog.
+    pub max_connections: usize,
+    /// The most request bodies received at once; past it, 503 `overloaded`.
+    pub max_concurrent_bodies: usize,
+    /// How long connections get to finish once shutdown begins.
+    pub shutdown_grace: Duration,
     /// URL templates of links out to logs and metrics, checked by
     /// [`crate::links::check_template`].
     pub links: trainstate_client::api::LinksResponse,
@@ -72,6 +97,10 @@ impl Default for HttpConfig {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             max_subscribers: DEFAULT_MAX_SUBSCRIBERS,
             cors_origins: Vec::new(),
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_concurrent_bodies: DEFAULT_MAX_CONCURRENT_BODIES,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             links: trainstate_client::api::LinksResponse::default(),
         }
     }
@@ -112,6 +141,30 @@ impl HttpConfig {
     /// [`crate::links::check_template`] first).
     pub fn with_links(mut self, links: trainstate_client::api::LinksResponse) -> Self {
         self.links = links;
+        self
+    }
+
+    /// Sets the header-read (and keep-alive idle) timeout.
+    pub fn with_header_read_timeout(mut self, timeout: Duration) -> Self {
+        self.header_read_timeout = timeout;
+        self
+    }
+
+    /// Sets the bound on open connections.
+    pub fn with_max_connections(mut self, max: usize) -> Self {
+        self.max_connections = max;
+        self
+    }
+
+    /// Sets the bound on request bodies received at once.
+    pub fn with_max_concurrent_bodies(mut self, max: usize) -> Self {
+        self.max_concurrent_bodies = max;
+        self
+    }
+
+    /// Sets the time connections get to finish once shutdown begins.
+    pub fn with_shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = grace;
         self
     }
 
@@ -177,27 +230,83 @@ pub(crate) struct AppState {
     config: Arc<HttpConfig>,
     metrics: Arc<HttpMetrics>,
     subscribers: Arc<Semaphore>,
+    bodies: Arc<Semaphore>,
     documents: Arc<Documents>,
     shutdown: watch::Receiver<bool>,
 }
 
 /// Serves the API on `listener` until `shutdown` completes; then stops
-/// accepting, ends open event streams, and finishes the requests in flight.
-/// The state actor is not stopped: that is the caller's next step.
+/// accepting, ends open event streams, and gives the connections in flight
+/// [`HttpConfig::shutdown_grace`] to finish before closing them, whatever
+/// their clients do. The state actor is not stopped: that is the caller's
+/// next step.
+///
+/// Each connection is HTTP/1.1 with hyper's header-read timeout (which also
+/// bounds a kept-alive connection's idle wait); at most
+/// [`HttpConfig::max_connections`] are open at once, and further clients wait
+/// in the listen backlog until one closes.
 pub async fn serve(
     listener: TcpListener,
     service: Arc<StateService>,
     config: HttpConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::server::graceful::GracefulShutdown;
+    use hyper_util::service::TowerToHyperService;
+
     let (stop, stopping) = watch::channel(false);
+    let grace = config.shutdown_grace;
+    let connections = Arc::new(Semaphore::new(config.max_connections.max(1)));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(config.header_read_timeout);
     let app = router(service, config, stopping);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            let _ = stop.send(true);
-        })
-        .await
+    let graceful = GracefulShutdown::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        while tasks.try_join_next().is_some() {}
+        let permit = tokio::select! {
+            permit = connections.clone().acquire_owned() => {
+                permit.expect("the connection semaphore is never closed")
+            }
+            () = &mut shutdown => break,
+        };
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(err) => {
+                    // Out of descriptors, or the peer gave up: wait a moment
+                    // (as hyper and axum do) instead of spinning.
+                    tracing::warn!("accepting a connection failed: {err}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let connection =
+            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        let connection = graceful.watch(connection);
+        tasks.spawn(async move {
+            let _ = connection.await;
+            drop(permit);
+        });
+    }
+    drop(listener);
+    let _ = stop.send(true);
+    let open = tasks.len();
+    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+        tracing::warn!(
+            connections = tasks.len(),
+            "connections still open after the {grace:?} shutdown grace; closing them"
+        );
+    } else if open > 0 {
+        tracing::info!(connections = open, "open connections finished");
+    }
+    tasks.shutdown().await;
+    Ok(())
 }
 
 fn router(
@@ -209,6 +318,7 @@ fn router(
         handle: service.handle(),
         service,
         subscribers: Arc::new(Semaphore::new(config.max_subscribers)),
+        bodies: Arc::new(Semaphore::new(config.max_concurrent_bodies)),
         metrics: Arc::default(),
         documents: Arc::new(Documents::generate()),
         config: Arc::new(config),
@@ -230,6 +340,7 @@ fn router(
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), bound_bodies))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .layer(middleware::from_fn_with_state(state.clone(), measure));
     if !state.config.cors_origins.is_empty() {
@@ -327,6 +438,44 @@ async fn deadline(State(app): State<AppState>, request: Request, next: Next) -> 
         )
         .into_response(),
     }
+}
+
+/// Refuses an announced body over the limit at once (413, before a byte of
+/// it is read), and bounds the bodies received at once (503 `overloaded`
+/// past [`HttpConfig::max_concurrent_bodies`]); the permit is held until the
+/// answer is ready.
+async fn bound_bodies(State(app): State<AppState>, request: Request, next: Next) -> Response {
+    if matches!(*request.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
+        // Reads take no body; whatever is sent is never read.
+        return next.run(request).await;
+    }
+    let headers = request.headers();
+    let length = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if length.is_some_and(|n| n > app.config.max_body_bytes as u64) {
+        return ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            format!("the body is over the limit of {} bytes", app.config.max_body_bytes),
+        )
+        .into_response();
+    }
+    let has_body = length.is_some_and(|n| n > 0) || headers.contains_key(header::TRANSFER_ENCODING);
+    if !has_body {
+        return next.run(request).await;
+    }
+    let Ok(_permit) = app.bodies.clone().try_acquire_owned() else {
+        return ApiError::new(
+            ErrorCode::Overloaded,
+            format!(
+                "{} request bodies are being received; retry",
+                app.config.max_concurrent_bodies
+            ),
+        )
+        .into_response();
+    };
+    next.run(request).await
 }
 
 /// Checks the bearer token: always for writes when a token is set, and for
