@@ -310,3 +310,37 @@ fn regression_sigterm_completes_whatever_clients_do() {
     assert!(status.success(), "{status}");
     drop((half, deaf));
 }
+
+#[tokio::test]
+async fn regression_dns_rebinding_host_is_refused_without_a_token() {
+    let runs_of = |server: &Server| format!("{}/api/train/runs", server.url);
+    let get = |url: String, host: &'static str| async move {
+        let request = Client::new().get(&url).header("host", host);
+        send_raw(Method::GET, &url, request).await
+    };
+    // No token: only the head's own names are served.
+    let open = server(HttpConfig::default()).await;
+    let url = runs_of(&open);
+    for host in ["evil.example", "evil.example:8266", "127.0.0.1.nip.io"] {
+        let (status, body) = get(url.clone(), host).await;
+        assert_eq!(status, StatusCode::MISDIRECTED_REQUEST, "{host}: {body}");
+        assert_eq!(body["error"]["code"], "misdirected_request", "{host}");
+    }
+    for host in ["localhost:8266", "127.0.0.1", "[::1]:8266"] {
+        let (status, body) = get(url.clone(), host).await;
+        assert_eq!(status, StatusCode::OK, "{host}: {body}");
+    }
+    let (status, _) = crate::contract::send(&Client::new(), Method::GET, &url, None, None).await;
+    assert_eq!(status, StatusCode::OK, "the listen address itself");
+    open.stop().await;
+    // `--insecure`, or a token, lifts it.
+    for http in [
+        HttpConfig::default().with_any_host(true),
+        HttpConfig::default().with_token(Some("s3cret".into())),
+    ] {
+        let server = server(http).await;
+        let (status, body) = get(runs_of(&server), "evil.example").await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        server.stop().await;
+    }
+}

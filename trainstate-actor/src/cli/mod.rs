@@ -86,7 +86,8 @@ struct ServeArgs {
     /// Reads need the token too.
     #[arg(long, env = "TRAINSTATE_PROTECT_READS")]
     protect_reads: bool,
-    /// Allow listening on a non-loopback address without a token.
+    /// Allow listening on a non-loopback address without a token, and serve any
+    /// `Host` header without one (otherwise only loopback names and the listen address).
     #[arg(long, env = "TRAINSTATE_INSECURE")]
     insecure: bool,
     /// Origins allowed by CORS (repeat, or comma-separated).

@@ -173,6 +173,7 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
         .with_max_connections(args.max_connections)
         .with_max_concurrent_bodies(args.max_concurrent_bodies)
         .with_shutdown_grace(args.shutdown_grace)
+        .with_any_host(args.insecure)
         .with_cors_origins(args.cors_origins.clone())
         .with_links(links);
     serve(listener, service.clone(), http, shutdown).await.map_err(|e| format!("serving: {e}"))?;

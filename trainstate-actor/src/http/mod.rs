@@ -83,6 +83,10 @@ pub struct HttpConfig {
     pub max_concurrent_bodies: usize,
     /// How long connections get to finish once shutdown begins.
     pub shutdown_grace: Duration,
+    /// Serve any `Host`, even without a token (`--insecure`). Otherwise a
+    /// head without a token serves only `Host` values naming it (loopback
+    /// names and its listen address): a guard against DNS rebinding.
+    pub allow_any_host: bool,
     /// URL templates of links out to logs and metrics, checked by
     /// [`crate::links::check_template`].
     pub links: trainstate_client::api::LinksResponse,
@@ -101,6 +105,7 @@ impl Default for HttpConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_concurrent_bodies: DEFAULT_MAX_CONCURRENT_BODIES,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            allow_any_host: false,
             links: trainstate_client::api::LinksResponse::default(),
         }
     }
@@ -168,6 +173,12 @@ impl HttpConfig {
         self
     }
 
+    /// Serves any `Host` even without a token.
+    pub fn with_any_host(mut self, allow: bool) -> Self {
+        self.allow_any_host = allow;
+        self
+    }
+
     /// Allows these origins by CORS.
     pub fn with_cors_origins(mut self, origins: Vec<String>) -> Self {
         self.cors_origins = origins;
@@ -231,6 +242,7 @@ pub(crate) struct AppState {
     metrics: Arc<HttpMetrics>,
     subscribers: Arc<Semaphore>,
     bodies: Arc<Semaphore>,
+    listen: Option<std::net::SocketAddr>,
     documents: Arc<Documents>,
     shutdown: watch::Receiver<bool>,
 }
@@ -260,7 +272,8 @@ pub async fn serve(
     let connections = Arc::new(Semaphore::new(config.max_connections.max(1)));
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(config.header_read_timeout);
-    let app = router(service, config, stopping);
+    let listen = listener.local_addr().ok();
+    let app = router(service, config, stopping, listen);
     let graceful = GracefulShutdown::new();
     let mut tasks = tokio::task::JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -313,12 +326,14 @@ fn router(
     service: Arc<StateService>,
     config: HttpConfig,
     shutdown: watch::Receiver<bool>,
+    listen: Option<std::net::SocketAddr>,
 ) -> Router {
     let state = AppState {
         handle: service.handle(),
         service,
         subscribers: Arc::new(Semaphore::new(config.max_subscribers)),
         bodies: Arc::new(Semaphore::new(config.max_concurrent_bodies)),
+        listen,
         metrics: Arc::default(),
         documents: Arc::new(Documents::generate()),
         config: Arc::new(config),
@@ -342,6 +357,7 @@ fn router(
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
         .layer(middleware::from_fn_with_state(state.clone(), bound_bodies))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        .layer(middleware::from_fn_with_state(state.clone(), check_host))
         .layer(middleware::from_fn_with_state(state.clone(), measure));
     if !state.config.cors_origins.is_empty() {
         let origins: Vec<HeaderValue> = state
@@ -437,6 +453,49 @@ async fn deadline(State(app): State<AppState>, request: Request, next: Next) -> 
             ),
         )
         .into_response(),
+    }
+}
+
+/// Without a token, serves only `Host` values that name this head: a web
+/// page on a rebinding name (`attacker.example` resolving to 127.0.0.1)
+/// would otherwise read and write through the user's browser. Answers 421
+/// `misdirected_request` (this head does not serve that authority) in the
+/// JSON error shape. A request without `Host` (HTTP/1.0; no browser sends
+/// one) is served. `--insecure` or a token lifts the check: with a token,
+/// writes need it anyway.
+async fn check_host(State(app): State<AppState>, request: Request, next: Next) -> Response {
+    if app.config.token.is_some() || app.config.allow_any_host {
+        return next.run(request).await;
+    }
+    let host = request.headers().get(header::HOST).map(|v| v.to_str().unwrap_or("\u{fffd}"));
+    match host {
+        Some(host) if !host_names_listener(host, app.listen) => ApiError::new(
+            ErrorCode::MisdirectedRequest,
+            format!(
+                "this head serves only its own names without a token (localhost, 127.0.0.1, \
+                 [::1] or its listen address), not Host {host:?}; give it a token or --insecure"
+            ),
+        )
+        .into_response(),
+        _ => next.run(request).await,
+    }
+}
+
+/// True when `host` (`name[:port]`) names a loopback address or `listen`'s.
+fn host_names_listener(host: &str, listen: Option<std::net::SocketAddr>) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(name, port)| {
+            if port.bytes().all(|b| b.is_ascii_digit()) { name } else { host }
+        }),
+    };
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    if name == "localhost" || name.ends_with(".localhost") {
+        return true;
+    }
+    match name.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.is_loopback() || listen.is_some_and(|l| l.ip() == ip),
+        Err(_) => false,
     }
 }
 
@@ -556,7 +615,35 @@ async fn measure(State(app): State<AppState>, request: Request, next: Next) -> R
 
 #[cfg(test)]
 mod tests {
-    use super::{bearer_token, constant_time_eq};
+    use super::{bearer_token, constant_time_eq, host_names_listener};
+
+    #[test]
+    fn hosts_that_name_the_listener() {
+        let listen = Some("10.1.2.3:8266".parse().unwrap());
+        for host in [
+            "localhost",
+            "LOCALHOST:8266",
+            "app.localhost",
+            "127.0.0.1:9",
+            "[::1]:8266",
+            "[::1]",
+            "10.1.2.3:8266",
+            "127.0.0.2",
+        ] {
+            assert!(host_names_listener(host, listen), "{host}");
+        }
+        for host in [
+            "evil.example",
+            "evil.example:8266",
+            "localhost.evil.example",
+            "10.1.2.4",
+            "[::2]:1",
+            "",
+            "127.0.0.1.nip.io",
+        ] {
+            assert!(!host_names_listener(host, listen), "{host}");
+        }
+    }
 
     #[test]
     fn bearer_scheme_is_case_insensitive() {
