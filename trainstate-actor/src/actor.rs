@@ -143,7 +143,7 @@ impl Actor for TrainStateActor {
                 let view = &state.writer.shared.view;
                 state.rendezvous.sweep(&mut state.runs, view, now, &mut change);
                 if !change.answer.is_empty() {
-                    tracing::warn!(runs = ?change.answer, "aborted runs whose controller stopped heartbeating");
+                    tracing::warn!(count = change.answer.len(), sample = %crate::log_sample::sample(&change.answer), "aborted runs whose controller stopped heartbeating");
                 }
                 state.write(Ok(Outcome::Changed(change)), reply);
             }

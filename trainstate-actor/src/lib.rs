@@ -53,6 +53,7 @@ pub mod forward;
 pub mod http;
 #[cfg(feature = "server")]
 pub mod links;
+mod log_sample;
 pub mod ray_export;
 mod record;
 mod rendezvous;

@@ -5,6 +5,7 @@ mod contract;
 mod durability;
 mod events;
 mod forwarding;
+mod hardening;
 mod http_api;
 mod lifecycle;
 mod listing;

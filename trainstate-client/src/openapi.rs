@@ -159,12 +159,15 @@ fn operation(route: &Route, generator: &mut SchemaGenerator) -> Value {
         responses.insert(success.status.to_string(), response);
     }
     let error = generator.subschema_for::<ErrorResponse>().to_value();
-    let mut statuses: Vec<u16> = route.errors.iter().map(|c| c.http_status()).collect();
+    // Every route may refuse a `Host` that names no address of the head.
+    let errors: Vec<ErrorCode> =
+        route.errors.iter().copied().chain([ErrorCode::MisdirectedRequest]).collect();
+    let mut statuses: Vec<u16> = errors.iter().map(|c| c.http_status()).collect();
     statuses.sort_unstable();
     statuses.dedup();
     for status in statuses {
         let codes: Vec<&str> =
-            route.errors.iter().filter(|c| c.http_status() == status).map(|c| c.as_str()).collect();
+            errors.iter().filter(|c| c.http_status() == status).map(|c| c.as_str()).collect();
         let schema = json!({
             "allOf": [
                 error,

@@ -614,6 +614,9 @@ pub enum ErrorCode {
     NotFound,
     /// The route does not take this method (405).
     MethodNotAllowed,
+    /// The `Host` header names no address of this head, which serves only
+    /// its own names without a token: a guard against DNS rebinding (421).
+    MisdirectedRequest,
     /// The request contradicts the stored run (409).
     Conflict,
     /// The lifecycle does not allow this status change (409).
@@ -634,7 +637,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 15] = [
+    pub const ALL: [ErrorCode; 16] = [
         ErrorCode::BadRequest,
         ErrorCode::Invalid,
         ErrorCode::UnsupportedMediaType,
@@ -642,6 +645,7 @@ impl ErrorCode {
         ErrorCode::Unauthorized,
         ErrorCode::NotFound,
         ErrorCode::MethodNotAllowed,
+        ErrorCode::MisdirectedRequest,
         ErrorCode::Conflict,
         ErrorCode::IllegalTransition,
         ErrorCode::Unavailable,
@@ -662,6 +666,7 @@ impl ErrorCode {
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::NotFound => "not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::MisdirectedRequest => "misdirected_request",
             ErrorCode::Conflict => "conflict",
             ErrorCode::IllegalTransition => "illegal_transition",
             ErrorCode::Unavailable => "unavailable",
@@ -682,6 +687,7 @@ impl ErrorCode {
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::Conflict | ErrorCode::IllegalTransition => 409,
             ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::MisdirectedRequest => 421,
             ErrorCode::UnsupportedMediaType => 415,
             ErrorCode::Invalid => 422,
             ErrorCode::Corrupt | ErrorCode::Internal => 500,

@@ -21,7 +21,8 @@ pub(crate) fn parse(text: &str) -> Result<Duration, String> {
     if !seconds.is_finite() || seconds <= 0.0 {
         return Err(format!("{text:?} must be a positive duration"));
     }
-    Ok(Duration::from_secs_f64(seconds))
+    // Not `from_secs_f64`, which panics on a value too large for a Duration.
+    Duration::try_from_secs_f64(seconds).map_err(|_| format!("{text:?} is too long a duration"))
 }
 
 #[cfg(test)]
@@ -36,5 +37,6 @@ mod tests {
         assert!(parse("5").is_err());
         assert!(parse("0s").is_err());
         assert!(parse("5d").is_err());
+        assert!(parse("99999999999999999999999999s").is_err(), "too long, not a panic");
     }
 }

@@ -26,7 +26,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the head service: the state actor, its store and the HTTP API.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Read runs from a head service.
     Runs {
         #[command(subcommand)]
@@ -86,7 +86,8 @@ struct ServeArgs {
     /// Reads need the token too.
     #[arg(long, env = "TRAINSTATE_PROTECT_READS")]
     protect_reads: bool,
-    /// Allow listening on a non-loopback address without a token.
+    /// Allow listening on a non-loopback address without a token, and serve any
+    /// `Host` header without one (otherwise only loopback names and the listen address).
     #[arg(long, env = "TRAINSTATE_INSECURE")]
     insecure: bool,
     /// Origins allowed by CORS (repeat, or comma-separated).
@@ -106,6 +107,19 @@ struct ServeArgs {
     /// The most concurrent event subscribers.
     #[arg(long, env = "TRAINSTATE_MAX_SUBSCRIBERS", default_value_t = trainstate_actor::http::DEFAULT_MAX_SUBSCRIBERS)]
     max_subscribers: usize,
+    /// How long a client may take to send a request's headers; also how long a
+    /// kept-alive connection may stay idle between requests.
+    #[arg(long, env = "TRAINSTATE_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = duration::parse)]
+    header_read_timeout: Duration,
+    /// The most open connections; further clients wait until one closes.
+    #[arg(long, env = "TRAINSTATE_MAX_CONNECTIONS", default_value_t = trainstate_actor::http::DEFAULT_MAX_CONNECTIONS)]
+    max_connections: usize,
+    /// The most request bodies received at once; past it, writes get 503 overloaded.
+    #[arg(long, env = "TRAINSTATE_MAX_CONCURRENT_BODIES", default_value_t = trainstate_actor::http::DEFAULT_MAX_CONCURRENT_BODIES)]
+    max_concurrent_bodies: usize,
+    /// How long open connections get to finish on SIGTERM/SIGINT before they are closed.
+    #[arg(long, env = "TRAINSTATE_SHUTDOWN_GRACE", default_value = "10s", value_parser = duration::parse)]
+    shutdown_grace: Duration,
     /// SQLite synchronous=NORMAL instead of FULL (faster; the last commits may be lost on power loss).
     #[arg(long, env = "TRAINSTATE_SYNC_NORMAL")]
     sync_normal: bool,
@@ -168,7 +182,7 @@ fn read_token_file(path: &std::path::Path) -> Result<String, String> {
 pub(crate) fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
         Command::Runs { command } => client::runs(command),
         Command::Schema { r#type } => client::schema(r#type.as_deref()),
         Command::Ingest { command } => ingest::run(command),

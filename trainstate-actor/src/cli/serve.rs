@@ -3,9 +3,11 @@
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
 use std::net::SocketAddr;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use trainstate_actor::forward::{ForwardConfig, start_forwarding};
 use trainstate_actor::http::{HttpConfig, serve};
@@ -60,6 +62,7 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
                 .map_err(|e| format!("{flag}: {e}"))?;
         }
     }
+    check_limits(&args)?;
     let links = LinksResponse::new(args.logs_url.clone(), args.metrics_url.clone());
     let addr: SocketAddr = tokio::net::lookup_host(&args.listen)
         .await
@@ -166,6 +169,11 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
         .with_protected_reads(args.protect_reads)
         .with_max_body_bytes(args.max_body_bytes)
         .with_max_subscribers(args.max_subscribers)
+        .with_header_read_timeout(args.header_read_timeout)
+        .with_max_connections(args.max_connections)
+        .with_max_concurrent_bodies(args.max_concurrent_bodies)
+        .with_shutdown_grace(args.shutdown_grace)
+        .with_any_host(args.insecure)
         .with_cors_origins(args.cors_origins.clone())
         .with_links(links);
     serve(listener, service.clone(), http, shutdown).await.map_err(|e| format!("serving: {e}"))?;
@@ -175,6 +183,56 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
     tracing::info!("stopped accepting; committing what is queued");
     service.shutdown().await;
     tracing::info!("shut down cleanly");
+    Ok(())
+}
+
+/// The shortest `--lease`: below it a heartbeat's round trip and the sweep's
+/// own period (a quarter of the lease) leave no room for a healthy run.
+pub(crate) const MIN_LEASE: Duration = Duration::from_secs(1);
+/// The longest `--lease`: 30 days. Longer ones overflow the sweep's timers.
+pub(crate) const MAX_LEASE: Duration = Duration::from_secs(30 * 24 * 3600);
+/// The longest `--max-age`: 100 years, far inside what milliseconds in a u64 hold.
+pub(crate) const MAX_AGE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// Checks the flags that the store, the sweep and the router would otherwise
+/// take as they are (wrapped, panicking, or silently dropped).
+fn check_limits(args: &ServeArgs) -> Result<(), String> {
+    if args.lease < MIN_LEASE || args.lease > MAX_LEASE {
+        return Err(format!(
+            "--lease {:?}: must be between {MIN_LEASE:?} and {}h",
+            args.lease,
+            MAX_LEASE.as_secs() / 3600
+        ));
+    }
+    if let Some(age) = args.max_age
+        && age > MAX_AGE
+    {
+        return Err(format!(
+            "--max-age {age:?}: at most {}h (100 years)",
+            MAX_AGE.as_secs() / 3600
+        ));
+    }
+    for origin in &args.cors_origins {
+        trainstate_actor::http::check_cors_origin(origin)
+            .map_err(|e| format!("--cors-origin {origin:?}: {e}"))?;
+    }
+    for (flag, value) in [
+        ("--max-body-bytes", args.max_body_bytes),
+        ("--max-connections", args.max_connections),
+        ("--max-concurrent-bodies", args.max_concurrent_bodies),
+    ] {
+        if value == 0 {
+            return Err(format!("{flag} must be at least 1"));
+        }
+    }
+    for (flag, value) in [
+        ("--header-read-timeout", args.header_read_timeout),
+        ("--shutdown-grace", args.shutdown_grace),
+    ] {
+        if value > MAX_LEASE {
+            return Err(format!("{flag} {value:?}: at most {}h", MAX_LEASE.as_secs() / 3600));
+        }
+    }
     Ok(())
 }
 
@@ -193,6 +251,11 @@ fn read_token(args: &ServeArgs) -> Result<Option<String>, String> {
 /// Takes the data directory's OS file lock, or explains who holds it.
 fn lock_data_dir(dir: &Path) -> Result<File, String> {
     let path = dir.join(LOCK_FILE);
+    // Never follow a symlink: opening one would create or truncate whatever
+    // it points at. Checked before opening (a dangling link would create its
+    // target) and again after, against the file actually opened, before a
+    // byte is written.
+    refuse_symlink(&path)?;
     let mut file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -200,6 +263,11 @@ fn lock_data_dir(dir: &Path) -> Result<File, String> {
         .truncate(false)
         .open(&path)
         .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let opened = file.metadata().map_err(|e| format!("cannot inspect {}: {e}", path.display()))?;
+    let named = refuse_symlink(&path)?;
+    if named.is_none_or(|named| (named.dev(), named.ino()) != (opened.dev(), opened.ino())) {
+        return Err(format!("{} changed while it was being opened; refusing it", path.display()));
+    }
     if file.try_lock().is_err() {
         let mut holder = String::new();
         let _ = file.read_to_string(&mut holder);
@@ -216,6 +284,23 @@ fn lock_data_dir(dir: &Path) -> Result<File, String> {
     let _ = write!(file, "{}", std::process::id());
     let _ = file.flush();
     Ok(file)
+}
+
+/// Refuses `path` if it is a symlink (or anything but a regular file);
+/// returns its metadata if it exists.
+fn refuse_symlink(path: &Path) -> Result<Option<std::fs::Metadata>, String> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_symlink() => Err(format!(
+            "{} is a symlink; refusing to follow it (remove it: the head creates its own lock file)",
+            path.display()
+        )),
+        Ok(meta) if !meta.is_file() => {
+            Err(format!("{} is not a regular file; refusing it", path.display()))
+        }
+        Ok(meta) => Ok(Some(meta)),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(err) => Err(format!("cannot inspect {}: {err}", path.display())),
+    }
 }
 
 /// SIGINT and SIGTERM, listened to from before the head is ready: a signal

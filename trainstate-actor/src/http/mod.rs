@@ -42,6 +42,22 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// The default bound on concurrent event subscribers.
 pub const DEFAULT_MAX_SUBSCRIBERS: usize = 256;
 
+/// The default time a client has to send a request's headers; hyper starts
+/// the same timer when a kept-alive connection waits for its next request,
+/// so it is also the idle timeout of a connection between requests.
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The default bound on open connections (well under a 1,024-descriptor limit).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+
+/// The default bound on request bodies being received at once: with the
+/// default body limit, at most 16 × 16 MiB are buffered.
+pub const DEFAULT_MAX_CONCURRENT_BODIES: usize = 16;
+
+/// The default time open connections get to finish after shutdown begins;
+/// then they are closed, whatever their clients do.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
 /// How the HTTP API is served.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -58,6 +74,19 @@ pub struct HttpConfig {
     pub max_subscribers: usize,
     /// Origins allowed by CORS; none means CORS is off.
     pub cors_origins: Vec<String>,
+    /// How long a client may take to send a request's headers, and how long
+    /// a kept-alive connection may wait idle for its next request.
+    pub header_read_timeout: Duration,
+    /// The most open connections; further ones wait in the listen backlog.
+    pub max_connections: usize,
+    /// The most request bodies received at once; past it, 503 `overloaded`.
+    pub max_concurrent_bodies: usize,
+    /// How long connections get to finish once shutdown begins.
+    pub shutdown_grace: Duration,
+    /// Serve any `Host`, even without a token (`--insecure`). Otherwise a
+    /// head without a token serves only `Host` values naming it (loopback
+    /// names and its listen address): a guard against DNS rebinding.
+    pub allow_any_host: bool,
     /// URL templates of links out to logs and metrics, checked by
     /// [`crate::links::check_template`].
     pub links: trainstate_client::api::LinksResponse,
@@ -72,6 +101,11 @@ impl Default for HttpConfig {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             max_subscribers: DEFAULT_MAX_SUBSCRIBERS,
             cors_origins: Vec::new(),
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_concurrent_bodies: DEFAULT_MAX_CONCURRENT_BODIES,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            allow_any_host: false,
             links: trainstate_client::api::LinksResponse::default(),
         }
     }
@@ -115,11 +149,62 @@ impl HttpConfig {
         self
     }
 
+    /// Sets the header-read (and keep-alive idle) timeout.
+    pub fn with_header_read_timeout(mut self, timeout: Duration) -> Self {
+        self.header_read_timeout = timeout;
+        self
+    }
+
+    /// Sets the bound on open connections.
+    pub fn with_max_connections(mut self, max: usize) -> Self {
+        self.max_connections = max;
+        self
+    }
+
+    /// Sets the bound on request bodies received at once.
+    pub fn with_max_concurrent_bodies(mut self, max: usize) -> Self {
+        self.max_concurrent_bodies = max;
+        self
+    }
+
+    /// Sets the time connections get to finish once shutdown begins.
+    pub fn with_shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = grace;
+        self
+    }
+
+    /// Serves any `Host` even without a token.
+    pub fn with_any_host(mut self, allow: bool) -> Self {
+        self.allow_any_host = allow;
+        self
+    }
+
     /// Allows these origins by CORS.
     pub fn with_cors_origins(mut self, origins: Vec<String>) -> Self {
         self.cors_origins = origins;
         self
     }
+}
+
+/// Checks one CORS origin as a browser sends it in `Origin`:
+/// `http(s)://host[:port]`, no path, no wildcard. `*` is refused rather
+/// than taken to mean "any": name the origins that may call the API.
+pub fn check_cors_origin(origin: &str) -> Result<HeaderValue, String> {
+    if origin == "*" {
+        return Err("a wildcard is not allowed: list each origin (https://host[:port])".into());
+    }
+    let rest = origin
+        .strip_prefix("https://")
+        .or_else(|| origin.strip_prefix("http://"))
+        .ok_or("an origin starts with http:// or https://")?;
+    let valid = !rest.is_empty()
+        && rest
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'));
+    if !valid {
+        return Err("an origin is scheme://host[:port], without path, query or spaces".into());
+    }
+    HeaderValue::from_str(origin).map_err(|e| e.to_string())
 }
 
 /// Documents generated once at start from the Rust types.
@@ -156,38 +241,99 @@ pub(crate) struct AppState {
     config: Arc<HttpConfig>,
     metrics: Arc<HttpMetrics>,
     subscribers: Arc<Semaphore>,
+    bodies: Arc<Semaphore>,
+    listen: Option<std::net::SocketAddr>,
     documents: Arc<Documents>,
     shutdown: watch::Receiver<bool>,
 }
 
 /// Serves the API on `listener` until `shutdown` completes; then stops
-/// accepting, ends open event streams, and finishes the requests in flight.
-/// The state actor is not stopped: that is the caller's next step.
+/// accepting, ends open event streams, and gives the connections in flight
+/// [`HttpConfig::shutdown_grace`] to finish before closing them, whatever
+/// their clients do. The state actor is not stopped: that is the caller's
+/// next step.
+///
+/// Each connection is HTTP/1.1 with hyper's header-read timeout (which also
+/// bounds a kept-alive connection's idle wait); at most
+/// [`HttpConfig::max_connections`] are open at once, and further clients wait
+/// in the listen backlog until one closes.
 pub async fn serve(
     listener: TcpListener,
     service: Arc<StateService>,
     config: HttpConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::server::graceful::GracefulShutdown;
+    use hyper_util::service::TowerToHyperService;
+
     let (stop, stopping) = watch::channel(false);
-    let app = router(service, config, stopping);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            let _ = stop.send(true);
-        })
-        .await
+    let grace = config.shutdown_grace;
+    let connections = Arc::new(Semaphore::new(config.max_connections.max(1)));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(config.header_read_timeout);
+    let listen = listener.local_addr().ok();
+    let app = router(service, config, stopping, listen);
+    let graceful = GracefulShutdown::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        while tasks.try_join_next().is_some() {}
+        let permit = tokio::select! {
+            permit = connections.clone().acquire_owned() => {
+                permit.expect("the connection semaphore is never closed")
+            }
+            () = &mut shutdown => break,
+        };
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(err) => {
+                    // Out of descriptors, or the peer gave up: wait a moment
+                    // (as hyper and axum do) instead of spinning.
+                    tracing::warn!("accepting a connection failed: {err}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let connection =
+            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        let connection = graceful.watch(connection);
+        tasks.spawn(async move {
+            let _ = connection.await;
+            drop(permit);
+        });
+    }
+    drop(listener);
+    let _ = stop.send(true);
+    let open = tasks.len();
+    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+        tracing::warn!(
+            connections = tasks.len(),
+            "connections still open after the {grace:?} shutdown grace; closing them"
+        );
+    } else if open > 0 {
+        tracing::info!(connections = open, "open connections finished");
+    }
+    tasks.shutdown().await;
+    Ok(())
 }
 
 fn router(
     service: Arc<StateService>,
     config: HttpConfig,
     shutdown: watch::Receiver<bool>,
+    listen: Option<std::net::SocketAddr>,
 ) -> Router {
     let state = AppState {
         handle: service.handle(),
         service,
         subscribers: Arc::new(Semaphore::new(config.max_subscribers)),
+        bodies: Arc::new(Semaphore::new(config.max_concurrent_bodies)),
+        listen,
         metrics: Arc::default(),
         documents: Arc::new(Documents::generate()),
         config: Arc::new(config),
@@ -209,11 +355,23 @@ fn router(
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), bound_bodies))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        .layer(middleware::from_fn_with_state(state.clone(), check_host))
         .layer(middleware::from_fn_with_state(state.clone(), measure));
     if !state.config.cors_origins.is_empty() {
-        let origins: Vec<HeaderValue> =
-            state.config.cors_origins.iter().filter_map(|o| o.parse().ok()).collect();
+        let origins: Vec<HeaderValue> = state
+            .config
+            .cors_origins
+            .iter()
+            .filter_map(|o| match check_cors_origin(o) {
+                Ok(origin) => Some(origin),
+                Err(err) => {
+                    tracing::warn!(origin = %o, "CORS origin ignored: {err}");
+                    None
+                }
+            })
+            .collect();
         app = app.layer(
             CorsLayer::new()
                 .allow_origin(AllowOrigin::list(origins))
@@ -298,6 +456,87 @@ async fn deadline(State(app): State<AppState>, request: Request, next: Next) -> 
     }
 }
 
+/// Without a token, serves only `Host` values that name this head: a web
+/// page on a rebinding name (`attacker.example` resolving to 127.0.0.1)
+/// would otherwise read and write through the user's browser. Answers 421
+/// `misdirected_request` (this head does not serve that authority) in the
+/// JSON error shape. A request without `Host` (HTTP/1.0; no browser sends
+/// one) is served. `--insecure` or a token lifts the check: with a token,
+/// writes need it anyway.
+async fn check_host(State(app): State<AppState>, request: Request, next: Next) -> Response {
+    if app.config.token.is_some() || app.config.allow_any_host {
+        return next.run(request).await;
+    }
+    let host = request.headers().get(header::HOST).map(|v| v.to_str().unwrap_or("\u{fffd}"));
+    match host {
+        Some(host) if !host_names_listener(host, app.listen) => ApiError::new(
+            ErrorCode::MisdirectedRequest,
+            format!(
+                "this head serves only its own names without a token (localhost, 127.0.0.1, \
+                 [::1] or its listen address), not Host {host:?}; give it a token or --insecure"
+            ),
+        )
+        .into_response(),
+        _ => next.run(request).await,
+    }
+}
+
+/// True when `host` (`name[:port]`) names a loopback address or `listen`'s.
+fn host_names_listener(host: &str, listen: Option<std::net::SocketAddr>) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(name, port)| {
+            if port.bytes().all(|b| b.is_ascii_digit()) { name } else { host }
+        }),
+    };
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    if name == "localhost" || name.ends_with(".localhost") {
+        return true;
+    }
+    match name.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.is_loopback() || listen.is_some_and(|l| l.ip() == ip),
+        Err(_) => false,
+    }
+}
+
+/// Refuses an announced body over the limit at once (413, before a byte of
+/// it is read), and bounds the bodies received at once (503 `overloaded`
+/// past [`HttpConfig::max_concurrent_bodies`]); the permit is held until the
+/// answer is ready.
+async fn bound_bodies(State(app): State<AppState>, request: Request, next: Next) -> Response {
+    if matches!(*request.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
+        // Reads take no body; whatever is sent is never read.
+        return next.run(request).await;
+    }
+    let headers = request.headers();
+    let length = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if length.is_some_and(|n| n > app.config.max_body_bytes as u64) {
+        return ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            format!("the body is over the limit of {} bytes", app.config.max_body_bytes),
+        )
+        .into_response();
+    }
+    let has_body = length.is_some_and(|n| n > 0) || headers.contains_key(header::TRANSFER_ENCODING);
+    if !has_body {
+        return next.run(request).await;
+    }
+    let Ok(_permit) = app.bodies.clone().try_acquire_owned() else {
+        return ApiError::new(
+            ErrorCode::Overloaded,
+            format!(
+                "{} request bodies are being received; retry",
+                app.config.max_concurrent_bodies
+            ),
+        )
+        .into_response();
+    };
+    next.run(request).await
+}
+
 /// Checks the bearer token: always for writes when a token is set, and for
 /// reads too when reads are protected. The page itself and `/healthz` are
 /// open, so the page can ask for the token.
@@ -315,7 +554,7 @@ async fn authorize(State(app): State<AppState>, request: Request, next: Next) ->
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer_token)
         .map(str::to_owned)
         .or_else(|| {
             // A browser's EventSource cannot send headers: reads may carry it in the query.
@@ -331,6 +570,13 @@ async fn authorize(State(app): State<AppState>, request: Request, next: Next) ->
         }
         _ => ApiError::unauthorized().into_response(),
     }
+}
+
+/// The credentials of an `Authorization: Bearer <token>` value. The scheme
+/// is case-insensitive (RFC 9110 §11.1), so `bearer` and `BEARER` count too.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim_start_matches(' '))
 }
 
 /// The token a read may carry in its query string.
@@ -369,7 +615,44 @@ async fn measure(State(app): State<AppState>, request: Request, next: Next) -> R
 
 #[cfg(test)]
 mod tests {
-    use super::constant_time_eq;
+    use super::{bearer_token, constant_time_eq, host_names_listener};
+
+    #[test]
+    fn hosts_that_name_the_listener() {
+        let listen = Some("10.1.2.3:8266".parse().unwrap());
+        for host in [
+            "localhost",
+            "LOCALHOST:8266",
+            "app.localhost",
+            "127.0.0.1:9",
+            "[::1]:8266",
+            "[::1]",
+            "10.1.2.3:8266",
+            "127.0.0.2",
+        ] {
+            assert!(host_names_listener(host, listen), "{host}");
+        }
+        for host in [
+            "evil.example",
+            "evil.example:8266",
+            "localhost.evil.example",
+            "10.1.2.4",
+            "[::2]:1",
+            "",
+            "127.0.0.1.nip.io",
+        ] {
+            assert!(!host_names_listener(host, listen), "{host}");
+        }
+    }
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        for value in ["Bearer t0k", "bearer t0k", "BEARER t0k", "bEaReR  t0k"] {
+            assert_eq!(bearer_token(value), Some("t0k"), "{value}");
+        }
+        assert_eq!(bearer_token("Basic t0k"), None);
+        assert_eq!(bearer_token("Bearert0k"), None);
+    }
 
     #[test]
     fn constant_time_eq_compares_whole_tokens() {

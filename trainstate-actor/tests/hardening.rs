@@ -1,0 +1,346 @@
+//! Regression tests of issue 10's edge findings: each test is named after
+//! the finding it pins (see docs/reliability.md).
+
+use reqwest::{Client, Method, StatusCode};
+use serde_json::Value;
+use trainstate_actor::StateConfig;
+use trainstate_actor::http::HttpConfig;
+use trainstate_schema::RunId;
+
+use crate::common::{Server, run_with, unique_name};
+use crate::contract::check_answer;
+use crate::process::Head;
+
+const T0: u64 = 1_760_000_000_000;
+
+async fn server(http: HttpConfig) -> Server {
+    Server::start(StateConfig::in_memory().with_name(unique_name("hardening")), http).await
+}
+
+/// Sends `request` (built by the caller, for headers `send` does not set)
+/// and checks the answer against the document.
+async fn send_raw(
+    method: Method,
+    url: &str,
+    request: reqwest::RequestBuilder,
+) -> (StatusCode, Value) {
+    let response = request.send().await.unwrap();
+    let status = response.status();
+    let bytes = response.bytes().await.unwrap();
+    check_answer(&method, url, status, &bytes);
+    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn regression_lower_case_bearer_scheme_is_accepted() {
+    let server = server(HttpConfig::default().with_token(Some("s3cret".into()))).await;
+    let client = Client::new();
+    let runs = format!("{}/api/train/runs", server.url);
+    for (i, scheme) in ["bearer", "BEARER", "Bearer", "bEaReR"].into_iter().enumerate() {
+        let run = run_with(&RunId::new_v7(), &format!("case{i}"), "job1", T0, 2);
+        let request = client
+            .post(&runs)
+            .header("content-type", "application/json")
+            .header("authorization", format!("{scheme} s3cret"))
+            .body(serde_json::to_vec(&run).unwrap());
+        let (status, body) = send_raw(Method::POST, &runs, request).await;
+        assert_eq!(status, StatusCode::CREATED, "{scheme}: {body}");
+    }
+    let request = client
+        .post(&runs)
+        .header("content-type", "application/json")
+        .header("authorization", "bearer wrong")
+        .body(serde_json::to_vec(&run_with(&RunId::new_v7(), "x", "job1", T0, 2)).unwrap());
+    let (status, body) = send_raw(Method::POST, &runs, request).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(body["error"]["code"], "unauthorized");
+    server.stop().await;
+}
+
+#[test]
+fn regression_symlinked_lock_file_is_refused_and_its_target_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let victim = dir.path().join("precious");
+    std::fs::write(&victim, "keep me").unwrap();
+    std::os::unix::fs::symlink(&victim, data.join("trainstate.lock")).unwrap();
+    let refused = Head::start(&data, &[]).err().expect("a symlinked lock file must be refused");
+    assert!(refused.contains("symlink"), "{refused}");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
+
+    // A dangling link must not create its target either.
+    let data = dir.path().join("dangling");
+    std::fs::create_dir(&data).unwrap();
+    let target = dir.path().join("created-by-accident");
+    std::os::unix::fs::symlink(&target, data.join("trainstate.lock")).unwrap();
+    let refused = Head::start(&data, &[]).err().expect("a dangling lock symlink must be refused");
+    assert!(refused.contains("symlink"), "{refused}");
+    assert!(!target.exists());
+}
+
+#[test]
+fn regression_flags_that_lied_or_crashed_are_refused_before_listening() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        // ~6e12 h: more milliseconds than a u64 holds (wrapped to ~384 ms).
+        (&["--max-age", "6000000000000h"], "--max-age"),
+        (&["--lease", "0.0001ms"], "--lease"),
+        (&["--lease", "999999999999999999999999999s"], "--lease"),
+        (&["--lease", "9999999h"], "--lease"),
+        (&["--cors-origin", "*"], "wildcard"),
+        (&["--cors-origin", "not an origin"], "--cors-origin"),
+        (&["--cors-origin", "https://ok.example,https://x.example/path"], "x.example/path"),
+    ];
+    for (flags, expected) in cases {
+        let refused = Head::start(dir.path(), flags)
+            .err()
+            .unwrap_or_else(|| panic!("{flags:?} must be refused before `listening on`"));
+        assert!(refused.contains(expected), "{flags:?}: {refused}");
+        assert!(!refused.contains("panicked"), "{flags:?}: {refused}");
+    }
+    // The limits themselves are accepted.
+    Head::start(
+        dir.path(),
+        &["--lease", "1s", "--max-age", "876000h", "--cors-origin", "http://127.0.0.1:3000"],
+    )
+    .expect("flags at their limits start");
+}
+
+/// Reads one HTTP/1.1 answer (headers and a `content-length` body) from a
+/// raw socket; `None` if the server closed the connection first.
+async fn read_answer(stream: &mut tokio::net::TcpStream) -> Option<(StatusCode, Vec<u8>)> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let status: u16 = head.split(' ').nth(1)?.parse().ok()?;
+            let length: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map_or(0, |v| v.trim().parse().unwrap());
+            while buf.len() < end + 4 + length {
+                let n = stream.read(&mut chunk).await.ok()?;
+                if n == 0 {
+                    return None;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            let body = buf[end + 4..end + 4 + length].to_vec();
+            return Some((StatusCode::from_u16(status).unwrap(), body));
+        }
+        let n = stream.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// A guard on a wait that must end by itself; not a margin the test needs.
+const HANG: std::time::Duration = std::time::Duration::from_secs(60);
+
+#[tokio::test]
+async fn regression_over_limit_content_length_is_refused_at_once() {
+    use tokio::io::AsyncWriteExt;
+    // A deadline far longer than the guard: an answer can only come from
+    // the header check, not from the request deadline (the old 503 after 30 s).
+    let http = HttpConfig::default()
+        .with_max_body_bytes(1024)
+        .with_request_timeout(std::time::Duration::from_secs(3600));
+    let server = server(http).await;
+    let url = format!("{}/api/train/runs", server.url);
+    let mut stream =
+        tokio::net::TcpStream::connect(server.url.trim_start_matches("http://")).await.unwrap();
+    stream
+        .write_all(
+            b"POST /api/train/runs HTTP/1.1\r\nhost: 127.0.0.1\r\n\
+              content-type: application/json\r\ncontent-length: 1025\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let (status, body) = tokio::time::timeout(HANG, read_answer(&mut stream))
+        .await
+        .expect("the 413 comes without the body being sent")
+        .expect("an answer");
+    check_answer(&Method::POST, &url, status, &body);
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["error"]["code"], "payload_too_large");
+    drop(stream);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn regression_concurrent_request_bodies_are_bounded() {
+    use tokio::io::AsyncWriteExt;
+    let http = HttpConfig::default()
+        .with_max_concurrent_bodies(2)
+        .with_request_timeout(std::time::Duration::from_secs(3600));
+    let server = server(http).await;
+    let url = format!("{}/api/train/runs", server.url);
+    let addr = server.url.trim_start_matches("http://").to_owned();
+    // Two uploads that stall partway, as the 100 stalled uploads did.
+    let mut stalled = Vec::new();
+    for _ in 0..2 {
+        let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        stream
+            .write_all(
+                b"POST /api/train/runs HTTP/1.1\r\nhost: 127.0.0.1\r\n\
+                  content-type: application/json\r\ncontent-length: 100\r\n\r\n{\"run_id\":",
+            )
+            .await
+            .unwrap();
+        stalled.push(stream);
+    }
+    let client = Client::new();
+    let post = |i: usize| {
+        let client = client.clone();
+        let url = url.clone();
+        async move {
+            let run = run_with(&RunId::new_v7(), &format!("b{i}"), "job1", T0, 2);
+            crate::contract::send(
+                &client,
+                Method::POST,
+                &url,
+                Some(("application/json", serde_json::to_vec(&run).unwrap())),
+                None,
+            )
+            .await
+        }
+    };
+    // Until the head has taken both stalled bodies in, a third is served;
+    // from then on it is refused.
+    let deadline = std::time::Instant::now() + HANG;
+    let mut i = 0;
+    let refused = loop {
+        i += 1;
+        let (status, body) = post(i).await;
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            break body;
+        }
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        assert!(std::time::Instant::now() < deadline, "the bound never applied");
+        tokio::task::yield_now().await;
+    };
+    assert_eq!(refused["error"]["code"], "overloaded", "{refused}");
+    // A stalled upload that gives up frees its place.
+    stalled.pop();
+    loop {
+        i += 1;
+        let (status, body) = post(i).await;
+        if status == StatusCode::CREATED {
+            break;
+        }
+        assert_eq!(body["error"]["code"], "overloaded", "{body}");
+        assert!(std::time::Instant::now() < deadline, "the place was never freed");
+        tokio::task::yield_now().await;
+    }
+    drop(stalled);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn regression_half_sent_headers_are_cut_off_by_the_header_read_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let http =
+        HttpConfig::default().with_header_read_timeout(std::time::Duration::from_millis(200));
+    let server = server(http).await;
+    let mut stream =
+        tokio::net::TcpStream::connect(server.url.trim_start_matches("http://")).await.unwrap();
+    stream.write_all(b"GET /api/train/runs HTTP/1.1\r\nhost: 127.0").await.unwrap();
+    // The head closes the connection by itself (it never would before).
+    let answer = tokio::time::timeout(HANG, read_answer(&mut stream))
+        .await
+        .expect("the head must close a connection whose headers never finish");
+    assert!(answer.is_none(), "no answer to a request never sent: {answer:?}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn regression_connections_beyond_the_cap_wait_for_a_free_place() {
+    use tokio::io::AsyncWriteExt;
+    let server = server(HttpConfig::default().with_max_connections(1)).await;
+    let url = format!("{}/healthz", server.url);
+    // Connection A is accepted and served, then kept alive: the only place.
+    let mut a =
+        tokio::net::TcpStream::connect(server.url.trim_start_matches("http://")).await.unwrap();
+    let request = b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n";
+    a.write_all(request).await.unwrap();
+    let (status, body) = read_answer(&mut a).await.unwrap();
+    check_answer(&Method::GET, &url, status, &body);
+    // B waits in the backlog while A holds the place...
+    let b = tokio::spawn(async move {
+        crate::contract::send(&Client::new(), Method::GET, &url, None, None).await
+    });
+    for _ in 0..3 {
+        a.write_all(request).await.unwrap();
+        let (status, _) = read_answer(&mut a).await.unwrap();
+        assert_eq!(status, StatusCode::OK);
+        assert!(!b.is_finished(), "a second connection was served beside the first");
+    }
+    // ...and is served once A closes.
+    drop(a);
+    let (status, _) = tokio::time::timeout(HANG, b).await.unwrap().unwrap();
+    assert_eq!(status, StatusCode::OK);
+    server.stop().await;
+}
+
+#[test]
+fn regression_sigterm_completes_whatever_clients_do() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    // The header-read timeout is far longer than the test's guard: only the
+    // shutdown grace can end these connections.
+    let mut head =
+        Head::start(dir.path(), &["--header-read-timeout", "1h", "--shutdown-grace", "1s"])
+            .unwrap();
+    let addr = head.url.trim_start_matches("http://").to_owned();
+    // One client holds half-sent headers.
+    let mut half = std::net::TcpStream::connect(&addr).unwrap();
+    half.write_all(b"GET /api/train/runs HTTP/1.1\r\nhost: 127.0").unwrap();
+    // Another pipelines far more answers than socket buffers hold, and never reads.
+    let mut deaf = std::net::TcpStream::connect(&addr).unwrap();
+    let request = b"GET /openapi.json HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n".repeat(400);
+    deaf.write_all(&request).unwrap();
+    head.signal("-TERM");
+    let status = head.wait();
+    assert!(status.success(), "{status}");
+    drop((half, deaf));
+}
+
+#[tokio::test]
+async fn regression_dns_rebinding_host_is_refused_without_a_token() {
+    let runs_of = |server: &Server| format!("{}/api/train/runs", server.url);
+    let get = |url: String, host: &'static str| async move {
+        let request = Client::new().get(&url).header("host", host);
+        send_raw(Method::GET, &url, request).await
+    };
+    // No token: only the head's own names are served.
+    let open = server(HttpConfig::default()).await;
+    let url = runs_of(&open);
+    for host in ["evil.example", "evil.example:8266", "127.0.0.1.nip.io"] {
+        let (status, body) = get(url.clone(), host).await;
+        assert_eq!(status, StatusCode::MISDIRECTED_REQUEST, "{host}: {body}");
+        assert_eq!(body["error"]["code"], "misdirected_request", "{host}");
+    }
+    for host in ["localhost:8266", "127.0.0.1", "[::1]:8266"] {
+        let (status, body) = get(url.clone(), host).await;
+        assert_eq!(status, StatusCode::OK, "{host}: {body}");
+    }
+    let (status, _) = crate::contract::send(&Client::new(), Method::GET, &url, None, None).await;
+    assert_eq!(status, StatusCode::OK, "the listen address itself");
+    open.stop().await;
+    // `--insecure`, or a token, lifts it.
+    for http in [
+        HttpConfig::default().with_any_host(true),
+        HttpConfig::default().with_token(Some("s3cret".into())),
+    ] {
+        let server = server(http).await;
+        let (status, body) = get(runs_of(&server), "evil.example").await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        server.stop().await;
+    }
+}
