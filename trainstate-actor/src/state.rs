@@ -14,8 +14,8 @@ use trainstate_client::{
 use trainstate_schema::limits::MAX_STATUS_DETAIL_LEN;
 use trainstate_schema::text::{errored_status_detail, last_chars};
 use trainstate_schema::{
-    ActorStatus, AttemptStatus, CauseKind, NewRun, RunAttemptDraft, RunCause, RunId, RunStatus,
-    TrainRunInfoDraft, ray_v2,
+    ActorStatus, AttemptStatus, CauseKind, NewRun, Rule, RunAttemptDraft, RunCause, RunId,
+    RunStatus, TrainRunInfoDraft, ValidationError, ray_v2, validate_client_cause, validate_time,
 };
 
 use crate::config::Retention;
@@ -158,8 +158,40 @@ impl Runs {
         Ok(Outcome::Changed(change))
     }
 
-    /// Sets a run's status along a legal transition.
+    /// Sets a run's status along a legal transition, as a client asks: the
+    /// rules of what a client may write hold (a plausible end, not before
+    /// the current attempt's start; a cause only on a failure, never
+    /// `LOST_CONTROLLER`, naming one of the run's ranks).
     pub(crate) fn set_status(
+        &mut self,
+        id: &RunId,
+        update: StatusUpdate,
+        now_ms: u64,
+    ) -> Result<Outcome<RunDocument>, StateError> {
+        let record = self.entry(id)?.record.clone();
+        let failed = matches!(update.status, RunStatus::Errored | RunStatus::Aborted);
+        if update.cause.is_some() && !failed {
+            return Err(StateError::invalid("cause", "only an ERRORED or ABORTED run has a cause"));
+        }
+        if update.cause.is_some() || update.end_time_ms.is_some() {
+            let run = record.run()?;
+            validate_client_cause("cause", update.cause, failed, run.workers().len())?;
+            if let Some(end) = update.end_time_ms {
+                validate_time("end_time_ms", end)?;
+                let current_start = run.attempts().last().map(|a| a.start_time_ms());
+                if current_start.is_some_and(|start| end < start) {
+                    return Err(
+                        ValidationError::new("end_time_ms", Rule::EndBeforeAttemptStart).into()
+                    );
+                }
+            }
+        }
+        self.apply_status(id, update, now_ms)
+    }
+
+    /// Sets a run's status along a legal transition: the head's own
+    /// writes (a lost-controller abort) as well as a client's.
+    fn apply_status(
         &mut self,
         id: &RunId,
         update: StatusUpdate,
@@ -223,6 +255,7 @@ impl Runs {
         attempt: NewAttempt,
         now_ms: u64,
     ) -> Result<Outcome<RunDocument>, StateError> {
+        validate_time("start_time_ms", attempt.start_time_ms)?;
         let record = self.entry(id)?.record.clone();
         let run = record.run()?;
         if let Some(existing) = run.attempts().iter().find(|a| a.attempt_id() == attempt.attempt_id)
@@ -284,6 +317,7 @@ impl Runs {
         now_ms: u64,
     ) -> Result<Outcome<RunDocument>, StateError> {
         let id = RunId::parse(&v2.id)?;
+        ray_times(v2.start_time_ns, v2.end_time_ns)?;
         let Some(entry) = self.by_id.get(&id) else {
             let mut draft = v2.to_draft();
             draft.cause = ray_cause(v2.status, &draft.status_detail);
@@ -361,6 +395,7 @@ impl Runs {
         now_ms: u64,
     ) -> Result<Outcome<RunDocument>, StateError> {
         let id = RunId::parse(&v2.run_id)?;
+        ray_times(v2.start_time_ns, v2.end_time_ns)?;
         let record = self.entry(&id)?.record.clone();
         let stored = record.run()?;
         let run_status = stored.status();
@@ -542,7 +577,7 @@ impl Runs {
             // The end is stamped by `set_status`, never before the run's start,
             // even when the head's clock is behind the controller's.
             let update = StatusUpdate::aborted(CauseKind::LostController, detail);
-            match self.set_status(&id, update, now_ms) {
+            match self.apply_status(&id, update, now_ms) {
                 Ok(Outcome::Changed(abort)) => {
                     change.ops.extend(abort.ops);
                     change.events.extend(abort.events);
@@ -597,6 +632,13 @@ impl Runs {
 
 /// Stamps the end of a run, and of its current attempt: at `end_time_ms`
 /// if the caller gave one, else now, but never before the run's start.
+/// Checks the times of a Ray Train V2 write (Unix ns): plausible once in
+/// milliseconds, like every time a client writes.
+fn ray_times(start_time_ns: u64, end_time_ns: Option<u64>) -> Result<(), ValidationError> {
+    validate_time("start_time_ns", ray_v2::ns_to_ms(start_time_ns))?;
+    end_time_ns.map_or(Ok(()), |end| validate_time("end_time_ns", ray_v2::ns_to_ms(end)))
+}
+
 /// The cause of a run Ray Train V2 reports ERRORED: a user error, on the
 /// rank its detail names first (`[Rank 1 Error Snippet]`), if any.
 fn ray_cause(status: RunStatus, detail: &str) -> Option<RunCause> {

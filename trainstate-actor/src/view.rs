@@ -5,6 +5,8 @@
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::sync::broadcast;
 use trainstate_client::{Cursor, EventKind, RunPage, RunQuery, StateEvent, Subscription};
@@ -12,6 +14,31 @@ use trainstate_schema::{RunId, RunStatus};
 
 use crate::record::RunRecord;
 use crate::store::StoreOp;
+
+/// The sequence number a new view starts at: its epoch. An event id from an
+/// earlier process, or an earlier view of this one (an actor restart), is
+/// then below every id this view hands out and is answered with a
+/// snapshot, instead of being taken for one of this view's events when
+/// numbers restarted at 1.
+///
+/// It is the Unix time in microseconds, so a later process starts above
+/// every id an earlier one handed out unless that one published more than
+/// one event per microsecond of its life (ids stay below 2^53, exact in
+/// JavaScript, until 2255); within one process each view starts 2^32 above
+/// the previous one even if the clock stepped back. The wall clock, not
+/// the injected one: only distinctness matters here, never a duration.
+fn epoch() -> u64 {
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now_us = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
+    let mut last = LAST.load(Ordering::SeqCst);
+    loop {
+        let next = if last == 0 { now_us } else { now_us.max(last + (1 << 32)) };
+        match LAST.compare_exchange(last, next, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(_) => return next,
+            Err(seen) => last = seen,
+        }
+    }
+}
 
 /// Committed runs in listing order, and the recent events.
 pub(crate) struct View {
@@ -28,7 +55,7 @@ impl View {
         Self {
             runs: HashMap::new(),
             order: BTreeSet::new(),
-            last_seq: 0,
+            last_seq: epoch(),
             backlog: VecDeque::new(),
             backlog_cap,
         }

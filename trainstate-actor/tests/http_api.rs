@@ -730,3 +730,215 @@ async fn cors_is_off_by_default_and_allows_the_configured_origins() {
     assert_eq!(answer.headers()["access-control-allow-origin"], "https://dash.example");
     open.stop().await;
 }
+
+/// Issue 10, items 9 and 11: every refused write answers its status, code
+/// and field, and changes nothing; the run stays as it was.
+#[tokio::test]
+async fn regression_validation_gaps_and_implausible_times_are_refused_naming_the_field() {
+    let server = server(HttpConfig::default()).await;
+    let client = Client::new();
+    let live = RunId::new_v7();
+    let (status, _) = send(
+        &client,
+        Method::POST,
+        &format!("{}/api/train/runs", server.url),
+        json_body(&run_json(&live, "live")),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    // A second attempt, 10 s after the run's start: the current attempt.
+    let workers = run_json(&live, "live")["workers"].clone();
+    let attempt = json!({"attempt_id": "1", "start_time_ms": T0 + 10_000, "workers": workers});
+    let (status, answer) = send(
+        &client,
+        Method::POST,
+        &format!("{}/api/train/runs/{live}/attempts", server.url),
+        json_body(&attempt),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let before =
+        send(&client, Method::GET, &format!("{}/api/train/runs/{live}", server.url), None, None)
+            .await;
+
+    let fresh = RunId::new_v7();
+    let register = |mutate: &dyn Fn(&mut Value)| {
+        let mut doc = run_json(&fresh, "fresh");
+        mutate(&mut doc);
+        json_body(&doc)
+    };
+    let raw = |bytes: &[u8]| Some(("application/json", bytes.to_vec()));
+    let runs = "/api/train/runs".to_owned();
+    let status_path = format!("/api/train/runs/{live}/status");
+    let ns = T0 * 1_000_000;
+    type Body = Option<(&'static str, Vec<u8>)>;
+    let cases: Vec<(&str, String, Body, StatusCode, &str)> = vec![
+        (
+            "regression_trailing_bytes_after_the_document",
+            status_path.clone(),
+            raw(b"{\"status\":\"FINISHED\"} {}"),
+            StatusCode::BAD_REQUEST,
+            "",
+        ),
+        (
+            "regression_trailing_garbage_after_the_document",
+            status_path.clone(),
+            raw(b"{\"status\":\"FINISHED\"}x"),
+            StatusCode::BAD_REQUEST,
+            "",
+        ),
+        (
+            "regression_an_array_for_a_status_body",
+            status_path.clone(),
+            raw(b"[\"FINISHED\"]"),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "body",
+        ),
+        (
+            "regression_an_array_for_a_registration",
+            runs.clone(),
+            raw(b" [\"x\"]"),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "body",
+        ),
+        (
+            "regression_a_cause_on_a_running_registration",
+            runs.clone(),
+            register(&|r| r["cause"] = json!({"kind": "USER_ERROR"})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "cause",
+        ),
+        (
+            "regression_a_cause_on_a_finished_registration",
+            runs.clone(),
+            register(&|r| {
+                r["run_status"] = json!("FINISHED");
+                r["cause"] = json!({"kind": "USER_ERROR"});
+            }),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "cause",
+        ),
+        (
+            "regression_a_client_registering_lost_controller",
+            runs.clone(),
+            register(&|r| {
+                r["run_status"] = json!("ABORTED");
+                r["cause"] = json!({"kind": "LOST_CONTROLLER"});
+            }),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "cause.kind",
+        ),
+        (
+            "regression_a_registered_failed_rank_outside_the_ranks",
+            runs.clone(),
+            register(&|r| {
+                r["run_status"] = json!("ERRORED");
+                r["cause"] = json!({"kind": "USER_ERROR", "failed_world_rank": 4});
+            }),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "cause.failed_world_rank",
+        ),
+        (
+            "regression_a_start_time_in_nanoseconds",
+            runs.clone(),
+            register(&|r| r["start_time_ms"] = json!(ns)),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "start_time_ms",
+        ),
+        (
+            "regression_a_start_time_in_seconds",
+            runs.clone(),
+            register(&|r| r["start_time_ms"] = json!(T0 / 1_000)),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "start_time_ms",
+        ),
+        (
+            "regression_a_registered_end_time_in_nanoseconds",
+            runs.clone(),
+            register(&|r| {
+                r["run_status"] = json!("FINISHED");
+                r["end_time_ms"] = json!(ns);
+            }),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "end_time_ms",
+        ),
+        (
+            "regression_a_client_setting_lost_controller",
+            status_path.clone(),
+            json_body(&json!({"status": "ABORTED", "cause": {"kind": "LOST_CONTROLLER"}})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "cause.kind",
+        ),
+        (
+            "regression_a_cause_on_a_finished_status",
+            status_path.clone(),
+            json_body(&json!({"status": "FINISHED", "cause": {"kind": "USER_ERROR"}})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "cause",
+        ),
+        (
+            "regression_a_failed_rank_outside_the_ranks",
+            status_path.clone(),
+            json_body(
+                &json!({"status": "ERRORED", "cause": {"kind": "USER_ERROR", "failed_world_rank": 4}}),
+            ),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "cause.failed_world_rank",
+        ),
+        (
+            "regression_an_end_before_the_current_attempts_start",
+            status_path.clone(),
+            json_body(&json!({"status": "FINISHED", "end_time_ms": T0 + 5_000})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "end_time_ms",
+        ),
+        (
+            "regression_an_end_time_in_nanoseconds",
+            status_path.clone(),
+            json_body(&json!({"status": "FINISHED", "end_time_ms": ns})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "end_time_ms",
+        ),
+        (
+            "regression_an_attempt_start_in_nanoseconds",
+            format!("/api/train/runs/{live}/attempts"),
+            json_body(&json!({"attempt_id": "2", "start_time_ms": ns, "workers": workers})),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "start_time_ms",
+        ),
+    ];
+    for (what, path, body, expected, field) in cases {
+        let method = if path.ends_with("status") || path.ends_with("attempts") || path == runs {
+            Method::POST
+        } else {
+            Method::PUT
+        };
+        let (status, answer) =
+            send(&client, method, &format!("{}{path}", server.url), body, None).await;
+        assert_eq!(status, expected, "{what}: {answer}");
+        if !field.is_empty() {
+            assert_eq!(answer["error"]["field"], field, "{what}: {answer}");
+        }
+    }
+    let after =
+        send(&client, Method::GET, &format!("{}/api/train/runs/{live}", server.url), None, None)
+            .await;
+    assert_eq!(after, before, "a refused write changed the run");
+    let (status, _) =
+        send(&client, Method::GET, &format!("{}/api/train/runs/{fresh}", server.url), None, None)
+            .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "a refused registration was stored");
+    // The same status, well-formed, is taken: the refusals were the body's.
+    let (status, answer) = send(
+        &client,
+        Method::POST,
+        &format!("{}{status_path}", server.url),
+        json_body(&json!({"status": "ERRORED", "cause": {"kind": "USER_ERROR", "failed_world_rank": 3}, "end_time_ms": T0 + 10_000})),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    server.stop().await;
+}

@@ -163,24 +163,60 @@ on_both_stores! {
         let state = service.handle();
         state.register(run("e0", T0)).await.unwrap();
         let first = state.subscribe(None).await.unwrap();
-        assert_eq!(first.last_seq, 1);
+        // Sequence numbers start at the view's epoch (see `view::epoch`).
+        let s = first.last_seq - 1;
         assert!(first.backlog.is_none());
         for i in 1..5 {
             state.register(run(&format!("e{i}"), T0 + i)).await.unwrap();
         }
-        let resumed = state.subscribe(Some(2)).await.unwrap();
+        let resumed = state.subscribe(Some(s + 2)).await.unwrap();
         let backlog = resumed.backlog.unwrap();
         let seqs: Vec<u64> = backlog.iter().map(|e| e.seq).collect();
-        assert_eq!(seqs, [3, 4, 5]);
+        assert_eq!(seqs, [s + 3, s + 4, s + 5]);
         assert!(backlog.iter().all(|e| e.kind == EventKind::Registered && e.run.is_some()));
         let mut receiver = first.receiver;
         let live: Vec<u64> = std::iter::from_fn(|| receiver.try_recv().ok()).map(|e| e.seq).collect();
-        assert_eq!(live, [2, 3, 4, 5]);
+        assert_eq!(live, [s + 2, s + 3, s + 4, s + 5]);
         assert!(
-            state.subscribe(Some(99)).await.unwrap().backlog.is_none(),
+            state.subscribe(Some(s + 99)).await.unwrap().backlog.is_none(),
             "the future is not resumable"
         );
         assert!(receiver.try_recv().is_err(), "nothing more happened");
         service.shutdown().await;
     }
+}
+
+/// Issue 10, item 8: an event id from an earlier head (here one that
+/// stopped before this one started) never matches this head's events, even
+/// when this head has published as many: resuming from it gets a snapshot,
+/// never a backlog that silently skips changes.
+#[tokio::test]
+async fn regression_an_event_id_from_an_earlier_head_is_answered_with_a_snapshot() {
+    use trainstate_actor::StateConfig;
+    let earlier = launch_state_actor(
+        StateConfig::in_memory().with_name(crate::common::unique_name("epoch-a")),
+    )
+    .await
+    .unwrap();
+    earlier.handle().register(run("a0", T0)).await.unwrap();
+    let old_id = earlier.handle().subscribe(None).await.unwrap().last_seq;
+    earlier.shutdown().await;
+
+    let later = launch_state_actor(
+        StateConfig::in_memory().with_name(crate::common::unique_name("epoch-b")),
+    )
+    .await
+    .unwrap();
+    let state = later.handle();
+    for i in 0..3 {
+        state.register(run(&format!("b{i}"), T0 + i)).await.unwrap();
+    }
+    let now = state.subscribe(None).await.unwrap().last_seq;
+    assert!(old_id < now, "ids of a later head are above every id of an earlier one");
+    let resumed = state.subscribe(Some(old_id)).await.unwrap();
+    assert!(resumed.backlog.is_none(), "an id from another head must be answered with a snapshot");
+    // This head's own ids still resume without a gap.
+    let own = state.subscribe(Some(now - 1)).await.unwrap().backlog.unwrap();
+    assert_eq!(own.iter().map(|e| e.seq).collect::<Vec<_>>(), [now]);
+    later.shutdown().await;
 }

@@ -464,3 +464,24 @@ async fn regression_a_run_written_by_ray_v2_is_not_aborted_for_not_heartbeating(
     assert_eq!(still.status(), trainstate_schema::RunStatus::Running);
     service.shutdown().await;
 }
+
+/// Issue 10, item 9: a V2 time that is not in nanoseconds (here Unix ms
+/// written as ns) is refused naming the field; Ray's own ns times are kept.
+#[tokio::test]
+async fn regression_a_ray_v2_time_not_in_nanoseconds_is_refused_naming_the_field() {
+    let server = server().await;
+    let client = Client::new();
+    let dashboard = fixture("ray-v2/dashboard-v2-runs.json");
+    let mut run = v2_run(&dashboard["train_runs"][0], "RUNNING", false);
+    let id = run["id"].as_str().unwrap().to_owned();
+    let url = format!("{}/api/train/v2/runs/{id}", server.url);
+    let ns = run["start_time_ns"].as_u64().unwrap();
+    run["start_time_ns"] = json!(ns / 1_000_000);
+    let (status, answer) = send(&client, Method::PUT, &url, body(&run), None).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+    assert_eq!(answer["error"]["field"], "start_time_ns", "{answer}");
+    run["start_time_ns"] = json!(ns);
+    let (status, answer) = send(&client, Method::PUT, &url, body(&run), None).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    server.stop().await;
+}

@@ -571,3 +571,39 @@ async fn the_page_shows_sub_statuses_attempts_with_causes_the_restart_budget_and
     browser.quit().await;
     server.stop().await;
 }
+
+/// Issue 10, item 9: a stored run whose time is not a valid date (a start
+/// in nanoseconds, stored before such times were refused, or forwarded)
+/// shows "—" and the rest of the list still renders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_run_with_an_unparseable_time_shows_a_dash_and_the_list_renders() {
+    let Some((chromium, chromedriver)) = browser() else { return };
+    let server = Server::start(
+        StateConfig::in_memory().with_name(unique_name("web-bad-time")),
+        HttpConfig::default(),
+    )
+    .await;
+    let api = Api::new(&server, None);
+    let good = api.register(run_body("good-run", "01000000", now_ms() - HOUR, 4, &[])).await;
+    // Forwarded runs are stored as they are, so a nanosecond time still gets in.
+    let bad = RunId::new_v7();
+    let ns = now_ms() * 1_000_000;
+    let mut draft = run_with(&bad, "ns-run", "02000000", ns, 2).into_draft();
+    draft.cluster = Some("elsewhere".into());
+    server.service.handle().forward(draft.validate().unwrap()).await.unwrap();
+    let browser = Browser::start(&chromium, &chromedriver, "bad-time").await;
+    browser.goto(&format!("{}/", server.url)).await;
+    let start = browser
+        .wait_for(
+            "both runs listed, the bad time as a dash",
+            &format!(
+                "const good = document.querySelector(`#runs tr[data-run-id='{good}'] [data-col=start]`);
+                 const bad = document.querySelector(`#runs tr[data-run-id='{bad}'] [data-col=start]`);
+                 return good && bad && good.textContent !== '—' && bad.textContent;"
+            ),
+        )
+        .await;
+    assert_eq!(start, json!("—"));
+    browser.quit().await;
+    server.stop().await;
+}

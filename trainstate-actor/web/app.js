@@ -63,14 +63,26 @@
   const short = (id) => (id.length > 16 ? `${id.slice(0, 6)}…${id.slice(-6)}` : id);
   const gpuCount = (workers) => workers.reduce((n, w) => n + w.gpu_ids.length, 0);
 
+  /**
+   * A time as a Date, or null when it is absent or not a valid date (a time
+   * in nanoseconds is past the largest Date): such a time shows as "—"
+   * rather than failing the whole page (`RangeError: Invalid time value`).
+   */
+  function dateOf(ms) {
+    if (ms === null || ms === undefined || !Number.isFinite(Number(ms))) return null;
+    const d = new Date(Number(ms));
+    return Number.isNaN(d.getTime()) ? null : d;
+  }
+
   function formatTime(ms) {
-    if (ms === null || ms === undefined) return '—';
-    const d = new Date(ms);
+    const d = dateOf(ms);
+    if (d === null) return '—';
     return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ` +
       `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
   }
 
   function formatDuration(ms) {
+    if (!Number.isFinite(ms)) return '—';
     let s = Math.max(0, Math.floor(ms / 1000));
     const d = Math.floor(s / 86400);
     s -= d * 86400;
@@ -85,8 +97,9 @@
   }
 
   function timeEl(ms) {
-    if (ms === null || ms === undefined) return h('span', { class: 'muted' }, '—');
-    const iso = new Date(ms).toISOString();
+    const d = dateOf(ms);
+    if (d === null) return h('span', { class: 'muted' }, '—');
+    const iso = d.toISOString();
     return h('time', { datetime: iso, title: iso }, formatTime(ms));
   }
 

@@ -39,7 +39,7 @@ pub struct StatusRequest {
     /// The machine-readable cause of an `ERRORED` or `ABORTED` run.
     #[serde(default)]
     pub cause: Option<RunCause>,
-    /// When the run ended (Unix ms); stamped by the head if absent.
+    /// When the run ended (Unix ms); stamped by the head if absent. Not before the start of the run's current attempt. Between 946684800000 (2000-01-01) and 7258118400000 (2200-01-01) when a client writes it: a time in seconds or nanoseconds is refused (422).
     #[serde(default)]
     pub end_time_ms: Option<u64>,
 }
@@ -58,7 +58,7 @@ impl StatusRequest {
 pub struct AttemptRequest {
     /// Id chosen by the caller, unique within the run.
     pub attempt_id: String,
-    /// When the attempt's workers started (Unix ms).
+    /// When the attempt's workers started (Unix ms). Between 946684800000 (2000-01-01) and 7258118400000 (2200-01-01) when a client writes it: a time in seconds or nanoseconds is refused (422).
     pub start_time_ms: u64,
     /// The attempt's workers; the same rules as a run's workers.
     pub workers: Vec<TrainWorkerInfoDraft>,

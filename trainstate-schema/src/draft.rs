@@ -97,9 +97,9 @@ pub struct RunAttemptDraft {
     /// Id chosen by the caller; unique within the run.
     #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = 1024)))]
     pub attempt_id: String,
-    /// When the attempt's workers started (Unix ms).
+    /// When the attempt's workers started (Unix ms). Between 946684800000 (2000-01-01) and 7258118400000 (2200-01-01) when a client writes it: a time in seconds or nanoseconds is refused (422).
     pub start_time_ms: u64,
-    /// When the attempt ended (Unix ms); null while it is PENDING or RUNNING.
+    /// When the attempt ended (Unix ms); null while it is PENDING or RUNNING. Between 946684800000 (2000-01-01) and 7258118400000 (2200-01-01) when a client writes it: a time in seconds or nanoseconds is refused (422).
     #[serde(default)]
     pub end_time_ms: Option<u64>,
     /// The attempt's status (Ray Train V2's). Derived when absent: RUNNING (PENDING while
@@ -161,9 +161,9 @@ pub struct TrainRunInfoDraft {
     #[serde(default)]
     #[cfg_attr(feature = "schemars", schemars(length(max = 50100)))]
     pub status_detail: String,
-    /// When the run started (Unix ms).
+    /// When the run started (Unix ms). Between 946684800000 (2000-01-01) and 7258118400000 (2200-01-01) when a client writes it: a time in seconds or nanoseconds is refused (422).
     pub start_time_ms: u64,
-    /// When the run ended (Unix ms); null while the run is live. Not before `start_time_ms`.
+    /// When the run ended (Unix ms); null while the run is live. Not before `start_time_ms`, nor, when a client writes it, before the current attempt's start. Between 946684800000 (2000-01-01) and 7258118400000 (2200-01-01) when a client writes it: a time in seconds or nanoseconds is refused (422).
     #[serde(default)]
     pub end_time_ms: Option<u64>,
     /// Each worker's resources, in the order of `workers`. Derived from `workers` when absent.

@@ -123,6 +123,24 @@ pub enum Rule {
     StatusMismatch,
     /// An attempt has an end time exactly when its status is terminal.
     AttemptStatusMismatch,
+    /// A time (Unix ms) outside the plausible range
+    /// [`MIN_TIME_MS`](crate::limits::MIN_TIME_MS)..=[`MAX_TIME_MS`](crate::limits::MAX_TIME_MS)
+    /// (years 2000 to 2200): a time in seconds or nanoseconds, say.
+    ImplausibleTime,
+    /// Only an `ERRORED` or `ABORTED` run or attempt has a cause.
+    CauseWithoutFailure,
+    /// `LOST_CONTROLLER` is decided by the head's lease sweep, never written
+    /// by a client.
+    CauseReservedForHead,
+    /// A `failed_world_rank` outside `0..n` for a run of `n` workers.
+    FailedRankOutOfRange {
+        /// The rank.
+        rank: u32,
+        /// The number of workers.
+        workers: usize,
+    },
+    /// An end time before the start of the run's current attempt.
+    EndBeforeAttemptStart,
     /// The JSON nests deeper than the limit.
     TooDeep {
         /// The limit, in levels.
@@ -196,6 +214,25 @@ impl fmt::Display for Rule {
             Rule::AttemptStatusMismatch => f.write_str(
                 "an attempt has end_time_ms exactly when its status is FINISHED, ERRORED or ABORTED",
             ),
+            Rule::ImplausibleTime => write!(
+                f,
+                "must be a Unix time in milliseconds between {} (2000-01-01) and {} (2200-01-01)",
+                crate::limits::MIN_TIME_MS,
+                crate::limits::MAX_TIME_MS
+            ),
+            Rule::CauseWithoutFailure => {
+                f.write_str("only an ERRORED or ABORTED run or attempt has a cause")
+            }
+            Rule::CauseReservedForHead => f.write_str(
+                "LOST_CONTROLLER is decided by the head when a run's lease expires, never by a client",
+            ),
+            Rule::FailedRankOutOfRange { rank, workers } => write!(
+                f,
+                "failed_world_rank {rank} is out of range: world ranks of {workers} workers are 0..{workers}"
+            ),
+            Rule::EndBeforeAttemptStart => {
+                f.write_str("must not be before the start of the run's current attempt")
+            }
             Rule::TooDeep { max } => write!(f, "must nest at most {max} levels deep"),
             Rule::TooLarge { max } => write!(f, "must be at most about {max} bytes of JSON"),
         }

@@ -68,7 +68,7 @@ pub use json::JsonValue;
 pub use model::{NewRun, RunAttempt, TrainDatasetInfo, TrainRunInfo, TrainWorkerInfo};
 pub use resources::Resources;
 pub use status::{ActorStatus, AttemptStatus, CauseKind, RunCause, RunStatus};
-pub use validate::validate_name;
+pub use validate::{validate_client_cause, validate_name, validate_time};
 pub use workers::WorkerList;
 
 /// Version of the wire schema: bumped when a field is added, with the crate

@@ -46,3 +46,13 @@ pub const MAX_RUN_SETTINGS_BYTES: usize = 64 * 1024;
 
 /// The most entries of `framework_versions`.
 pub const MAX_FRAMEWORK_VERSIONS: usize = 64;
+
+/// Earliest time a client may write (Unix ms): 2000-01-01T00:00:00Z.
+///
+/// Times are Unix milliseconds. A time in seconds or in nanoseconds (Ray
+/// Train V2's unit, `time.time_ns()`) falls outside
+/// [`MIN_TIME_MS`]`..=`[`MAX_TIME_MS`] and is refused, naming the field.
+pub const MIN_TIME_MS: u64 = 946_684_800_000;
+
+/// Latest time a client may write (Unix ms): 2200-01-01T00:00:00Z.
+pub const MAX_TIME_MS: u64 = 7_258_118_400_000;

@@ -125,9 +125,9 @@ pub struct TrainRunAttempt {
     /// Detail of the status (the error of an ERRORED attempt).
     #[serde(default)]
     pub status_detail: Option<String>,
-    /// When the attempt started (Unix ns).
+    /// When the attempt started (Unix ns). Once in ms, between 946684800000 (2000-01-01) and 7258118400000 (2200-01-01): a time in ms or s is refused (422).
     pub start_time_ns: u64,
-    /// When the attempt ended (Unix ns); null while it is live.
+    /// When the attempt ended (Unix ns); null while it is live. Once in ms, between 946684800000 (2000-01-01) and 7258118400000 (2200-01-01): a time in ms or s is refused (422).
     #[serde(default)]
     pub end_time_ns: Option<u64>,
     /// Each worker's resources, in worker order.
@@ -165,9 +165,9 @@ pub struct TrainRun {
     /// Detail of the status.
     #[serde(default)]
     pub status_detail: Option<String>,
-    /// When the run started (Unix ns).
+    /// When the run started (Unix ns). Once in ms, between 946684800000 (2000-01-01) and 7258118400000 (2200-01-01): a time in ms or s is refused (422).
     pub start_time_ns: u64,
-    /// When the run ended (Unix ns); null while it is live.
+    /// When the run ended (Unix ns); null while it is live. Once in ms, between 946684800000 (2000-01-01) and 7258118400000 (2200-01-01): a time in ms or s is refused (422).
     #[serde(default)]
     pub end_time_ns: Option<u64>,
     /// Path of the controller's log file.

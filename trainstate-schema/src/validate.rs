@@ -13,6 +13,7 @@ use crate::limits::{
     MAX_STATUS_DETAIL_LEN, MAX_WORKERS,
 };
 use crate::resources::Resources;
+use crate::status::{CauseKind, RunCause};
 
 /// Checks `text` against the rule of names and ids other than run ids
 /// (`name`, `job_id`, `actor_id`, `node_id`, dataset names, resource names,
@@ -64,6 +65,43 @@ fn bounded_text(
         Some(rule) => Err(ValidationError::new(path(), rule)),
         None => Ok(()),
     }
+}
+
+/// Checks that a time (Unix ms) at `path` is plausible:
+/// [`MIN_TIME_MS`](crate::limits::MIN_TIME_MS)..=[`MAX_TIME_MS`](crate::limits::MAX_TIME_MS).
+pub fn validate_time(path: &str, time_ms: u64) -> Result<(), ValidationError> {
+    if (crate::limits::MIN_TIME_MS..=crate::limits::MAX_TIME_MS).contains(&time_ms) {
+        Ok(())
+    } else {
+        Err(ValidationError::new(path, Rule::ImplausibleTime))
+    }
+}
+
+/// Checks a cause a client writes for a run of `workers` workers (none
+/// known: 0) that ends `status`: only on `ERRORED` or `ABORTED`, never
+/// `LOST_CONTROLLER`, and a `failed_world_rank` among the run's ranks.
+pub fn validate_client_cause(
+    path: &str,
+    cause: Option<RunCause>,
+    failed: bool,
+    workers: usize,
+) -> Result<(), ValidationError> {
+    let Some(cause) = cause else { return Ok(()) };
+    if !failed {
+        return Err(ValidationError::new(path, Rule::CauseWithoutFailure));
+    }
+    if cause.kind == CauseKind::LostController {
+        return Err(ValidationError::new(format!("{path}.kind"), Rule::CauseReservedForHead));
+    }
+    if let Some(rank) =
+        cause.failed_world_rank.filter(|&rank| workers > 0 && rank as usize >= workers)
+    {
+        return Err(ValidationError::new(
+            format!("{path}.failed_world_rank"),
+            Rule::FailedRankOutOfRange { rank, workers },
+        ));
+    }
+    Ok(())
 }
 
 /// Checks a `status_detail`: any text but NUL, at most

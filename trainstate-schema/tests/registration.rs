@@ -2,7 +2,7 @@
 //! match (`static_difference`).
 
 use serde_json::{Value, json};
-use trainstate_schema::{NewRun, TrainRunInfo, TrainRunInfoDraft};
+use trainstate_schema::{NewRun, Rule, TrainRunInfo, TrainRunInfoDraft};
 
 use crate::common::{read_run, valid_run};
 use crate::invalid::Mutation;
@@ -153,9 +153,15 @@ fn a_registration_records_the_first_attempt_drops_the_heartbeat_and_stamps_an_en
         // Normalising keeps every rule, and normalising twice changes nothing.
         assert_eq!(stored.clone().into_draft().validate().as_ref(), Ok(&stored), "{what}");
         assert_eq!(NewRun::from(stored.clone()).into_run(START + 99), stored, "{what}");
-        // From the draft: the same, through one validation.
-        let from_draft = NewRun::try_from(given.into_draft()).unwrap().into_run(START + now);
-        assert_eq!(from_draft, stored, "{what}");
+        // From the draft: the same, through one validation; but a client may
+        // not end a run before its current attempt's start (issue 10, item 11).
+        let from_draft = NewRun::try_from(given.into_draft());
+        if what.contains("started after its end") {
+            let err = from_draft.unwrap_err();
+            assert_eq!((err.field(), err.rule()), ("end_time_ms", &Rule::EndBeforeAttemptStart));
+        } else {
+            assert_eq!(from_draft.unwrap().into_run(START + now), stored, "{what}");
+        }
     }
 }
 

@@ -47,12 +47,32 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
 ///
 /// The common case, a well-formed body, is parsed once without tracking
 /// paths; only a body that fails is parsed again to name where.
+///
+/// Every body the API takes is one JSON object: a document that is not an
+/// object is refused before it is read (serde's derived `Deserialize` would
+/// take a struct from an array, field by position), and so are bytes after
+/// the document, by both parses.
 pub(crate) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    // Any other non-object is refused by the parse itself: a struct is
+    // never taken from a number, string, boolean or null.
+    if first == Some(&b'[') {
+        return Err(ApiError::invalid("body", "must be a JSON object"));
+    }
     if let Ok(parsed) = serde_json::from_slice(bytes) {
         return Ok(parsed);
     }
     let deserializer = &mut serde_json::Deserializer::from_slice(bytes);
-    let parsed: Result<T, _> = serde_path_to_error::deserialize(deserializer);
+    let parsed: Result<T, _> = serde_path_to_error::deserialize(&mut *deserializer);
+    let parsed = match parsed {
+        // The fast parse failed on what follows the document.
+        Ok(parsed) => {
+            return deserializer.end().map(|()| parsed).map_err(|err| {
+                ApiError::bad_request(format!("the body is not valid JSON: {err}"))
+            });
+        }
+        Err(err) => Err::<T, _>(err),
+    };
     parsed.map_err(|err| {
         let path = err.path().to_string();
         let inner = err.into_inner();

@@ -2,7 +2,7 @@
 
 use super::{RunAttempt, TrainRunInfo};
 use crate::draft::TrainRunInfoDraft;
-use crate::error::ValidationError;
+use crate::error::{Rule, ValidationError};
 use crate::status::{AttemptStatus, RunStatus};
 
 /// A run on its way to being registered: what the state actor accepts as
@@ -95,6 +95,36 @@ impl NewRun {
         Self { run }
     }
 
+    /// The rules on a run a client registers, beyond those of a stored run
+    /// (which a head's own writes, and runs stored before these rules, may
+    /// not follow): every time is plausible
+    /// ([`validate_time`](crate::validate_time)); a cause only on an
+    /// `ERRORED` or `ABORTED` run or attempt, never `LOST_CONTROLLER` (the
+    /// head's lease sweep decides that), naming a `failed_world_rank` among
+    /// the run's ranks; and an end not before the current attempt's start.
+    pub fn check_client_rules(run: &TrainRunInfo) -> Result<(), ValidationError> {
+        use crate::validate::{validate_client_cause, validate_time};
+        validate_time("start_time_ms", run.start_time_ms)?;
+        if let Some(end) = run.end_time_ms {
+            validate_time("end_time_ms", end)?;
+            if run.attempts.last().is_some_and(|current| end < current.start_time_ms) {
+                return Err(ValidationError::new("end_time_ms", Rule::EndBeforeAttemptStart));
+            }
+        }
+        let failed = matches!(run.status, RunStatus::Errored | RunStatus::Aborted);
+        validate_client_cause("cause", run.cause, failed, run.workers.len())?;
+        for (i, attempt) in run.attempts.iter().enumerate() {
+            validate_time(&format!("attempts[{i}].start_time_ms"), attempt.start_time_ms)?;
+            if let Some(end) = attempt.end_time_ms {
+                validate_time(&format!("attempts[{i}].end_time_ms"), end)?;
+            }
+            let failed = matches!(attempt.status, AttemptStatus::Errored | AttemptStatus::Aborted);
+            let workers = attempt.workers.as_ref().map_or(run.workers.len(), |w| w.len());
+            validate_client_cause(&format!("attempts[{i}].cause"), attempt.cause, failed, workers)?;
+        }
+        Ok(())
+    }
+
     /// The run to register.
     pub fn run(&self) -> &TrainRunInfo {
         &self.run
@@ -126,8 +156,11 @@ impl From<TrainRunInfo> for NewRun {
 impl TryFrom<TrainRunInfoDraft> for NewRun {
     type Error = ValidationError;
 
-    /// Checks every rule of the run once, then normalises it.
+    /// Checks every rule of the run once, and the rules of what a client
+    /// may write ([`NewRun::check_client_rules`]), then normalises it.
     fn try_from(draft: TrainRunInfoDraft) -> Result<Self, ValidationError> {
-        Ok(Self::new(TrainRunInfo::try_from(draft)?))
+        let run = TrainRunInfo::try_from(draft)?;
+        Self::check_client_rules(&run)?;
+        Ok(Self::new(run))
     }
 }
