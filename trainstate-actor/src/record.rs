@@ -29,8 +29,7 @@ pub(crate) struct RunRecord {
     pub(crate) node_ids: Names,
     /// Distinct node IPs of every attempt's workers.
     pub(crate) node_ips: Names,
-    /// Always set: `None` only while a record is being read back.
-    json: Option<RunJson>,
+    json: RunJson,
     /// The cluster the run belongs to (`None` for runs registered without one).
     pub(crate) cluster: Option<Box<str>>,
     /// Which version of the run this is: unique to this record, so a
@@ -60,7 +59,7 @@ impl RunRecord {
             name: run.name().into(),
             node_ids,
             node_ips,
-            json: Some(json),
+            json,
             cluster: run.cluster().map(Into::into),
             version: crate::store::versions::next(),
             base: AtomicU64::new(0),
@@ -77,8 +76,10 @@ impl RunRecord {
     /// [`from_stored`](Self::from_stored), for a store that keeps each
     /// run's version beside its JSON.
     pub(crate) fn from_stored_version(json: String, version: u64) -> Result<Arc<Self>, String> {
+        let json = RunJson::from_text(json, false).map_err(|e| e.to_string())?;
         let record = {
-            let index: StoredIndex<'_> = serde_json::from_str(&json).map_err(|e| e.to_string())?;
+            let text = json.text();
+            let index: StoredIndex<'_> = serde_json::from_str(&text).map_err(|e| e.to_string())?;
             let id = RunId::parse(&index.id).map_err(|e| e.to_string())?;
             let attempts = index.attempts.iter().filter_map(|a| a.workers.as_deref());
             let nodes = attempts
@@ -98,19 +99,20 @@ impl RunRecord {
                 name: index.name.as_ref().into(),
                 node_ids,
                 node_ips,
-                json: None,
+                json: json.clone(),
                 cluster: index.cluster.map(|c| c.as_ref().into()),
                 version,
                 base: AtomicU64::new(0),
             }
         };
-        let json = RunJson::from_text(json, record.status.is_live()).map_err(|e| e.to_string())?;
-        Ok(Arc::new(Self { json: Some(json), ..record }))
+        // A live run is served with its heartbeat: kept as its members.
+        let json = if record.status.is_live() { json.into_members() } else { Ok(json) };
+        Ok(Arc::new(Self { json: json.map_err(|e| e.to_string())?, ..record }))
     }
 
     /// The run's JSON.
     pub(crate) fn json(&self) -> &RunJson {
-        self.json.as_ref().expect("a record has its JSON")
+        &self.json
     }
 
     /// The typed run.

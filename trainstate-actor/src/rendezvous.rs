@@ -643,15 +643,7 @@ impl Rendezvous {
         } else {
             let mut draft = TrainRunInfoDraft {
                 workers: workers.into_iter().map(TrainWorkerInfo::into_draft).collect(),
-                attempts: vec![RunAttemptDraft {
-                    attempt_id: attempt_id.clone(),
-                    start_time_ms: pending.started_ms,
-                    end_time_ms: None,
-                    status: None,
-                    status_detail: String::new(),
-                    cause: None,
-                    workers: None,
-                }],
+                attempts: vec![RunAttemptDraft::new(attempt_id.clone(), pending.started_ms)],
                 ..TrainRunInfoDraft::new(
                     id.to_string(),
                     &pending.name,
@@ -899,15 +891,7 @@ impl Rendezvous {
                 run_status: update.status,
                 status_detail,
                 cause: Some(cause),
-                attempts: vec![RunAttemptDraft {
-                    attempt_id: key.1.to_string(),
-                    start_time_ms: pending.started_ms,
-                    end_time_ms: None,
-                    status: None,
-                    status_detail: String::new(),
-                    cause: None,
-                    workers: None,
-                }],
+                attempts: vec![RunAttemptDraft::new(key.1.to_string(), pending.started_ms)],
                 ..TrainRunInfoDraft::new(
                     pending.run_id.to_string(),
                     &pending.name,

@@ -15,7 +15,8 @@ use trainstate_schema::limits::MAX_STATUS_DETAIL_LEN;
 use trainstate_schema::text::{errored_status_detail, last_chars};
 use trainstate_schema::{
     ActorStatus, AttemptStatus, CauseKind, NewRun, Rule, RunAttemptDraft, RunCause, RunId,
-    RunStatus, TrainRunInfoDraft, ValidationError, ray_v2, validate_client_cause, validate_time,
+    RunStatus, TrainRunInfoDraft, TrainWorkerInfoDraft, ValidationError, ray_v2,
+    validate_client_cause, validate_time,
 };
 
 use crate::config::Retention;
@@ -206,9 +207,6 @@ impl Runs {
             to,
             reason: reason.to_owned(),
         };
-        if !matches!(to, RunStatus::Errored | RunStatus::Aborted) && update.cause.is_some() {
-            return Err(StateError::invalid("cause", "only an ERRORED or ABORTED run has a cause"));
-        }
         if to.is_live() {
             if from.is_terminal() {
                 return Err(illegal("a terminal status is final"));
@@ -290,23 +288,15 @@ impl Runs {
 
         let mut draft = run.into_draft();
         if draft.attempts.is_empty() {
-            draft.attempts.push(new_attempt_draft(NewRun::FIRST_ATTEMPT_ID, draft.start_time_ms));
+            let first = RunAttemptDraft::new(NewRun::FIRST_ATTEMPT_ID, draft.start_time_ms);
+            draft.attempts.push(first);
         }
-        let mut previous_workers = std::mem::take(&mut draft.workers);
-        for worker in &mut previous_workers {
-            worker.status = ActorStatus::Dead;
-        }
-        if let Some(current) = draft.attempts.last_mut() {
-            if current.end_time_ms.is_none() {
-                // A new attempt ends the one it replaces.
-                current.end_time_ms = Some(attempt.start_time_ms.max(current.start_time_ms));
-                current.status = Some(AttemptStatus::Aborted);
-                current.status_detail = format!("replaced by attempt {}", attempt.attempt_id);
-            }
-            current.workers = Some(previous_workers);
-        }
-        draft.attempts.push(new_attempt_draft(&attempt.attempt_id, attempt.start_time_ms));
-        draft.workers = attempt.workers.into_iter().map(|w| w.into_draft()).collect();
+        let workers = attempt.workers.into_iter().map(|w| w.into_draft()).collect();
+        replace_current_attempt(
+            &mut draft,
+            RunAttemptDraft::new(attempt.attempt_id, attempt.start_time_ms),
+            workers,
+        );
         Ok(Outcome::Changed(self.replace(draft, EventKind::AttemptStarted, now_ms)?))
     }
 
@@ -320,7 +310,7 @@ impl Runs {
         ray_times(v2.start_time_ns, v2.end_time_ns)?;
         let Some(entry) = self.by_id.get(&id) else {
             let mut draft = v2.to_draft();
-            draft.cause = ray_cause(v2.status, &draft.status_detail);
+            draft.cause = ray_cause(v2.status == RunStatus::Errored, &draft.status_detail);
             let run = NewRun::from_ray(draft.validate()?).into_run(now_ms);
             let record = RunRecord::new(&run);
             self.put(record.clone(), now_ms);
@@ -371,7 +361,7 @@ impl Runs {
         }
         let mut draft = stored.clone().into_draft();
         v2.apply_to(&mut draft);
-        draft.cause = ray_cause(to, &draft.status_detail);
+        draft.cause = ray_cause(to == RunStatus::Errored, &draft.status_detail);
         if to.is_terminal() {
             let given = draft.end_time_ms;
             end_run(&mut draft, given, now_ms);
@@ -408,7 +398,7 @@ impl Runs {
         let start_time_ms = ray_v2::ns_to_ms(v2.start_time_ns);
         let end_time_ms = v2.end_time_ns.map(ray_v2::ns_to_ms);
         let detail = v2.status_detail.clone().unwrap_or_default();
-        let cause = ray_attempt_cause(v2.status, &detail);
+        let cause = ray_cause(v2.status == AttemptStatus::Errored, &detail);
         let mut workers = v2.worker_drafts();
         if v2.status.is_terminal() {
             for worker in &mut workers {
@@ -461,28 +451,14 @@ impl Runs {
                 if run_status.is_terminal() && !v2.status.is_terminal() {
                     return Err(illegal("an ended run starts no new live attempts"));
                 }
-                let mut previous_workers = std::mem::take(&mut draft.workers);
-                for worker in &mut previous_workers {
-                    worker.status = ActorStatus::Dead;
-                }
-                if let Some(current) = draft.attempts.last_mut() {
-                    if current.end_time_ms.is_none() {
-                        current.end_time_ms = Some(start_time_ms.max(current.start_time_ms));
-                        current.status = Some(AttemptStatus::Aborted);
-                        current.status_detail = format!("replaced by attempt {}", v2.attempt_id);
-                    }
-                    current.workers = Some(previous_workers);
-                }
-                draft.attempts.push(RunAttemptDraft {
-                    attempt_id: v2.attempt_id.clone(),
-                    start_time_ms,
+                let next = RunAttemptDraft {
                     end_time_ms,
                     status: Some(v2.status),
                     status_detail: detail,
                     cause,
-                    workers: None,
-                });
-                draft.workers = workers;
+                    ..RunAttemptDraft::new(v2.attempt_id.clone(), start_time_ms)
+                };
+                replace_current_attempt(&mut draft, next, workers);
                 EventKind::AttemptStarted
             }
         };
@@ -639,17 +615,33 @@ fn ray_times(start_time_ns: u64, end_time_ns: Option<u64>) -> Result<(), Validat
     end_time_ns.map_or(Ok(()), |end| validate_time("end_time_ns", ray_v2::ns_to_ms(end)))
 }
 
-/// The cause of a run Ray Train V2 reports ERRORED: a user error, on the
-/// rank its detail names first (`[Rank 1 Error Snippet]`), if any.
-fn ray_cause(status: RunStatus, detail: &str) -> Option<RunCause> {
-    (status == RunStatus::Errored)
-        .then(|| RunCause::new(CauseKind::UserError, first_failed_rank(detail)))
+/// The cause of a run or attempt Ray Train V2 reports `errored`: a user
+/// error, on the rank its detail names first (`[Rank 1 Error Snippet]`).
+fn ray_cause(errored: bool, detail: &str) -> Option<RunCause> {
+    errored.then(|| RunCause::new(CauseKind::UserError, first_failed_rank(detail)))
 }
 
-/// The cause of an attempt Ray Train V2 reports ERRORED.
-fn ray_attempt_cause(status: AttemptStatus, detail: &str) -> Option<RunCause> {
-    (status == AttemptStatus::Errored)
-        .then(|| RunCause::new(CauseKind::UserError, first_failed_rank(detail)))
+/// Makes `next` the run's current attempt, with `workers`: the attempt it
+/// replaces ends at `next`'s start if it has not ended (ABORTED, "replaced
+/// by attempt …") and keeps the run's workers, marked DEAD.
+fn replace_current_attempt(
+    draft: &mut TrainRunInfoDraft,
+    next: RunAttemptDraft,
+    workers: Vec<TrainWorkerInfoDraft>,
+) {
+    let mut previous_workers = std::mem::replace(&mut draft.workers, workers);
+    for worker in &mut previous_workers {
+        worker.status = ActorStatus::Dead;
+    }
+    if let Some(current) = draft.attempts.last_mut() {
+        if current.end_time_ms.is_none() {
+            current.end_time_ms = Some(next.start_time_ms.max(current.start_time_ms));
+            current.status = Some(AttemptStatus::Aborted);
+            current.status_detail = format!("replaced by attempt {}", next.attempt_id);
+        }
+        current.workers = Some(previous_workers);
+    }
+    draft.attempts.push(next);
 }
 
 /// The rank of the first `[Rank N Error Snippet]` in Ray's error detail.
@@ -657,19 +649,6 @@ fn first_failed_rank(detail: &str) -> Option<u32> {
     let rest = &detail[detail.find("[Rank ")? + "[Rank ".len()..];
     let digits = &rest[..rest.find(' ')?];
     rest[digits.len()..].starts_with(" Error Snippet]").then(|| digits.parse().ok()).flatten()
-}
-
-/// A new, running attempt with no workers of its own (they are the run's).
-fn new_attempt_draft(attempt_id: &str, start_time_ms: u64) -> RunAttemptDraft {
-    RunAttemptDraft {
-        attempt_id: attempt_id.to_owned(),
-        start_time_ms,
-        end_time_ms: None,
-        status: None,
-        status_detail: String::new(),
-        cause: None,
-        workers: None,
-    }
 }
 
 fn end_run(draft: &mut TrainRunInfoDraft, end_time_ms: Option<u64>, now_ms: u64) {

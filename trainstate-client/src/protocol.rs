@@ -181,6 +181,14 @@ impl RunJson {
         if live { Self::members_of(&whole) } else { Ok(Self(Repr::Whole(Arc::from(whole)))) }
     }
 
+    /// The same JSON kept as members, as a live run's is.
+    pub fn into_members(self) -> Result<Self, serde_json::Error> {
+        match &self.0 {
+            Repr::Whole(whole) => Self::members_of(whole),
+            Repr::Members(..) => Ok(self),
+        }
+    }
+
     fn members_of(whole: &RawValue) -> Result<Self, serde_json::Error> {
         let members: Members<'_> = serde_json::from_str(whole.get())?;
         let members: Vec<_> =

@@ -383,9 +383,8 @@ impl FromStr for StatusFilter {
             .filter(|s| !s.is_empty())
             .map(|s| {
                 RunStatus::parse(s).ok_or_else(|| {
-                    format!(
-                        "unknown status {s:?}: use INITIALIZING, SCHEDULING, RUNNING, RESTARTING, RESIZING, FINISHED, ERRORED or ABORTED"
-                    )
+                    let known: Vec<&str> = RunStatus::ALL.iter().map(|s| s.as_str()).collect();
+                    format!("unknown status {s:?}: use one of {}", known.join(", "))
                 })
             })
             .collect::<Result<_, _>>()

@@ -120,6 +120,23 @@ pub struct RunAttemptDraft {
     pub workers: Option<Vec<TrainWorkerInfoDraft>>,
 }
 
+impl RunAttemptDraft {
+    /// A new attempt starting at `start_time_ms`, not ended, its status to
+    /// be derived, with no workers of its own (the current attempt's
+    /// workers are the run's).
+    pub fn new(attempt_id: impl Into<String>, start_time_ms: u64) -> Self {
+        Self {
+            attempt_id: attempt_id.into(),
+            start_time_ms,
+            end_time_ms: None,
+            status: None,
+            status_detail: String::new(),
+            cause: None,
+            workers: None,
+        }
+    }
+}
+
 /// One training run, unvalidated.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
