@@ -25,6 +25,8 @@ use crate::store::StoreOp;
 use crate::writer::PendingEvent;
 
 mod remote;
+#[cfg(test)]
+mod tests;
 
 pub(crate) use remote::is_foreign;
 

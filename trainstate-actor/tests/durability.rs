@@ -1,8 +1,10 @@
 //! The store: restarts, injected panics, group commit, back-pressure,
 //! draining shutdown, schema versions.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::Poll;
 use std::time::Duration;
 
 use trainstate_actor::{Faults, launch_state_actor};
@@ -23,7 +25,8 @@ on_both_stores! {
     async fn restart_from_the_store_returns_identical_runs(store) {
         let Some(fresh) = store.fresh("restart_from_the_sto").await else { return };
         let service = launch_state_actor(fresh.config()).await.unwrap();
-        let state = service.handle();
+        // A deadline that only ends a hung test: a busy machine is no failure.
+        let state = service.handle().with_timeout(Duration::from_secs(30));
         for i in 0..20 {
             let r = run(&format!("r{i}"), T0 + i);
             let id = r.id().clone();
@@ -46,7 +49,7 @@ on_both_stores! {
         let faults = Arc::new(Faults::default());
         let service =
             launch_state_actor(fresh.config().with_faults(faults.clone())).await.unwrap();
-        let state = service.handle();
+        let state = service.handle().with_timeout(Duration::from_secs(30));
         let mut acknowledged = Vec::new();
         for i in 0..10 {
             let r = run(&format!("before{i}"), T0 + i);
@@ -142,22 +145,37 @@ on_both_stores! {
         let service = launch_state_actor(fresh.config()).await.unwrap();
         let state = service.handle().with_timeout(Duration::from_secs(30));
         let ids: Vec<RunId> = (0..200).map(|_| RunId::new_v7()).collect();
-        let tasks: Vec<_> = ids
+        let mut requests: Vec<_> = ids
             .iter()
             .enumerate()
             .map(|(i, id)| {
                 let state = state.clone();
                 let r = crate::common::run_with(id, "drain", "job", T0 + i as u64, 8);
-                tokio::spawn(async move { state.register(r).await })
+                Box::pin(async move { state.register(r).await })
             })
             .collect();
-        // On this single-threaded runtime, one yield lets every task send its
-        // request: all 200 are queued before the shutdown is asked for.
-        tokio::task::yield_now().await;
+        // A local handle sends its request in its first poll (the actor is
+        // found, the message put in its mailbox, then the answer awaited):
+        // polling each request once, here, queues all 200 before the
+        // shutdown is asked for, whatever order a scheduler would pick.
+        let mut answers: Vec<Option<Result<_, StateError>>> = vec![None; requests.len()];
+        std::future::poll_fn(|cx| {
+            for (request, answer) in requests.iter_mut().zip(&mut answers) {
+                if let Poll::Ready(done) = request.as_mut().poll(cx) {
+                    *answer = Some(done);
+                }
+            }
+            Poll::Ready(())
+        })
+        .await;
         service.shutdown().await;
         let mut acknowledged = Vec::new();
-        for (task, id) in tasks.into_iter().zip(&ids) {
-            if task.await.unwrap().is_ok() {
+        for ((request, answer), id) in requests.into_iter().zip(answers).zip(&ids) {
+            let answer = match answer {
+                Some(answer) => answer,
+                None => request.await,
+            };
+            if answer.is_ok() {
                 acknowledged.push(id.clone());
             }
         }

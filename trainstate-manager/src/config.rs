@@ -1,6 +1,9 @@
 //! The configuration of the manager: a value, never the environment.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use crate::clock::{Clock, SystemClock};
 
 /// The default deadline of every call to the state actor.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(2);
@@ -23,7 +26,7 @@ pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// let config = ManagerConfig::default().with_call_timeout(Duration::from_millis(500));
 /// assert_eq!(config.call_timeout, Duration::from_millis(500));
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ManagerConfig {
     /// The deadline of every call to the state actor, and the longest a
@@ -37,7 +40,25 @@ pub struct ManagerConfig {
     pub min_backoff: Duration,
     /// The longest wait between retries of a delivery.
     pub max_backoff: Duration,
+    /// The clock the times the manager writes are read from (a run's and an
+    /// attempt's start, a run's end); the system's wall clock by default.
+    /// Deadlines, retries and heartbeats are Tokio timers, not this clock.
+    pub clock: Arc<dyn Clock>,
 }
+
+/// Two configurations are equal when their durations are and they read the
+/// same clock.
+impl PartialEq for ManagerConfig {
+    fn eq(&self, other: &Self) -> bool {
+        self.call_timeout == other.call_timeout
+            && self.gather_timeout == other.gather_timeout
+            && self.min_backoff == other.min_backoff
+            && self.max_backoff == other.max_backoff
+            && Arc::ptr_eq(&self.clock, &other.clock)
+    }
+}
+
+impl Eq for ManagerConfig {}
 
 impl Default for ManagerConfig {
     fn default() -> Self {
@@ -46,6 +67,7 @@ impl Default for ManagerConfig {
             gather_timeout: DEFAULT_GATHER_TIMEOUT,
             min_backoff: DEFAULT_MIN_BACKOFF,
             max_backoff: DEFAULT_MAX_BACKOFF,
+            clock: Arc::new(SystemClock),
         }
     }
 }
@@ -72,6 +94,12 @@ impl ManagerConfig {
     pub fn with_backoff(mut self, min: Duration, max: Duration) -> Self {
         self.min_backoff = min;
         self.max_backoff = max.max(min);
+        self
+    }
+
+    /// Reads the times the manager writes from `clock`.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
         self
     }
 }

@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio::sync::{Notify, oneshot};
 use tokio::task::{AbortHandle, JoinSet};
@@ -22,11 +22,6 @@ use trainstate_schema::{RunId, TrainRunInfo, TrainWorkerInfo};
 
 use crate::config::ManagerConfig;
 use crate::errors::ManagerError;
-
-/// Now, in Unix milliseconds.
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
 
 /// The shortest heartbeat interval, whatever the lease.
 const MIN_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(10);
@@ -195,7 +190,7 @@ impl Shared {
         let track = book.runs.get_mut(id).ok_or_else(|| unknown(id))?;
         let attempt_id = track.next_attempt.to_string();
         track.next_attempt += 1;
-        let start_ms = now_ms().max(track.last_start_ms);
+        let start_ms = self.config.clock.now_ms().max(track.last_start_ms);
         track.last_start_ms = start_ms;
         let ack = Self::append(
             &mut book,
@@ -214,7 +209,7 @@ impl Shared {
         let track = book.runs.get_mut(id).ok_or_else(|| unknown(id))?;
         track.ended = true;
         track.stop_heartbeat();
-        let update = update.ended_at(now_ms().max(track.last_start_ms));
+        let update = update.ended_at(self.config.clock.now_ms().max(track.last_start_ms));
         let ack = Self::append(&mut book, id, Write::Status(update));
         drop(book);
         self.wake.notify_one();

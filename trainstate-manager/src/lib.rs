@@ -52,7 +52,15 @@
 //! idempotent on the actor, so a write whose answer was lost is sent again.
 //! A head that restarted and lost a run (an in-memory store) gets the run's
 //! registration again first.
+//!
+//! # Time
+//!
+//! Deadlines, retries and heartbeats are Tokio timers: a test runs them on
+//! paused Tokio time. The times the manager writes (a run's start, an
+//! attempt's start, a run's end) are read from [`ManagerConfig::clock`], the
+//! system's wall clock unless a [`Clock`] is injected.
 
+mod clock;
 mod config;
 mod delivery;
 mod errors;
@@ -61,6 +69,7 @@ mod manager;
 mod probe;
 mod ractor_group;
 
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{
     DEFAULT_CALL_TIMEOUT, DEFAULT_GATHER_TIMEOUT, DEFAULT_MAX_BACKOFF, DEFAULT_MIN_BACKOFF,
     ManagerConfig,

@@ -13,7 +13,7 @@ use trainstate_schema::{
 };
 
 use crate::config::ManagerConfig;
-use crate::delivery::{Ack, Shared, deliver, now_ms};
+use crate::delivery::{Ack, Shared, deliver};
 use crate::errors::ManagerError;
 use crate::group::{WorkerGroup, gather};
 
@@ -167,7 +167,8 @@ impl TrainRunStateManager {
                 None
             }
         });
-        Self { config, tracking, created_ms: now_ms(), first_run_taken: AtomicBool::new(false) }
+        let created_ms = config.clock.now_ms();
+        Self { config, tracking, created_ms, first_run_taken: AtomicBool::new(false) }
     }
 
     /// The configuration.
@@ -211,7 +212,7 @@ impl TrainRunStateManager {
     ) -> Result<RunRegistration, ManagerError> {
         let id = RunId::new_v7();
         let start_time_ms = if self.first_run_taken.swap(true, Ordering::SeqCst) {
-            now_ms()
+            self.config.clock.now_ms()
         } else {
             self.created_ms
         };

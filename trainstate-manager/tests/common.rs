@@ -3,7 +3,8 @@
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use ractor::ActorRef;
@@ -30,12 +31,81 @@ pub(crate) async fn in_memory(what: &str) -> StateService {
 }
 
 /// A manager configuration with short deadlines, so tests of an absent
-/// head run quickly.
+/// head run quickly. A call to a live head may still come back `Pending`
+/// on a busy machine: a test with this configuration and a live head
+/// waits for the outcome ([`wait_for`], [`wait_for_status`]) instead of
+/// asserting `Acknowledged`.
 pub(crate) fn quick() -> ManagerConfig {
     ManagerConfig::default()
         .with_call_timeout(Duration::from_millis(300))
         .with_gather_timeout(Duration::from_secs(5))
         .with_backoff(Duration::from_millis(10), Duration::from_millis(100))
+}
+
+/// A manager configuration whose deadlines only end a hung test: a live
+/// head acknowledges every call within them however loaded the machine,
+/// so a test may assert `Registered` and `Acknowledged`.
+pub(crate) fn patient() -> ManagerConfig {
+    ManagerConfig::default()
+        .with_call_timeout(Duration::from_secs(60))
+        .with_gather_timeout(Duration::from_secs(60))
+        .with_backoff(Duration::from_millis(10), Duration::from_millis(100))
+}
+
+/// The time the test clocks start at (Unix ms, in 2025).
+pub(crate) const T0: u64 = 1_760_000_000_000;
+
+/// One wall clock for the head and the manager, moved only by the test:
+/// leases, start and end times are decided by it, never by how fast the
+/// machine runs. The one place that knows both crates' clock traits.
+#[derive(Debug)]
+pub(crate) struct TestClock(AtomicU64);
+
+impl TestClock {
+    /// A clock reading [`T0`].
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Self(AtomicU64::new(T0)))
+    }
+
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn advance(&self, by: Duration) {
+        self.0.fetch_add(by.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// The same clock, for the head's configuration.
+    pub(crate) fn for_head(self: &Arc<Self>) -> Arc<dyn trainstate_actor::Clock> {
+        self.clone()
+    }
+
+    /// The same clock, for the manager's configuration.
+    pub(crate) fn for_manager(self: &Arc<Self>) -> Arc<dyn trainstate_manager::Clock> {
+        self.clone()
+    }
+}
+
+impl trainstate_actor::Clock for TestClock {
+    fn now_ms(&self) -> u64 {
+        TestClock::now_ms(self)
+    }
+}
+
+impl trainstate_manager::Clock for TestClock {
+    fn now_ms(&self) -> u64 {
+        TestClock::now_ms(self)
+    }
+}
+
+/// An in-memory head on `clock` that sweeps only when the test asks
+/// (`sweep_leases`), with `lease`.
+pub(crate) fn head_on(clock: &Arc<TestClock>, what: &str, lease: Duration) -> StateConfig {
+    StateConfig::in_memory()
+        .with_name(unique_name(what))
+        .with_clock(clock.for_head())
+        .with_lease(lease)
+        .with_sweep_interval(Duration::from_secs(24 * 3600))
 }
 
 /// Waits until `condition` holds, trying again every few milliseconds,

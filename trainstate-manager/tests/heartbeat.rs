@@ -1,46 +1,66 @@
 //! Heartbeats: a live run's lease is renewed every third of it, until the
 //! manager is dropped.
+//!
+//! The head's leases run on a clock the test moves and its sweep runs when
+//! the test asks, so no outcome depends on how fast the machine is: the
+//! test waits for a heartbeat to arrive (a condition), never for time to
+//! pass.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use trainstate_actor::{StateConfig, launch_state_actor};
+use trainstate_actor::launch_state_actor;
+use trainstate_client::StateHandle;
 use trainstate_manager::TrainRunStateManager;
-use trainstate_schema::{CauseKind, RunStatus};
+use trainstate_schema::{CauseKind, RunId, RunStatus};
 
-use crate::common::{FakeGroup, quick, unique_name, wait_for_status};
+use crate::common::{FakeGroup, TestClock, head_on, patient, wait_for};
+
+/// The last heartbeat the head recorded for a live run.
+async fn last_heartbeat(state: &StateHandle, id: &RunId) -> Option<u64> {
+    state.get(id.clone()).await.ok()?.last_heartbeat_ms()
+}
 
 #[tokio::test]
-async fn heartbeats_keep_a_run_alive_past_its_lease_until_the_manager_is_dropped() {
-    let lease = Duration::from_millis(1500);
-    let config = StateConfig::in_memory()
-        .with_name(unique_name("heartbeat"))
-        .with_lease(lease)
-        .with_sweep_interval(Duration::from_millis(50));
-    let service = launch_state_actor(config).await.unwrap();
+async fn regression_heartbeats_keep_a_run_alive_past_its_lease_until_the_manager_is_dropped() {
+    // Short, so the manager beats often (every third of it, in real time);
+    // the head measures it on the test's clock.
+    let lease = Duration::from_millis(150);
+    let clock = TestClock::new();
+    let service = launch_state_actor(head_on(&clock, "heartbeat", lease)).await.unwrap();
     let state = service.handle();
-    let manager = TrainRunStateManager::new(Some(state.clone()), quick());
+    let manager =
+        TrainRunStateManager::new(Some(state.clone()), patient().with_clock(clock.for_manager()));
     let id = manager
         .register_train_run("beating", "job", "controller", &FakeGroup::new(2, 2), [], None)
         .await
         .unwrap()
         .into_id();
-    let registered_at = state.get(id.clone()).await.unwrap().last_heartbeat_ms().unwrap();
+    assert_eq!(last_heartbeat(&state, &id).await, Some(clock.now_ms()));
 
-    // Two leases later, the run is still live, renewed by heartbeats.
-    let until = Instant::now() + 2 * lease;
-    let mut beats = std::collections::BTreeSet::new();
-    while Instant::now() < until {
-        let run = state.get(id.clone()).await.unwrap();
-        let parsed = run.parse().unwrap();
-        assert_eq!(parsed.run_status(), RunStatus::Running, "{}", parsed.status_detail());
-        beats.insert(run.last_heartbeat_ms().unwrap());
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    // Three leases pass on the head's clock, one at a time; in each, a
+    // heartbeat arrives, and the sweep at the lease's end keeps the run.
+    for lease_number in 1..=3 {
+        clock.advance(lease);
+        let now = clock.now_ms();
+        wait_for("a heartbeat after the clock moved", Duration::from_secs(30), || async {
+            last_heartbeat(&state, &id).await == Some(now)
+        })
+        .await;
+        assert_eq!(state.sweep_leases().await.unwrap(), [], "lease {lease_number}");
+        let run = state.get_run(id.clone()).await.unwrap();
+        assert_eq!(run.run_status(), RunStatus::Running, "{}", run.status_detail());
     }
-    assert!(beats.iter().filter(|&&at| at > registered_at).count() >= 3, "{beats:?}");
 
-    // Without its manager, the run is aborted when the lease expires.
+    // Without its manager, nothing renews the lease: once it has passed,
+    // the sweep aborts the run as its controller lost.
     drop(manager);
-    let run = wait_for_status(&state, &id, RunStatus::Aborted).await;
+    // A heartbeat the manager sent before it was dropped is handled before
+    // this sweep (one mailbox, in order), at the clock's present time.
+    assert_eq!(state.sweep_leases().await.unwrap(), []);
+    clock.advance(lease + Duration::from_millis(1));
+    assert_eq!(state.sweep_leases().await.unwrap(), std::slice::from_ref(&id));
+    let run = state.get_run(id).await.unwrap();
+    assert_eq!(run.run_status(), RunStatus::Aborted);
     assert_eq!(run.cause().unwrap().kind, CauseKind::LostController);
     service.shutdown().await;
 }

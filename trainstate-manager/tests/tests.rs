@@ -2,6 +2,7 @@
 //! Several are ported from Ray Train's tests of its `TrainRunStateManager`.
 
 mod common;
+mod deadlines;
 mod heartbeat;
 mod no_actor;
 mod probe;

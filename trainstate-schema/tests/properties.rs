@@ -1,11 +1,12 @@
-//! Property tests: valid runs round-trip; mutated documents never become
-//! values that break a rule.
+//! Property tests: valid runs round-trip; each mutation of a valid run is
+//! refused naming the field and rule it breaks, or accepted when it breaks
+//! none.
 
 use std::collections::{HashMap, HashSet};
 
 use proptest::prelude::*;
 use serde_json::{Value, json};
-use trainstate_schema::{RunStatus, TrainRunInfo};
+use trainstate_schema::{NewRun, Rule, RunStatus, TrainRunInfo, TrainRunInfoDraft};
 
 use crate::common::valid_run;
 
@@ -73,65 +74,324 @@ fn assert_obeys_rules(run: &TrainRunInfo) {
     assert!(!run.status_detail().contains('\0'));
 }
 
-/// One mutation of a document: a path (into the run, or into its first
-/// worker) set to a value from a small pool of troublesome values.
-fn mutation() -> impl Strategy<Value = (bool, usize, usize)> {
-    (any::<bool>(), 0usize..16, 0usize..12)
+/// What a mutated document must come to.
+#[derive(Debug, Clone, PartialEq)]
+enum Expect {
+    /// Refused by the rules: the error names `field` and `rule`.
+    Broken { field: String, rule: Rule },
+    /// Refused by its shape (a type, a variant): the error's path is `field`.
+    Shape { field: String },
+    /// A valid stored run, refused as a client's write
+    /// (`NewRun::check_client_rules`) naming `field` and `rule`.
+    Client { field: String, rule: Rule },
+    /// Accepted, from a client too.
+    Accepted,
+    /// Accepted, and the same run as the document before the mutation.
+    Same,
+    /// Accepted, with this status detail.
+    Detail(&'static str),
 }
 
-const RUN_KEYS: &[&str] = &[
-    "name",
-    "id",
-    "job_id",
-    "controller_actor_id",
-    "workers",
-    "datasets",
-    "run_status",
-    "status_detail",
-    "start_time_ms",
-    "end_time_ms",
-    "resources",
-    "attempts",
-    "cause",
-    "restored_from",
-    "last_heartbeat_ms",
-    "extra",
-];
-const WORKER_KEYS: &[&str] = &[
-    "actor_id",
-    "world_rank",
-    "local_rank",
-    "node_rank",
-    "node_id",
-    "node_ip",
-    "pid",
-    "gpu_ids",
-    "status",
-    "resources",
-    "worker_log_file_path",
-    "extra",
-    "world_rank",
-    "node_rank",
-    "pid",
-    "local_rank",
+fn broken(field: impl Into<String>, rule: Rule) -> Option<Expect> {
+    Some(Expect::Broken { field: field.into(), rule })
+}
+
+fn client(field: impl Into<String>, rule: Rule) -> Option<Expect> {
+    Some(Expect::Client { field: field.into(), rule })
+}
+
+fn shape(field: impl Into<String>) -> Option<Expect> {
+    Some(Expect::Shape { field: field.into() })
+}
+
+/// What a mutation needs to know of the document it breaks.
+struct Layout {
+    /// By position in the `workers` array: world rank, local rank, node
+    /// (the number in `node_id`), node rank.
+    ranks: Vec<u32>,
+    locals: Vec<u32>,
+    nodes: Vec<u32>,
+    node_ranks: Vec<u32>,
+    datasets: usize,
+    status: RunStatus,
+    start: u64,
+}
+
+impl Layout {
+    fn of(doc: &Value) -> Self {
+        let workers = doc["workers"].as_array().unwrap();
+        let field = |name: &str| -> Vec<u32> {
+            workers.iter().map(|w| w[name].as_u64().unwrap() as u32).collect()
+        };
+        let nodes = workers
+            .iter()
+            .map(|w| {
+                let id = w["node_id"].as_str().unwrap();
+                id.trim_start_matches(|c: char| !c.is_ascii_digit()).parse().unwrap()
+            })
+            .collect();
+        Self {
+            ranks: field("world_rank"),
+            locals: field("local_rank"),
+            nodes,
+            node_ranks: field("node_rank"),
+            datasets: doc["datasets"].as_array().map_or(0, Vec::len),
+            status: serde_json::from_value(doc["run_status"].clone()).unwrap(),
+            start: doc["start_time_ms"].as_u64().unwrap(),
+        }
+    }
+
+    fn n(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// Positions of the workers on `node`, in array order.
+    fn on_node(&self, node: u32) -> Vec<usize> {
+        (0..self.n()).filter(|&p| self.nodes[p] == node).collect()
+    }
+}
+
+/// A mutation: what it breaks, and how, returning what the document must
+/// then come to (`None`: it does not apply to this document). `pick`
+/// chooses the worker (and the like) it breaks.
+type Mutate = fn(&mut Value, &Layout, usize) -> Option<Expect>;
+
+fn worker(doc: &mut Value, p: usize) -> &mut Value {
+    &mut doc["workers"][p]
+}
+
+const MUTATIONS: &[(&str, Mutate)] = &[
+    ("a run id with a slash", |d, _, _| {
+        d["id"] = "a/b".into();
+        broken("id", Rule::RunIdFormat)
+    }),
+    ("an empty job id", |d, _, _| {
+        d["job_id"] = "".into();
+        broken("job_id", Rule::Empty)
+    }),
+    ("a control character in the name", |d, _, _| {
+        d["name"] = "a\u{7}b".into();
+        broken("name", Rule::ControlCharacter)
+    }),
+    ("a NUL in the status detail", |d, _, _| {
+        d["status_detail"] = "a\u{0}".into();
+        broken("status_detail", Rule::NulCharacter)
+    }),
+    ("a world rank out of range", |d, l, pick| {
+        let (p, n) = (pick % l.n(), l.n());
+        worker(d, p)["world_rank"] = n.into();
+        broken(
+            format!("workers[{p}].world_rank"),
+            Rule::WorldRankOutOfRange { rank: n as u32, workers: n },
+        )
+    }),
+    ("a world rank twice", |d, l, pick| {
+        let n = l.n();
+        (n >= 2).then_some(())?;
+        let (p, q) = (pick % n, (pick + 1) % n);
+        worker(d, p)["world_rank"] = l.ranks[q].into();
+        // Found at the second of the two, in array order.
+        broken(
+            format!("workers[{}].world_rank", p.max(q)),
+            Rule::DuplicateWorldRank { rank: l.ranks[q] },
+        )
+    }),
+    ("a local rank twice on a node", |d, l, pick| {
+        let p = pick % l.n();
+        let q = *l.on_node(l.nodes[p]).iter().find(|&&q| q != p)?;
+        worker(d, p)["local_rank"] = l.locals[q].into();
+        broken(
+            format!("workers[{}].local_rank", p.max(q)),
+            Rule::DuplicateLocalRank { rank: l.locals[q] },
+        )
+    }),
+    ("two node ranks on one node", |d, l, pick| {
+        let p = pick % l.n();
+        let on_node = l.on_node(l.nodes[p]);
+        (on_node.len() >= 2).then_some(())?;
+        worker(d, p)["node_rank"] = 99.into();
+        // The node's rank is the one its first worker (in array order) gives.
+        if on_node[0] == p {
+            broken(
+                format!("workers[{}].node_rank", on_node[1]),
+                Rule::InconsistentNodeRank { expected: 99 },
+            )
+        } else {
+            broken(
+                format!("workers[{p}].node_rank"),
+                Rule::InconsistentNodeRank { expected: l.node_ranks[on_node[0]] },
+            )
+        }
+    }),
+    ("one node rank on two nodes", |d, l, pick| {
+        let a = l.nodes[pick % l.n()];
+        let b = *l.nodes.iter().find(|&&node| node != a)?;
+        let rank = l.node_ranks[l.on_node(b)[0]];
+        for p in l.on_node(a) {
+            worker(d, p)["node_rank"] = rank.into();
+        }
+        // Found at the first worker of whichever node comes second.
+        let second = l.on_node(a)[0].max(l.on_node(b)[0]);
+        broken(format!("workers[{second}].node_rank"), Rule::NodeRankShared { rank })
+    }),
+    ("a node IP that is no address", |d, l, pick| {
+        let p = pick % l.n();
+        worker(d, p)["node_ip"] = "10.0.0.300".into();
+        broken(format!("workers[{p}].node_ip"), Rule::IpAddress)
+    }),
+    ("a pid of zero", |d, l, pick| {
+        let p = pick % l.n();
+        worker(d, p)["pid"] = 0.into();
+        broken(format!("workers[{p}].pid"), Rule::PidZero)
+    }),
+    ("a GPU id twice on a worker", |d, l, pick| {
+        let p = pick % l.n();
+        worker(d, p)["gpu_ids"] = json!([3, 3]);
+        broken(format!("workers[{p}].gpu_ids[1]"), Rule::DuplicateGpuId { gpu_id: 3 })
+    }),
+    ("a negative resource", |d, l, pick| {
+        let p = pick % l.n();
+        worker(d, p)["resources"] = json!({"CPU": -1.0});
+        broken(format!("workers[{p}].resources.CPU"), Rule::Negative)
+    }),
+    ("an end time the status forbids", |d, l, _| {
+        if l.status.is_terminal() {
+            d["end_time_ms"] = (l.start - 1).into();
+            broken("end_time_ms", Rule::EndBeforeStart)
+        } else {
+            d["end_time_ms"] = (l.start + 1).into();
+            broken("end_time_ms", Rule::EndTimeWhileRunning)
+        }
+    }),
+    ("a dataset name twice", |d, l, _| {
+        let dataset = json!({"name": "twice", "dataset_uuid": "u", "dataset_name": null});
+        let datasets = d["datasets"].as_array_mut().unwrap();
+        datasets.push(dataset.clone());
+        datasets.push(dataset);
+        broken(format!("datasets[{}].name", l.datasets + 1), Rule::DuplicateDatasetName)
+    }),
+    // The rules of what a client may write, on top of a stored run's.
+    ("a cause on a run that did not fail", |d, l, _| {
+        d["cause"] = json!({"kind": "USER_ERROR"});
+        match l.status {
+            RunStatus::Errored | RunStatus::Aborted => Some(Expect::Accepted),
+            _ => client("cause", Rule::CauseWithoutFailure),
+        }
+    }),
+    ("a lost controller written by a client", |d, l, _| {
+        d["cause"] = json!({"kind": "LOST_CONTROLLER"});
+        match l.status {
+            RunStatus::Errored | RunStatus::Aborted => {
+                client("cause.kind", Rule::CauseReservedForHead)
+            }
+            _ => client("cause", Rule::CauseWithoutFailure),
+        }
+    }),
+    ("a failed rank the run does not have", |d, l, _| {
+        let n = l.n();
+        d["cause"] = json!({"kind": "USER_ERROR", "failed_world_rank": n});
+        match l.status {
+            RunStatus::Errored | RunStatus::Aborted => client(
+                "cause.failed_world_rank",
+                Rule::FailedRankOutOfRange { rank: n as u32, workers: n },
+            ),
+            _ => client("cause", Rule::CauseWithoutFailure),
+        }
+    }),
+    ("a start time in seconds", |d, l, _| {
+        d["start_time_ms"] = (l.start / 1000).into();
+        client("start_time_ms", Rule::ImplausibleTime)
+    }),
+    ("a negative world rank", |d, l, pick| {
+        let p = pick % l.n();
+        worker(d, p)["world_rank"] = (-1).into();
+        shape(format!("workers[{p}].world_rank"))
+    }),
+    ("a pid as a string", |d, l, pick| {
+        let p = pick % l.n();
+        worker(d, p)["pid"] = "4000".into();
+        shape(format!("workers[{p}].pid"))
+    }),
+    ("an unknown run status", |d, _, _| {
+        d["run_status"] = "PENDING".into();
+        shape("run_status")
+    }),
+    ("workers that are not a list", |d, _, _| {
+        d["workers"] = json!({});
+        shape("workers")
+    }),
+    // Changes that break nothing are accepted: the test cannot pass by
+    // refusing everything.
+    ("an unknown key", |d, l, pick| {
+        d["job_details"] = json!({"type": "DRIVER"});
+        worker(d, pick % l.n())["gpus"] = json!([]);
+        Some(Expect::Same)
+    }),
+    ("the workers in another order", |d, _, _| {
+        d["workers"].as_array_mut().unwrap().reverse();
+        Some(Expect::Same)
+    }),
+    ("another status detail", |d, _, _| {
+        d["status_detail"] = "Rank 0 worker raised an error.".into();
+        Some(Expect::Detail("Rank 0 worker raised an error."))
+    }),
 ];
 
-fn troublesome(i: usize) -> Value {
-    [
-        json!(0),
-        json!(1),
-        json!(-1),
-        json!(7),
-        json!(1.5),
-        json!(""),
-        json!("\u{0}"),
-        json!("FINISHED"),
-        json!(null),
-        json!([1, 1]),
-        json!({"CPU": -1.0}),
-        json!("::1"),
-    ][i]
-        .clone()
+/// Reads a document the way the head does (its shape, with the path of a
+/// shape error; then the rules) and checks it comes to `expected`.
+fn check(what: &str, doc: &Value, before: &TrainRunInfo, expected: &Expect) {
+    let read: Result<TrainRunInfoDraft, _> = serde_path_to_error::deserialize(doc.clone());
+    // The plain `Deserialize` of the validated type agrees on every document.
+    let direct = serde_json::from_value::<TrainRunInfo>(doc.clone());
+    let draft = match (read, expected) {
+        (Err(err), Expect::Shape { field }) => {
+            assert_eq!(&err.path().to_string(), field, "{what}: {err}");
+            assert!(direct.is_err(), "{what}: the plain Deserialize accepted it");
+            return;
+        }
+        (Err(err), _) => panic!("{what}: refused by its shape, not as {expected:?}: {err}"),
+        (Ok(draft), _) => draft,
+    };
+    match (draft.validate(), expected) {
+        (Err(err), Expect::Broken { field, rule }) => {
+            assert_eq!((err.field(), err.rule()), (field.as_str(), rule), "{what}");
+            assert!(direct.is_err(), "{what}: the plain Deserialize accepted it");
+        }
+        (Ok(run), Expect::Client { field, rule }) => {
+            assert_obeys_rules(&run);
+            let err = NewRun::check_client_rules(&run).unwrap_err();
+            assert_eq!((err.field(), err.rule()), (field.as_str(), rule), "{what}");
+        }
+        (Ok(run), Expect::Accepted) => {
+            assert_obeys_rules(&run);
+            NewRun::check_client_rules(&run).unwrap();
+            assert_eq!(direct.unwrap(), run, "{what}");
+        }
+        (Ok(run), Expect::Same) => {
+            assert_obeys_rules(&run);
+            NewRun::check_client_rules(&run).unwrap();
+            assert_eq!(&run, before, "{what}");
+            assert_eq!(direct.unwrap(), run, "{what}");
+        }
+        (Ok(run), Expect::Detail(detail)) => {
+            assert_obeys_rules(&run);
+            NewRun::check_client_rules(&run).unwrap();
+            assert_eq!(run.status_detail(), *detail, "{what}");
+            assert_eq!(direct.unwrap(), run, "{what}");
+        }
+        (got, _) => panic!("{what}: expected {expected:?}, got {got:?}"),
+    }
+}
+
+/// Applies mutation `index` to `doc` and checks the outcome; false when the
+/// mutation does not apply to the document.
+fn mutate_and_check(doc: &Value, index: usize, pick: usize) -> bool {
+    let before: TrainRunInfo = serde_json::from_value(doc.clone()).unwrap();
+    let (what, mutate) = MUTATIONS[index];
+    let mut mutated = doc.clone();
+    let Some(expected) = mutate(&mut mutated, &Layout::of(doc), pick) else { return false };
+    check(what, &mutated, &before, &expected);
+    true
 }
 
 proptest! {
@@ -151,31 +411,34 @@ proptest! {
         prop_assert_eq!(run.clone().into_draft().validate().unwrap(), run);
     }
 
+    /// One mutation of a valid document, knowing the rule and field it
+    /// breaks: the document is refused naming exactly that field and rule
+    /// (or accepted, for the mutations that break nothing).
     #[test]
-    fn mutated_documents_never_break_a_rule(
+    fn each_mutation_is_refused_naming_the_rule_and_field_it_breaks(
         doc in run_document(),
-        mutations in proptest::collection::vec(mutation(), 1..4),
+        index in 0..MUTATIONS.len(),
+        pick in any::<usize>(),
     ) {
-        let mut doc = doc;
-        for (in_worker, key, value) in mutations {
-            if in_worker {
-                if let Some(workers) = doc["workers"].as_array_mut() {
-                    let n = workers.len().max(1);
-                    if let Some(worker) = workers.get_mut(key % n).and_then(Value::as_object_mut) {
-                        worker.insert(WORKER_KEYS[key].into(), troublesome(value));
-                    }
-                }
-            } else {
-                doc[RUN_KEYS[key]] = troublesome(value);
-            }
-        }
-        if let Ok(run) = serde_json::from_value::<TrainRunInfo>(doc) {
-            assert_obeys_rules(&run);
-        }
+        prop_assume!(mutate_and_check(&doc, index, pick), "{} does not apply", MUTATIONS[index].0);
     }
 }
 
 #[test]
 fn the_fixed_valid_run_obeys_the_rules() {
     assert_obeys_rules(&serde_json::from_value(valid_run()).unwrap());
+}
+
+/// Every mutation, on the fixed valid run, at every worker: none is left to
+/// chance.
+#[test]
+fn every_mutation_is_checked_on_the_fixed_run() {
+    let mut doc = valid_run();
+    // Without the run's copy of the workers' resources, so that a worker's
+    // resource breaks only its own rule.
+    doc.as_object_mut().unwrap().remove("resources");
+    for (index, (what, _)) in MUTATIONS.iter().enumerate() {
+        let applied = (0..4).filter(|&pick| mutate_and_check(&doc, index, pick)).count();
+        assert!(applied > 0, "{what} never applied");
+    }
 }
