@@ -72,16 +72,16 @@ impl HttpMetrics {
     }
 
     /// Every metric, as [`CONTENT_TYPE`] text.
-    pub(crate) fn render(&self, service: &StateService) -> String {
+    pub(crate) fn render(&self, service: &StateService, answer_bytes: usize) -> String {
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_text::encode(&mut out, &self.registry);
-        let _ = prometheus_text::encode(&mut out, &Self::readings(service));
+        let _ = prometheus_text::encode(&mut out, &Self::readings(service, answer_bytes));
         out
     }
 
     /// What the service reports at this instant.
-    fn readings(service: &StateService) -> Registry {
+    fn readings(service: &StateService, answer_bytes: usize) -> Registry {
         let mut registry = Registry::with_prefix(PREFIX);
         let runs = Family::<StatusLabels, Gauge>::default();
         for (status, count) in RunStatus::ALL.iter().zip(service.runs_by_status()) {
@@ -120,6 +120,25 @@ impl HttpMetrics {
             "events_subscribers",
             "Live event subscribers",
             ConstGauge::new(service.subscribers() as i64),
+        );
+        let (events, bytes) =
+            service.writer().shared.view.read().unwrap_or_else(|e| e.into_inner()).backlog_usage();
+        registry.register(
+            "events_backlog",
+            "Recent events kept for subscribers that resume",
+            ConstGauge::new(events as i64),
+        );
+        registry.register_with_unit(
+            "events_backlog",
+            "Bytes of the recent events kept (the runs' JSON they carry)",
+            Unit::Bytes,
+            ConstGauge::new(bytes as i64),
+        );
+        registry.register_with_unit(
+            "answer_in_flight",
+            "Bytes of listings and event-stream snapshots produced and not yet taken by clients' sockets",
+            Unit::Bytes,
+            ConstGauge::new(answer_bytes as i64),
         );
         registry
     }
