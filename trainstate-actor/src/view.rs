@@ -168,8 +168,8 @@ impl View {
     }
 
     /// Counts of committed runs by status, in [`RunStatus::ALL`] order.
-    pub(crate) fn count_by_status(&self) -> [usize; 4] {
-        let mut counts = [0; 4];
+    pub(crate) fn count_by_status(&self) -> [usize; RunStatus::ALL.len()] {
+        let mut counts = [0; RunStatus::ALL.len()];
         for record in self.runs.values() {
             if let Some(i) = RunStatus::ALL.iter().position(|s| *s == record.status) {
                 counts[i] += 1;

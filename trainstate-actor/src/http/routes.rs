@@ -334,7 +334,11 @@ pub(crate) async fn healthz(State(app): State<AppState>) -> Result<Json<HealthRe
 }
 
 pub(crate) async fn metrics(State(app): State<AppState>) -> Response {
-    let text = app.metrics.render(&app.service, app.budget.in_use());
+    let text = app.metrics.render(
+        &app.service,
+        app.config.max_subscribers - app.subscribers.available_permits(),
+        app.budget.in_use(),
+    );
     let mut response = text.into_response();
     response
         .headers_mut()
