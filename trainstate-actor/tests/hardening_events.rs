@@ -501,7 +501,7 @@ async fn regression_slow_readers_of_the_unpaged_listing_are_bounded() {
     )
     .await;
     let state = server.service.handle();
-    let runs: Vec<TrainRunInfo> = (0..100).map(|i| big_run(i)).collect();
+    let runs: Vec<TrainRunInfo> = (0..100).map(big_run).collect();
     for run in &runs {
         state.register(run.clone()).await.unwrap();
     }

@@ -562,7 +562,7 @@ pub fn routes() -> Vec<Route> {
                 "runEvents",
                 Get,
                 "/api/train/events",
-                "Server-Sent Events: every run, then every committed change. Reconnect with Last-Event-ID (or last_event_id) to resume without gaps; when the head no longer keeps those events it sends a fresh snapshot instead.",
+                "Server-Sent Events: every run, then every committed change. Reconnect with Last-Event-ID (or last_event_id) to resume without gaps; when the head no longer keeps those events (or the id is another process's) it sends a fresh snapshot instead. A subscriber that falls behind gets a fresh snapshot at S, then only events above S: ids always increase.",
                 Read,
             )
         },
