@@ -4,9 +4,10 @@
 //! A chunk is produced only when hyper asks the body for more, which it
 //! does only while its write buffer (about 400 KiB) is not full; a client
 //! that does not read therefore pins at most that buffer and one chunk,
-//! whatever the size of the answer. The chunks every connection holds are
-//! counted against [`AnswerBudget`]; past it a large answer is refused
-//! with 503 `overloaded` before it starts, and one in progress waits.
+//! whatever the size of the answer. The chunks of listings and snapshots
+//! every connection holds are counted against [`AnswerBudget`]; past it a
+//! listing is refused with 503 `overloaded` before it starts, and one in
+//! progress (or a snapshot) waits.
 
 use std::io::Write as _;
 use std::sync::Arc;

@@ -109,7 +109,10 @@ impl Follower {
                             break;
                         }
                     }
-                    return Some(self.budget.take(buf).await);
+                    // Not under the budget: slow listing readers holding it
+                    // must not hold up live events. What a stream can hold
+                    // is bounded by its connection's buffer anyway.
+                    return Some(Bytes::from(buf));
                 }
                 Ok(_) => {
                     tokio::select! {
