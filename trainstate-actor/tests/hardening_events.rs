@@ -565,3 +565,26 @@ async fn regression_slow_readers_of_the_unpaged_listing_are_bounded() {
     assert_eq!(listed, expected, "every run, newest first");
     server.stop().await;
 }
+
+/// The flags of these bounds are checked before the head listens: a budget
+/// of no bytes, one beyond 4 GiB, or a backlog of no events is refused,
+/// naming the flag; their limits start.
+#[test]
+fn regression_event_and_answer_bound_flags_are_checked_before_listening() {
+    let dir = tempfile::tempdir().unwrap();
+    for (flags, named) in [
+        (&["--max-answer-bytes", "0"][..], "--max-answer-bytes"),
+        (&["--max-answer-bytes", "4294967296"][..], "--max-answer-bytes"),
+        (&["--event-backlog", "0"][..], "--event-backlog"),
+    ] {
+        let refused = Head::start(dir.path(), flags)
+            .err()
+            .unwrap_or_else(|| panic!("{flags:?} must be refused before `listening on`"));
+        assert!(refused.contains(named), "{flags:?}: {refused}");
+    }
+    Head::start(
+        dir.path(),
+        &["--max-answer-bytes", "4294967295", "--event-backlog", "1", "--event-backlog-bytes", "0"],
+    )
+    .expect("the limits themselves start");
+}
