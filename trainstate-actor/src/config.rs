@@ -19,8 +19,14 @@ pub const DEFAULT_MAX_RUNS: usize = 10_000;
 /// committed). Past it, writes are refused as overloaded.
 pub const DEFAULT_MAX_IN_FLIGHT_WRITES: usize = 16_384;
 
-/// The default number of recent events kept so a subscriber can resume.
-pub const DEFAULT_EVENT_BACKLOG: usize = 1_024;
+/// The default number of recent events kept so a subscriber can resume
+/// (and from which live subscribers are served): as many as one group
+/// commit can publish at once.
+pub const DEFAULT_EVENT_BACKLOG: usize = 4_096;
+
+/// The default bound on the bytes of the recent events kept (the runs'
+/// JSON they carry): 64 MiB.
+pub const DEFAULT_EVENT_BACKLOG_BYTES: usize = 64 * 1024 * 1024;
 
 /// How the state actor is configured.
 #[derive(Debug, Clone)]
@@ -40,6 +46,9 @@ pub struct StateConfig {
     pub sweep_interval: Option<Duration>,
     /// How many recent events are kept for subscribers that resume.
     pub event_backlog: usize,
+    /// How many bytes of recent events (the runs' JSON they carry) are
+    /// kept, at most; the newest event is kept whatever its size.
+    pub event_backlog_bytes: usize,
     /// The clock that leases, end times and retention ages are read from.
     pub clock: Arc<dyn Clock>,
     /// The name of this head's cluster, stamped on every run registered
@@ -78,6 +87,7 @@ impl StateConfig {
             max_in_flight_writes: DEFAULT_MAX_IN_FLIGHT_WRITES,
             sweep_interval: None,
             event_backlog: DEFAULT_EVENT_BACKLOG,
+            event_backlog_bytes: DEFAULT_EVENT_BACKLOG_BYTES,
             clock: Arc::new(SystemClock),
             cluster: None,
             #[cfg(feature = "fault-injection")]
@@ -118,6 +128,12 @@ impl StateConfig {
     /// Sets how many recent events are kept for subscribers that resume.
     pub fn with_event_backlog(mut self, events: usize) -> Self {
         self.event_backlog = events;
+        self
+    }
+
+    /// Sets how many bytes of recent events are kept, at most.
+    pub fn with_event_backlog_bytes(mut self, bytes: usize) -> Self {
+        self.event_backlog_bytes = bytes;
         self
     }
 

@@ -202,7 +202,7 @@ impl StateService {
     }
 
     /// Committed runs, by status, in `RunStatus::ALL` order.
-    pub fn runs_by_status(&self) -> [usize; 4] {
+    pub fn runs_by_status(&self) -> [usize; trainstate_schema::RunStatus::ALL.len()] {
         self.shared.view.read().unwrap_or_else(|e| e.into_inner()).count_by_status()
     }
 

@@ -4,11 +4,11 @@
 //! never show a write that is not durable.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 use trainstate_client::{Cursor, EventKind, RunPage, RunQuery, StateEvent, Subscription};
 use trainstate_schema::{RunId, RunStatus};
 
@@ -40,38 +40,102 @@ fn epoch() -> u64 {
     }
 }
 
+/// The bytes an event is counted for in the backlog: its run's JSON (the
+/// version it carries stays pinned as long as the event is kept, even
+/// after the run changed again) and the event itself.
+fn event_bytes(event: &StateEvent) -> usize {
+    std::mem::size_of::<StateEvent>() + event.run.as_ref().map_or(0, |r| r.approximate_len())
+}
+
+/// Every committed run as of one sequence number, newest first: references
+/// to the committed records, shared (with the view and with every other
+/// subscriber that started at the same number), never copies of their JSON.
+#[cfg_attr(not(feature = "server"), allow(dead_code))]
+#[derive(Clone)]
+pub(crate) struct Snapshot {
+    /// The sequence number it is current at.
+    pub(crate) seq: u64,
+    /// The runs, newest first.
+    pub(crate) runs: Arc<[Arc<RunRecord>]>,
+}
+
+/// Where a follower of the event stream starts.
+#[cfg_attr(not(feature = "server"), allow(dead_code))]
+pub(crate) enum Start {
+    /// After this sequence number: the events after it are still kept.
+    After(u64),
+    /// From a snapshot: the events after the one asked for are gone (or
+    /// none was asked for, or it is not one of this view's).
+    Snapshot(Snapshot),
+}
+
+/// The events after a position are no longer kept: the follower must start
+/// again from a snapshot.
+#[cfg_attr(not(feature = "server"), allow(dead_code))]
+#[derive(Debug)]
+pub(crate) struct Lagged;
+
 /// Committed runs in listing order, and the recent events.
 pub(crate) struct View {
     runs: HashMap<RunId, Arc<RunRecord>>,
     /// (start_time_ms, id), iterated in reverse for newest first.
     order: BTreeSet<(u64, RunId)>,
     last_seq: u64,
+    /// The recent events, consecutive, oldest first; bounded by
+    /// `backlog_cap` events and `backlog_max_bytes` (but always holds the
+    /// newest event: followers read events from here).
     backlog: VecDeque<StateEvent>,
     backlog_cap: usize,
+    backlog_bytes: usize,
+    backlog_max_bytes: usize,
+    /// The last sequence number, for followers waiting for the next event.
+    notify: watch::Sender<u64>,
+    /// The last snapshot taken, while the view has not changed since:
+    /// every subscriber that starts before the next change shares it.
+    snapshot: Mutex<Option<Snapshot>>,
 }
 
 impl View {
-    pub(crate) fn new(backlog_cap: usize) -> Self {
+    pub(crate) fn new(backlog_cap: usize, backlog_max_bytes: usize) -> Self {
+        let last_seq = epoch();
         Self {
             runs: HashMap::new(),
             order: BTreeSet::new(),
-            last_seq: epoch(),
+            last_seq,
             backlog: VecDeque::new(),
             backlog_cap,
+            backlog_bytes: 0,
+            backlog_max_bytes,
+            notify: watch::Sender::new(last_seq),
+            snapshot: Mutex::new(None),
         }
     }
 
-    /// Replaces every run (after loading the store). Events go on from the
-    /// same sequence number.
+    /// Replaces every run (after loading the store). The runs may have
+    /// changed without events (another head's changes after a reload, a
+    /// store loaded again after an actor restart), so no event before this
+    /// point can be resumed from: the backlog is forgotten and one sequence
+    /// number is skipped, which sends every follower a fresh snapshot.
     pub(crate) fn replace_all(&mut self, records: &[Arc<RunRecord>]) {
         self.runs.clear();
         self.order.clear();
         for record in records {
             self.put(record.clone());
         }
+        self.backlog.clear();
+        self.backlog_bytes = 0;
+        self.last_seq += 1;
+        self.changed();
+        self.notify.send_replace(self.last_seq);
+    }
+
+    /// Forgets the shared snapshot: the runs changed.
+    fn changed(&mut self) {
+        *self.snapshot.get_mut().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     pub(crate) fn apply(&mut self, op: &StoreOp) {
+        self.changed();
         match op {
             StoreOp::Put(record) => self.put(record.clone()),
             StoreOp::Delete(id) => {
@@ -104,8 +168,8 @@ impl View {
     }
 
     /// Counts of committed runs by status, in [`RunStatus::ALL`] order.
-    pub(crate) fn count_by_status(&self) -> [usize; 4] {
-        let mut counts = [0; 4];
+    pub(crate) fn count_by_status(&self) -> [usize; RunStatus::ALL.len()] {
+        let mut counts = [0; RunStatus::ALL.len()];
         for record in self.runs.values() {
             if let Some(i) = RunStatus::ALL.iter().position(|s| *s == record.status) {
                 counts[i] += 1;
@@ -185,14 +249,80 @@ impl View {
     ) {
         self.last_seq += 1;
         let event = StateEvent::new(self.last_seq, kind, run_id, record.map(|r| r.document(None)));
-        if self.backlog_cap > 0 {
-            if self.backlog.len() == self.backlog_cap {
-                self.backlog.pop_front();
+        self.backlog_bytes += event_bytes(&event);
+        self.backlog.push_back(event.clone());
+        // The newest event always stays: followers read it from here.
+        while self.backlog.len() > 1
+            && (self.backlog.len() > self.backlog_cap
+                || self.backlog_bytes > self.backlog_max_bytes)
+        {
+            if let Some(old) = self.backlog.pop_front() {
+                self.backlog_bytes -= event_bytes(&old);
             }
-            self.backlog.push_back(event.clone());
         }
-        // No receivers is fine: nobody is listening.
+        // No receivers is fine: nobody is listening. A receiver holds each
+        // event only until it has read it.
         let _ = events.send(event);
+        self.notify.send_replace(self.last_seq);
+    }
+
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    /// The events kept for resuming, and the bytes they are counted for.
+    pub(crate) fn backlog_usage(&self) -> (usize, usize) {
+        (self.backlog.len(), self.backlog_bytes)
+    }
+
+    /// True when the events after `after` are all still kept (`after` is
+    /// one of this view's sequence numbers, not in the future).
+    fn resumable(&self, after: u64) -> bool {
+        if after > self.last_seq {
+            return false;
+        }
+        let oldest_kept = self.backlog.front().map_or(self.last_seq + 1, |e| e.seq);
+        after + 1 >= oldest_kept
+    }
+
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    /// Every committed run now, shared with every caller until the next
+    /// change. Building it takes one reference per run (under the read
+    /// lock the caller holds); copying no JSON.
+    pub(crate) fn snapshot(&self) -> Snapshot {
+        let mut cached = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(snapshot) = cached.as_ref().filter(|s| s.seq == self.last_seq) {
+            return snapshot.clone();
+        }
+        let runs: Arc<[Arc<RunRecord>]> =
+            self.order.iter().rev().map(|(_, id)| self.runs[id].clone()).collect();
+        let snapshot = Snapshot { seq: self.last_seq, runs };
+        *cached = Some(snapshot.clone());
+        snapshot
+    }
+
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    /// Where a follower that asks to resume after `after` starts, and the
+    /// channel that tells it of the next events. Taken under the read lock,
+    /// so nothing is published between the two.
+    pub(crate) fn follow(&self, after: Option<u64>) -> (Start, watch::Receiver<u64>) {
+        let start = match after {
+            Some(after) if self.resumable(after) => Start::After(after),
+            _ => Start::Snapshot(self.snapshot()),
+        };
+        (start, self.notify.subscribe())
+    }
+
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    /// Up to `max` events after `after`, oldest first (none when nothing
+    /// is newer); [`Lagged`] when some of them are no longer kept.
+    pub(crate) fn events_after(&self, after: u64, max: usize) -> Result<Vec<StateEvent>, Lagged> {
+        if after >= self.last_seq {
+            return Ok(Vec::new());
+        }
+        if !self.resumable(after) {
+            return Err(Lagged);
+        }
+        let oldest_kept = self.backlog.front().map_or(self.last_seq + 1, |e| e.seq);
+        let skip = (after + 1 - oldest_kept) as usize;
+        Ok(self.backlog.iter().skip(skip).take(max).cloned().collect())
     }
 
     /// A subscription that misses nothing: taken under the same lock the
@@ -202,14 +332,9 @@ impl View {
         events: &broadcast::Sender<StateEvent>,
         after_seq: Option<u64>,
     ) -> Subscription {
-        let backlog = after_seq.and_then(|after| {
-            if after > self.last_seq {
-                return None;
-            }
-            let oldest_kept = self.backlog.front().map_or(self.last_seq + 1, |e| e.seq);
-            (after + 1 >= oldest_kept)
-                .then(|| self.backlog.iter().filter(|e| e.seq > after).cloned().collect())
-        });
+        let backlog = after_seq
+            .filter(|after| self.resumable(*after))
+            .map(|after| self.backlog.iter().filter(|e| e.seq > after).cloned().collect());
         Subscription::new(events.subscribe(), backlog, self.last_seq)
     }
 }

@@ -173,7 +173,7 @@ impl Writer {
         let jobs: JobQueue = Arc::new(Mutex::new(Some(tx)));
         let shared_store = matches!(config.store, StoreConfig::Postgres(_));
         let shared = Arc::new(Shared {
-            view: RwLock::new(View::new(config.event_backlog)),
+            view: RwLock::new(View::new(config.event_backlog, config.event_backlog_bytes)),
             events: broadcast::channel(EVENT_CHANNEL_CAPACITY).0,
             in_flight: AtomicUsize::new(0),
             poisoned: AtomicBool::new(false),

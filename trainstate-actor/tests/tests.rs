@@ -6,6 +6,7 @@ mod durability;
 mod events;
 mod forwarding;
 mod hardening;
+mod hardening_events;
 mod http_api;
 mod lifecycle;
 mod listing;

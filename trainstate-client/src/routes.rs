@@ -247,9 +247,15 @@ const WRITE_ERRORS: &[ErrorCode] = &[
     ErrorCode::Timeout,
 ];
 
-/// The errors a read of the state may answer.
-const READ_ERRORS: &[ErrorCode] =
-    &[ErrorCode::Unauthorized, ErrorCode::Corrupt, ErrorCode::Unavailable, ErrorCode::Timeout];
+/// The errors of an unpaged listing: a read's, and `overloaded` when the
+/// answers slow clients have not read yet hold the budget of answer bytes.
+const LISTING_ERRORS: &[ErrorCode] = &[
+    ErrorCode::Unauthorized,
+    ErrorCode::Corrupt,
+    ErrorCode::Unavailable,
+    ErrorCode::Overloaded,
+    ErrorCode::Timeout,
+];
 
 /// The run as the answers of writes and reads carry it.
 const RUN: SchemaFn = schema_of::<TrainRunInfo>;
@@ -286,6 +292,7 @@ pub fn routes() -> Vec<Route> {
                 ErrorCode::Unauthorized,
                 ErrorCode::Corrupt,
                 ErrorCode::Unavailable,
+                ErrorCode::Overloaded,
                 ErrorCode::Timeout,
             ],
             ..route(
@@ -327,7 +334,7 @@ pub fn routes() -> Vec<Route> {
                 description: "Every run.",
                 body: Body::Json(schema_of::<RayRunListResponse>),
             }],
-            errors: READ_ERRORS,
+            errors: LISTING_ERRORS,
             ..route(
                 Operation::ListRunsRay,
                 "listRunsRay",
@@ -343,7 +350,7 @@ pub fn routes() -> Vec<Route> {
                 description: "Every run, as Ray's TrainRunsResponse.",
                 body: Body::Json(schema_of::<ray_v2::TrainRunsResponse>),
             }],
-            errors: READ_ERRORS,
+            errors: LISTING_ERRORS,
             ..route(
                 Operation::ListRunsRayV2,
                 "listRunsRayV2",
@@ -555,7 +562,7 @@ pub fn routes() -> Vec<Route> {
                 "runEvents",
                 Get,
                 "/api/train/events",
-                "Server-Sent Events: every run, then every committed change. Reconnect with Last-Event-ID (or last_event_id) to resume without gaps; when the head no longer keeps those events it sends a fresh snapshot instead.",
+                "Server-Sent Events: every run, then every committed change. Reconnect with Last-Event-ID (or last_event_id) to resume without gaps; when the head no longer keeps those events (or the id is another process's) it sends a fresh snapshot instead. A subscriber that falls behind gets a fresh snapshot at S, then only events above S: ids always increase.",
                 Read,
             )
         },

@@ -301,7 +301,8 @@ impl<R> RunEvent<R> {
 pub struct SnapshotEvent<R = TrainRunInfo> {
     /// The sequence number the snapshot is current at.
     pub seq: u64,
-    /// Every retained run, newest first.
+    /// Every retained run as of `seq`, newest first, as stored: without
+    /// `last_heartbeat_ms` (as change events; the listing and the run carry it).
     pub train_runs: Vec<R>,
 }
 

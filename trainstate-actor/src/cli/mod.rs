@@ -117,6 +117,17 @@ struct ServeArgs {
     /// The most request bodies received at once; past it, writes get 503 overloaded.
     #[arg(long, env = "TRAINSTATE_MAX_CONCURRENT_BODIES", default_value_t = trainstate_actor::http::DEFAULT_MAX_CONCURRENT_BODIES)]
     max_concurrent_bodies: usize,
+    /// The most recent events kept for subscribers that resume (and that live
+    /// subscribers are served from).
+    #[arg(long, env = "TRAINSTATE_EVENT_BACKLOG", default_value_t = trainstate_actor::DEFAULT_EVENT_BACKLOG)]
+    event_backlog: usize,
+    /// The most bytes of recent events kept (the runs' JSON they carry).
+    #[arg(long, env = "TRAINSTATE_EVENT_BACKLOG_BYTES", default_value_t = trainstate_actor::DEFAULT_EVENT_BACKLOG_BYTES)]
+    event_backlog_bytes: usize,
+    /// The most bytes of listings and event snapshots held for clients that read
+    /// slowly, in all; past it, listings get 503 overloaded.
+    #[arg(long, env = "TRAINSTATE_MAX_ANSWER_BYTES", default_value_t = trainstate_actor::http::DEFAULT_MAX_ANSWER_BYTES)]
+    max_answer_bytes: usize,
     /// How long open connections get to finish on SIGTERM/SIGINT before they are closed.
     #[arg(long, env = "TRAINSTATE_SHUTDOWN_GRACE", default_value = "10s", value_parser = duration::parse)]
     shutdown_grace: Duration,

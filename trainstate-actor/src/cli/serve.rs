@@ -133,6 +133,9 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
         retention = retention.with_max_age(age);
     }
     config = config.with_lease(args.lease).with_retention(retention);
+    config = config
+        .with_event_backlog(args.event_backlog)
+        .with_event_backlog_bytes(args.event_backlog_bytes);
     if args.sync_normal {
         config = config.with_synchronous(Synchronous::Normal);
     }
@@ -173,6 +176,7 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
         .with_max_connections(args.max_connections)
         .with_max_concurrent_bodies(args.max_concurrent_bodies)
         .with_shutdown_grace(args.shutdown_grace)
+        .with_max_answer_bytes(args.max_answer_bytes)
         .with_any_host(args.insecure)
         .with_cors_origins(args.cors_origins.clone())
         .with_links(links);
@@ -220,10 +224,15 @@ fn check_limits(args: &ServeArgs) -> Result<(), String> {
         ("--max-body-bytes", args.max_body_bytes),
         ("--max-connections", args.max_connections),
         ("--max-concurrent-bodies", args.max_concurrent_bodies),
+        ("--event-backlog", args.event_backlog),
+        ("--max-answer-bytes", args.max_answer_bytes),
     ] {
         if value == 0 {
             return Err(format!("{flag} must be at least 1"));
         }
+    }
+    if args.max_answer_bytes > u32::MAX as usize {
+        return Err(format!("--max-answer-bytes {}: at most {}", args.max_answer_bytes, u32::MAX));
     }
     for (flag, value) in [
         ("--header-read-timeout", args.header_read_timeout),

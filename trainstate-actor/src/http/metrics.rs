@@ -71,17 +71,23 @@ impl HttpMetrics {
         self.latency.observe(elapsed.as_secs_f64());
     }
 
-    /// Every metric, as [`CONTENT_TYPE`] text.
-    pub(crate) fn render(&self, service: &StateService) -> String {
+    /// Every metric, as [`CONTENT_TYPE`] text; `streams` is the number of
+    /// open event streams, `answer_bytes` the answer bytes held for clients.
+    pub(crate) fn render(
+        &self,
+        service: &StateService,
+        streams: usize,
+        answer_bytes: usize,
+    ) -> String {
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_text::encode(&mut out, &self.registry);
-        let _ = prometheus_text::encode(&mut out, &Self::readings(service));
+        let _ = prometheus_text::encode(&mut out, &Self::readings(service, streams, answer_bytes));
         out
     }
 
     /// What the service reports at this instant.
-    fn readings(service: &StateService) -> Registry {
+    fn readings(service: &StateService, streams: usize, answer_bytes: usize) -> Registry {
         let mut registry = Registry::with_prefix(PREFIX);
         let runs = Family::<StatusLabels, Gauge>::default();
         for (status, count) in RunStatus::ALL.iter().zip(service.runs_by_status()) {
@@ -118,8 +124,27 @@ impl HttpMetrics {
         );
         registry.register(
             "events_subscribers",
-            "Live event subscribers",
-            ConstGauge::new(service.subscribers() as i64),
+            "Live event subscribers: open event streams and in-process subscriptions",
+            ConstGauge::new((streams + service.subscribers()) as i64),
+        );
+        let (events, bytes) =
+            service.writer().shared.view.read().unwrap_or_else(|e| e.into_inner()).backlog_usage();
+        registry.register(
+            "events_backlog",
+            "Recent events kept for subscribers that resume",
+            ConstGauge::new(events as i64),
+        );
+        registry.register_with_unit(
+            "events_backlog",
+            "Bytes of the recent events kept (the runs' JSON they carry)",
+            Unit::Bytes,
+            ConstGauge::new(bytes as i64),
+        );
+        registry.register_with_unit(
+            "answer_in_flight",
+            "Bytes of listings and event-stream snapshots produced and not yet taken by clients' sockets",
+            Unit::Bytes,
+            ConstGauge::new(answer_bytes as i64),
         );
         registry
     }

@@ -4,6 +4,7 @@
 //! every error has one shape, `{"error": {"code", "message", "field"}}`,
 //! axum's own rejections, unknown routes and wrong methods included.
 
+mod answer;
 mod body;
 mod error;
 mod events;
@@ -54,6 +55,11 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 /// default body limit, at most 16 × 16 MiB are buffered.
 pub const DEFAULT_MAX_CONCURRENT_BODIES: usize = 16;
 
+/// The default bound on the bytes of large answers (listings, event-stream
+/// snapshots) produced and not yet taken by their clients' sockets, across
+/// all connections: 256 MiB.
+pub const DEFAULT_MAX_ANSWER_BYTES: usize = 256 * 1024 * 1024;
+
 /// The default time open connections get to finish after shutdown begins;
 /// then they are closed, whatever their clients do.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -83,6 +89,10 @@ pub struct HttpConfig {
     pub max_concurrent_bodies: usize,
     /// How long connections get to finish once shutdown begins.
     pub shutdown_grace: Duration,
+    /// The most bytes of listings and event-stream snapshots produced and
+    /// not yet taken by slow clients, across all connections; past it a
+    /// listing is refused with 503 `overloaded` and a stream waits.
+    pub max_answer_bytes: usize,
     /// Serve any `Host`, even without a token (`--insecure`). Otherwise a
     /// head without a token serves only `Host` values naming it (loopback
     /// names and its listen address): a guard against DNS rebinding.
@@ -105,6 +115,7 @@ impl Default for HttpConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_concurrent_bodies: DEFAULT_MAX_CONCURRENT_BODIES,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            max_answer_bytes: DEFAULT_MAX_ANSWER_BYTES,
             allow_any_host: false,
             links: trainstate_client::api::LinksResponse::default(),
         }
@@ -170,6 +181,12 @@ impl HttpConfig {
     /// Sets the time connections get to finish once shutdown begins.
     pub fn with_shutdown_grace(mut self, grace: Duration) -> Self {
         self.shutdown_grace = grace;
+        self
+    }
+
+    /// Sets the bound on answer bytes held for slow clients.
+    pub fn with_max_answer_bytes(mut self, max: usize) -> Self {
+        self.max_answer_bytes = max;
         self
     }
 
@@ -242,6 +259,7 @@ pub(crate) struct AppState {
     metrics: Arc<HttpMetrics>,
     subscribers: Arc<Semaphore>,
     bodies: Arc<Semaphore>,
+    budget: answer::AnswerBudget,
     listen: Option<std::net::SocketAddr>,
     documents: Arc<Documents>,
     shutdown: watch::Receiver<bool>,
@@ -333,6 +351,7 @@ fn router(
         service,
         subscribers: Arc::new(Semaphore::new(config.max_subscribers)),
         bodies: Arc::new(Semaphore::new(config.max_concurrent_bodies)),
+        budget: answer::AnswerBudget::new(config.max_answer_bytes),
         listen,
         metrics: Arc::default(),
         documents: Arc::new(Documents::generate()),

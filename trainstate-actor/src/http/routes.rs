@@ -2,18 +2,20 @@
 //! `trainstate_schema::api`, serialized once.
 
 use axum::Json;
+use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use futures_util::stream::{self, StreamExt};
 use trainstate_client::api::{
-    AttemptRequest, HealthResponse, HeartbeatResponse, LinksResponse, ListQuery,
-    RayRunListResponse, RegisterRequest, RegisterResponse, RunListResponse, StatusRequest,
-    VersionResponse,
+    AttemptRequest, Cursor, ErrorCode, HealthResponse, HeartbeatResponse, LinksResponse, ListQuery,
+    RegisterRequest, RegisterResponse, StatusRequest, VersionResponse,
 };
-use trainstate_client::{NewAttempt, RunDocument, RunQuery, StateError};
+use trainstate_client::{NewAttempt, RunDocument, RunQuery, StateError, StateHandle};
 use trainstate_schema::{NewRun, RunId, TrainRunInfo, ray_v2};
 
 use super::AppState;
+use super::answer::CHUNK_BYTES;
 use super::body::{JsonBody, QueryParams};
 use super::error::ApiError;
 
@@ -28,17 +30,150 @@ fn document(text: String, media_type: &'static str) -> Response {
     response
 }
 
-/// An answer serialized once into a buffer of about its size: a listing is
-/// mostly its runs' stored text, copied once.
+/// An answer serialized once into a buffer of about its size.
 fn sized_json(answer: &impl serde::Serialize, capacity: usize) -> Response {
     let mut body = Vec::with_capacity(capacity);
     serde_json::to_writer(&mut body, answer).expect("API answers serialize");
     ([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response()
 }
 
-/// The bytes of a list of runs, about.
-fn runs_len(runs: &[RunDocument]) -> usize {
-    runs.iter().map(|r| r.approximate_len() + 1).sum::<usize>() + 128
+/// The runs an unpaged listing reads from the actor at a time.
+const LISTING_PAGE: usize = 500;
+
+/// Where the runs of a listing come from.
+enum Source {
+    /// One page, already read: shared references to the stored runs.
+    Page(std::vec::IntoIter<RunDocument>),
+    /// Every run, read from the actor a page at a time as the client
+    /// reads: each page is the state of its moment (as paging with a
+    /// cursor is), and a slow reader holds one page, never the store.
+    All { handle: StateHandle, page: std::vec::IntoIter<RunDocument>, next: Option<Cursor> },
+}
+
+impl Source {
+    async fn next(&mut self) -> Result<Option<RunDocument>, StateError> {
+        match self {
+            Source::Page(runs) => Ok(runs.next()),
+            Source::All { handle, page, next } => loop {
+                if let Some(run) = page.next() {
+                    return Ok(Some(run));
+                }
+                let Some(cursor) = next.take() else { return Ok(None) };
+                let more = handle.list(RunQuery::new().limit(LISTING_PAGE).after(cursor)).await?;
+                *page = more.runs.into_iter();
+                *next = more.next_cursor;
+            },
+        }
+    }
+}
+
+/// How each run of a listing is written.
+#[derive(Clone, Copy)]
+enum Shape {
+    /// As stored (with its heartbeat time).
+    Stored,
+    /// As Ray's Train V2 route answers it: a `DecoratedTrainRun`.
+    RayV2,
+}
+
+/// A listing written a chunk at a time: `prefix`, the runs, `suffix`.
+struct Listing {
+    source: Source,
+    shape: Shape,
+    prefix: Option<String>,
+    /// `None` once written: the listing is complete.
+    suffix: Option<String>,
+    first: bool,
+}
+
+impl Listing {
+    fn new(source: Source, shape: Shape, prefix: &str, suffix: String) -> Self {
+        Self { source, shape, prefix: Some(prefix.to_owned()), suffix: Some(suffix), first: true }
+    }
+
+    /// The next chunk (about [`CHUNK_BYTES`]); `None` when complete.
+    async fn chunk(&mut self) -> Result<Option<Vec<u8>>, StateError> {
+        if self.suffix.is_none() {
+            return Ok(None);
+        }
+        let mut buf = Vec::new();
+        if let Some(prefix) = self.prefix.take() {
+            buf.extend_from_slice(prefix.as_bytes());
+        }
+        while buf.len() < CHUNK_BYTES {
+            let run = match self.source.next().await {
+                Ok(Some(run)) => run,
+                Ok(None) => {
+                    buf.extend_from_slice(self.suffix.take().unwrap_or_default().as_bytes());
+                    break;
+                }
+                Err(err) => {
+                    self.suffix = None;
+                    return Err(err);
+                }
+            };
+            if !std::mem::take(&mut self.first) {
+                buf.push(b',');
+            }
+            let written = match self.shape {
+                Shape::Stored => serde_json::to_writer(&mut buf, &run),
+                Shape::RayV2 => {
+                    let run = run.parse().inspect_err(|_| self.suffix = None)?;
+                    serde_json::to_writer(&mut buf, &ray_v2::DecoratedTrainRun::of(&run))
+                }
+            };
+            written.expect("API answers serialize");
+        }
+        Ok(Some(buf))
+    }
+}
+
+/// Answers `listing`, written as the client reads it. Its first chunk is
+/// ready before the answer starts (so an error before it is an error
+/// answer); the rest is produced only as the socket takes bytes, under
+/// the budget of answer bytes in flight: 503 `overloaded` when that
+/// budget cannot take the first chunk. An error after the answer started
+/// (the actor stopped between pages) ends the answer unfinished, so a
+/// client never takes a cut listing for a whole one.
+async fn stream_listing(app: &AppState, mut listing: Listing) -> Result<Response, ApiError> {
+    let first = listing.chunk().await?.unwrap_or_default();
+    let first = app.budget.try_take(first).map_err(|_| {
+        ApiError::new(
+            ErrorCode::Overloaded,
+            format!(
+                "slow clients hold {} bytes of answers not yet read, the limit; retry",
+                app.budget.in_use()
+            ),
+        )
+    })?;
+    let json = [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))];
+    if listing.suffix.is_none() {
+        return Ok((json, Body::from(first)).into_response());
+    }
+    let budget = app.budget.clone();
+    let rest = stream::unfold(listing, move |mut listing| {
+        let budget = budget.clone();
+        async move {
+            match listing.chunk().await {
+                Ok(Some(chunk)) => Some((Ok(budget.take(chunk).await), listing)),
+                Ok(None) => None,
+                Err(err) => Some((Err(std::io::Error::other(err.to_string())), listing)),
+            }
+        }
+    });
+    let body = stream::iter([Ok(first)]).chain(rest);
+    Ok((json, Body::from_stream(body)).into_response())
+}
+
+/// Every run, newest first, unpaged: the first page read now, the rest as
+/// the client reads.
+async fn every_run(app: &AppState) -> Result<Source, ApiError> {
+    let first = app.handle.list(RunQuery::new().limit(LISTING_PAGE)).await?;
+    Ok(Source::All {
+        handle: app.handle.clone(),
+        page: first.runs.into_iter(),
+        next: first.next_cursor,
+    })
 }
 
 pub(crate) async fn list_runs(
@@ -46,29 +181,29 @@ pub(crate) async fn list_runs(
     QueryParams(params): QueryParams<ListQuery>,
 ) -> Result<Response, ApiError> {
     let page = app.handle.list(RunQuery::try_from(params)?).await?;
-    let capacity = runs_len(&page.runs);
-    let total = page.total as u64;
-    Ok(sized_json(&RunListResponse::new(page.runs, page.next_cursor, total), capacity))
+    let next_cursor = serde_json::to_string(&page.next_cursor).expect("a cursor serializes");
+    let suffix = format!("],\"next_cursor\":{next_cursor},\"total\":{}}}", page.total);
+    let listing = Listing::new(
+        Source::Page(page.runs.into_iter()),
+        Shape::Stored,
+        "{\"train_runs\":[",
+        suffix,
+    );
+    stream_listing(&app, listing).await
 }
 
 /// Ray 2.60's route: every retained run, newest first, unpaged.
 pub(crate) async fn list_runs_ray(State(app): State<AppState>) -> Result<Response, ApiError> {
-    let page = app.handle.list(RunQuery::all()).await?;
-    let capacity = runs_len(&page.runs);
-    Ok(sized_json(&RayRunListResponse::new(page.runs), capacity))
+    let source = every_run(&app).await?;
+    let listing = Listing::new(source, Shape::Stored, "{\"train_runs\":[", "]}".to_owned());
+    stream_listing(&app, listing).await
 }
 
 /// Ray 2.60's Train V2 route: every retained run as a `DecoratedTrainRun`.
-pub(crate) async fn list_runs_ray_v2(
-    State(app): State<AppState>,
-) -> Result<Json<ray_v2::TrainRunsResponse>, ApiError> {
-    let page = app.handle.list(RunQuery::all()).await?;
-    let runs = page
-        .runs
-        .iter()
-        .map(|doc| doc.parse().map(|run| ray_v2::DecoratedTrainRun::of(&run)))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Json(ray_v2::TrainRunsResponse::new(runs)))
+pub(crate) async fn list_runs_ray_v2(State(app): State<AppState>) -> Result<Response, ApiError> {
+    let source = every_run(&app).await?;
+    let listing = Listing::new(source, Shape::RayV2, "{\"train_runs\":[", "]}".to_owned());
+    stream_listing(&app, listing).await
 }
 
 pub(crate) async fn upsert_ray_run(
@@ -199,7 +334,11 @@ pub(crate) async fn healthz(State(app): State<AppState>) -> Result<Json<HealthRe
 }
 
 pub(crate) async fn metrics(State(app): State<AppState>) -> Response {
-    let text = app.metrics.render(&app.service);
+    let text = app.metrics.render(
+        &app.service,
+        app.config.max_subscribers - app.subscribers.available_permits(),
+        app.budget.in_use(),
+    );
     let mut response = text.into_response();
     response
         .headers_mut()
