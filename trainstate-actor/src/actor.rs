@@ -147,7 +147,7 @@ impl Actor for TrainStateActor {
                     // Every head's heartbeats and changes count.
                     state.writer.sync(true).await;
                     state.absorb(now);
-                    state.runs.prune_shared_heard();
+                    state.runs.finish_shared_read(now);
                 }
                 let mut change = state.runs.sweep(now);
                 let view = &state.writer.shared.view;

@@ -65,6 +65,8 @@ pub(crate) struct Runs {
     /// Other heads' heartbeats as last read from a shared store: the wall
     /// time read, and this head's monotonic time when it was read.
     shared_heard: HashMap<RunId, (u64, u64)>,
+    /// When every shared heartbeat was last read, on the monotonic clock.
+    shared_read_mono_ms: Option<u64>,
 }
 
 impl Runs {
@@ -97,6 +99,7 @@ impl Runs {
             retention,
             monotonic_ms,
             shared_heard: HashMap::new(),
+            shared_read_mono_ms: None,
         };
         for record in records {
             runs.put(record, now_ms);

@@ -159,6 +159,8 @@ fn regression_a_frozen_head_keeps_its_healthy_runs_alive() {
 
     let until = Instant::now() + HANG;
     while accepted_after_resume.load(Ordering::SeqCst) < 2 * ids.len() {
+        let refused = refused.lock().unwrap().clone();
+        assert!(refused.is_empty(), "heartbeats refused after the freeze: {refused:?}");
         assert!(Instant::now() < until, "no heartbeat accepted after the head resumed");
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -433,4 +435,72 @@ async fn regression_a_registration_its_own_commit_evicts_is_refused_and_nothing_
     let first = tokio::time::timeout(HANG, events.receiver.recv()).await.unwrap().unwrap();
     assert_eq!(&first.run_id, live_old.id(), "{first:?}");
     server.stop().await;
+}
+
+/// With a shared PostgreSQL store, a heartbeat another head received comes
+/// as that head's wall time, converted on receipt to the sweeping head's
+/// monotonic clock. The sweeping head's wall clock stepped 120 s ahead of
+/// the other's makes that heartbeat look 150 s old; it was not in the
+/// shared table at the previous sweep's read, so it is counted as heard no
+/// earlier than that read, and the run it keeps alive is not aborted. The
+/// silent run is, once its lease has passed on the monotonic clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_clock_step_on_the_sweeping_head_of_a_shared_store_aborts_no_healthy_run() {
+    let Some(fresh) = crate::stores::Store::Postgres.fresh("clock_step_shared").await else {
+        return;
+    };
+    let (clock_a, clock_b) = (Arc::new(ManualClock::new(T0)), Arc::new(ManualClock::new(T0)));
+    let config = |name: &str, clock: &Arc<ManualClock>| {
+        fresh
+            .config_named(&unique_name(name))
+            .with_clock(clock.clone())
+            .with_sweep_interval(Duration::from_secs(15))
+    };
+    let a = launch_state_actor(config("a", &clock_a)).await.unwrap();
+    let b = launch_state_actor(config("b", &clock_b)).await.unwrap();
+    let until = Instant::now() + HANG;
+    while usize::from(a.is_sweeper()) + usize::from(b.is_sweeper()) != 1 {
+        assert!(Instant::now() < until, "no head took the sweep");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let ((sweeper, sweeper_clock), (other, other_clock)) =
+        if a.is_sweeper() { ((a, clock_a), (b, clock_b)) } else { ((b, clock_b), (a, clock_a)) };
+    let both = |ms: u64| {
+        sweeper_clock.advance_ms(ms);
+        other_clock.advance_ms(ms);
+    };
+    let beating = run_with(&RunId::new_v7(), "beating", "job1", T0, 4);
+    let silent = run_with(&RunId::new_v7(), "silent", "job1", T0, 4);
+    for run in [&beating, &silent] {
+        other.handle().register(run.clone()).await.unwrap();
+        sweeper.handle().get(run.id().clone()).await.unwrap();
+    }
+    // The sweeping head sweeps on time, every 10 s.
+    for _ in 0..4 {
+        both(10_000);
+        assert!(sweeper.handle().sweep_leases().await.unwrap().is_empty());
+    }
+    // Heard only by the head that does not sweep; shared within a second.
+    other.handle().heartbeat(beating.id().clone()).await.unwrap();
+    let db = crate::stores::connect(fresh.url().unwrap()).await;
+    let until = Instant::now() + HANG;
+    loop {
+        let row = db.query_one("SELECT count(*) FROM trainstate_heartbeats", &[]).await.unwrap();
+        if row.get::<_, i64>(0) == 1 {
+            break;
+        }
+        assert!(Instant::now() < until, "the heartbeat was never shared");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    sweeper_clock.step_wall_ms(120_000);
+    both(10_000);
+    assert!(sweeper.handle().sweep_leases().await.unwrap().is_empty());
+    both(10_000);
+    assert!(sweeper.handle().sweep_leases().await.unwrap().is_empty());
+    both(10_000); // 70 s of silence; 30 s since the shared heartbeat.
+    assert_eq!(sweeper.handle().sweep_leases().await.unwrap(), [silent.id().clone()]);
+    let stored = sweeper.handle().get_run(beating.id().clone()).await.unwrap();
+    assert_eq!(stored.run_status(), RunStatus::Running);
+    sweeper.shutdown().await;
+    other.shutdown().await;
 }

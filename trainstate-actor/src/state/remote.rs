@@ -115,9 +115,11 @@ impl Runs {
         let converted = match previous {
             // Read before, unchanged: already counted.
             Some((seen, _)) if at_ms <= seen => None,
-            // Shared since the previous read, which bounds it from below.
+            // Shared since that read, which bounds it from below.
             Some((_, read_mono)) => Some(mono_now.saturating_sub(age).max(read_mono)),
-            None => Some(mono_now.saturating_sub(age)),
+            // Not there at the previous read (or the run was not live here
+            // then, and got a fresh lease when it became known).
+            None => Some(mono_now.saturating_sub(age).max(self.shared_read_mono_ms.unwrap_or(0))),
         };
         if let Some(heard) = converted {
             entry.lease_from_ms = entry.lease_from_ms.max(heard.min(mono_now));
@@ -125,9 +127,11 @@ impl Runs {
         }
     }
 
-    /// Forgets what was read of other heads' heartbeats for runs no longer
-    /// live here.
-    pub(crate) fn prune_shared_heard(&mut self) {
+    /// After every shared heartbeat was read (at a sweep): notes when, as
+    /// the lower bound of heartbeats that appear by the next read, and
+    /// forgets what was read for runs no longer live here.
+    pub(crate) fn finish_shared_read(&mut self, now_ms: u64) {
+        self.shared_read_mono_ms = Some(self.lease_now(now_ms));
         let by_id = &self.by_id;
         self.shared_heard
             .retain(|id, _| by_id.get(id).is_some_and(|entry| !entry.record.status.is_terminal()));
