@@ -97,3 +97,30 @@ pub(crate) fn late_sweep(previous_mono_ms: u64, now_mono_ms: u64, period: Durati
     let limit = (period * LATE_SWEEP_PERIODS).as_millis() as u64;
     (gap > limit).then_some(gap)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sweep_is_late_only_past_two_periods() {
+        let period = Duration::from_millis(500);
+        assert_eq!(late_sweep(1_000, 1_500, period), None);
+        assert_eq!(late_sweep(1_000, 2_000, period), None, "exactly two periods is on time");
+        assert_eq!(late_sweep(1_000, 2_001, period), Some(1_001));
+        assert_eq!(late_sweep(5_000, 1_000, period), None, "never negative");
+    }
+
+    #[test]
+    fn a_manual_clock_steps_the_wall_alone_and_advances_both() {
+        let clock = ManualClock::new(1_000_000);
+        clock.advance_ms(10);
+        assert_eq!((clock.now_ms(), clock.monotonic_ms()), (1_000_010, 10));
+        clock.step_wall_ms(-500_000);
+        clock.set_ms(clock.now_ms() + 1);
+        assert_eq!((clock.now_ms(), clock.monotonic_ms()), (500_011, 10));
+        let system = SystemClock;
+        let (a, b) = (system.monotonic_ms(), system.monotonic_ms());
+        assert!(b >= a);
+    }
+}
