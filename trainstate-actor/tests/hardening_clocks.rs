@@ -412,6 +412,18 @@ async fn regression_a_registration_its_own_commit_evicts_is_refused_and_nothing_
     let err = state.register(old.clone()).await.unwrap_err();
     assert!(matches!(&err, StateError::Conflict { id, .. } if id == old.id()), "{err}");
 
+    // So is the same run forwarded from another cluster's head.
+    let mut foreign = old.clone().into_draft();
+    foreign.id = RunId::new_v7().to_string();
+    foreign.cluster = Some("east".into());
+    let foreign = foreign.validate().unwrap();
+    let err = state.forward(foreign.clone()).await.unwrap_err();
+    assert!(
+        matches!(&err, StateError::Conflict { reason, .. } if reason.contains("retention is full")),
+        "{err}"
+    );
+    assert!(matches!(state.get(foreign.id().clone()).await, Err(StateError::NotFound { .. })));
+
     // A live run of any age, and a newer ended run, are stored.
     let live_old = run_with(&RunId::new_v7(), "live-old", "job1", T0 - 1_000, 2);
     assert_eq!(post(&live_old).await.0, StatusCode::CREATED);

@@ -224,6 +224,9 @@ impl Runs {
                 }
             }
         };
+        if kind == EventKind::Registered {
+            self.refuse_if_evicted_at_once(&record)?;
+        }
         self.put(record.clone(), NEVER_SWEPT);
         let mut change = Change {
             ops: vec![StoreOp::Put(record.clone())],
