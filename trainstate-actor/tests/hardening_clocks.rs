@@ -106,6 +106,7 @@ fn regression_a_frozen_head_keeps_its_healthy_runs_alive() {
     // Each run's controller heartbeats every 200 ms, before, during and
     // after the freeze, and notes every answer.
     let stop = Arc::new(AtomicBool::new(false));
+    let accepted_before = Arc::new(AtomicUsize::new(0));
     let accepted_after_resume = Arc::new(AtomicUsize::new(0));
     let resumed = Arc::new(AtomicBool::new(false));
     let refused = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
@@ -113,9 +114,10 @@ fn regression_a_frozen_head_keeps_its_healthy_runs_alive() {
         .iter()
         .map(|id| {
             let url = format!("{base}/api/train/runs/{id}/heartbeat");
-            let (client, stop, accepted, resumed, refused) = (
+            let (client, stop, before, accepted, resumed, refused) = (
                 client.clone(),
                 stop.clone(),
+                accepted_before.clone(),
                 accepted_after_resume.clone(),
                 resumed.clone(),
                 refused.clone(),
@@ -138,7 +140,9 @@ fn regression_a_frozen_head_keeps_its_healthy_runs_alive() {
                         StatusCode::OK if sent_after_resume => {
                             accepted.fetch_add(1, Ordering::SeqCst);
                         }
-                        StatusCode::OK => {}
+                        StatusCode::OK => {
+                            before.fetch_add(1, Ordering::SeqCst);
+                        }
                         // A beat the freeze held past the head's deadline:
                         // retryable, and the next one follows.
                         StatusCode::SERVICE_UNAVAILABLE => {}
@@ -150,8 +154,12 @@ fn regression_a_frozen_head_keeps_its_healthy_runs_alive() {
         })
         .collect();
 
-    // Healthy before the freeze: several beats answered.
-    std::thread::sleep(LEASE);
+    // Healthy before the freeze: every run's beats answered.
+    let until = Instant::now() + HANG;
+    while accepted_before.load(Ordering::SeqCst) < 2 * ids.len() {
+        assert!(Instant::now() < until, "no heartbeat accepted before the freeze");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     head.signal("-STOP");
     std::thread::sleep(FROZEN);
     resumed.store(true, Ordering::SeqCst);
