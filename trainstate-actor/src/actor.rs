@@ -28,6 +28,10 @@ pub(crate) struct ActorState {
     rendezvous: Rendezvous,
     config: StateConfig,
     writer: Arc<Writer>,
+    /// When the previous sweep ran (or the actor started), on the
+    /// monotonic clock: a sweep much later than its period shows that the
+    /// head was not running.
+    last_sweep_mono_ms: u64,
 }
 
 impl Actor for TrainStateActor {
@@ -42,7 +46,9 @@ impl Actor for TrainStateActor {
     ) -> Result<ActorState, ActorProcessingErr> {
         let records = args.writer.load().await?;
         let now = args.config.clock.now_ms();
-        let mut runs = Runs::load(records, now, args.config.lease, args.config.retention);
+        let mono = args.config.clock.monotonic_ms();
+        let mut runs =
+            Runs::load_at(records, now, Some(mono), args.config.lease, args.config.retention);
         runs.exempt_foreign(args.config.cluster.as_deref());
         tracing::info!(runs = runs.len(), name = %args.config.name, "state actor started");
         myself.send_interval(args.config.sweep_every(), || {
@@ -54,6 +60,7 @@ impl Actor for TrainStateActor {
             rendezvous: Rendezvous::default(),
             config: args.config,
             writer: args.writer,
+            last_sweep_mono_ms: mono,
         })
     }
 
@@ -64,6 +71,7 @@ impl Actor for TrainStateActor {
         state: &mut ActorState,
     ) -> Result<(), ActorProcessingErr> {
         let now = state.config.clock.now_ms();
+        state.runs.set_monotonic(state.config.clock.monotonic_ms());
         state.absorb(now);
         match message {
             StateMessage::Register { run, reply } => {
@@ -129,6 +137,7 @@ impl Actor for TrainStateActor {
             }
             StateMessage::SweepLeases { reply } => {
                 state.before_write()?;
+                state.notice_stall(now);
                 if !state.writer.shared.sweeper.load(Ordering::SeqCst) {
                     // Another head sharing the store sweeps.
                     let _ = reply.send(Ok(Vec::new()));
@@ -138,6 +147,7 @@ impl Actor for TrainStateActor {
                     // Every head's heartbeats and changes count.
                     state.writer.sync(true).await;
                     state.absorb(now);
+                    state.runs.finish_shared_read(now);
                 }
                 let mut change = state.runs.sweep(now);
                 let view = &state.writer.shared.view;
@@ -216,6 +226,28 @@ impl Actor for TrainStateActor {
 }
 
 impl ActorState {
+    /// Before a sweep: if it comes much later than its period (see
+    /// [`crate::clock::late_sweep`]), the head was not running and could
+    /// not hear heartbeats, so every live run and every assembling
+    /// rendezvous group gets a fresh lease from now, as after a restart,
+    /// instead of being aborted for the head's own silence.
+    fn notice_stall(&mut self, now: u64) {
+        let mono = self.config.clock.monotonic_ms();
+        let previous = std::mem::replace(&mut self.last_sweep_mono_ms, mono);
+        let period = self.config.sweep_every();
+        if let Some(gap_ms) = crate::clock::late_sweep(previous, mono, period) {
+            let renewed = self.runs.renew_leases(now);
+            let groups = self.rendezvous.renew_deadlines(mono);
+            tracing::warn!(
+                stalled_s = gap_ms as f64 / 1000.0,
+                sweep_period_s = period.as_secs_f64(),
+                runs = renewed,
+                rendezvous_groups = groups,
+                "the head was not running (its lease sweep came late): every live run gets a fresh lease from now"
+            );
+        }
+    }
+
     /// Takes in what the writer reported: other heads' changes, refused
     /// writes' stored versions, other heads' heartbeats.
     fn absorb(&mut self, now: u64) {

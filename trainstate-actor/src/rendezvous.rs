@@ -81,6 +81,10 @@ pub(crate) struct Rendezvous {
     /// The run of each key, as far as this actor has seen (a cache: the
     /// stored runs' `controller_actor_id` is the truth).
     keys: HashMap<String, RunId>,
+    /// The monotonic reading of the current turn ([`Runs::lease_now`]):
+    /// join deadlines and graces are measured on it, never on the wall
+    /// clock, which is what start times are stamped with.
+    mono_ms: u64,
 }
 
 /// A group waiting for its ranks.
@@ -92,6 +96,8 @@ struct Pending {
     name: String,
     job_id: String,
     started_ms: u64,
+    /// When the join deadline began, on the monotonic clock.
+    deadline_from_ms: u64,
     timeout_ms: u64,
     members: BTreeMap<u32, Member>,
     placement: Placement,
@@ -159,7 +165,7 @@ struct Group {
     attempt_id: String,
     slots: Vec<Slot>,
     ended: u32,
-    /// When the group was tracked (Unix ms).
+    /// When the group was tracked, on the monotonic clock.
     since_ms: u64,
 }
 
@@ -333,6 +339,7 @@ impl Rendezvous {
         lease_ms: u64,
         now_ms: u64,
     ) -> Reaction {
+        self.mono_ms = runs.lease_now(now_ms);
         let (reply, step) = match message {
             RendezvousMessage::Join { join, reply } => {
                 (reply, self.join(*join, runs, view, admitted, lease_ms, now_ms))
@@ -449,7 +456,7 @@ impl Rendezvous {
             self.open(key.clone(), run_id, false, join, now_ms);
             return Ok(None);
         };
-        let group = self.group(&id, view, now_ms)?;
+        let group = self.group(&id, view)?;
         let refused = |reason: String| Err(StateError::Refused { reason });
         let current = group.attempt_id.parse::<u32>().ok();
         match current.map(|c| join.attempt.cmp(&c)) {
@@ -510,6 +517,7 @@ impl Rendezvous {
                 name: join.name.clone(),
                 job_id: join.job_id.clone(),
                 started_ms: now_ms,
+                deadline_from_ms: self.mono_ms,
                 timeout_ms: join.join_timeout.as_millis() as u64,
                 members: BTreeMap::new(),
                 placement: Placement::default(),
@@ -554,12 +562,7 @@ impl Rendezvous {
 
     /// The group of run `id`, rebuilt from the stored run if this actor has
     /// not tracked it (after a restart).
-    fn group(
-        &mut self,
-        id: &RunId,
-        view: &RwLock<View>,
-        now_ms: u64,
-    ) -> Result<&mut Group, StateError> {
+    fn group(&mut self, id: &RunId, view: &RwLock<View>) -> Result<&mut Group, StateError> {
         if !self.groups.contains_key(id) {
             let record = view
                 .read()
@@ -582,7 +585,8 @@ impl Rendezvous {
                     end: SlotEnd::Running,
                 })
                 .collect();
-            self.groups.insert(id.clone(), Group { attempt_id, slots, ended: 0, since_ms: now_ms });
+            self.groups
+                .insert(id.clone(), Group { attempt_id, slots, ended: 0, since_ms: self.mono_ms });
         }
         Ok(self.groups.get_mut(id).expect("tracked above"))
     }
@@ -667,7 +671,7 @@ impl Rendezvous {
         self.keys.insert(key.0, id.clone());
         self.groups.insert(
             id.clone(),
-            Group { attempt_id: attempt_id.clone(), slots, ended, since_ms: now_ms },
+            Group { attempt_id: attempt_id.clone(), slots, ended, since_ms: self.mono_ms },
         );
         let answer = RendezvousResponse::new(
             id,
@@ -703,7 +707,7 @@ impl Rendezvous {
             return Ok(Step::Answer(pending.response(&key, lease_ms)));
         }
         let status = touch(runs, id, now_ms)?;
-        let group = self.group_of(id, rank, attempt_id, view, now_ms)?;
+        let group = self.group_of(id, rank, attempt_id, view)?;
         if status == RunStatus::Running {
             group.slots[rank as usize].last_heard_ms = Some(now_ms);
         }
@@ -718,9 +722,8 @@ impl Rendezvous {
         rank: u32,
         attempt_id: &str,
         view: &RwLock<View>,
-        now_ms: u64,
     ) -> Result<&mut Group, StateError> {
-        let group = self.group(id, view, now_ms)?;
+        let group = self.group(id, view)?;
         if group.attempt_id != attempt_id {
             return Err(StateError::Conflict {
                 id: id.clone(),
@@ -765,7 +768,7 @@ impl Rendezvous {
             return Ok(Step::Answer(pending.response(&key, lease_ms)));
         }
         let status = touch(runs, id, now_ms)?;
-        let group = self.group_of(id, rank, &end.attempt_id, view, now_ms)?;
+        let group = self.group_of(id, rank, &end.attempt_id, view)?;
         let slot = rank as usize;
         group.slots[slot].last_heard_ms = Some(now_ms);
         let ends_run = match end.status {
@@ -795,6 +798,20 @@ impl Rendezvous {
         }
     }
 
+    /// Gives every group still assembling a fresh join deadline from
+    /// `mono_ms`, and every tracked group a fresh grace: for when the head
+    /// was not running, so ranks could not reach it. Returns how many
+    /// groups were assembling.
+    pub(crate) fn renew_deadlines(&mut self, mono_ms: u64) -> usize {
+        for pending in self.pending.values_mut() {
+            pending.deadline_from_ms = pending.deadline_from_ms.max(mono_ms);
+        }
+        for group in self.groups.values_mut() {
+            group.since_ms = group.since_ms.max(mono_ms);
+        }
+        self.pending.len()
+    }
+
     /// Closes the groups whose ranks did not all join in time, registering
     /// each as ended; forgets the groups of runs that ended or are gone.
     pub(crate) fn sweep(
@@ -804,10 +821,12 @@ impl Rendezvous {
         now_ms: u64,
         change: &mut Change<Vec<RunId>>,
     ) {
+        self.mono_ms = runs.lease_now(now_ms);
+        let mono_ms = self.mono_ms;
         let expired: Vec<GroupKey> = self
             .pending
             .iter()
-            .filter(|(_, p)| now_ms.saturating_sub(p.started_ms) >= p.timeout_ms)
+            .filter(|(_, p)| mono_ms.saturating_sub(p.deadline_from_ms) >= p.timeout_ms)
             .map(|(key, _)| key.clone())
             .collect();
         for key in expired {
@@ -828,7 +847,7 @@ impl Rendezvous {
         let view = view.read().unwrap_or_else(|e| e.into_inner());
         self.groups.retain(|id, group| match view.get(id) {
             Some(record) => !record.status.is_terminal() || record.lost_controller,
-            None => now_ms.saturating_sub(group.since_ms) < UNCOMMITTED_GRACE_MS,
+            None => mono_ms.saturating_sub(group.since_ms) < UNCOMMITTED_GRACE_MS,
         });
         let groups = &self.groups;
         self.keys.retain(|_, id| groups.contains_key(id));
@@ -905,7 +924,12 @@ impl Rendezvous {
         self.keys.insert(key.0.clone(), pending.run_id.clone());
         self.groups.insert(
             pending.run_id,
-            Group { attempt_id: key.1.to_string(), slots: Vec::new(), ended: 0, since_ms: now_ms },
+            Group {
+                attempt_id: key.1.to_string(),
+                slots: Vec::new(),
+                ended: 0,
+                since_ms: self.mono_ms,
+            },
         );
         Ok(outcome)
     }

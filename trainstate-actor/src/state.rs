@@ -46,8 +46,12 @@ pub(crate) struct Change<T> {
 
 struct Entry {
     record: Arc<RunRecord>,
-    /// When the controller was last heard from (live runs; memory only).
+    /// When the controller was last heard from, on the wall clock (live
+    /// runs; memory only): what `last_heartbeat_ms` shows.
     last_heard_ms: u64,
+    /// When the run's lease last began, on the monotonic clock: what the
+    /// sweep decides on (see [`Runs::lease_now`]).
+    lease_from_ms: u64,
 }
 
 /// Every retained run, as the actor sees it (committed and in flight).
@@ -57,14 +61,36 @@ pub(crate) struct Runs {
     ended: BTreeSet<(u64, RunId)>,
     lease: Duration,
     retention: Retention,
+    /// The monotonic reading of the actor's current turn; `None` until set
+    /// (pure-state tests), when the wall times given to each call stand in.
+    monotonic_ms: Option<u64>,
+    /// Other heads' heartbeats as last read from a shared store: the wall
+    /// time read, and this head's monotonic time when it was read.
+    shared_heard: HashMap<RunId, (u64, u64)>,
+    /// When every shared heartbeat was last read, on the monotonic clock.
+    shared_read_mono_ms: Option<u64>,
 }
 
 impl Runs {
     /// The working state after loading the store. Every live run gets a
-    /// fresh lease from `now`.
+    /// fresh lease from `now`, on the wall clock standing in for the
+    /// monotonic one (pure-state tests; the actor uses [`Runs::load_at`]).
+    #[allow(dead_code)]
     pub(crate) fn load(
         records: Vec<Arc<RunRecord>>,
         now_ms: u64,
+        lease: Duration,
+        retention: Retention,
+    ) -> Self {
+        Self::load_at(records, now_ms, None, lease, retention)
+    }
+
+    /// [`Runs::load`], with leases on the monotonic clock reading
+    /// `monotonic_ms` (see [`Runs::set_monotonic`]).
+    pub(crate) fn load_at(
+        records: Vec<Arc<RunRecord>>,
+        now_ms: u64,
+        monotonic_ms: Option<u64>,
         lease: Duration,
         retention: Retention,
     ) -> Self {
@@ -73,11 +99,44 @@ impl Runs {
             ended: BTreeSet::new(),
             lease,
             retention,
+            monotonic_ms,
+            shared_heard: HashMap::new(),
+            shared_read_mono_ms: None,
         };
         for record in records {
             runs.put(record, now_ms);
         }
         runs
+    }
+
+    /// Sets the monotonic reading that this turn's lease decisions are made
+    /// on (the actor calls it before every message). Leases compare only
+    /// monotonic times, so a step of the wall clock neither expires nor
+    /// extends one; the wall times the calls are given are what is stored
+    /// and shown.
+    pub(crate) fn set_monotonic(&mut self, monotonic_ms: u64) {
+        self.monotonic_ms = Some(monotonic_ms);
+    }
+
+    /// Now, on the clock leases are decided on: the monotonic reading of
+    /// this turn, or `wall_ms` when none was set.
+    pub(crate) fn lease_now(&self, wall_ms: u64) -> u64 {
+        self.monotonic_ms.unwrap_or(wall_ms)
+    }
+
+    /// Gives every live run this head sweeps a fresh lease from now, as
+    /// after a restart: for when the head was not running (a late sweep)
+    /// and so could not hear their heartbeats. Returns how many.
+    pub(crate) fn renew_leases(&mut self, now_ms: u64) -> usize {
+        let from = self.lease_now(now_ms);
+        let mut renewed = 0;
+        for entry in self.by_id.values_mut() {
+            if !entry.record.status.is_terminal() && entry.lease_from_ms != remote::NEVER_SWEPT {
+                entry.lease_from_ms = entry.lease_from_ms.max(from);
+                renewed += usize::from(entry.record.leased);
+            }
+        }
+        renewed
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -89,7 +148,13 @@ impl Runs {
             self.ended.insert((record.start_time_ms, record.id.clone()));
         }
         let id = record.id.clone();
-        if let Some(previous) = self.by_id.insert(id, Entry { record, last_heard_ms }) {
+        let lease_from_ms = match last_heard_ms {
+            remote::NEVER_SWEPT => remote::NEVER_SWEPT,
+            wall_ms => self.lease_now(wall_ms),
+        };
+        if let Some(previous) =
+            self.by_id.insert(id, Entry { record, last_heard_ms, lease_from_ms })
+        {
             remote::note_base(&self.by_id[&previous.record.id].record, &previous.record);
         }
     }
@@ -122,6 +187,7 @@ impl Runs {
         new: NewRun,
         now_ms: u64,
     ) -> Result<Outcome<Registration>, StateError> {
+        let lease_from_ms = self.lease_now(now_ms);
         if let Some(entry) = self.by_id.get_mut(new.run().id()) {
             let stored = entry.record.run()?;
             if let Some(field) = stored.static_difference(new.run()) {
@@ -134,6 +200,7 @@ impl Runs {
             }
             if !entry.record.status.is_terminal() {
                 entry.last_heard_ms = now_ms;
+                entry.lease_from_ms = lease_from_ms;
             }
             let record = entry.record.clone();
             return Ok(Outcome::Unchanged(Registration::new(
@@ -145,6 +212,7 @@ impl Runs {
 
         let run = new.into_run(now_ms);
         let record = RunRecord::new(&run);
+        self.refuse_if_evicted_at_once(&record)?;
         let id = record.id.clone();
         self.put(record.clone(), now_ms);
 
@@ -315,6 +383,7 @@ impl Runs {
             draft.cause = ray_cause(v2.status == RunStatus::Errored, &draft.status_detail);
             let run = NewRun::from_ray(draft.validate()?).into_run(now_ms);
             let record = RunRecord::new(&run);
+            self.refuse_if_evicted_at_once(&record)?;
             self.put(record.clone(), now_ms);
             let mut change = Change {
                 ops: vec![StoreOp::Put(record.clone())],
@@ -496,6 +565,7 @@ impl Runs {
     /// Renews a live run's lease.
     pub(crate) fn heartbeat(&mut self, id: &RunId, now_ms: u64) -> Result<Duration, StateError> {
         let lease = self.lease;
+        let lease_from_ms = self.lease_now(now_ms);
         let entry =
             self.by_id.get_mut(id).ok_or_else(|| StateError::NotFound { id: id.clone() })?;
         if entry.record.status.is_terminal() {
@@ -507,6 +577,7 @@ impl Runs {
             });
         }
         entry.last_heard_ms = now_ms;
+        entry.lease_from_ms = lease_from_ms;
         Ok(lease)
     }
 
@@ -533,23 +604,26 @@ impl Runs {
         }))
     }
 
-    /// Aborts every live run whose lease expired, and evicts ended runs past
-    /// the retention age.
+    /// Aborts every live run whose lease expired (on the monotonic clock),
+    /// and evicts ended runs past the retention age (on the wall clock: ages
+    /// are of stored times).
     pub(crate) fn sweep(&mut self, now_ms: u64) -> Change<Vec<RunId>> {
         let lease_ms = self.lease.as_millis() as u64;
-        let expired: Vec<(RunId, u64)> = self
+        let lease_now = self.lease_now(now_ms);
+        let expired: Vec<(RunId, u64, u64)> = self
             .by_id
             .values()
             .filter(|e| !e.record.status.is_terminal() && e.record.leased)
-            .filter(|e| now_ms.saturating_sub(e.last_heard_ms) > lease_ms)
-            .map(|e| (e.record.id.clone(), e.last_heard_ms))
+            .filter(|e| lease_now.saturating_sub(e.lease_from_ms) > lease_ms)
+            .map(|e| (e.record.id.clone(), e.last_heard_ms, lease_now - e.lease_from_ms))
             .collect();
         let mut change = Change { ops: Vec::new(), events: Vec::new(), answer: Vec::new() };
-        for (id, last_heard_ms) in expired {
+        for (id, last_heard_ms, silent_ms) in expired {
             let detail = format!(
                 "The run's controller stopped heartbeating: last heard from at {last_heard_ms} \
-                 (Unix ms), {:.1} s before this abort; its lease is {:.1} s.",
-                now_ms.saturating_sub(last_heard_ms) as f64 / 1000.0,
+                 (Unix ms); nothing for {:.1} s of the head's running time, longer than its \
+                 lease of {:.1} s.",
+                silent_ms as f64 / 1000.0,
                 self.lease.as_secs_f64(),
             );
             // The end is stamped by `set_status`, never before the run's start,
@@ -584,6 +658,34 @@ impl Runs {
         }
         self.evict_over_capacity(&mut change.ops, &mut change.events);
         change
+    }
+
+    /// Refuses a new run that the commit storing it would evict at once:
+    /// an ended run, older (by start time) than every ended run kept, while
+    /// the store holds its most runs. Answering "created" for a run that is
+    /// gone would not match what happened; nothing is stored. Mirrors
+    /// [`Runs::evict_over_capacity`]'s rule.
+    fn refuse_if_evicted_at_once(&self, record: &RunRecord) -> Result<(), StateError> {
+        if !record.status.is_terminal() {
+            return Ok(());
+        }
+        let evictions = (self.by_id.len() + 1).saturating_sub(self.retention.max_runs);
+        if evictions == 0 {
+            return Ok(());
+        }
+        let key = (record.start_time_ms, record.id.clone());
+        let older = self.ended.range(..key).take(evictions).count();
+        if older >= evictions {
+            return Ok(());
+        }
+        Err(StateError::Conflict {
+            id: record.id.clone(),
+            reason: format!(
+                "retention is full ({} runs kept) and this ended run started before every \
+                 ended run kept, so storing it would evict it at once; nothing was stored",
+                self.retention.max_runs
+            ),
+        })
     }
 
     fn evict_over_capacity(&mut self, ops: &mut Vec<StoreOp>, events: &mut Vec<PendingEvent>) {

@@ -445,7 +445,11 @@ async fn regression_a_run_written_by_ray_v2_is_not_aborted_for_not_heartbeating(
     let config = StateConfig::in_memory()
         .with_name(unique_name("v2-lease"))
         .with_clock(clock.clone())
-        .with_lease(Duration::from_secs(60));
+        .with_lease(Duration::from_secs(60))
+        // The test sweeps once, ten minutes on: with a sweep due every
+        // 15 s, that would be a late sweep (the head not running), which
+        // renews leases instead of aborting.
+        .with_sweep_interval(Duration::from_secs(3600));
     let service = trainstate_actor::launch_state_actor(config).await.unwrap();
     let state = service.handle();
     let dashboard = fixture("ray-v2/dashboard-v2-runs.json");

@@ -7,6 +7,7 @@ mod events;
 mod forwarding;
 mod hardening;
 mod hardening_events;
+mod hardening_clocks;
 mod http_api;
 mod lifecycle;
 mod listing;

@@ -70,9 +70,13 @@ pub enum StateError {
         /// What the head said.
         reason: String,
     },
-    /// No answer came within the deadline. The request may still take
-    /// effect; every write is idempotent, so repeating it is safe.
-    #[error("no answer from the state actor within {after:?}; the request may still take effect")]
+    /// No answer came within the deadline. A write may have taken effect
+    /// (it is committed if the actor decided it: a deadline does not cancel
+    /// it); every write is idempotent, so repeating it is safe and answers
+    /// what is stored.
+    #[error(
+        "no answer from the state actor within {after:?}; a write may have taken effect (repeating it is safe: every write is idempotent)"
+    )]
     Timeout {
         /// The deadline that passed.
         after: Duration,

@@ -20,6 +20,46 @@ use crate::query::{RunPage, RunQuery};
 /// The deadline of a call when none is set.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How much a call's deadline grows per MiB of the document it carries
+/// (a run, an attempt's workers, a Ray document): a large document takes
+/// longer to check, encode and commit, and gets a deadline that fits it. A
+/// 16 MiB run (the default body limit) gets 16 s more.
+pub const DEADLINE_PER_MIB: Duration = Duration::from_secs(1);
+
+/// What a deadline grows by for a document of `bytes` of JSON:
+/// [`DEADLINE_PER_MIB`] per MiB, pro rata.
+pub fn deadline_allowance(bytes: u64) -> Duration {
+    DEADLINE_PER_MIB.mul_f64(bytes as f64 / (1024.0 * 1024.0))
+}
+
+/// The size of the JSON document a request carries, if it carries one.
+fn document_bytes(message: &StateMessage) -> u64 {
+    struct Count(u64);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len() as u64;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let _ = match message {
+        StateMessage::Register { run, .. } => serde_json::to_writer(&mut count, run.run()),
+        StateMessage::StartAttempt { attempt, .. } => {
+            serde_json::to_writer(&mut count, &attempt.workers)
+        }
+        StateMessage::UpsertRayRun { run, .. } => serde_json::to_writer(&mut count, run),
+        StateMessage::UpsertRayAttempt { attempt, .. } => {
+            serde_json::to_writer(&mut count, attempt)
+        }
+        StateMessage::Forward { run, .. } => serde_json::to_writer(&mut count, run),
+        _ => Ok(()),
+    };
+    count.0
+}
+
 /// How long a handle waits between looks for an actor that is restarting.
 const RELOOK_INTERVAL: Duration = Duration::from_millis(5);
 
@@ -42,7 +82,9 @@ pub fn get_state_actor_named(name: &str) -> Option<StateHandle> {
 /// finds it again after a restart (a restarted actor is a new actor); a
 /// request that was in flight when the actor stopped fails with
 /// [`StateError::Unavailable`] rather than hanging. Every call has a
-/// deadline and fails with [`StateError::Timeout`] past it.
+/// deadline ([`StateHandle::with_timeout`], plus [`deadline_allowance`]
+/// for the document a write carries) and fails with
+/// [`StateError::Timeout`] past it: a write may then have taken effect.
 #[derive(Clone)]
 pub struct StateHandle {
     inner: Arc<Transport>,
@@ -236,20 +278,22 @@ impl StateHandle {
         &self,
         make: impl FnOnce(Reply<T>) -> StateMessage,
     ) -> Result<T, StateError> {
-        let deadline = Instant::now() + self.timeout;
+        let started = Instant::now();
         let (tx, rx) = oneshot::channel();
         let message = make(Reply::from(tx));
+        let timeout = self.timeout + deadline_allowance(document_bytes(&message));
+        let deadline = started + timeout;
         match &*self.inner {
             Transport::Local(local) => local.deliver(message, deadline).await?,
             #[cfg(feature = "http")]
-            Transport::Remote(remote) => remote.answer(message, self.timeout).await,
+            Transport::Remote(remote) => remote.answer(message, timeout).await,
         }
         match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(_)) => Err(StateError::unavailable(
                 "the state actor stopped before answering; the request may or may not have taken effect",
             )),
-            Err(_) => Err(StateError::Timeout { after: self.timeout }),
+            Err(_) => Err(StateError::Timeout { after: timeout }),
         }
     }
 }

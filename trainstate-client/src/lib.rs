@@ -42,7 +42,10 @@ pub mod routes;
 
 pub use error::StateError;
 pub use events::{EventKind, StateEvent, Subscription};
-pub use handle::{DEFAULT_CALL_TIMEOUT, StateHandle, get_state_actor, get_state_actor_named};
+pub use handle::{
+    DEADLINE_PER_MIB, DEFAULT_CALL_TIMEOUT, StateHandle, deadline_allowance, get_state_actor,
+    get_state_actor_named,
+};
 pub use protocol::{
     DEFAULT_STATE_ACTOR_NAME, NewAttempt, Registration, Reply, RunDocument, RunJson, StateMessage,
     StatusUpdate,

@@ -324,7 +324,7 @@ pub fn routes() -> Vec<Route> {
                 "registerRun",
                 Post,
                 "/api/train/runs",
-                "Register a run. Repeating it with identical static metadata is a no-op (200); with different metadata, 409.",
+                "Register a run. Repeating it with identical static metadata is a no-op (200); with different metadata, 409. An ended run that retention would evict at once (the most runs are kept, and it started before every ended run kept) is refused with 409 and not stored.",
                 Write,
             )
         },
@@ -374,7 +374,7 @@ pub fn routes() -> Vec<Route> {
                 "upsertRayRun",
                 Put,
                 "/api/train/v2/runs/{id}",
-                "Create or update a run from Ray Train V2's whole TrainRun (its id must be the path's). Idempotent; a terminal run never moves back to live; static metadata never changes.",
+                "Create or update a run from Ray Train V2's whole TrainRun (its id must be the path's). Idempotent; a terminal run never moves back to live; static metadata never changes. A new ended run that retention would evict at once is refused with 409 and not stored.",
                 Write,
             )
         },

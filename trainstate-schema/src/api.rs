@@ -625,7 +625,9 @@ pub enum ErrorCode {
     Unavailable,
     /// Too many writes are in flight; retry (503).
     Overloaded,
-    /// No answer within the request's deadline; it may still take effect (503).
+    /// No answer within the request's deadline (which grows with the body's
+    /// size); a write may have taken effect. Retry: every write is
+    /// idempotent, so a repeat answers what is stored (503).
     Timeout,
     /// Too many event subscribers; retry (503).
     TooManySubscribers,

@@ -460,15 +460,26 @@ fn handler(operation: Operation, filter: MethodFilter) -> MethodRouter<AppState>
     }
 }
 
-/// Answers 503 in the JSON shape when a request takes longer than allowed.
+/// Answers 503 `timeout` in the JSON shape when a request takes longer than
+/// allowed: the request deadline, plus [`trainstate_client::deadline_allowance`]
+/// for the body its `Content-Length` announces (a large document gets a
+/// deadline that fits it). A write that timed out may have taken effect:
+/// the deadline does not cancel it.
 async fn deadline(State(app): State<AppState>, request: Request, next: Next) -> Response {
-    match tokio::time::timeout(app.config.request_timeout, next.run(request)).await {
+    let body_bytes = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        .unwrap_or(0)
+        .min(app.config.max_body_bytes as u64);
+    let limit = app.config.request_timeout + trainstate_client::deadline_allowance(body_bytes);
+    match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,
         Err(_) => ApiError::new(
             ErrorCode::Timeout,
             format!(
-                "the request took longer than {:?}; a write may still take effect",
-                app.config.request_timeout
+                "the request took longer than {limit:?}; a write may have taken effect \
+                 (repeating it is safe: every write is idempotent)"
             ),
         )
         .into_response(),

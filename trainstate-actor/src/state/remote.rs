@@ -5,6 +5,21 @@
 //! A run of another cluster (its `cluster` is set and is not this head's)
 //! is *foreign*: it changes only through forwarding, and this head never
 //! aborts it for a missing heartbeat (its own head does that).
+//!
+//! Leases are decided on this head's monotonic clock, but the heartbeats
+//! other heads of a shared store received arrive as their wall times. Each
+//! is converted on receipt: a heartbeat `age` ms old by this head's wall
+//! clock was heard `age` ms before now on its monotonic clock, and never
+//! later than now. Wall clocks of different machines disagree, and either
+//! may be stepped; so when a run's shared heartbeat is newer than the one
+//! this head read before, it was shared after that earlier read, and its
+//! converted time is never put before that read either. A wall clock
+//! stepped forward on this head (or behind on another) then makes other
+//! heads' heartbeats look no older than the interval between two reads
+//! (a sweep period, plus the other head's share period of about a second);
+//! one ahead makes them look no newer than now. Either way no run is
+//! aborted for a clock step, and a lease is extended by at most that
+//! interval.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -43,6 +58,7 @@ impl Runs {
         for entry in self.by_id.values_mut() {
             if is_foreign(&entry.record, home) {
                 entry.last_heard_ms = NEVER_SWEPT;
+                entry.lease_from_ms = NEVER_SWEPT;
             }
         }
     }
@@ -72,18 +88,53 @@ impl Runs {
                 }
             }
             Absorb::Reload(records) => {
-                *self = Runs::load(records, now_ms, self.lease, self.retention);
+                *self =
+                    Runs::load_at(records, now_ms, self.monotonic_ms, self.lease, self.retention);
                 self.exempt_foreign(home);
             }
-            Absorb::Heard(id, at_ms) => {
-                if let Some(entry) = self.by_id.get_mut(&id)
-                    && !entry.record.status.is_terminal()
-                    && entry.last_heard_ms != NEVER_SWEPT
-                {
-                    entry.last_heard_ms = entry.last_heard_ms.max(at_ms);
-                }
-            }
+            Absorb::Heard(id, at_ms) => self.heard_elsewhere(id, at_ms, now_ms),
         }
+    }
+
+    /// Takes in a heartbeat another head received at `at_ms` on its wall
+    /// clock, converted on receipt to this head's monotonic clock (see the
+    /// module's documentation).
+    fn heard_elsewhere(&mut self, id: trainstate_schema::RunId, at_ms: u64, now_ms: u64) {
+        let mono_now = self.lease_now(now_ms);
+        let previous = self.shared_heard.get(&id).copied();
+        let Some(entry) = self.by_id.get_mut(&id) else {
+            self.shared_heard.remove(&id);
+            return;
+        };
+        if entry.record.status.is_terminal() || entry.last_heard_ms == NEVER_SWEPT {
+            self.shared_heard.remove(&id);
+            return;
+        }
+        entry.last_heard_ms = entry.last_heard_ms.max(at_ms);
+        let age = now_ms.saturating_sub(at_ms);
+        let converted = match previous {
+            // Read before, unchanged: already counted.
+            Some((seen, _)) if at_ms <= seen => None,
+            // Shared since that read, which bounds it from below.
+            Some((_, read_mono)) => Some(mono_now.saturating_sub(age).max(read_mono)),
+            // Not there at the previous read (or the run was not live here
+            // then, and got a fresh lease when it became known).
+            None => Some(mono_now.saturating_sub(age).max(self.shared_read_mono_ms.unwrap_or(0))),
+        };
+        if let Some(heard) = converted {
+            entry.lease_from_ms = entry.lease_from_ms.max(heard.min(mono_now));
+            self.shared_heard.insert(id, (at_ms, mono_now));
+        }
+    }
+
+    /// After every shared heartbeat was read (at a sweep): notes when, as
+    /// the lower bound of heartbeats that appear by the next read, and
+    /// forgets what was read for runs no longer live here.
+    pub(crate) fn finish_shared_read(&mut self, now_ms: u64) {
+        self.shared_read_mono_ms = Some(self.lease_now(now_ms));
+        let by_id = &self.by_id;
+        self.shared_heard
+            .retain(|id, _| by_id.get(id).is_some_and(|entry| !entry.record.status.is_terminal()));
     }
 
     /// Makes `record` the run's version, as committed by someone else: a
@@ -173,6 +224,9 @@ impl Runs {
                 }
             }
         };
+        if kind == EventKind::Registered {
+            self.refuse_if_evicted_at_once(&record)?;
+        }
         self.put(record.clone(), NEVER_SWEPT);
         let mut change = Change {
             ops: vec![StoreOp::Put(record.clone())],

@@ -1,0 +1,526 @@
+//! Regression tests of issue 10's items 7 and 10: leases on a monotonic
+//! clock (a frozen or clock-stepped head aborts no healthy run), and
+//! answers that match what happened (a timed-out write says it may have
+//! taken effect; a registration its own commit would evict is refused).
+//! See docs/reliability.md.
+
+use std::io::{BufRead, BufReader};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use reqwest::{Client, Method, StatusCode};
+use serde_json::Value;
+use trainstate_actor::http::HttpConfig;
+use trainstate_actor::{Faults, ManualClock, Retention, StateConfig, launch_state_actor};
+use trainstate_client::{DEFAULT_CALL_TIMEOUT, Join, RunQuery, StateError, deadline_allowance};
+use trainstate_schema::{RunAttemptDraft, RunId, RunStatus, TrainRunInfo};
+
+use crate::common::{Server, run_with, unique_name, workers};
+use crate::contract::check_answer;
+use crate::process::Head;
+
+const T0: u64 = 1_760_000_000_000;
+
+/// Ends a hung test; never a margin a passing run depends on.
+const HANG: Duration = Duration::from_secs(60);
+
+/// An in-memory head on a manual clock, whose periodic sweep does not run
+/// during the test unless `sweep_every` says so: the tests sweep.
+fn manual(what: &str, clock: &Arc<ManualClock>, sweep_every: Duration) -> StateConfig {
+    StateConfig::in_memory()
+        .with_name(unique_name(what))
+        .with_clock(clock.clone())
+        .with_lease(Duration::from_secs(60))
+        .with_sweep_interval(sweep_every)
+}
+
+/// Sends a request and checks the answer against the served document.
+async fn send(
+    client: &Client,
+    method: Method,
+    url: &str,
+    body: Option<&Value>,
+) -> (StatusCode, Value) {
+    let mut request = client.request(method.clone(), url);
+    if let Some(body) = body {
+        request = request.header("content-type", "application/json").body(body.to_string());
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status();
+    let bytes = response.bytes().await.unwrap();
+    check_answer(&method, url, status, &bytes);
+    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+/// An ended run (FINISHED) of `id`, started at `start_ms`.
+fn ended(id: &RunId, name: &str, start_ms: u64) -> TrainRunInfo {
+    let mut draft = run_with(id, name, "job1", start_ms, 2).into_draft();
+    draft.run_status = RunStatus::Finished;
+    draft.status = None;
+    draft.end_time_ms = Some(start_ms + 500);
+    draft.attempts = vec![RunAttemptDraft {
+        end_time_ms: Some(start_ms + 500),
+        ..RunAttemptDraft::new("0", start_ms)
+    }];
+    draft.validate().unwrap()
+}
+
+// ---------------------------------------------------------------- item 7
+
+/// A real head, frozen with SIGSTOP for five of its 2 s leases while its
+/// runs' controllers keep heartbeating (their requests wait in the
+/// kernel), then resumed: its sweep comes late, so it knows it was not
+/// running and gives every live run a fresh lease instead of aborting it.
+/// The freeze is the scenario, not a margin: a longer one only makes the
+/// test stronger.
+#[test]
+fn regression_a_frozen_head_keeps_its_healthy_runs_alive() {
+    const LEASE: Duration = Duration::from_secs(2);
+    const FROZEN: Duration = Duration::from_secs(10);
+    let dir = tempfile::tempdir().unwrap();
+    let mut head = Head::start(dir.path(), &["--lease", "2s"]).unwrap();
+    let stderr = head.child.stderr.take().unwrap();
+    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = lines_tx.send(line);
+        }
+    });
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let client = Client::builder().timeout(HANG).build().unwrap();
+    let base = head.url.clone();
+
+    let ids: Vec<RunId> = (0..3).map(|_| RunId::new_v7()).collect();
+    runtime.block_on(async {
+        for (i, id) in ids.iter().enumerate() {
+            let run =
+                serde_json::to_value(run_with(id, &format!("healthy{i}"), "job1", T0, 4)).unwrap();
+            let url = format!("{base}/api/train/runs");
+            let (status, body) = send(&client, Method::POST, &url, Some(&run)).await;
+            assert_eq!(status, StatusCode::CREATED, "{body}");
+            assert_eq!(body["lease_ms"], LEASE.as_millis() as u64);
+        }
+    });
+
+    // Each run's controller heartbeats every 200 ms, before, during and
+    // after the freeze, and notes every answer.
+    let stop = Arc::new(AtomicBool::new(false));
+    let accepted_before = Arc::new(AtomicUsize::new(0));
+    let accepted_after_resume = Arc::new(AtomicUsize::new(0));
+    let resumed = Arc::new(AtomicBool::new(false));
+    let refused = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let beaters: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let url = format!("{base}/api/train/runs/{id}/heartbeat");
+            let (client, stop, before, accepted, resumed, refused) = (
+                client.clone(),
+                stop.clone(),
+                accepted_before.clone(),
+                accepted_after_resume.clone(),
+                resumed.clone(),
+                refused.clone(),
+            );
+            runtime.spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    let sent_after_resume = resumed.load(Ordering::SeqCst);
+                    // A kept-alive connection whose idle timer ran out
+                    // during the freeze is closed on resume: a transport
+                    // error, retried like any.
+                    let Ok(response) = client.post(&url).send().await else {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        continue;
+                    };
+                    let status = response.status();
+                    let bytes = response.bytes().await.unwrap_or_default();
+                    check_answer(&Method::POST, &url, status, &bytes);
+                    let body = String::from_utf8_lossy(&bytes);
+                    match status {
+                        StatusCode::OK if sent_after_resume => {
+                            accepted.fetch_add(1, Ordering::SeqCst);
+                        }
+                        StatusCode::OK => {
+                            before.fetch_add(1, Ordering::SeqCst);
+                        }
+                        // A beat the freeze held past the head's deadline:
+                        // retryable, and the next one follows.
+                        StatusCode::SERVICE_UNAVAILABLE => {}
+                        other => refused.lock().unwrap().push(format!("{other}: {body}")),
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            })
+        })
+        .collect();
+
+    // Healthy before the freeze: every run's beats answered.
+    let until = Instant::now() + HANG;
+    while accepted_before.load(Ordering::SeqCst) < 2 * ids.len() {
+        assert!(Instant::now() < until, "no heartbeat accepted before the freeze");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    head.signal("-STOP");
+    std::thread::sleep(FROZEN);
+    resumed.store(true, Ordering::SeqCst);
+    head.signal("-CONT");
+
+    let until = Instant::now() + HANG;
+    while accepted_after_resume.load(Ordering::SeqCst) < 2 * ids.len() {
+        let refused = refused.lock().unwrap().clone();
+        assert!(refused.is_empty(), "heartbeats refused after the freeze: {refused:?}");
+        assert!(Instant::now() < until, "no heartbeat accepted after the head resumed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    stop.store(true, Ordering::SeqCst);
+    runtime.block_on(async {
+        for beater in beaters {
+            beater.await.unwrap();
+        }
+        for id in &ids {
+            let url = format!("{base}/api/train/runs/{id}");
+            let (status, run) = send(&client, Method::GET, &url, None).await;
+            assert_eq!(status, StatusCode::OK);
+            assert_eq!(run["run_status"], "RUNNING", "a healthy run was aborted: {run}");
+        }
+    });
+    let refused = refused.lock().unwrap();
+    assert!(refused.is_empty(), "heartbeats refused: {refused:?}");
+
+    // The head says why it renewed the leases.
+    let until = Instant::now() + HANG;
+    loop {
+        let line = lines.recv_timeout(until.saturating_duration_since(Instant::now()));
+        let line = line.expect("the head logs that it was not running");
+        if line.contains("was not running") {
+            break;
+        }
+    }
+}
+
+/// The wall clock stepped 120 s forward (two default leases) and back:
+/// leases run on the monotonic clock, so nothing is aborted, and the runs'
+/// heartbeats are accepted. What is shown stays on the wall clock.
+#[tokio::test]
+async fn regression_a_wall_clock_step_aborts_no_run() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let service =
+        launch_state_actor(manual("clock-step", &clock, Duration::from_secs(15))).await.unwrap();
+    let state = service.handle();
+    let run = run_with(&RunId::new_v7(), "stepped", "job1", T0, 4);
+    let id = run.id().clone();
+    state.register(run).await.unwrap();
+    clock.advance_ms(10_000);
+    state.heartbeat(id.clone()).await.unwrap();
+
+    clock.step_wall_ms(120_000);
+    assert_eq!(
+        state.sweep_leases().await.unwrap(),
+        Vec::<RunId>::new(),
+        "a clock step aborted a run"
+    );
+    assert_eq!(state.get_run(id.clone()).await.unwrap().run_status(), RunStatus::Running);
+    state.heartbeat(id.clone()).await.unwrap();
+    let shown = state.get(id.clone()).await.unwrap().last_heartbeat_ms();
+    assert_eq!(shown, Some(T0 + 10_000 + 120_000), "the heartbeat shown is a wall time");
+
+    clock.step_wall_ms(-600_000);
+    assert!(state.sweep_leases().await.unwrap().is_empty());
+    state.heartbeat(id.clone()).await.unwrap();
+    assert_eq!(state.get_run(id).await.unwrap().run_status(), RunStatus::Running);
+    service.shutdown().await;
+}
+
+/// Ordinary expiry still works: a run whose controller really stops is
+/// aborted once its lease has passed on the monotonic clock, with the
+/// head sweeping on time (every 15 s), even while the wall clock is
+/// stepped back (which, with wall-clock leases, postponed the abort).
+#[tokio::test]
+async fn regression_a_silent_run_is_still_aborted_when_its_lease_passes_on_the_monotonic_clock() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let service =
+        launch_state_actor(manual("expiry", &clock, Duration::from_secs(15))).await.unwrap();
+    let state = service.handle();
+    let silent = run_with(&RunId::new_v7(), "silent", "job1", T0, 4);
+    let beating = run_with(&RunId::new_v7(), "beating", "job1", T0, 4);
+    state.register(silent.clone()).await.unwrap();
+    state.register(beating.clone()).await.unwrap();
+
+    for step in 1..=6 {
+        clock.advance_ms(10_000);
+        if step == 3 {
+            clock.step_wall_ms(-300_000);
+        }
+        state.heartbeat(beating.id().clone()).await.unwrap();
+        assert!(state.sweep_leases().await.unwrap().is_empty(), "{}0 s: within the lease", step);
+    }
+    clock.advance_ms(1_000); // 61 s of silence.
+    state.heartbeat(beating.id().clone()).await.unwrap();
+    assert_eq!(state.sweep_leases().await.unwrap(), [silent.id().clone()]);
+    let aborted = state.get_run(silent.id().clone()).await.unwrap();
+    assert_eq!(aborted.run_status(), RunStatus::Aborted);
+    assert!(
+        aborted.status_detail().contains("stopped heartbeating"),
+        "{}",
+        aborted.status_detail()
+    );
+    assert_eq!(state.get_run(beating.id().clone()).await.unwrap().run_status(), RunStatus::Running);
+    service.shutdown().await;
+}
+
+/// A sweep that comes more than two periods late shows that the head was
+/// not running: every live run gets a fresh lease from then (as after a
+/// restart), and so does a rendezvous group still assembling; a run that
+/// stays silent is aborted one lease later, and the group completes when
+/// its last rank arrives.
+#[tokio::test]
+async fn regression_a_late_sweep_renews_leases_instead_of_aborting() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let service =
+        launch_state_actor(manual("late-sweep", &clock, Duration::from_secs(15))).await.unwrap();
+    let state = service.handle();
+    let silent = run_with(&RunId::new_v7(), "silent", "job1", T0, 4);
+    state.register(silent.clone()).await.unwrap();
+    let group = workers(2, 2, "late-");
+    let join = |rank: usize| {
+        Join::new("late-key", 2, group[rank].clone(), "train", "job-7")
+            .unwrap()
+            .with_join_timeout(Duration::from_secs(30))
+            .unwrap()
+    };
+    let rendezvous = state.join_rendezvous(join(0)).await.unwrap().run_id;
+
+    for _ in 0..2 {
+        clock.advance_ms(10_000);
+        assert!(state.sweep_leases().await.unwrap().is_empty());
+    }
+    // Frozen for 100 s: no sweep ran. Both the run's lease (60 s) and the
+    // group's join deadline (30 s) passed while the head could hear nothing.
+    clock.advance_ms(100_000);
+    assert!(state.sweep_leases().await.unwrap().is_empty(), "a late sweep aborted a run");
+    assert_eq!(state.get_run(silent.id().clone()).await.unwrap().run_status(), RunStatus::Running);
+
+    // The group was not closed: its last rank completes it.
+    let complete = state.join_rendezvous(join(1)).await.unwrap();
+    assert_eq!(complete.run_id, rendezvous);
+    assert_eq!(state.get_run(rendezvous.clone()).await.unwrap().run_status(), RunStatus::Running);
+
+    // The renewed lease runs out like any other, the head sweeping on time.
+    for _ in 0..6 {
+        clock.advance_ms(10_000);
+        state.heartbeat(rendezvous.clone()).await.unwrap();
+        assert!(state.sweep_leases().await.unwrap().is_empty(), "within the renewed lease");
+    }
+    clock.advance_ms(1_000);
+    state.heartbeat(rendezvous.clone()).await.unwrap();
+    assert_eq!(state.sweep_leases().await.unwrap(), [silent.id().clone()]);
+    service.shutdown().await;
+}
+
+// --------------------------------------------------------------- item 10
+
+/// A registration whose commit is held past the call deadline answers 503
+/// `timeout` saying the write may have taken effect, and it has: once the
+/// store commits, the run is there. The deadline grows with the document:
+/// a run of 8,192 workers (about 1.7 MiB) waits its allowance more before
+/// the answer (a timer never fires early, so this bound cannot fail
+/// spuriously).
+#[tokio::test]
+async fn regression_a_write_slower_than_its_deadline_says_it_may_have_taken_effect() {
+    let faults = Arc::new(Faults::default());
+    let config =
+        StateConfig::in_memory().with_name(unique_name("slow-write")).with_faults(faults.clone());
+    let server = Server::start(config, HttpConfig::default()).await;
+    let client = Client::builder().timeout(HANG).build().unwrap();
+    let runs = format!("{}/api/train/runs", server.url);
+
+    let run = run_with(&RunId::new_v7(), "big", "job1", T0, 8_192);
+    let body = serde_json::to_value(&run).unwrap();
+    let allowance = deadline_allowance(serde_json::to_vec(&run).unwrap().len() as u64);
+    assert!(allowance > Duration::from_millis(500), "{allowance:?}");
+
+    faults.hold_writer();
+    let started = Instant::now();
+    let (status, answer) = send(&client, Method::POST, &runs, Some(&body)).await;
+    let waited = started.elapsed();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
+    assert_eq!(answer["error"]["code"], "timeout");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(message.contains("may have taken effect"), "{message}");
+    assert!(waited >= DEFAULT_CALL_TIMEOUT + allowance, "answered after {waited:?}: {answer}");
+
+    faults.release_writer();
+    let url = format!("{runs}/{}", run.id());
+    let until = Instant::now() + HANG;
+    loop {
+        let (status, stored) = send(&client, Method::GET, &url, None).await;
+        if status == StatusCode::OK {
+            assert_eq!(stored["name"], "big");
+            break;
+        }
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(Instant::now() < until, "the timed-out write was never committed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Repeating it is safe, and says it was already there.
+    let (status, again) = send(&client, Method::POST, &runs, Some(&body)).await;
+    assert_eq!((status, &again["created"]), (StatusCode::OK, &Value::Bool(false)));
+    server.stop().await;
+}
+
+/// With retention full, an ended run that started before every ended run
+/// kept would be evicted by the commit that stores it: it is refused (409
+/// `conflict`, naming retention) and nothing is stored, neither the run
+/// nor an eviction. A newer ended run is stored and evicts the oldest; a
+/// live run is never evicted, so it is stored whatever its age.
+#[tokio::test]
+async fn regression_a_registration_its_own_commit_evicts_is_refused_and_nothing_stored() {
+    let config = StateConfig::in_memory()
+        .with_name(unique_name("evicted-at-once"))
+        .with_retention(Retention::max_runs(2));
+    let server = Server::start(config, HttpConfig::default()).await;
+    let client = Client::new();
+    let runs = format!("{}/api/train/runs", server.url);
+    let post = |run: &TrainRunInfo| {
+        let (client, runs, body) =
+            (client.clone(), runs.clone(), serde_json::to_value(run).unwrap());
+        async move { send(&client, Method::POST, &runs, Some(&body)).await }
+    };
+    let (kept_a, kept_b) =
+        (ended(&RunId::new_v7(), "a", T0 + 10_000), ended(&RunId::new_v7(), "b", T0 + 20_000));
+    for run in [&kept_a, &kept_b] {
+        assert_eq!(post(run).await.0, StatusCode::CREATED);
+    }
+    let mut events = server.service.handle().subscribe(None).await.unwrap();
+
+    let old = ended(&RunId::new_v7(), "old", T0);
+    let (status, refused) = post(&old).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{refused}");
+    assert_eq!(refused["error"]["code"], "conflict");
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("retention is full") && message.contains("nothing was stored"),
+        "{message}"
+    );
+    assert_eq!(
+        send(&client, Method::GET, &format!("{runs}/{}", old.id()), None).await.0,
+        StatusCode::NOT_FOUND
+    );
+    let state = server.service.handle();
+    let names: Vec<String> = state
+        .list(RunQuery::all())
+        .await
+        .unwrap()
+        .runs
+        .iter()
+        .map(|r| r.parse().unwrap().name().to_owned())
+        .collect();
+    assert_eq!(names, ["b", "a"]);
+    // The same through the typed API.
+    let err = state.register(old.clone()).await.unwrap_err();
+    assert!(matches!(&err, StateError::Conflict { id, .. } if id == old.id()), "{err}");
+
+    // So is the same run forwarded from another cluster's head.
+    let mut foreign = old.clone().into_draft();
+    foreign.id = RunId::new_v7().to_string();
+    foreign.cluster = Some("east".into());
+    let foreign = foreign.validate().unwrap();
+    let err = state.forward(foreign.clone()).await.unwrap_err();
+    assert!(
+        matches!(&err, StateError::Conflict { reason, .. } if reason.contains("retention is full")),
+        "{err}"
+    );
+    assert!(matches!(state.get(foreign.id().clone()).await, Err(StateError::NotFound { .. })));
+
+    // A live run of any age, and a newer ended run, are stored.
+    let live_old = run_with(&RunId::new_v7(), "live-old", "job1", T0 - 1_000, 2);
+    assert_eq!(post(&live_old).await.0, StatusCode::CREATED);
+    let newer = ended(&RunId::new_v7(), "newer", T0 + 30_000);
+    assert_eq!(post(&newer).await.0, StatusCode::CREATED);
+    let names: Vec<String> = state
+        .list(RunQuery::all())
+        .await
+        .unwrap()
+        .runs
+        .iter()
+        .map(|r| r.parse().unwrap().name().to_owned())
+        .collect();
+    assert!(
+        names.contains(&"newer".to_owned()) && names.contains(&"live-old".to_owned()),
+        "{names:?}"
+    );
+    assert!(!names.contains(&"old".to_owned()));
+
+    // The refused registration announced nothing: the first event is the live run's.
+    let first = tokio::time::timeout(HANG, events.receiver.recv()).await.unwrap().unwrap();
+    assert_eq!(&first.run_id, live_old.id(), "{first:?}");
+    server.stop().await;
+}
+
+/// With a shared PostgreSQL store, a heartbeat another head received comes
+/// as that head's wall time, converted on receipt to the sweeping head's
+/// monotonic clock. The sweeping head's wall clock stepped 120 s ahead of
+/// the other's makes that heartbeat look 150 s old; it was not in the
+/// shared table at the previous sweep's read, so it is counted as heard no
+/// earlier than that read, and the run it keeps alive is not aborted. The
+/// silent run is, once its lease has passed on the monotonic clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_clock_step_on_the_sweeping_head_of_a_shared_store_aborts_no_healthy_run() {
+    let Some(fresh) = crate::stores::Store::Postgres.fresh("clock_step_shared").await else {
+        return;
+    };
+    let (clock_a, clock_b) = (Arc::new(ManualClock::new(T0)), Arc::new(ManualClock::new(T0)));
+    let config = |name: &str, clock: &Arc<ManualClock>| {
+        fresh
+            .config_named(&unique_name(name))
+            .with_clock(clock.clone())
+            .with_sweep_interval(Duration::from_secs(15))
+    };
+    let a = launch_state_actor(config("a", &clock_a)).await.unwrap();
+    let b = launch_state_actor(config("b", &clock_b)).await.unwrap();
+    let until = Instant::now() + HANG;
+    while usize::from(a.is_sweeper()) + usize::from(b.is_sweeper()) != 1 {
+        assert!(Instant::now() < until, "no head took the sweep");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let ((sweeper, sweeper_clock), (other, other_clock)) =
+        if a.is_sweeper() { ((a, clock_a), (b, clock_b)) } else { ((b, clock_b), (a, clock_a)) };
+    let both = |ms: u64| {
+        sweeper_clock.advance_ms(ms);
+        other_clock.advance_ms(ms);
+    };
+    let beating = run_with(&RunId::new_v7(), "beating", "job1", T0, 4);
+    let silent = run_with(&RunId::new_v7(), "silent", "job1", T0, 4);
+    for run in [&beating, &silent] {
+        other.handle().register(run.clone()).await.unwrap();
+        sweeper.handle().get(run.id().clone()).await.unwrap();
+    }
+    // The sweeping head sweeps on time, every 10 s.
+    for _ in 0..4 {
+        both(10_000);
+        assert!(sweeper.handle().sweep_leases().await.unwrap().is_empty());
+    }
+    // Heard only by the head that does not sweep; shared within a second.
+    other.handle().heartbeat(beating.id().clone()).await.unwrap();
+    let db = crate::stores::connect(fresh.url().unwrap()).await;
+    let until = Instant::now() + HANG;
+    loop {
+        let row = db.query_one("SELECT count(*) FROM trainstate_heartbeats", &[]).await.unwrap();
+        if row.get::<_, i64>(0) == 1 {
+            break;
+        }
+        assert!(Instant::now() < until, "the heartbeat was never shared");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    sweeper_clock.step_wall_ms(120_000);
+    both(10_000);
+    assert!(sweeper.handle().sweep_leases().await.unwrap().is_empty());
+    both(10_000);
+    assert!(sweeper.handle().sweep_leases().await.unwrap().is_empty());
+    both(10_000); // 70 s of silence; 30 s since the shared heartbeat.
+    assert_eq!(sweeper.handle().sweep_leases().await.unwrap(), [silent.id().clone()]);
+    let stored = sweeper.handle().get_run(beating.id().clone()).await.unwrap();
+    assert_eq!(stored.run_status(), RunStatus::Running);
+    sweeper.shutdown().await;
+    other.shutdown().await;
+}
