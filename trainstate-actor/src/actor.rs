@@ -28,6 +28,9 @@ pub(crate) struct ActorState {
     rendezvous: Rendezvous,
     config: StateConfig,
     writer: Arc<Writer>,
+    /// The writer's generation (failed commits) the working state has
+    /// taken in; every write is stamped with it.
+    generation: u64,
 }
 
 impl Actor for TrainStateActor {
@@ -41,6 +44,8 @@ impl Actor for TrainStateActor {
         args: ActorArgs,
     ) -> Result<ActorState, ActorProcessingErr> {
         let records = args.writer.load().await?;
+        // Loaded after every write queued before: whatever failed is not in it.
+        let generation = args.writer.shared.generation.load(Ordering::SeqCst);
         let now = args.config.clock.now_ms();
         let mut runs = Runs::load(records, now, args.config.lease, args.config.retention);
         runs.exempt_foreign(args.config.cluster.as_deref());
@@ -54,6 +59,7 @@ impl Actor for TrainStateActor {
             rendezvous: Rendezvous::default(),
             config: args.config,
             writer: args.writer,
+            generation,
         })
     }
 
@@ -64,7 +70,7 @@ impl Actor for TrainStateActor {
         state: &mut ActorState,
     ) -> Result<(), ActorProcessingErr> {
         let now = state.config.clock.now_ms();
-        state.absorb(now);
+        state.catch_up(now);
         match message {
             StateMessage::Register { run, reply } => {
                 state.before_write()?;
@@ -216,6 +222,30 @@ impl Actor for TrainStateActor {
 }
 
 impl ActorState {
+    /// Before each decision: takes in what the writer reported and, after
+    /// a failed commit, puts the committed runs back into the working state
+    /// (the failed writes, and those decided after them, are refused).
+    fn catch_up(&mut self, now: u64) {
+        // Read before the inbox and the view: a failure after this read
+        // refuses what is decided now, so the working state can never be
+        // behind the generation its writes are stamped with.
+        let generation = self.writer.shared.generation.load(Ordering::SeqCst);
+        self.absorb(now);
+        if generation != self.generation {
+            let committed = {
+                let view = self.writer.shared.view.read().unwrap_or_else(|e| e.into_inner());
+                view.records()
+            };
+            let home = self.config.cluster.as_deref();
+            let restored = self.runs.restore(committed, now, home);
+            tracing::warn!(
+                runs = restored,
+                "a commit failed: its runs are back to their committed versions"
+            );
+            self.generation = generation;
+        }
+    }
+
     /// Takes in what the writer reported: other heads' changes, refused
     /// writes' stored versions, other heads' heartbeats.
     fn absorb(&mut self, now: u64) {
@@ -251,16 +281,12 @@ impl ActorState {
         }
     }
 
-    /// Checks run before every write: injected faults, and a store that
-    /// failed to commit (the actor then fails, and its supervisor restarts it
-    /// from the store).
+    /// Checks run before every write: injected faults. (A failed commit
+    /// costs no restart: see [`ActorState::catch_up`].)
     fn before_write(&self) -> Result<(), ActorProcessingErr> {
         #[cfg(feature = "fault-injection")]
         if self.config.faults.take_panic() {
             panic!("injected fault: the state actor panics while handling a write");
-        }
-        if self.writer.shared.poisoned.load(Ordering::SeqCst) {
-            return Err("the store failed to commit; restarting to reload it".into());
         }
         Ok(())
     }
@@ -284,6 +310,7 @@ impl ActorState {
                 return;
             }
             Ok(Outcome::Unchanged(answer)) => WriteJob {
+                decided_at: self.generation,
                 ops: Vec::new(),
                 events: Vec::new(),
                 done: Box::new(move |result| {
@@ -293,6 +320,7 @@ impl ActorState {
             Ok(Outcome::Changed(change)) => {
                 let answer = change.answer;
                 WriteJob {
+                    decided_at: self.generation,
                     ops: change.ops,
                     events: change.events,
                     done: Box::new(move |result| {

@@ -6,6 +6,7 @@ mod durability;
 mod events;
 mod forwarding;
 mod hardening;
+mod hardening_store;
 mod http_api;
 mod lifecycle;
 mod listing;

@@ -123,6 +123,14 @@ struct ServeArgs {
     /// SQLite synchronous=NORMAL instead of FULL (faster; the last commits may be lost on power loss).
     #[arg(long, env = "TRAINSTATE_SYNC_NORMAL")]
     sync_normal: bool,
+    /// Move stored runs that do not load (a damaged row) aside into the store's
+    /// quarantine table, logging each, and start without them.
+    #[arg(long, env = "TRAINSTATE_QUARANTINE_CORRUPT")]
+    quarantine_corrupt: bool,
+    /// Start although the data directory was in use and its store file is now
+    /// missing or empty (0 bytes): begins a new, empty store.
+    #[arg(long, env = "TRAINSTATE_ALLOW_EMPTY_STORE")]
+    allow_empty_store: bool,
     /// Drive a few simulated runs so there is something to look at.
     #[arg(long, env = "TRAINSTATE_DEMO")]
     demo: bool,
