@@ -577,3 +577,50 @@ on_both_stores! {
         service.shutdown().await;
     }
 }
+
+/// Item 15 (backups): `trainstate backup` copies the store of a running
+/// head consistently (what is still in its WAL included); the copy, put in
+/// place in another directory, starts with every acknowledged run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backup_of_a_running_head_restores_every_acknowledged_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = Client::new();
+    let head = Head::start(dir.path(), &[], &[]).unwrap();
+    let mut acknowledged = Vec::new();
+    for i in 0..25 {
+        let (status, body, _) = register(&client, &head.url, &format!("b{i}"), i).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        acknowledged.push(body["run"].clone());
+    }
+    let copy = dir.path().join("copy.db");
+    let output = Command::new(env!("CARGO_BIN_EXE_trainstate"))
+        .args(["backup", "--data-dir"])
+        .arg(dir.path())
+        .arg(&copy)
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{printed} {}", String::from_utf8_lossy(&output.stderr));
+    assert!(printed.contains("backed up 25 runs"), "{printed}");
+    // It never overwrites.
+    let again = Command::new(env!("CARGO_BIN_EXE_trainstate"))
+        .args(["backup", "--data-dir"])
+        .arg(dir.path())
+        .arg(&copy)
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("refusing to overwrite"));
+    drop(head);
+
+    let restored = tempfile::tempdir().unwrap();
+    std::fs::copy(&copy, db(restored.path())).unwrap();
+    let head = Head::start(restored.path(), &[], &[]).unwrap();
+    for run in &acknowledged {
+        let id = run["id"].as_str().unwrap();
+        let (status, body) =
+            send(&client, Method::GET, &format!("{}/api/train/runs/{id}", head.url), None).await;
+        assert_eq!(status, StatusCode::OK, "{id}: {body}");
+        assert_eq!(without_heartbeat(body), without_heartbeat(run.clone()));
+    }
+}

@@ -1,8 +1,9 @@
 //! The command line: `serve`, `runs list`, `runs show`, `schema`,
-//! `ingest ray-export`.
+//! `ingest ray-export`, `backup`.
 //!
 //! Environment variables are read here, at the edge, and nowhere else.
 
+mod backup;
 mod client;
 mod demo;
 mod duration;
@@ -37,6 +38,10 @@ enum Command {
         /// The type, for example TrainRunInfo.
         r#type: Option<String>,
     },
+    /// Copy a SQLite store consistently, while a head serves from it or not
+    /// (restore: stop the head, put the copy in place as trainstate.db, and
+    /// remove trainstate.db-wal and trainstate.db-shm).
+    Backup(backup::BackupArgs),
     /// Apply another system's record of its runs to a head service.
     Ingest {
         #[command(subcommand)]
@@ -194,5 +199,6 @@ pub(crate) fn main() -> ExitCode {
         Command::Runs { command } => client::runs(command),
         Command::Schema { r#type } => client::schema(r#type.as_deref()),
         Command::Ingest { command } => ingest::run(command),
+        Command::Backup(args) => backup::run(args),
     }
 }

@@ -90,6 +90,9 @@ pub(crate) struct SqliteStore {
     quarantine: bool,
 }
 
+/// A stored run's id, and its JSON or why it cannot be read as text.
+type StoredRow = (String, Result<String, String>);
+
 /// Where runs that do not load are moved by `--quarantine-corrupt`.
 pub(crate) const QUARANTINE_TABLE: &str = "quarantined_runs";
 
@@ -176,7 +179,7 @@ impl SqliteStore {
     }
 
     /// Every stored run: its id and its JSON, or why the JSON cannot be read.
-    fn load_json(&self) -> Result<Vec<(String, Result<String, String>)>, rusqlite::Error> {
+    fn load_json(&self) -> Result<Vec<StoredRow>, rusqlite::Error> {
         let mut stmt = self.conn.prepare("SELECT CAST(id AS TEXT), json FROM runs")?;
         let rows = stmt.query_map([], |row| {
             let id = row.get::<_, Option<String>>(0)?.unwrap_or_default();
