@@ -226,6 +226,7 @@ impl Writer {
                     store,
                     shared: thread_shared,
                     clock,
+                    last_failure: String::new(),
                     #[cfg(feature = "fault-injection")]
                     faults,
                 };
@@ -366,6 +367,8 @@ struct WriterThread {
     store: Option<Box<dyn Store>>,
     shared: Arc<Shared>,
     clock: Arc<dyn crate::clock::Clock>,
+    /// Why the last failed commit failed, for the writes refused after it.
+    last_failure: String,
     #[cfg(feature = "fault-injection")]
     faults: Arc<crate::faults::Faults>,
 }
@@ -511,10 +514,11 @@ impl WriterThread {
             batch.into_iter().partition(|job| job.decided_at >= generation);
         for job in doomed {
             shared.in_flight.fetch_sub(1, Ordering::SeqCst);
-            (job.done)(Err(StateError::unavailable(
-                "the store could not commit a write that this one was decided after; \
+            (job.done)(Err(StateError::unavailable(format!(
+                "the store could not commit a write that this one was decided after ({}); \
                  nothing of this request was written; retry",
-            )));
+                self.last_failure
+            ))));
         }
         if batch.is_empty() {
             return;
@@ -558,6 +562,7 @@ impl WriterThread {
                 }
                 Err(err) => {
                     tracing::error!(error = %err, writes = batch.len(), "store commit failed; answering these writes unavailable, reads go on");
+                    self.last_failure.clone_from(&err);
                     shared.stats.failures.fetch_add(1, Ordering::Relaxed);
                     shared.writable.store(false, Ordering::SeqCst);
                     // Every write decided before the actor takes this in is

@@ -257,7 +257,9 @@ async fn regression_a_full_disk_answers_writes_503_serves_reads_and_recovers_wit
         }
         i += 1;
     }
+    let after_fill = acknowledged.len() - 20;
     // More failed commits than the old restart budget (10 in 10 s).
+    let full_since = Instant::now();
     for _ in 0..30 {
         let (status, body, id) = register(&client, &url, &format!("full{i}"), i).await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
@@ -283,9 +285,17 @@ async fn regression_a_full_disk_answers_writes_503_serves_reads_and_recovers_wit
     assert_eq!(metric(&client, &url, "trainstate_store_writable").await, 0.0);
     assert!(metric(&client, &url, "trainstate_store_commit_failures_total").await >= 31.0);
 
+    let full_for = full_since.elapsed();
     // Space returns: the next write succeeds, by itself, with no restart.
     std::fs::remove_file(&filler).unwrap();
+    let freed = Instant::now();
     let (status, body, _) = register(&client, &url, "after", i).await;
+    eprintln!(
+        "measured: {after_fill} writes acknowledged after the disk filled, then {} refused \
+         (30 in {full_for:?}); the first write after space returned answered {status} in {:?}",
+        refused.len(),
+        freed.elapsed()
+    );
     assert_eq!(status, StatusCode::CREATED, "{body}");
     acknowledged.push(body["run"].clone());
     assert_eq!(metric(&client, &url, "trainstate_store_writable").await, 1.0);
@@ -353,7 +363,8 @@ async fn regression_a_failed_commit_costs_no_restart_and_what_was_decided_on_it_
     }
     match second.await.unwrap() {
         Err(StateError::Unavailable { reason }) => {
-            assert!(reason.contains("nothing of this request was written"), "{reason}")
+            assert!(reason.contains("nothing of this request was written"), "{reason}");
+            assert!(reason.contains("database or disk is full"), "says why: {reason}");
         }
         other => panic!("a write decided on a failed one must be refused: {other:?}"),
     }
