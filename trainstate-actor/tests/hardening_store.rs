@@ -399,6 +399,121 @@ async fn regression_a_failed_commit_costs_no_restart_and_what_was_decided_on_it_
     service.shutdown().await;
 }
 
+/// Item 1, under concurrency: with commits failing now and then while 8
+/// clients register runs and finish them, every acknowledged write is
+/// stored and no refused one is (a finish refused leaves its run live), in
+/// the view and after a restart from the store; and the actor never
+/// restarts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_failed_commits_amid_concurrent_writes_store_exactly_what_was_acknowledged() {
+    use trainstate_client::RunQuery;
+    use trainstate_schema::RunStatus;
+
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(Faults::default());
+    let path = dir.path().join("state.db");
+    let name = crate::common::unique_name("concurrent_failures");
+    let config = trainstate_actor::StateConfig::sqlite(&path)
+        .with_name(name.clone())
+        .with_faults(faults.clone());
+    let service = Arc::new(launch_state_actor(config).await.unwrap());
+    let state = service.handle().with_timeout(Duration::from_secs(30));
+
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Fails a commit after every 15 committed writes.
+    let injector = tokio::spawn({
+        let (service, faults, done) = (service.clone(), faults.clone(), done.clone());
+        async move {
+            let stats = service.store_stats();
+            while !done.load(Ordering::SeqCst) {
+                let at = stats.writes.load(Ordering::SeqCst);
+                faults.fail_next_commit();
+                while !done.load(Ordering::SeqCst) && stats.writes.load(Ordering::SeqCst) < at + 15
+                {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+        }
+    });
+    let clients: Vec<_> = (0..8u64)
+        .map(|client| {
+            let state = state.clone();
+            tokio::spawn(async move {
+                // (id, registration acknowledged, finish acknowledged)
+                let mut outcomes = Vec::new();
+                for i in 0..40 {
+                    let r = run(&format!("c{client}-{i}"), T0 + client * 100 + i);
+                    let id = r.id().clone();
+                    let registered = match state.register(r).await {
+                        Ok(_) => true,
+                        Err(StateError::Unavailable { .. }) => false,
+                        Err(other) => panic!("{other:?}"),
+                    };
+                    let finished = registered
+                        && match state
+                            .set_status(id.clone(), StatusUpdate::finished().ended_at(T0 + 10_000))
+                            .await
+                        {
+                            Ok(_) => true,
+                            Err(StateError::Unavailable { .. }) => false,
+                            Err(other) => panic!("{other:?}"),
+                        };
+                    outcomes.push((id, registered, finished));
+                }
+                outcomes
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for client in clients {
+        outcomes.extend(client.await.unwrap());
+    }
+    done.store(true, Ordering::SeqCst);
+    injector.await.unwrap();
+    let failures = service.store_stats().failures.load(Ordering::SeqCst);
+    assert!(failures >= 5, "only {failures} commits failed");
+    assert!(outcomes.iter().any(|(_, registered, _)| !registered));
+    assert!(outcomes.iter().any(|(_, registered, finished)| *registered && !*finished));
+    assert_eq!(service.actor_restarts(), 0);
+
+    let check = |stored: std::collections::HashMap<String, RunStatus>, when: &str| {
+        for (id, registered, finished) in &outcomes {
+            let found = stored.get(id.as_str());
+            match (registered, finished) {
+                (false, _) => assert_eq!(found, None, "{when}: refused registration {id} stored"),
+                (true, true) => assert_eq!(found, Some(&RunStatus::Finished), "{when}: {id}"),
+                (true, false) => assert!(
+                    found.is_some_and(|s| !s.is_terminal()),
+                    "{when}: refused finish of {id} stored, or the run lost: {found:?}"
+                ),
+            }
+        }
+        assert_eq!(
+            stored.len(),
+            outcomes.iter().filter(|(_, registered, _)| *registered).count(),
+            "{when}"
+        );
+    };
+    let listed =
+        |page: trainstate_client::RunPage| -> std::collections::HashMap<String, RunStatus> {
+            page.runs
+                .iter()
+                .map(|doc| {
+                    let run: trainstate_schema::TrainRunInfo =
+                        serde_json::from_str(&doc.body().to_string()).unwrap();
+                    (run.id().to_string(), run.status())
+                })
+                .collect()
+        };
+    check(listed(state.list(RunQuery::all()).await.unwrap()), "served");
+    service.shutdown().await;
+    let service = launch_state_actor(trainstate_actor::StateConfig::sqlite(&path).with_name(name))
+        .await
+        .unwrap();
+    check(listed(service.handle().list(RunQuery::all()).await.unwrap()), "stored");
+    service.shutdown().await;
+}
+
 /// Item 1: a head whose supervisor gives up on the state actor (it failed
 /// too often) logs why and exits non-zero, so that a service manager
 /// restarts it (it used to stay up answering 503 to everything, and exit 0
