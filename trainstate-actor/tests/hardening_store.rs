@@ -500,7 +500,7 @@ async fn regression_failed_commits_amid_concurrent_writes_store_exactly_what_was
                 .iter()
                 .map(|doc| {
                     let run: trainstate_schema::TrainRunInfo =
-                        serde_json::from_str(&doc.body().to_string()).unwrap();
+                        serde_json::from_str(doc.body().as_ref()).unwrap();
                     (run.id().to_string(), run.status())
                 })
                 .collect()
