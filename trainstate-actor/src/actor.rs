@@ -238,7 +238,8 @@ impl ActorState {
             };
             let home = self.config.cluster.as_deref();
             let restored = self.runs.restore(committed, now, home);
-            tracing::warn!(
+            // The failed commit itself is logged (as an error) by the writer.
+            tracing::debug!(
                 runs = restored,
                 "a commit failed: its runs are back to their committed versions"
             );
