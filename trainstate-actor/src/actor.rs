@@ -32,6 +32,9 @@ pub(crate) struct ActorState {
     /// monotonic clock: a sweep much later than its period shows that the
     /// head was not running.
     last_sweep_mono_ms: u64,
+    /// The writer's generation (failed commits) the working state has
+    /// taken in; every write is stamped with it.
+    generation: u64,
 }
 
 impl Actor for TrainStateActor {
@@ -45,6 +48,8 @@ impl Actor for TrainStateActor {
         args: ActorArgs,
     ) -> Result<ActorState, ActorProcessingErr> {
         let records = args.writer.load().await?;
+        // Loaded after every write queued before: whatever failed is not in it.
+        let generation = args.writer.shared.generation.load(Ordering::SeqCst);
         let now = args.config.clock.now_ms();
         let mono = args.config.clock.monotonic_ms();
         let mut runs =
@@ -61,6 +66,7 @@ impl Actor for TrainStateActor {
             config: args.config,
             writer: args.writer,
             last_sweep_mono_ms: mono,
+            generation,
         })
     }
 
@@ -72,7 +78,7 @@ impl Actor for TrainStateActor {
     ) -> Result<(), ActorProcessingErr> {
         let now = state.config.clock.now_ms();
         state.runs.set_monotonic(state.config.clock.monotonic_ms());
-        state.absorb(now);
+        state.catch_up(now);
         match message {
             StateMessage::Register { run, reply } => {
                 state.before_write()?;
@@ -248,6 +254,31 @@ impl ActorState {
         }
     }
 
+    /// Before each decision: takes in what the writer reported and, after
+    /// a failed commit, puts the committed runs back into the working state
+    /// (the failed writes, and those decided after them, are refused).
+    fn catch_up(&mut self, now: u64) {
+        // Read before the inbox and the view: a failure after this read
+        // refuses what is decided now, so the working state can never be
+        // behind the generation its writes are stamped with.
+        let generation = self.writer.shared.generation.load(Ordering::SeqCst);
+        self.absorb(now);
+        if generation != self.generation {
+            let committed = {
+                let view = self.writer.shared.view.read().unwrap_or_else(|e| e.into_inner());
+                view.records()
+            };
+            let home = self.config.cluster.as_deref();
+            let restored = self.runs.restore(committed, now, home);
+            // The failed commit itself is logged (as an error) by the writer.
+            tracing::debug!(
+                runs = restored,
+                "a commit failed: its runs are back to their committed versions"
+            );
+            self.generation = generation;
+        }
+    }
+
     /// Takes in what the writer reported: other heads' changes, refused
     /// writes' stored versions, other heads' heartbeats.
     fn absorb(&mut self, now: u64) {
@@ -283,16 +314,12 @@ impl ActorState {
         }
     }
 
-    /// Checks run before every write: injected faults, and a store that
-    /// failed to commit (the actor then fails, and its supervisor restarts it
-    /// from the store).
+    /// Checks run before every write: injected faults. (A failed commit
+    /// costs no restart: see [`ActorState::catch_up`].)
     fn before_write(&self) -> Result<(), ActorProcessingErr> {
         #[cfg(feature = "fault-injection")]
         if self.config.faults.take_panic() {
             panic!("injected fault: the state actor panics while handling a write");
-        }
-        if self.writer.shared.poisoned.load(Ordering::SeqCst) {
-            return Err("the store failed to commit; restarting to reload it".into());
         }
         Ok(())
     }
@@ -316,6 +343,7 @@ impl ActorState {
                 return;
             }
             Ok(Outcome::Unchanged(answer)) => WriteJob {
+                decided_at: self.generation,
                 ops: Vec::new(),
                 events: Vec::new(),
                 done: Box::new(move |result| {
@@ -325,6 +353,7 @@ impl ActorState {
             Ok(Outcome::Changed(change)) => {
                 let answer = change.answer;
                 WriteJob {
+                    decided_at: self.generation,
                     ops: change.ops,
                     events: change.events,
                     done: Box::new(move |result| {

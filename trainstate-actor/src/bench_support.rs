@@ -48,6 +48,7 @@ impl StoreBench {
             record: Some(record.clone()),
         };
         self.writer.submit(WriteJob {
+            decided_at: self.writer.shared.generation.load(std::sync::atomic::Ordering::SeqCst),
             ops: vec![StoreOp::Put(record)],
             events: vec![event],
             done: Box::new(done),

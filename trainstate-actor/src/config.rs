@@ -55,6 +55,11 @@ pub struct StateConfig {
     /// with it. Runs of other clusters (forwarded to this head as a hub)
     /// change only through forwarding and are never aborted by its sweep.
     pub cluster: Option<String>,
+    /// Runs whose stored form does not load are moved aside (SQLite: the
+    /// table `quarantined_runs`; PostgreSQL: `trainstate_quarantined_runs`),
+    /// logged one by one, and the store starts without them; otherwise such
+    /// a run refuses the store, naming the run.
+    pub quarantine_corrupt: bool,
     /// Test-only fault hooks.
     #[cfg(feature = "fault-injection")]
     pub faults: Arc<crate::faults::Faults>,
@@ -90,6 +95,7 @@ impl StateConfig {
             event_backlog_bytes: DEFAULT_EVENT_BACKLOG_BYTES,
             clock: Arc::new(SystemClock),
             cluster: None,
+            quarantine_corrupt: false,
             #[cfg(feature = "fault-injection")]
             faults: Arc::default(),
         }
@@ -155,6 +161,13 @@ impl StateConfig {
         if let StoreConfig::Sqlite { synchronous, .. } = &mut self.store {
             *synchronous = level;
         }
+        self
+    }
+
+    /// Moves runs that do not load aside instead of refusing the store (see
+    /// [`StateConfig::quarantine_corrupt`]).
+    pub fn with_quarantine_corrupt(mut self, quarantine: bool) -> Self {
+        self.quarantine_corrupt = quarantine;
         self
     }
 

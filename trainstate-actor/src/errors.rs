@@ -39,6 +39,27 @@ pub enum StoreError {
     /// A stored run does not parse: the file was changed by something else.
     #[error("store holds a run that does not parse: {0}")]
     Corrupt(String),
+    /// A stored run does not load (its row was damaged): the store is
+    /// refused, naming the run and how to start without it.
+    #[error(
+        "store {store}: run {id} does not load ({reason}){more}; nothing was changed. \
+         Restore the store from a backup, or start with --quarantine-corrupt \
+         (StateConfig::with_quarantine_corrupt) to move such runs aside into the table \
+         {table} (kept, not deleted) and start without them",
+        more = match others { 0 => String::new(), n => format!(", and {n} more run(s) do not load either") }
+    )]
+    CorruptRun {
+        /// The database file or URL (password hidden).
+        store: String,
+        /// The id the run is stored under.
+        id: String,
+        /// Why it does not load.
+        reason: String,
+        /// How many other runs do not load either.
+        others: usize,
+        /// Where `--quarantine-corrupt` would move them.
+        table: &'static str,
+    },
     /// The thread that writes the store could not start, or has stopped.
     #[error("the store writer {0}")]
     Writer(&'static str),

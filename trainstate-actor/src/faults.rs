@@ -8,6 +8,7 @@ use std::sync::{Condvar, Mutex};
 #[derive(Debug, Default)]
 pub struct Faults {
     panic_on_next_write: AtomicBool,
+    panic_on_every_write: AtomicBool,
     fail_next_commit: AtomicBool,
     writer_held: Mutex<bool>,
     writer_released: Condvar,
@@ -17,6 +18,11 @@ impl Faults {
     /// The actor panics while handling its next write request.
     pub fn panic_on_next_write(&self) {
         self.panic_on_next_write.store(true, Ordering::SeqCst);
+    }
+
+    /// The actor panics while handling every write request from now on.
+    pub fn panic_on_every_write(&self) {
+        self.panic_on_every_write.store(true, Ordering::SeqCst);
     }
 
     /// The store's next commit fails, as a full disk would make it.
@@ -37,6 +43,7 @@ impl Faults {
 
     pub(crate) fn take_panic(&self) -> bool {
         self.panic_on_next_write.swap(false, Ordering::SeqCst)
+            || self.panic_on_every_write.load(Ordering::SeqCst)
     }
 
     pub(crate) fn take_commit_failure(&self) -> bool {

@@ -118,21 +118,38 @@ impl Actor for StateSupervisor {
             return Ok(());
         }
         state.child = None;
-        tracing::error!(reason = %why, "state actor stopped; restarting it from the store");
         let now = Instant::now();
         state.restarts.retain(|at| now.duration_since(*at) < RESTART_WINDOW);
         if state.restarts.len() >= MAX_RESTARTS {
-            return Err(format!(
-                "the state actor failed {MAX_RESTARTS} times within {RESTART_WINDOW:?}; giving up"
-            )
-            .into());
+            state.give_up(
+                &myself,
+                format!(
+                    "the state actor failed {} times within {RESTART_WINDOW:?} (last: {why})",
+                    MAX_RESTARTS + 1
+                ),
+            );
+            return Ok(());
         }
+        tracing::error!(reason = %why, "state actor stopped; restarting it from the store");
         state.restarts.push_back(now);
-        state.spawn_child(&myself).await
+        state.writer.shared.actor_restarts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if let Err(err) = state.spawn_child(&myself).await {
+            state.give_up(&myself, format!("the state actor could not be restarted: {err}"));
+        }
+        Ok(())
     }
 }
 
 impl SupervisorState {
+    /// Stops for good: logs why, tells whoever waits on
+    /// [`StateService::gave_up`], and stops (closing the store after what is
+    /// queued). Nothing answers requests any more: the process should exit.
+    fn give_up(&mut self, myself: &ActorRef<SupervisorMessage>, reason: String) {
+        tracing::error!(reason = %reason, "giving up on the state actor");
+        self.writer.shared.gave_up.send_replace(Some(reason.clone()));
+        myself.stop(Some(reason));
+    }
+
     async fn spawn_child(
         &mut self,
         myself: &ActorRef<SupervisorMessage>,
@@ -152,6 +169,9 @@ impl SupervisorState {
                 Err(SpawnErr::ActorAlreadyRegistered(_)) if Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(2)).await;
                 }
+                // Why it failed (a store that does not load), not ractor's
+                // wrapping of it, which speaks of a panic.
+                Err(SpawnErr::StartupFailed(why)) => return Err(why),
                 Err(err) => return Err(err.into()),
             }
         }
@@ -209,6 +229,39 @@ impl StateService {
     /// Committed runs.
     pub fn run_count(&self) -> usize {
         self.shared.view.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Restarts of the state actor by its supervisor (after a panic).
+    pub fn actor_restarts(&self) -> u64 {
+        self.shared.actor_restarts.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// False from a failed commit until a commit succeeds again: writes are
+    /// answered `Unavailable` meanwhile, reads are served.
+    pub fn store_writable(&self) -> bool {
+        self.shared.writable.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Why the supervisor gave up on the state actor, if it has.
+    pub fn failure(&self) -> Option<String> {
+        self.shared.gave_up.borrow().clone()
+    }
+
+    /// Resolves once the supervisor has given up on the state actor (it
+    /// failed too often), with the reason. The service then answers nothing:
+    /// a process should log the reason and exit non-zero, so that its
+    /// service manager restarts it.
+    pub async fn gave_up(&self) -> String {
+        let mut changes = self.shared.gave_up.subscribe();
+        let reason = match changes.wait_for(Option::is_some).await {
+            Ok(reason) => reason.clone(),
+            // The sender lives as long as `self`.
+            Err(_) => None,
+        };
+        match reason {
+            Some(reason) => reason,
+            None => std::future::pending().await,
+        }
     }
 
     /// Current event subscribers.

@@ -40,6 +40,10 @@ pub(crate) type Completion = Box<dyn FnOnce(Result<(), StateError>) + Send>;
 
 /// One write request's changes, committed atomically with its group.
 pub(crate) struct WriteJob {
+    /// The writer's [`Shared::generation`] the actor had taken in when it
+    /// decided this write: an older one means the write may build on a
+    /// write that failed, so it is refused.
+    pub(crate) decided_at: u64,
     pub(crate) ops: Vec<StoreOp>,
     pub(crate) events: Vec<PendingEvent>,
     pub(crate) done: Completion,
@@ -116,9 +120,16 @@ pub(crate) struct Shared {
     pub(crate) events: broadcast::Sender<StateEvent>,
     /// Write requests handed to the writer and not yet answered.
     pub(crate) in_flight: AtomicUsize,
-    /// Set when a commit failed: the writer refuses writes until the store
-    /// is loaded again (the actor restarts to do that).
-    pub(crate) poisoned: AtomicBool,
+    /// How many commits have failed. Each failure refuses every write
+    /// decided before the actor took it in (see [`WriteJob::decided_at`]);
+    /// the actor then puts the committed runs back into its working state.
+    pub(crate) generation: AtomicU64,
+    /// False from a failed commit until a commit succeeds again.
+    pub(crate) writable: AtomicBool,
+    /// Restarts of the state actor by its supervisor.
+    pub(crate) actor_restarts: AtomicU64,
+    /// Why the supervisor gave up on the state actor, once it has.
+    pub(crate) gave_up: tokio::sync::watch::Sender<Option<String>>,
     pub(crate) stats: Arc<StoreStats>,
     /// True when other heads share the store.
     pub(crate) shared_store: bool,
@@ -176,7 +187,10 @@ impl Writer {
             view: RwLock::new(View::new(config.event_backlog, config.event_backlog_bytes)),
             events: broadcast::channel(EVENT_CHANNEL_CAPACITY).0,
             in_flight: AtomicUsize::new(0),
-            poisoned: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
+            writable: AtomicBool::new(true),
+            actor_restarts: AtomicU64::new(0),
+            gave_up: tokio::sync::watch::channel(None).0,
             stats: Arc::default(),
             shared_store,
             sweeper: Arc::new(AtomicBool::new(!shared_store)),
@@ -189,6 +203,7 @@ impl Writer {
         // started or stopped inside the caller's.
         let (opened, is_open) = mpsc::sync_channel(1);
         let store_config = config.store.clone();
+        let quarantine = config.quarantine_corrupt;
         let (queue, sweeper) = (jobs.clone(), shared.sweeper.clone());
         let thread_shared = shared.clone();
         let clock = config.clock.clone();
@@ -197,7 +212,7 @@ impl Writer {
         let handle = std::thread::Builder::new()
             .name("trainstate-writer".into())
             .spawn(move || {
-                let store = match open(&store_config, queue, sweeper) {
+                let store = match open(&store_config, quarantine, queue, sweeper) {
                     Ok(store) => {
                         let _ = opened.send(Ok(()));
                         store
@@ -211,6 +226,7 @@ impl Writer {
                     store,
                     shared: thread_shared,
                     clock,
+                    last_failure: String::new(),
                     #[cfg(feature = "fault-injection")]
                     faults,
                 };
@@ -325,18 +341,19 @@ impl Drop for Writer {
 /// Opens the store of `config` (on the writer thread).
 fn open(
     config: &StoreConfig,
+    quarantine: bool,
     #[cfg_attr(not(feature = "postgres"), allow(unused_variables))] jobs: JobQueue,
     #[cfg_attr(not(feature = "postgres"), allow(unused_variables))] sweeper: Arc<AtomicBool>,
 ) -> Result<Option<Box<dyn Store>>, StoreError> {
     Ok(match config {
         StoreConfig::Sqlite { path, synchronous } => {
-            Some(Box::new(SqliteStore::open(path, *synchronous)?))
+            Some(Box::new(SqliteStore::open(path, *synchronous)?.quarantining(quarantine)))
         }
         StoreConfig::InMemory => None,
         #[cfg(feature = "postgres")]
-        StoreConfig::Postgres(pg) => {
-            Some(Box::new(crate::store::postgres::PgStore::open(pg, jobs, sweeper)?))
-        }
+        StoreConfig::Postgres(pg) => Some(Box::new(
+            crate::store::postgres::PgStore::open(pg, jobs, sweeper)?.quarantining(quarantine),
+        )),
         #[cfg(not(feature = "postgres"))]
         StoreConfig::Postgres(_) => {
             return Err(StoreError::Unsupported(
@@ -350,6 +367,8 @@ struct WriterThread {
     store: Option<Box<dyn Store>>,
     shared: Arc<Shared>,
     clock: Arc<dyn crate::clock::Clock>,
+    /// Why the last failed commit failed, for the writes refused after it.
+    last_failure: String,
     #[cfg(feature = "fault-injection")]
     faults: Arc<crate::faults::Faults>,
 }
@@ -411,8 +430,7 @@ impl WriterThread {
     /// heartbeats), then answers whoever asked.
     fn follow(&mut self, heartbeats: &mut bool, replies: &mut Vec<oneshot::Sender<()>>) {
         let shared = self.shared.clone();
-        let usable = !shared.poisoned.load(Ordering::SeqCst);
-        if let Some(store) = self.store.as_deref_mut().filter(|s| usable && s.is_shared()) {
+        if let Some(store) = self.store.as_deref_mut().filter(|s| s.is_shared()) {
             let beats: Vec<(RunId, u64)> =
                 shared.beats.lock().unwrap_or_else(|e| e.into_inner()).drain().collect();
             if !beats.is_empty()
@@ -488,17 +506,33 @@ impl WriterThread {
 
         let shared = self.shared.clone();
         let shared = &*shared;
+        // A write decided before the actor took in a failed commit may
+        // build on what failed (a run the failed write registered, a status
+        // it set): it is refused, and writes nothing.
+        let generation = shared.generation.load(Ordering::SeqCst);
+        let (batch, doomed): (Vec<WriteJob>, Vec<WriteJob>) =
+            batch.into_iter().partition(|job| job.decided_at >= generation);
+        for job in doomed {
+            shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+            (job.done)(Err(StateError::unavailable(format!(
+                "the store could not commit a write that this one was decided after ({}); \
+                 nothing of this request was written; retry",
+                self.last_failure
+            ))));
+        }
+        if batch.is_empty() {
+            return;
+        }
         let has_ops = batch.iter().any(|job| !job.ops.is_empty());
-        let result = if shared.poisoned.load(Ordering::SeqCst) {
-            Err("an earlier commit failed; the state actor is reloading the store".to_owned())
-        } else {
+        let result = {
             let started = Instant::now();
             #[cfg(feature = "fault-injection")]
             let injected = has_ops && self.faults.take_commit_failure();
             #[cfg(not(feature = "fault-injection"))]
             let injected = false;
+            let shared_store = self.store.as_deref().is_some_and(|s| s.is_shared());
             let result = match self.store.as_deref_mut() {
-                _ if injected => Err("injected fault: disk I/O error".to_owned()),
+                _ if injected => Err("injected fault: database or disk is full".to_owned()),
                 Some(store) if has_ops => {
                     let changes: Vec<JobChanges<'_>> = batch
                         .iter()
@@ -521,13 +555,31 @@ impl WriterThread {
                     stats
                         .commit_micros
                         .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+                    if !shared.writable.swap(true, Ordering::SeqCst) {
+                        tracing::warn!("the store commits again");
+                    }
                     Ok(committed)
                 }
                 Err(err) => {
-                    tracing::error!(error = %err, writes = batch.len(), "store commit failed");
+                    tracing::error!(error = %err, writes = batch.len(), "store commit failed; answering these writes unavailable, reads go on");
+                    self.last_failure.clone_from(&err);
                     shared.stats.failures.fetch_add(1, Ordering::Relaxed);
-                    shared.poisoned.store(true, Ordering::SeqCst);
-                    Err(format!("the store failed to commit: {err}"))
+                    shared.writable.store(false, Ordering::SeqCst);
+                    // Every write decided before the actor takes this in is
+                    // refused from now on; the actor puts the committed runs
+                    // back before it decides another (no restart).
+                    shared.generation.fetch_add(1, Ordering::SeqCst);
+                    Err(if shared_store {
+                        format!(
+                            "the store did not confirm the commit ({err}); the write may not \
+                             have taken effect; retry (a repeated write is a no-op)"
+                        )
+                    } else {
+                        format!(
+                            "the store cannot write ({err}); nothing of this request was \
+                             written; retry when the store can write again"
+                        )
+                    })
                 }
             }
         };
@@ -604,7 +656,6 @@ impl WriterThread {
         shared.view.write().unwrap_or_else(|e| e.into_inner()).replace_all(&records);
         // The loaded runs include everything the inbox held.
         shared.take_inbox();
-        shared.poisoned.store(false, Ordering::SeqCst);
         Ok(records)
     }
 }

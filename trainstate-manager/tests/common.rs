@@ -90,6 +90,12 @@ impl trainstate_actor::Clock for TestClock {
     fn now_ms(&self) -> u64 {
         TestClock::now_ms(self)
     }
+
+    /// Time here only passes (`advance`), never steps: the monotonic
+    /// reading is the same counter.
+    fn monotonic_ms(&self) -> u64 {
+        TestClock::now_ms(self)
+    }
 }
 
 impl trainstate_manager::Clock for TestClock {

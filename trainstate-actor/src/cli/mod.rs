@@ -1,8 +1,9 @@
 //! The command line: `serve`, `runs list`, `runs show`, `schema`,
-//! `ingest ray-export`.
+//! `ingest ray-export`, `backup`.
 //!
 //! Environment variables are read here, at the edge, and nowhere else.
 
+mod backup;
 mod client;
 mod demo;
 mod duration;
@@ -37,6 +38,10 @@ enum Command {
         /// The type, for example TrainRunInfo.
         r#type: Option<String>,
     },
+    /// Copy a SQLite store consistently, while a head serves from it or not
+    /// (restore: stop the head, put the copy in place as trainstate.db, and
+    /// remove trainstate.db-wal and trainstate.db-shm).
+    Backup(backup::BackupArgs),
     /// Apply another system's record of its runs to a head service.
     Ingest {
         #[command(subcommand)]
@@ -134,6 +139,14 @@ struct ServeArgs {
     /// SQLite synchronous=NORMAL instead of FULL (faster; the last commits may be lost on power loss).
     #[arg(long, env = "TRAINSTATE_SYNC_NORMAL")]
     sync_normal: bool,
+    /// Move stored runs that do not load (a damaged row) aside into the store's
+    /// quarantine table, logging each, and start without them.
+    #[arg(long, env = "TRAINSTATE_QUARANTINE_CORRUPT")]
+    quarantine_corrupt: bool,
+    /// Start although the data directory was in use and its store file is now
+    /// missing or empty (0 bytes): begins a new, empty store.
+    #[arg(long, env = "TRAINSTATE_ALLOW_EMPTY_STORE")]
+    allow_empty_store: bool,
     /// Drive a few simulated runs so there is something to look at.
     #[arg(long, env = "TRAINSTATE_DEMO")]
     demo: bool,
@@ -197,5 +210,6 @@ pub(crate) fn main() -> ExitCode {
         Command::Runs { command } => client::runs(command),
         Command::Schema { r#type } => client::schema(r#type.as_deref()),
         Command::Ingest { command } => ingest::run(command),
+        Command::Backup(args) => backup::run(args),
     }
 }

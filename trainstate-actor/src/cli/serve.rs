@@ -125,7 +125,12 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
     let _lock = if args.in_memory || postgres.is_some() {
         None
     } else {
-        Some(lock_data_dir(&args.data_dir)?)
+        // A lock file with a pid in it: a head has served from here before.
+        let used_before = std::fs::symlink_metadata(args.data_dir.join(LOCK_FILE))
+            .is_ok_and(|meta| meta.is_file() && meta.len() > 0);
+        let lock = lock_data_dir(&args.data_dir)?;
+        check_store_not_lost(&args.data_dir, used_before, args.allow_empty_store)?;
+        Some(lock)
     };
     config = config.with_cluster(args.cluster.clone());
     let mut retention = Retention::max_runs(args.max_runs);
@@ -138,6 +143,11 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
         .with_event_backlog_bytes(args.event_backlog_bytes);
     if args.sync_normal {
         config = config.with_synchronous(Synchronous::Normal);
+    }
+    config = config.with_quarantine_corrupt(args.quarantine_corrupt);
+    #[cfg(feature = "fault-injection")]
+    {
+        config = config.with_faults(faults_from_env());
     }
     let service = Arc::new(launch_state_actor(config).await.map_err(|e| e.to_string())?);
 
@@ -180,14 +190,47 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
         .with_any_host(args.insecure)
         .with_cors_origins(args.cors_origins.clone())
         .with_links(links);
+    // A state actor given up on answers nothing: stop, and exit non-zero
+    // so that a service manager starts the head again.
+    let given_up = {
+        let service = service.clone();
+        async move { service.gave_up().await }
+    };
+    let shutdown = async move {
+        tokio::select! {
+            () = shutdown => {}
+            reason = given_up => tracing::error!(
+                reason = %reason,
+                "the state actor is gone for good; stopping so that the head can be restarted"
+            ),
+        }
+    };
     serve(listener, service.clone(), http, shutdown).await.map_err(|e| format!("serving: {e}"))?;
     if let Some(forwarder) = forwarder {
         forwarder.stop().await;
     }
     tracing::info!("stopped accepting; committing what is queued");
     service.shutdown().await;
+    if let Some(reason) = service.failure() {
+        return Err(format!("the state actor was given up on: {reason}"));
+    }
     tracing::info!("shut down cleanly");
     Ok(())
+}
+
+/// Test builds only: faults asked for by `TRAINSTATE_FAULTS` (comma-separated;
+/// `panic-on-every-write`).
+#[cfg(feature = "fault-injection")]
+fn faults_from_env() -> Arc<trainstate_actor::Faults> {
+    let faults = Arc::new(trainstate_actor::Faults::default());
+    for fault in std::env::var("TRAINSTATE_FAULTS").unwrap_or_default().split(',') {
+        match fault.trim() {
+            "panic-on-every-write" => faults.panic_on_every_write(),
+            "" => {}
+            other => tracing::warn!(fault = other, "unknown fault in TRAINSTATE_FAULTS"),
+        }
+    }
+    faults
 }
 
 /// The shortest `--lease`: below it a heartbeat's round trip and the sweep's
@@ -293,6 +336,37 @@ fn lock_data_dir(dir: &Path) -> Result<File, String> {
     let _ = write!(file, "{}", std::process::id());
     let _ = file.flush();
     Ok(file)
+}
+
+/// Refuses to start from a store file that is missing or empty (0 bytes) in
+/// a data directory an earlier head served from: the store was truncated or
+/// removed, and starting would silently begin with no runs. With
+/// `--allow-empty-store`, warns and starts.
+fn check_store_not_lost(dir: &Path, used_before: bool, allow_empty: bool) -> Result<(), String> {
+    let path = dir.join(STORE_FILE);
+    let state = match std::fs::metadata(&path) {
+        Ok(meta) if meta.len() == 0 => "is empty (0 bytes)",
+        Ok(_) => return Ok(()),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => "is missing",
+        Err(err) => return Err(format!("cannot inspect {}: {err}", path.display())),
+    };
+    if !used_before {
+        return Ok(());
+    }
+    let message = format!(
+        "{} {state}, but {} was in use by an earlier head (it holds {LOCK_FILE}): the store \
+         was truncated or removed, and starting would begin with no runs",
+        path.display(),
+        dir.display()
+    );
+    if allow_empty {
+        tracing::warn!("{message}; --allow-empty-store: starting an empty store");
+        return Ok(());
+    }
+    Err(format!(
+        "{message}. Restore {STORE_FILE} (with its -wal file) from a backup, or start with \
+         --allow-empty-store to begin an empty store deliberately"
+    ))
 }
 
 /// Refuses `path` if it is a symlink (or anything but a regular file);

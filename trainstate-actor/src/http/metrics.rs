@@ -118,6 +118,16 @@ impl HttpMetrics {
             ConstCounter::new(stats.failures.load(Ordering::Relaxed)),
         );
         registry.register(
+            "store_writable",
+            "1 while the store commits; 0 from a failed commit until one succeeds (writes get 503 meanwhile)",
+            ConstGauge::new(i64::from(service.store_writable())),
+        );
+        registry.register(
+            "state_actor_restarts",
+            "Restarts of the state actor by its supervisor",
+            ConstCounter::new(service.actor_restarts()),
+        );
+        registry.register(
             "store_writes_in_flight",
             "Writes queued for the store, not yet answered",
             ConstGauge::new(service.in_flight_writes() as i64),

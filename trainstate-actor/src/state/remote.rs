@@ -137,6 +137,37 @@ impl Runs {
             .retain(|id, _| by_id.get(id).is_some_and(|entry| !entry.record.status.is_terminal()));
     }
 
+    /// After a failed commit: makes every run the committed version again
+    /// (`committed`: every committed run), keeping when each live run was
+    /// last heard from. Returns how many runs changed.
+    pub(crate) fn restore(
+        &mut self,
+        committed: Vec<Arc<RunRecord>>,
+        now_ms: u64,
+        home: Option<&str>,
+    ) -> usize {
+        let committed: std::collections::HashMap<_, _> =
+            committed.into_iter().map(|r| (r.id.clone(), r)).collect();
+        let gone: Vec<_> =
+            self.by_id.keys().filter(|id| !committed.contains_key(*id)).cloned().collect();
+        for id in &gone {
+            self.remove(id);
+        }
+        let mut changed = gone.len();
+        for (id, record) in committed {
+            let heard = match self.by_id.get(&id) {
+                Some(entry) if entry.record.version == record.version => continue,
+                Some(entry) => entry.last_heard_ms,
+                None => now_ms,
+            };
+            let heard = if is_foreign(&record, home) { NEVER_SWEPT } else { heard };
+            self.remove(&id);
+            self.put(record, heard);
+            changed += 1;
+        }
+        changed
+    }
+
     /// Makes `record` the run's version, as committed by someone else: a
     /// sign of life of a live run of this cluster.
     fn replace_with(&mut self, record: Arc<RunRecord>, now_ms: u64, home: Option<&str>) {

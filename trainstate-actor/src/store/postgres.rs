@@ -132,7 +132,12 @@ pub(crate) struct PgStore {
     follow_queued: Arc<AtomicBool>,
     /// The writer's queue: closed when the head shuts down.
     jobs: JobQueue,
+    /// Runs that do not load are moved aside instead of refusing the store.
+    quarantine: bool,
 }
+
+/// Where runs that do not load are moved by `--quarantine-corrupt`.
+const QUARANTINE_TABLE: &str = "trainstate_quarantined_runs";
 
 impl PgStore {
     /// Connects, migrates, and starts the listener that wakes the writer
@@ -196,7 +201,71 @@ impl PgStore {
         // The first head to start sweeps from its first moment on.
         let _ = is_ready.recv_timeout(OPEN_TIMEOUT);
         tracing::info!(url = %url, schema = %schema, "PostgreSQL store open");
-        Ok(Self { runtime, pool, url, channel, head, last_seen: 0, follow_queued, jobs })
+        Ok(Self {
+            runtime,
+            pool,
+            url,
+            channel,
+            head,
+            last_seen: 0,
+            follow_queued,
+            jobs,
+            quarantine: false,
+        })
+    }
+
+    /// Moves runs that do not load aside instead of refusing the store.
+    pub(crate) fn quarantining(mut self, quarantine: bool) -> Self {
+        self.quarantine = quarantine;
+        self
+    }
+
+    /// Moves the runs `corrupt` (id, why) into [`QUARANTINE_TABLE`], in one
+    /// transaction, and logs each. Other heads find them gone at their next
+    /// load; no change is announced (they could not load them either).
+    fn quarantine(&self, corrupt: &[(String, String)]) -> Result<(), PgError> {
+        let pool = self.pool.clone();
+        let ids: Vec<&str> = corrupt.iter().map(|(id, _)| id.as_str()).collect();
+        let reasons: Vec<&str> = corrupt.iter().map(|(_, why)| why.as_str()).collect();
+        self.block_on("quarantining runs", async move {
+            let mut client = pool.get().await.map_err(pg)?;
+            let tx = client.transaction().await.map_err(pg)?;
+            tx.batch_execute(&format!(
+                "SET LOCAL client_min_messages = warning;
+                 CREATE TABLE IF NOT EXISTS {QUARANTINE_TABLE} (
+                     id TEXT NOT NULL,
+                     json TEXT,
+                     reason TEXT NOT NULL,
+                     quarantined_at TIMESTAMPTZ NOT NULL DEFAULT now()
+                 )"
+            ))
+            .await
+            .map_err(pg)?;
+            tx.execute(
+                &format!(
+                    "INSERT INTO {QUARANTINE_TABLE} (id, json, reason)
+                     SELECT r.id, r.json, q.reason
+                     FROM trainstate_runs r JOIN UNNEST($1::text[], $2::text[]) AS q(id, reason)
+                         ON r.id = q.id"
+                ),
+                &[&ids, &reasons],
+            )
+            .await
+            .map_err(pg)?;
+            tx.execute("DELETE FROM trainstate_runs WHERE id = ANY($1)", &[&ids])
+                .await
+                .map_err(pg)?;
+            tx.commit().await.map_err(pg)
+        })?;
+        for (id, reason) in corrupt {
+            tracing::warn!(
+                run = %id,
+                reason = %reason,
+                table = QUARANTINE_TABLE,
+                "a stored run does not load: moved aside into the quarantine table"
+            );
+        }
+        Ok(())
     }
 
     fn block_on<T>(
@@ -429,7 +498,12 @@ async fn read_runs(
         .await
         .map_err(pg)?;
     rows.into_iter()
-        .map(|row| Ok((row.get::<_, String>(0), record(row.get(2), row.get(1))?)))
+        .map(|row| {
+            let id = row.get::<_, String>(0);
+            let record =
+                record(row.get(2), row.get(1)).map_err(|e| format!("stored run {id}: {e}"))?;
+            Ok((id, record))
+        })
         .collect()
 }
 
@@ -450,19 +524,46 @@ impl Store for PgStore {
                     .map_err(pg)?;
                 let seq: i64 =
                     tx.query_one("SELECT seq FROM trainstate_meta", &[]).await.map_err(pg)?.get(0);
-                let rows =
-                    tx.query("SELECT version, json FROM trainstate_runs", &[]).await.map_err(pg)?;
+                let rows = tx
+                    .query("SELECT id, version, json FROM trainstate_runs", &[])
+                    .await
+                    .map_err(pg)?;
                 tx.commit().await.map_err(pg)?;
-                let records = rows
-                    .into_iter()
-                    .map(|row| record(row.get(1), row.get(0)))
-                    .collect::<Result<Vec<_>, _>>();
-                Ok((seq as u64, records))
+                let mut records = Vec::with_capacity(rows.len());
+                let mut corrupt = Vec::new();
+                for row in rows {
+                    let id: String = row.get(0);
+                    match record(row.get(2), row.get(1)) {
+                        Ok(record) if record.id.as_str() == id => records.push(record),
+                        Ok(record) => corrupt
+                            .push((id, format!("its document names another run, {}", record.id))),
+                        Err(reason) => corrupt.push((id, reason)),
+                    }
+                }
+                Ok((seq as u64, records, corrupt))
             });
             match attempt {
-                Ok((seq, records)) => {
+                Ok((seq, records, mut corrupt)) => {
                     self.last_seen = seq;
-                    return records.map_err(StoreError::Corrupt);
+                    if corrupt.is_empty() {
+                        return Ok(records);
+                    }
+                    if self.quarantine {
+                        self.quarantine(&corrupt).map_err(|message| StoreError::Postgres {
+                            url: self.url.clone(),
+                            message,
+                        })?;
+                        return Ok(records);
+                    }
+                    let others = corrupt.len() - 1;
+                    let (id, reason) = corrupt.swap_remove(0);
+                    return Err(StoreError::CorruptRun {
+                        store: self.url.clone(),
+                        id,
+                        reason,
+                        others,
+                        table: QUARANTINE_TABLE,
+                    });
                 }
                 // A database that restarts or fails over comes back: wait
                 // for it (writes meanwhile are answered Unavailable), unless

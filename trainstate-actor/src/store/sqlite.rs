@@ -86,10 +86,15 @@ pub(crate) const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
 pub(crate) struct SqliteStore {
     conn: Connection,
     path: PathBuf,
-    synchronous: Synchronous,
-    /// Set when a commit failed: the connection is opened again at the next load.
-    reopen: bool,
+    /// Runs that do not load are moved aside instead of refusing the store.
+    quarantine: bool,
 }
+
+/// A stored run's id, and its JSON or why it cannot be read as text.
+type StoredRow = (String, Result<String, String>);
+
+/// Where runs that do not load are moved by `--quarantine-corrupt`.
+pub(crate) const QUARANTINE_TABLE: &str = "quarantined_runs";
 
 impl SqliteStore {
     /// Opens (creating if missing) and migrates the database at `path`.
@@ -122,17 +127,70 @@ impl SqliteStore {
                 supported: SCHEMA_VERSION,
             },
         })?;
-        Ok(Self { conn, path: path.to_path_buf(), synchronous, reopen: false })
+        Ok(Self { conn, path: path.to_path_buf(), quarantine: false })
+    }
+
+    /// Moves runs that do not load aside instead of refusing the store.
+    pub(crate) fn quarantining(mut self, quarantine: bool) -> Self {
+        self.quarantine = quarantine;
+        self
+    }
+
+    /// Moves the runs `corrupt` (id, why) into [`QUARANTINE_TABLE`], in one
+    /// transaction, and logs each.
+    fn quarantine(&mut self, corrupt: &[(String, String)]) -> Result<(), rusqlite::Error> {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let tx = self.conn.transaction()?;
+        tx.execute_batch(&format!(
+            "CREATE TABLE IF NOT EXISTS {QUARANTINE_TABLE} (
+                id TEXT NOT NULL,
+                json TEXT,
+                reason TEXT NOT NULL,
+                quarantined_at_ms INTEGER NOT NULL
+            )"
+        ))?;
+        {
+            let mut keep = tx.prepare(&format!(
+                "INSERT INTO {QUARANTINE_TABLE} (id, json, reason, quarantined_at_ms)
+                 SELECT id, CAST(json AS TEXT), ?2, ?3 FROM runs WHERE id = ?1"
+            ))?;
+            let mut remove = tx.prepare("DELETE FROM runs WHERE id = ?1")?;
+            for (id, reason) in corrupt {
+                keep.execute(params![id, reason, now_ms])?;
+                remove.execute(params![id])?;
+            }
+        }
+        tx.commit()?;
+        for (id, reason) in corrupt {
+            tracing::warn!(
+                run = %id,
+                reason = %reason,
+                table = QUARANTINE_TABLE,
+                "a stored run does not load: moved aside into the quarantine table"
+            );
+        }
+        Ok(())
     }
 
     fn at(&self) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
         |source| StoreError::Sqlite { path: self.path.clone(), source }
     }
 
-    /// Every stored run's JSON.
-    fn load_json(&self) -> Result<Vec<String>, rusqlite::Error> {
-        let mut stmt = self.conn.prepare("SELECT json FROM runs")?;
-        let rows = stmt.query_map([], |row| row.get::<_, String>(0))?;
+    /// Every stored run: its id and its JSON, or why the JSON cannot be read.
+    fn load_json(&self) -> Result<Vec<StoredRow>, rusqlite::Error> {
+        let mut stmt = self.conn.prepare("SELECT CAST(id AS TEXT), json FROM runs")?;
+        let rows = stmt.query_map([], |row| {
+            let id = row.get::<_, Option<String>>(0)?.unwrap_or_default();
+            let json = match row.get_ref(1)? {
+                rusqlite::types::ValueRef::Text(text) => {
+                    String::from_utf8(text.to_vec()).map_err(|_| "its JSON is not UTF-8".to_owned())
+                }
+                other => Err(format!("its JSON column holds {:?}, not text", other.data_type())),
+            };
+            Ok((id, json))
+        })?;
         rows.collect()
     }
 
@@ -177,21 +235,46 @@ impl SqliteStore {
 
 impl Store for SqliteStore {
     fn load(&mut self) -> Result<Vec<Arc<RunRecord>>, StoreError> {
-        if self.reopen {
-            *self = Self::open(&self.path.clone(), self.synchronous)?;
-        }
         let rows = self.load_json().map_err(self.at())?;
-        rows.into_iter()
-            .map(RunRecord::from_stored)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(StoreError::Corrupt)
+        let mut records = Vec::with_capacity(rows.len());
+        let mut corrupt = Vec::new();
+        for (id, json) in rows {
+            match json.and_then(RunRecord::from_stored) {
+                Ok(record) if record.id.as_str() == id => records.push(record),
+                Ok(record) => {
+                    corrupt.push((id, format!("its document names another run, {}", record.id)))
+                }
+                Err(reason) => corrupt.push((id, reason)),
+            }
+        }
+        if corrupt.is_empty() {
+            return Ok(records);
+        }
+        if self.quarantine {
+            self.quarantine(&corrupt).map_err(self.at())?;
+            return Ok(records);
+        }
+        let others = corrupt.len() - 1;
+        let (id, reason) = corrupt.swap_remove(0);
+        Err(StoreError::CorruptRun {
+            store: self.path.display().to_string(),
+            id,
+            reason,
+            others,
+            table: QUARANTINE_TABLE,
+        })
     }
 
     fn commit(&mut self, jobs: &[JobChanges<'_>]) -> Result<Committed, String> {
         match self.commit_ops(jobs.iter().flat_map(|job| job.ops.iter())) {
             Ok(()) => Ok(Committed::default()),
             Err(err) => {
-                self.reopen = true;
+                // SQLite rolls back a transaction it cannot commit (a full
+                // disk, an I/O error) or leaves it open; either way the
+                // connection is left with none, ready for the next commit.
+                if !self.conn.is_autocommit() {
+                    let _ = self.conn.execute_batch("ROLLBACK");
+                }
                 Err(err.to_string())
             }
         }
