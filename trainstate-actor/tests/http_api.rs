@@ -804,6 +804,40 @@ async fn regression_validation_gaps_and_implausible_times_are_refused_naming_the
             "body",
         ),
         (
+            "regression_a_worker_written_as_an_array",
+            runs.clone(),
+            register(&|r| {
+                let w = &r["workers"][0];
+                let by_position: Vec<Value> = w.as_object().unwrap().values().cloned().collect();
+                r["workers"][0] = Value::Array(by_position);
+            }),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "workers[0]",
+        ),
+        (
+            "regression_a_dataset_written_as_an_array",
+            runs.clone(),
+            register(&|r| r["datasets"] = json!([["ds", "plan"]])),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "datasets[0]",
+        ),
+        (
+            "regression_a_cause_written_as_an_array",
+            status_path.clone(),
+            raw(b"{\"status\":\"ERRORED\",\"cause\":[\"USER_ERROR\",3]}"),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "cause",
+        ),
+        (
+            "regression_an_attempts_worker_written_as_an_array",
+            format!("/api/train/runs/{live}/attempts"),
+            json_body(
+                &json!({"attempt_id": "2", "start_time_ms": T0 + 20_000, "workers": [["w"]]}),
+            ),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "workers[0]",
+        ),
+        (
             "regression_a_cause_on_a_running_registration",
             runs.clone(),
             register(&|r| r["cause"] = json!({"kind": "USER_ERROR"})),

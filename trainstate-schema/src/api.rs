@@ -37,7 +37,7 @@ pub struct StatusRequest {
     #[serde(default)]
     pub detail: String,
     /// The machine-readable cause of an `ERRORED` or `ABORTED` run.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::object::option")]
     pub cause: Option<RunCause>,
     /// When the run ended (Unix ms); stamped by the head if absent. Not before the start of the run's current attempt. Between 946684800000 (2000-01-01) and 7258118400000 (2200-01-01) when a client writes it: a time in seconds or nanoseconds is refused (422).
     #[serde(default)]
@@ -61,6 +61,7 @@ pub struct AttemptRequest {
     /// When the attempt's workers started (Unix ms). Between 946684800000 (2000-01-01) and 7258118400000 (2200-01-01) when a client writes it: a time in seconds or nanoseconds is refused (422).
     pub start_time_ms: u64,
     /// The attempt's workers; the same rules as a run's workers.
+    #[serde(deserialize_with = "crate::object::vec")]
     pub workers: Vec<TrainWorkerInfoDraft>,
 }
 

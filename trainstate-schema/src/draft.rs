@@ -112,11 +112,19 @@ pub struct RunAttemptDraft {
     #[cfg_attr(feature = "schemars", schemars(length(max = 50100)))]
     pub status_detail: String,
     /// The machine-readable cause of an ERRORED or ABORTED attempt (which rank failed first).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::object::option"
+    )]
     pub cause: Option<RunCause>,
     /// The attempt's workers, sorted by world rank. Present on ended attempts; absent on
     /// the current (last) attempt, whose workers are the run's `workers`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::object::option_vec"
+    )]
     pub workers: Option<Vec<TrainWorkerInfoDraft>>,
 }
 
@@ -161,8 +169,10 @@ pub struct TrainRunInfoDraft {
     #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = 1024)))]
     pub controller_actor_id: String,
     /// The workers of the current attempt, sorted by world rank (0..n-1).
+    #[serde(deserialize_with = "crate::object::vec")]
     pub workers: Vec<TrainWorkerInfoDraft>,
     /// The datasets given to the trainer.
+    #[serde(deserialize_with = "crate::object::vec")]
     pub datasets: Vec<TrainDatasetInfoDraft>,
     /// The run's status as Ray's V1 readers know it: every live status is written as
     /// RUNNING. `STARTED` is read as `RUNNING`.
@@ -188,13 +198,21 @@ pub struct TrainRunInfoDraft {
     pub resources: Option<Vec<Resources>>,
     /// Extension: every attempt (worker group) of the run, oldest first. The last is the
     /// current one. Empty for runs reported without attempt history (as Ray reports them).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "crate::object::vec"
+    )]
     pub attempts: Vec<RunAttemptDraft>,
     /// Extension: when the run's controller was last heard from (Unix ms).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_heartbeat_ms: Option<u64>,
     /// Extension: the machine-readable cause of an `ERRORED` or `ABORTED` run.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::object::option"
+    )]
     pub cause: Option<RunCause>,
     /// Extension: the id of the run this run was restored from.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -54,6 +54,7 @@ mod id;
 mod json;
 pub mod limits;
 mod model;
+mod object;
 pub mod ray_v2;
 mod resources;
 mod status;

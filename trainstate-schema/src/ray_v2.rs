@@ -67,6 +67,7 @@ pub struct TrainWorker {
     #[serde(default)]
     pub status: Option<ActorStatus>,
     /// Resources allocated to the worker.
+    #[serde(deserialize_with = "crate::object::one")]
     pub resources: TrainResources,
     /// Path of the worker's log file, when known.
     #[serde(default)]
@@ -131,10 +132,10 @@ pub struct TrainRunAttempt {
     #[serde(default)]
     pub end_time_ns: Option<u64>,
     /// Each worker's resources, in worker order.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::object::vec")]
     pub resources: Vec<TrainResources>,
     /// The attempt's workers, sorted by world rank.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::object::vec")]
     pub workers: Vec<TrainWorker>,
 }
 

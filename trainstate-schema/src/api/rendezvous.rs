@@ -57,6 +57,7 @@ pub struct JoinRequest {
     #[serde(default)]
     pub attempt: u32,
     /// This rank: its `world_rank` is the rank, below `world_size`.
+    #[serde(deserialize_with = "crate::object::one")]
     pub worker: TrainWorkerInfoDraft,
     /// The run's name (world rank 0's is kept).
     #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = 1024)))]
