@@ -1,13 +1,16 @@
 //! A stored run: its canonical JSON and the few fields the actor indexes.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use std::borrow::Cow;
 use trainstate_client::{RunDocument, RunJson, StateError};
 
+use std::hash::{DefaultHasher, Hash, Hasher};
+
 use serde::Deserialize;
-use trainstate_schema::{CauseKind, RunCause, RunId, RunStatus, TrainRunInfo};
+use trainstate_schema::{CauseKind, Resources, RunCause, RunId, RunStatus, TrainRunInfo};
 
 /// One run as the actor keeps it in memory: the canonical JSON it serves,
 /// plus what filters and transitions need without parsing it.
@@ -29,6 +32,9 @@ pub(crate) struct RunRecord {
     pub(crate) node_ids: Names,
     /// Distinct node IPs of every attempt's workers.
     pub(crate) node_ips: Names,
+    /// The run's static metadata beyond the fields above, to recognise a
+    /// repeated registration without parsing the stored JSON.
+    statics: Statics,
     json: RunJson,
     /// The cluster the run belongs to (`None` for runs registered without one).
     pub(crate) cluster: Option<Box<str>>,
@@ -49,6 +55,7 @@ impl RunRecord {
         let nodes = attempts.flatten().chain(run.workers()).map(|w| (w.node_id(), w.node_ip()));
         let (node_ids, node_ips) = distinct_nodes(nodes);
         Arc::new(Self {
+            statics: Statics::of(run),
             id: run.id().clone(),
             start_time_ms: run.start_time_ms(),
             end_time_ms: run.end_time_ms(),
@@ -87,7 +94,28 @@ impl RunRecord {
                 .chain(&index.workers)
                 .map(|w| (w.node_id.as_ref(), w.node_ip.as_ref()));
             let (node_ids, node_ips) = distinct_nodes(nodes);
+            let first_workers = match index.attempts.first().and_then(|a| a.workers.as_deref()) {
+                Some(workers) => workers,
+                None => &index.workers,
+            };
+            let statics = Statics {
+                controller_actor_id: index.controller_actor_id.as_ref().into(),
+                datasets: digest(|h| {
+                    h.write_usize(index.datasets.len());
+                    for d in &index.datasets {
+                        (d.name.as_ref(), d.dataset_uuid.as_ref(), d.dataset_name.as_deref())
+                            .hash(h);
+                    }
+                }),
+                workers: digest(|h| {
+                    h.write_usize(first_workers.len());
+                    for w in first_workers {
+                        hash_worker(h, &w.identity());
+                    }
+                }),
+            };
             Self {
+                statics,
                 id,
                 start_time_ms: index.start_time_ms,
                 end_time_ms: index.end_time_ms,
@@ -115,6 +143,30 @@ impl RunRecord {
         &self.json
     }
 
+    /// The first field of static metadata in which `run` differs from this
+    /// record's run, in the order and with the names of
+    /// [`TrainRunInfo::static_difference`], or `None` when they agree.
+    /// Linear in `run`'s first worker group; the stored JSON is not parsed.
+    pub(crate) fn static_difference(&self, run: &TrainRunInfo) -> Option<&'static str> {
+        if *self.name != *run.name() {
+            Some("name")
+        } else if self.id != *run.id() {
+            Some("id")
+        } else if *self.job_id != *run.job_id() {
+            Some("job_id")
+        } else if *self.statics.controller_actor_id != *run.controller_actor_id() {
+            Some("controller_actor_id")
+        } else if self.statics.datasets != Statics::datasets_of(run) {
+            Some("datasets")
+        } else if self.start_time_ms != run.start_time_ms() {
+            Some("start_time_ms")
+        } else if self.statics.workers != Statics::workers_of(run) {
+            Some("workers")
+        } else {
+            None
+        }
+    }
+
     /// The typed run.
     pub(crate) fn run(&self) -> Result<TrainRunInfo, StateError> {
         serde_json::from_str(&self.json().text())
@@ -127,18 +179,108 @@ impl RunRecord {
     }
 }
 
+/// What a repeated registration must match besides the indexed fields:
+/// the controller's id, and 128-bit digests of the datasets and of the
+/// first attempt's workers (their identity, whatever their `status`; see
+/// [`TrainWorkerInfo::same_identity`](trainstate_schema::TrainWorkerInfo::same_identity)).
+#[derive(Debug)]
+struct Statics {
+    controller_actor_id: Box<str>,
+    datasets: Digest,
+    workers: Digest,
+}
+
+impl Statics {
+    fn of(run: &TrainRunInfo) -> Self {
+        Self {
+            controller_actor_id: run.controller_actor_id().into(),
+            datasets: Self::datasets_of(run),
+            workers: Self::workers_of(run),
+        }
+    }
+
+    fn datasets_of(run: &TrainRunInfo) -> Digest {
+        digest(|h| {
+            h.write_usize(run.datasets().len());
+            for d in run.datasets() {
+                (d.name(), d.dataset_uuid(), d.dataset_name()).hash(h);
+            }
+        })
+    }
+
+    fn workers_of(run: &TrainRunInfo) -> Digest {
+        let workers = run.first_attempt_workers();
+        digest(|h| {
+            h.write_usize(workers.len());
+            for w in workers {
+                hash_worker(
+                    h,
+                    &Identity {
+                        actor_id: w.actor_id(),
+                        ranks: [w.world_rank(), w.local_rank(), w.node_rank(), w.pid()],
+                        node_id: w.node_id(),
+                        node_ip: w.node_ip(),
+                        gpu_ids: w.gpu_ids(),
+                        resources: w.resources(),
+                        log: w.worker_log_file_path(),
+                    },
+                );
+            }
+        })
+    }
+}
+
+/// Two independent 64-bit hashes of the same fields.
+type Digest = (u64, u64);
+
+fn digest(feed: impl Fn(&mut DefaultHasher)) -> Digest {
+    let mut halves = [0u64; 2];
+    for (seed, half) in halves.iter_mut().enumerate() {
+        let mut h = DefaultHasher::new();
+        h.write_usize(seed);
+        feed(&mut h);
+        *half = h.finish();
+    }
+    (halves[0], halves[1])
+}
+
+/// What identifies a worker: every field but its `status`.
+struct Identity<'a> {
+    actor_id: &'a str,
+    /// World, local and node rank, and the process id.
+    ranks: [u32; 4],
+    node_id: &'a str,
+    node_ip: &'a str,
+    gpu_ids: &'a [u32],
+    resources: &'a Resources,
+    log: Option<&'a str>,
+}
+
+fn hash_worker(h: &mut DefaultHasher, w: &Identity<'_>) {
+    (w.actor_id, w.ranks, w.node_id, w.node_ip, w.gpu_ids, w.log).hash(h);
+    h.write_usize(w.resources.len());
+    for (name, amount) in w.resources.iter() {
+        name.hash(h);
+        // Equal amounts hash equally: 0.0 and -0.0 compare equal.
+        h.write_u64(if amount == 0.0 { 0 } else { amount.to_bits() });
+    }
+}
+
 /// A short list of distinct names.
 type Names = Box<[Box<str>]>;
 
-/// Distinct node ids and node IPs, in order of first appearance.
+/// Distinct node ids and node IPs, in order of first appearance: one
+/// pass, each name looked up in a hash set (linear in the workers).
 fn distinct_nodes<'a>(nodes: impl Iterator<Item = (&'a str, &'a str)>) -> (Names, Names) {
+    let mut seen_ids: HashSet<&'a str> = HashSet::new();
+    let mut seen_ips: HashSet<&'a str> = HashSet::new();
     let mut ids: Vec<Box<str>> = Vec::new();
     let mut ips: Vec<Box<str>> = Vec::new();
     for (id, ip) in nodes {
-        if !ids.iter().any(|n| **n == *id) {
+        if seen_ids.insert(id) {
             ids.push(id.into());
         }
-        if !ips.iter().any(|n| **n == *ip) {
+        if seen_ips.insert(ip) {
             ips.push(ip.into());
         }
     }
@@ -164,6 +306,10 @@ struct StoredIndex<'a> {
     #[serde(default)]
     cause: Option<RunCause>,
     #[serde(borrow)]
+    controller_actor_id: Cow<'a, str>,
+    #[serde(borrow)]
+    datasets: Vec<StoredDataset<'a>>,
+    #[serde(borrow)]
     workers: Vec<StoredNode<'a>>,
     #[serde(default, borrow)]
     attempts: Vec<StoredAttempt<'a>>,
@@ -171,12 +317,48 @@ struct StoredIndex<'a> {
     cluster: Option<Cow<'a, str>>,
 }
 
+/// A stored worker: every field of its identity (not its `status`).
 #[derive(Deserialize)]
 struct StoredNode<'a> {
+    #[serde(borrow)]
+    actor_id: Cow<'a, str>,
+    world_rank: u32,
+    local_rank: u32,
+    node_rank: u32,
     #[serde(borrow)]
     node_id: Cow<'a, str>,
     #[serde(borrow)]
     node_ip: Cow<'a, str>,
+    pid: u32,
+    gpu_ids: Vec<u32>,
+    resources: Resources,
+    #[serde(default, borrow)]
+    worker_log_file_path: Option<Cow<'a, str>>,
+}
+
+impl StoredNode<'_> {
+    fn identity(&self) -> Identity<'_> {
+        Identity {
+            actor_id: &self.actor_id,
+            ranks: [self.world_rank, self.local_rank, self.node_rank, self.pid],
+            node_id: &self.node_id,
+            node_ip: &self.node_ip,
+            gpu_ids: &self.gpu_ids,
+            resources: &self.resources,
+            log: self.worker_log_file_path.as_deref(),
+        }
+    }
+}
+
+/// A stored dataset.
+#[derive(Deserialize)]
+struct StoredDataset<'a> {
+    #[serde(borrow)]
+    name: Cow<'a, str>,
+    #[serde(borrow)]
+    dataset_uuid: Cow<'a, str>,
+    #[serde(default, borrow)]
+    dataset_name: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]

@@ -121,8 +121,8 @@ impl Runs {
         now_ms: u64,
     ) -> Result<Outcome<Registration>, StateError> {
         if let Some(entry) = self.by_id.get_mut(new.run().id()) {
-            let stored = entry.record.run()?;
-            if let Some(field) = stored.static_difference(new.run()) {
+            // Compared with what the record keeps: the stored JSON is not parsed.
+            if let Some(field) = entry.record.static_difference(new.run()) {
                 return Err(StateError::Conflict {
                     id: new.run().id().clone(),
                     reason: format!(
