@@ -10,7 +10,10 @@ use trainstate_client::{RunDocument, RunJson, StateError};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use serde::Deserialize;
-use trainstate_schema::{CauseKind, Resources, RunCause, RunId, RunStatus, TrainRunInfo};
+use trainstate_schema::limits::MAX_RUN_BYTES;
+use trainstate_schema::{
+    CauseKind, Resources, Rule, RunCause, RunId, RunStatus, TrainRunInfo, ValidationError,
+};
 
 /// One run as the actor keeps it in memory: the canonical JSON it serves,
 /// plus what filters and transitions need without parsing it.
@@ -49,12 +52,21 @@ pub(crate) struct RunRecord {
 impl RunRecord {
     /// The record of a validated run. The stored JSON never carries
     /// `last_heartbeat_ms`: heartbeats live in memory only.
-    pub(crate) fn new(run: &TrainRunInfo) -> Arc<Self> {
+    ///
+    /// Refuses a run whose JSON would take more than [`MAX_RUN_BYTES`],
+    /// naming its largest member: nothing is changed.
+    pub(crate) fn new(run: &TrainRunInfo) -> Result<Arc<Self>, StateError> {
         let json = RunJson::of(run);
+        let size = json.approximate_len();
+        if size > MAX_RUN_BYTES {
+            let field = json.largest_member().unwrap_or_else(|| "body".into());
+            let rule = Rule::RunTooLarge { max: MAX_RUN_BYTES, size };
+            return Err(ValidationError::new(field, rule).into());
+        }
         let attempts = run.attempts().iter().filter_map(|a| a.workers());
         let nodes = attempts.flatten().chain(run.workers()).map(|w| (w.node_id(), w.node_ip()));
         let (node_ids, node_ips) = distinct_nodes(nodes);
-        Arc::new(Self {
+        Ok(Arc::new(Self {
             statics: Statics::of(run),
             id: run.id().clone(),
             start_time_ms: run.start_time_ms(),
@@ -70,7 +82,7 @@ impl RunRecord {
             cluster: run.cluster().map(Into::into),
             version: crate::store::versions::next(),
             base: AtomicU64::new(0),
-        })
+        }))
     }
 
     /// Reads a record back from the store's JSON, which this store wrote

@@ -11,7 +11,7 @@ use std::time::Duration;
 use trainstate_client::{
     EventKind, NewAttempt, Registration, RunDocument, StateError, StatusUpdate,
 };
-use trainstate_schema::limits::MAX_STATUS_DETAIL_LEN;
+use trainstate_schema::limits::{MAX_ATTEMPT_HISTORY_BYTES, MAX_STATUS_DETAIL_LEN};
 use trainstate_schema::text::{errored_status_detail, last_chars};
 use trainstate_schema::{
     ActorStatus, AttemptStatus, CauseKind, NewRun, Rule, RunAttemptDraft, RunCause, RunId,
@@ -55,6 +55,8 @@ pub(crate) struct Runs {
     ended: BTreeSet<(u64, RunId)>,
     lease: Duration,
     retention: Retention,
+    /// The bytes of JSON of every run in `by_id`, for retention by bytes.
+    bytes: u64,
 }
 
 impl Runs {
@@ -71,6 +73,7 @@ impl Runs {
             ended: BTreeSet::new(),
             lease,
             retention,
+            bytes: 0,
         };
         for record in records {
             runs.put(record, now_ms);
@@ -87,13 +90,16 @@ impl Runs {
             self.ended.insert((record.start_time_ms, record.id.clone()));
         }
         let id = record.id.clone();
+        self.bytes += record_bytes(&record);
         if let Some(previous) = self.by_id.insert(id, Entry { record, last_heard_ms }) {
+            self.bytes -= record_bytes(&previous.record);
             remote::note_base(&self.by_id[&previous.record.id].record, &previous.record);
         }
     }
 
     fn remove(&mut self, id: &RunId) -> Option<Arc<RunRecord>> {
         let entry = self.by_id.remove(id)?;
+        self.bytes -= record_bytes(&entry.record);
         self.ended.remove(&(entry.record.start_time_ms, id.clone()));
         Some(entry.record)
     }
@@ -142,7 +148,7 @@ impl Runs {
         }
 
         let run = new.into_run(now_ms);
-        let record = RunRecord::new(&run);
+        let record = RunRecord::new(&run)?;
         let id = record.id.clone();
         self.put(record.clone(), now_ms);
 
@@ -312,7 +318,7 @@ impl Runs {
             let mut draft = v2.to_draft();
             draft.cause = ray_cause(v2.status == RunStatus::Errored, &draft.status_detail);
             let run = NewRun::from_ray(draft.validate()?).into_run(now_ms);
-            let record = RunRecord::new(&run);
+            let record = RunRecord::new(&run)?;
             self.put(record.clone(), now_ms);
             let mut change = Change {
                 ops: vec![StoreOp::Put(record.clone())],
@@ -366,6 +372,8 @@ impl Runs {
             let given = draft.end_time_ms;
             end_run(&mut draft, given, now_ms);
         }
+        // Bounded before comparing, so that a repeat changes nothing.
+        bound_attempt_history(&mut draft, MAX_ATTEMPT_HISTORY_BYTES);
         let changed = draft.validate()?;
         if changed == stored {
             return Ok(Outcome::Unchanged(self.document(&record)));
@@ -442,6 +450,7 @@ impl Runs {
                     }
                 } else if !workers.is_empty() {
                     existing.workers = Some(workers);
+                    existing.dropped_workers = None;
                 }
                 EventKind::StatusChanged
             }
@@ -462,6 +471,8 @@ impl Runs {
                 EventKind::AttemptStarted
             }
         };
+        // Bounded before comparing, so that a repeat changes nothing.
+        bound_attempt_history(&mut draft, MAX_ATTEMPT_HISTORY_BYTES);
         let changed = draft.validate()?;
         if changed == stored {
             return Ok(Outcome::Unchanged(self.document(&record)));
@@ -471,13 +482,17 @@ impl Runs {
 
     /// Validates a changed run, makes it the run's latest version, and
     /// returns the write that commits it and the event that announces it.
+    /// The worker lists of its ended attempts are bounded first
+    /// ([`bound_attempt_history`]); a run still too large is refused and
+    /// nothing changes.
     fn replace(
         &mut self,
-        draft: TrainRunInfoDraft,
+        mut draft: TrainRunInfoDraft,
         kind: EventKind,
         now_ms: u64,
     ) -> Result<Change<RunDocument>, StateError> {
-        let record = RunRecord::new(&draft.validate()?);
+        bound_attempt_history(&mut draft, MAX_ATTEMPT_HISTORY_BYTES);
+        let record = RunRecord::new(&draft.validate()?)?;
         // A write from the controller is a sign of life, like a heartbeat.
         self.put(record.clone(), now_ms);
         Ok(Change {
@@ -584,8 +599,10 @@ impl Runs {
         change
     }
 
+    /// Evicts the oldest ended runs while more runs, or more bytes of
+    /// runs, are kept than retention allows.
     fn evict_over_capacity(&mut self, ops: &mut Vec<StoreOp>, events: &mut Vec<PendingEvent>) {
-        while self.by_id.len() > self.retention.max_runs {
+        while self.by_id.len() > self.retention.max_runs || self.bytes > self.retention.max_bytes {
             let Some((_, oldest)) = self.ended.first().cloned() else {
                 // Only live runs remain; they are never evicted.
                 break;
@@ -604,6 +621,11 @@ impl Runs {
             });
         }
     }
+}
+
+/// The bytes a run counts for retention: its stored JSON.
+fn record_bytes(record: &RunRecord) -> u64 {
+    record.json().approximate_len() as u64
 }
 
 /// Stamps the end of a run, and of its current attempt: at `end_time_ms`
@@ -642,6 +664,48 @@ fn replace_current_attempt(
         current.workers = Some(previous_workers);
     }
     draft.attempts.push(next);
+}
+
+/// Keeps the worker lists of a run's ended attempts while they take at most
+/// about `max_bytes` of JSON, the newest first, and drops the older ones:
+/// such an attempt keeps everything else, its `workers` becomes `[]` and
+/// its `dropped_workers` says how many it had. The first attempt's list
+/// (static metadata: what a repeated registration is compared by) and the
+/// current one's (the run's `workers`) are always kept. Linear in the
+/// lists it measures; returns how many lists it dropped.
+pub(crate) fn bound_attempt_history(draft: &mut TrainRunInfoDraft, max_bytes: usize) -> usize {
+    let Some(last) = draft.attempts.len().checked_sub(1) else { return 0 };
+    let mut kept = 0usize;
+    let mut dropped = 0;
+    for attempt in draft.attempts[..last].iter_mut().skip(1).rev() {
+        let Some(workers) = attempt.workers.as_mut().filter(|w| !w.is_empty()) else { continue };
+        if kept <= max_bytes {
+            kept = kept.saturating_add(json_len(workers));
+            if kept <= max_bytes {
+                continue;
+            }
+        }
+        attempt.dropped_workers = Some(workers.len() as u32);
+        workers.clear();
+        dropped += 1;
+    }
+    dropped
+}
+
+/// How many bytes `value` takes as JSON, counted without keeping them.
+fn json_len(value: &impl serde::Serialize) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    serde_json::to_writer(&mut count, value).map_or(usize::MAX, |()| count.0)
 }
 
 /// The rank of the first `[Rank N Error Snippet]` in Ray's error detail.

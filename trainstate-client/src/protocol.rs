@@ -204,6 +204,23 @@ impl RunJson {
         }
     }
 
+    /// The name of the top-level member whose value takes the most bytes
+    /// (`None` for an empty object): to say what makes a run large.
+    pub fn largest_member(&self) -> Option<String> {
+        let largest = |members: &mut dyn Iterator<Item = (&str, usize)>| {
+            members.max_by_key(|(_, len)| *len).map(|(key, _)| key.to_owned())
+        };
+        match &self.0 {
+            Repr::Whole(raw) => {
+                let members: Members<'_> = serde_json::from_str(raw.get()).ok()?;
+                largest(&mut members.0.iter().map(|(k, v)| (*k, v.get().len())))
+            }
+            Repr::Members(members, _) => {
+                largest(&mut members.iter().map(|(k, v)| (k.as_ref(), v.get().len())))
+            }
+        }
+    }
+
     /// The JSON text (without a heartbeat time).
     pub fn text(&self) -> Cow<'_, str> {
         match &self.0 {

@@ -118,6 +118,12 @@ pub struct RunAttemptDraft {
     /// the current (last) attempt, whose workers are the run's `workers`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workers: Option<Vec<TrainWorkerInfoDraft>>,
+    /// How many workers this ended attempt had, when the head dropped their
+    /// list (its `workers` is then `[]`) to bound the run's size: it keeps
+    /// the worker lists of ended attempts, the first attempt's aside, up to
+    /// about 16 MiB of JSON, the newest first. Absent when the list is kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dropped_workers: Option<u32>,
 }
 
 impl RunAttemptDraft {
@@ -133,6 +139,7 @@ impl RunAttemptDraft {
             status_detail: String::new(),
             cause: None,
             workers: None,
+            dropped_workers: None,
         }
     }
 }
