@@ -6,6 +6,7 @@ mod durability;
 mod events;
 mod forwarding;
 mod hardening;
+mod hardening_size;
 mod http_api;
 mod lifecycle;
 mod listing;
