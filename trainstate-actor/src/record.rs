@@ -378,3 +378,92 @@ struct StoredAttempt<'a> {
     #[serde(default, borrow)]
     workers: Option<Vec<StoredNode<'a>>>,
 }
+
+#[cfg(test)]
+mod tests {
+    use trainstate_schema::{
+        ActorStatus, NewRun, Resources, TrainDatasetInfoDraft, TrainRunInfoDraft,
+        TrainWorkerInfoDraft,
+    };
+
+    use super::*;
+
+    fn worker(rank: u32) -> TrainWorkerInfoDraft {
+        TrainWorkerInfoDraft {
+            actor_id: format!("actor{rank}"),
+            world_rank: rank,
+            local_rank: rank % 2,
+            node_rank: rank / 2,
+            node_id: format!("node{}", rank / 2),
+            node_ip: format!("10.0.0.{}", rank / 2 + 1),
+            pid: 100 + rank,
+            gpu_ids: vec![rank % 2],
+            status: ActorStatus::Alive,
+            resources: Resources::from_iter([("GPU", 1.0), ("CPU", 0.0)]),
+            worker_log_file_path: Some(format!("/logs/{rank}")),
+        }
+    }
+
+    fn draft() -> TrainRunInfoDraft {
+        TrainRunInfoDraft {
+            workers: (0..4).map(worker).collect(),
+            datasets: vec![TrainDatasetInfoDraft {
+                name: "train".into(),
+                dataset_uuid: "u1".into(),
+                dataset_name: None,
+            }],
+            ..TrainRunInfoDraft::new("r1", "pretrain", "job", "ctrl", 1_760_000_000_000)
+        }
+    }
+
+    /// The same run as registered and as read back from the store's JSON.
+    fn records(draft: TrainRunInfoDraft) -> [Arc<RunRecord>; 2] {
+        let run = NewRun::new(draft.validate().unwrap()).into_run(1_760_000_000_000);
+        let new = RunRecord::new(&run).unwrap();
+        let stored = RunRecord::from_stored(new.json().text().into_owned()).unwrap();
+        [new, stored]
+    }
+
+    type Change = fn(&mut TrainRunInfoDraft);
+
+    #[test]
+    fn a_record_tells_static_differences_without_parsing_its_json() {
+        let same = draft().validate().unwrap();
+        let changed = |change: Change| {
+            let mut d = draft();
+            change(&mut d);
+            d.validate().unwrap()
+        };
+        let cases: [(Change, Option<&str>); 8] = [
+            (|d| d.name = "other".into(), Some("name")),
+            (|d| d.controller_actor_id = "other".into(), Some("controller_actor_id")),
+            (|d| d.datasets[0].dataset_name = Some("x".into()), Some("datasets")),
+            (|d| d.start_time_ms += 1, Some("start_time_ms")),
+            (|d| d.workers[3].pid = 7, Some("workers")),
+            (|d| d.workers[1].resources = Resources::from_iter([("GPU", 2.0)]), Some("workers")),
+            // Not static: a worker's status, the run's status detail; -0.0 is 0.0.
+            (|d| d.workers[0].status = ActorStatus::Dead, None),
+            (
+                |d| {
+                    d.status_detail = "busy".into();
+                    d.workers[2].resources = Resources::from_iter([("GPU", 1.0), ("CPU", -0.0)]);
+                },
+                None,
+            ),
+        ];
+        for record in records(draft()) {
+            assert_eq!(record.static_difference(&same), None);
+            for (change, expected) in &cases {
+                assert_eq!(record.static_difference(&changed(*change)), *expected);
+            }
+        }
+    }
+
+    #[test]
+    fn distinct_nodes_keep_the_order_of_first_appearance() {
+        let nodes = [("b", "2"), ("a", "1"), ("b", "2"), ("c", "1")];
+        let (ids, ips) = distinct_nodes(nodes.into_iter());
+        assert_eq!(&*ids, [Box::from("b"), "a".into(), "c".into()]);
+        assert_eq!(&*ips, [Box::from("2"), "1".into()]);
+    }
+}
