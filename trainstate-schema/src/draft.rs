@@ -114,8 +114,9 @@ pub struct RunAttemptDraft {
     /// The machine-readable cause of an ERRORED or ABORTED attempt (which rank failed first).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cause: Option<RunCause>,
-    /// The attempt's workers, sorted by world rank. Present on ended attempts; absent on
-    /// the current (last) attempt, whose workers are the run's `workers`.
+    /// The attempt's workers, sorted by world rank. Present on ended attempts (`[]` when
+    /// the head dropped them: see `dropped_workers`); absent on the current (last)
+    /// attempt, whose workers are the run's `workers`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workers: Option<Vec<TrainWorkerInfoDraft>>,
     /// How many workers this ended attempt had, when the head dropped their
