@@ -554,6 +554,7 @@ _RunAttemptOptional = TypedDict(
         "status_detail": "str",
         "cause": "Optional[RunCause]",
         "workers": "Optional[List[TrainWorkerInfo]]",
+        "dropped_workers": "Optional[int]",
     },
     total=False,
 )

@@ -41,7 +41,10 @@ impl StoreBench {
         run: &TrainRunInfo,
         done: impl FnOnce(Result<(), StateError>) + Send + 'static,
     ) {
-        let record = RunRecord::new(run);
+        let record = match RunRecord::new(run) {
+            Ok(record) => record,
+            Err(err) => return done(Err(err)),
+        };
         let event = PendingEvent {
             kind: EventKind::Registered,
             run_id: record.id.clone(),

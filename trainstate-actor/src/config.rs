@@ -15,6 +15,10 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 /// The default number of runs kept.
 pub const DEFAULT_MAX_RUNS: usize = 10_000;
 
+/// The default bound on the bytes of JSON of the runs kept (1 GiB): what
+/// the head holds in memory for them, and about what the store holds.
+pub const DEFAULT_MAX_RETAINED_BYTES: u64 = 1024 * 1024 * 1024;
+
 /// The default bound on writes in flight (queued for the store, not yet
 /// committed). Past it, writes are refused as overloaded.
 pub const DEFAULT_MAX_IN_FLIGHT_WRITES: usize = 16_384;
@@ -264,8 +268,9 @@ pub enum Synchronous {
     Normal,
 }
 
-/// Which runs are kept. Only ended runs are evicted, oldest first; a live
-/// run is never evicted.
+/// Which runs are kept: at most a number of runs and of bytes, and
+/// optionally not past an age. Only ended runs are evicted, the oldest
+/// (by start time) first; a live run is never evicted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Retention {
@@ -273,12 +278,23 @@ pub struct Retention {
     pub max_runs: usize,
     /// Ended runs older than this (since their end) are evicted.
     pub max_age: Option<Duration>,
+    /// The most bytes of JSON the runs kept may take together. When
+    /// exceeded, the oldest ended runs are evicted, as for `max_runs`.
+    pub max_bytes: u64,
 }
 
 impl Retention {
-    /// Keeps at most `max_runs` runs, of any age.
+    /// Keeps at most `max_runs` runs, of any age, and at most
+    /// [`DEFAULT_MAX_RETAINED_BYTES`] bytes of them.
     pub fn max_runs(max_runs: usize) -> Self {
-        Self { max_runs, max_age: None }
+        Self { max_runs, max_age: None, max_bytes: DEFAULT_MAX_RETAINED_BYTES }
+    }
+
+    /// Keeps at most `max_bytes` bytes of runs' JSON (live runs are kept
+    /// whatever their size).
+    pub fn with_max_bytes(mut self, max_bytes: u64) -> Self {
+        self.max_bytes = max_bytes;
+        self
     }
 
     /// Also evicts ended runs that ended more than `max_age` ago.

@@ -1,13 +1,19 @@
 //! A stored run: its canonical JSON and the few fields the actor indexes.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use std::borrow::Cow;
 use trainstate_client::{RunDocument, RunJson, StateError};
 
+use std::hash::{DefaultHasher, Hash, Hasher};
+
 use serde::Deserialize;
-use trainstate_schema::{CauseKind, RunCause, RunId, RunStatus, TrainRunInfo};
+use trainstate_schema::limits::MAX_RUN_BYTES;
+use trainstate_schema::{
+    CauseKind, Resources, Rule, RunCause, RunId, RunStatus, TrainRunInfo, ValidationError,
+};
 
 /// One run as the actor keeps it in memory: the canonical JSON it serves,
 /// plus what filters and transitions need without parsing it.
@@ -29,6 +35,9 @@ pub(crate) struct RunRecord {
     pub(crate) node_ids: Names,
     /// Distinct node IPs of every attempt's workers.
     pub(crate) node_ips: Names,
+    /// The run's static metadata beyond the fields above, to recognise a
+    /// repeated registration without parsing the stored JSON.
+    statics: Statics,
     json: RunJson,
     /// The cluster the run belongs to (`None` for runs registered without one).
     pub(crate) cluster: Option<Box<str>>,
@@ -43,12 +52,22 @@ pub(crate) struct RunRecord {
 impl RunRecord {
     /// The record of a validated run. The stored JSON never carries
     /// `last_heartbeat_ms`: heartbeats live in memory only.
-    pub(crate) fn new(run: &TrainRunInfo) -> Arc<Self> {
+    ///
+    /// Refuses a run whose JSON would take more than [`MAX_RUN_BYTES`],
+    /// naming its largest member: nothing is changed.
+    pub(crate) fn new(run: &TrainRunInfo) -> Result<Arc<Self>, StateError> {
         let json = RunJson::of(run);
+        let size = json.approximate_len();
+        if size > MAX_RUN_BYTES {
+            let field = json.largest_member().unwrap_or_else(|| "body".into());
+            let rule = Rule::RunTooLarge { max: MAX_RUN_BYTES, size };
+            return Err(ValidationError::new(field, rule).into());
+        }
         let attempts = run.attempts().iter().filter_map(|a| a.workers());
         let nodes = attempts.flatten().chain(run.workers()).map(|w| (w.node_id(), w.node_ip()));
         let (node_ids, node_ips) = distinct_nodes(nodes);
-        Arc::new(Self {
+        Ok(Arc::new(Self {
+            statics: Statics::of(run),
             id: run.id().clone(),
             start_time_ms: run.start_time_ms(),
             end_time_ms: run.end_time_ms(),
@@ -63,7 +82,7 @@ impl RunRecord {
             cluster: run.cluster().map(Into::into),
             version: crate::store::versions::next(),
             base: AtomicU64::new(0),
-        })
+        }))
     }
 
     /// Reads a record back from the store's JSON, which this store wrote
@@ -87,7 +106,28 @@ impl RunRecord {
                 .chain(&index.workers)
                 .map(|w| (w.node_id.as_ref(), w.node_ip.as_ref()));
             let (node_ids, node_ips) = distinct_nodes(nodes);
+            let first_workers = match index.attempts.first().and_then(|a| a.workers.as_deref()) {
+                Some(workers) => workers,
+                None => &index.workers,
+            };
+            let statics = Statics {
+                controller_actor_id: index.controller_actor_id.as_ref().into(),
+                datasets: digest(|h| {
+                    h.write_usize(index.datasets.len());
+                    for d in &index.datasets {
+                        (d.name.as_ref(), d.dataset_uuid.as_ref(), d.dataset_name.as_deref())
+                            .hash(h);
+                    }
+                }),
+                workers: digest(|h| {
+                    h.write_usize(first_workers.len());
+                    for w in first_workers {
+                        hash_worker(h, &w.identity());
+                    }
+                }),
+            };
             Self {
+                statics,
                 id,
                 start_time_ms: index.start_time_ms,
                 end_time_ms: index.end_time_ms,
@@ -115,6 +155,30 @@ impl RunRecord {
         &self.json
     }
 
+    /// The first field of static metadata in which `run` differs from this
+    /// record's run, in the order and with the names of
+    /// [`TrainRunInfo::static_difference`], or `None` when they agree.
+    /// Linear in `run`'s first worker group; the stored JSON is not parsed.
+    pub(crate) fn static_difference(&self, run: &TrainRunInfo) -> Option<&'static str> {
+        if *self.name != *run.name() {
+            Some("name")
+        } else if self.id != *run.id() {
+            Some("id")
+        } else if *self.job_id != *run.job_id() {
+            Some("job_id")
+        } else if *self.statics.controller_actor_id != *run.controller_actor_id() {
+            Some("controller_actor_id")
+        } else if self.statics.datasets != Statics::datasets_of(run) {
+            Some("datasets")
+        } else if self.start_time_ms != run.start_time_ms() {
+            Some("start_time_ms")
+        } else if self.statics.workers != Statics::workers_of(run) {
+            Some("workers")
+        } else {
+            None
+        }
+    }
+
     /// The typed run.
     pub(crate) fn run(&self) -> Result<TrainRunInfo, StateError> {
         serde_json::from_str(&self.json().text())
@@ -127,18 +191,108 @@ impl RunRecord {
     }
 }
 
+/// What a repeated registration must match besides the indexed fields:
+/// the controller's id, and 128-bit digests of the datasets and of the
+/// first attempt's workers (their identity, whatever their `status`; see
+/// [`TrainWorkerInfo::same_identity`](trainstate_schema::TrainWorkerInfo::same_identity)).
+#[derive(Debug)]
+struct Statics {
+    controller_actor_id: Box<str>,
+    datasets: Digest,
+    workers: Digest,
+}
+
+impl Statics {
+    fn of(run: &TrainRunInfo) -> Self {
+        Self {
+            controller_actor_id: run.controller_actor_id().into(),
+            datasets: Self::datasets_of(run),
+            workers: Self::workers_of(run),
+        }
+    }
+
+    fn datasets_of(run: &TrainRunInfo) -> Digest {
+        digest(|h| {
+            h.write_usize(run.datasets().len());
+            for d in run.datasets() {
+                (d.name(), d.dataset_uuid(), d.dataset_name()).hash(h);
+            }
+        })
+    }
+
+    fn workers_of(run: &TrainRunInfo) -> Digest {
+        let workers = run.first_attempt_workers();
+        digest(|h| {
+            h.write_usize(workers.len());
+            for w in workers {
+                hash_worker(
+                    h,
+                    &Identity {
+                        actor_id: w.actor_id(),
+                        ranks: [w.world_rank(), w.local_rank(), w.node_rank(), w.pid()],
+                        node_id: w.node_id(),
+                        node_ip: w.node_ip(),
+                        gpu_ids: w.gpu_ids(),
+                        resources: w.resources(),
+                        log: w.worker_log_file_path(),
+                    },
+                );
+            }
+        })
+    }
+}
+
+/// Two independent 64-bit hashes of the same fields.
+type Digest = (u64, u64);
+
+fn digest(feed: impl Fn(&mut DefaultHasher)) -> Digest {
+    let mut halves = [0u64; 2];
+    for (seed, half) in halves.iter_mut().enumerate() {
+        let mut h = DefaultHasher::new();
+        h.write_usize(seed);
+        feed(&mut h);
+        *half = h.finish();
+    }
+    (halves[0], halves[1])
+}
+
+/// What identifies a worker: every field but its `status`.
+struct Identity<'a> {
+    actor_id: &'a str,
+    /// World, local and node rank, and the process id.
+    ranks: [u32; 4],
+    node_id: &'a str,
+    node_ip: &'a str,
+    gpu_ids: &'a [u32],
+    resources: &'a Resources,
+    log: Option<&'a str>,
+}
+
+fn hash_worker(h: &mut DefaultHasher, w: &Identity<'_>) {
+    (w.actor_id, w.ranks, w.node_id, w.node_ip, w.gpu_ids, w.log).hash(h);
+    h.write_usize(w.resources.len());
+    for (name, amount) in w.resources.iter() {
+        name.hash(h);
+        // Equal amounts hash equally: 0.0 and -0.0 compare equal.
+        h.write_u64(if amount == 0.0 { 0 } else { amount.to_bits() });
+    }
+}
+
 /// A short list of distinct names.
 type Names = Box<[Box<str>]>;
 
-/// Distinct node ids and node IPs, in order of first appearance.
+/// Distinct node ids and node IPs, in order of first appearance: one
+/// pass, each name looked up in a hash set (linear in the workers).
 fn distinct_nodes<'a>(nodes: impl Iterator<Item = (&'a str, &'a str)>) -> (Names, Names) {
+    let mut seen_ids: HashSet<&'a str> = HashSet::new();
+    let mut seen_ips: HashSet<&'a str> = HashSet::new();
     let mut ids: Vec<Box<str>> = Vec::new();
     let mut ips: Vec<Box<str>> = Vec::new();
     for (id, ip) in nodes {
-        if !ids.iter().any(|n| **n == *id) {
+        if seen_ids.insert(id) {
             ids.push(id.into());
         }
-        if !ips.iter().any(|n| **n == *ip) {
+        if seen_ips.insert(ip) {
             ips.push(ip.into());
         }
     }
@@ -164,6 +318,10 @@ struct StoredIndex<'a> {
     #[serde(default)]
     cause: Option<RunCause>,
     #[serde(borrow)]
+    controller_actor_id: Cow<'a, str>,
+    #[serde(borrow)]
+    datasets: Vec<StoredDataset<'a>>,
+    #[serde(borrow)]
     workers: Vec<StoredNode<'a>>,
     #[serde(default, borrow)]
     attempts: Vec<StoredAttempt<'a>>,
@@ -171,16 +329,141 @@ struct StoredIndex<'a> {
     cluster: Option<Cow<'a, str>>,
 }
 
+/// A stored worker: every field of its identity (not its `status`).
 #[derive(Deserialize)]
 struct StoredNode<'a> {
+    #[serde(borrow)]
+    actor_id: Cow<'a, str>,
+    world_rank: u32,
+    local_rank: u32,
+    node_rank: u32,
     #[serde(borrow)]
     node_id: Cow<'a, str>,
     #[serde(borrow)]
     node_ip: Cow<'a, str>,
+    pid: u32,
+    gpu_ids: Vec<u32>,
+    resources: Resources,
+    #[serde(default, borrow)]
+    worker_log_file_path: Option<Cow<'a, str>>,
+}
+
+impl StoredNode<'_> {
+    fn identity(&self) -> Identity<'_> {
+        Identity {
+            actor_id: &self.actor_id,
+            ranks: [self.world_rank, self.local_rank, self.node_rank, self.pid],
+            node_id: &self.node_id,
+            node_ip: &self.node_ip,
+            gpu_ids: &self.gpu_ids,
+            resources: &self.resources,
+            log: self.worker_log_file_path.as_deref(),
+        }
+    }
+}
+
+/// A stored dataset.
+#[derive(Deserialize)]
+struct StoredDataset<'a> {
+    #[serde(borrow)]
+    name: Cow<'a, str>,
+    #[serde(borrow)]
+    dataset_uuid: Cow<'a, str>,
+    #[serde(default, borrow)]
+    dataset_name: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
 struct StoredAttempt<'a> {
     #[serde(default, borrow)]
     workers: Option<Vec<StoredNode<'a>>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use trainstate_schema::{
+        ActorStatus, NewRun, Resources, TrainDatasetInfoDraft, TrainRunInfoDraft,
+        TrainWorkerInfoDraft,
+    };
+
+    use super::*;
+
+    fn worker(rank: u32) -> TrainWorkerInfoDraft {
+        TrainWorkerInfoDraft {
+            actor_id: format!("actor{rank}"),
+            world_rank: rank,
+            local_rank: rank % 2,
+            node_rank: rank / 2,
+            node_id: format!("node{}", rank / 2),
+            node_ip: format!("10.0.0.{}", rank / 2 + 1),
+            pid: 100 + rank,
+            gpu_ids: vec![rank % 2],
+            status: ActorStatus::Alive,
+            resources: Resources::from_iter([("GPU", 1.0), ("CPU", 0.0)]),
+            worker_log_file_path: Some(format!("/logs/{rank}")),
+        }
+    }
+
+    fn draft() -> TrainRunInfoDraft {
+        TrainRunInfoDraft {
+            workers: (0..4).map(worker).collect(),
+            datasets: vec![TrainDatasetInfoDraft {
+                name: "train".into(),
+                dataset_uuid: "u1".into(),
+                dataset_name: None,
+            }],
+            ..TrainRunInfoDraft::new("r1", "pretrain", "job", "ctrl", 1_760_000_000_000)
+        }
+    }
+
+    /// The same run as registered and as read back from the store's JSON.
+    fn records(draft: TrainRunInfoDraft) -> [Arc<RunRecord>; 2] {
+        let run = NewRun::new(draft.validate().unwrap()).into_run(1_760_000_000_000);
+        let new = RunRecord::new(&run).unwrap();
+        let stored = RunRecord::from_stored(new.json().text().into_owned()).unwrap();
+        [new, stored]
+    }
+
+    type Change = fn(&mut TrainRunInfoDraft);
+
+    #[test]
+    fn a_record_tells_static_differences_without_parsing_its_json() {
+        let same = draft().validate().unwrap();
+        let changed = |change: Change| {
+            let mut d = draft();
+            change(&mut d);
+            d.validate().unwrap()
+        };
+        let cases: [(Change, Option<&str>); 8] = [
+            (|d| d.name = "other".into(), Some("name")),
+            (|d| d.controller_actor_id = "other".into(), Some("controller_actor_id")),
+            (|d| d.datasets[0].dataset_name = Some("x".into()), Some("datasets")),
+            (|d| d.start_time_ms += 1, Some("start_time_ms")),
+            (|d| d.workers[3].pid = 7, Some("workers")),
+            (|d| d.workers[1].resources = Resources::from_iter([("GPU", 2.0)]), Some("workers")),
+            // Not static: a worker's status, the run's status detail; -0.0 is 0.0.
+            (|d| d.workers[0].status = ActorStatus::Dead, None),
+            (
+                |d| {
+                    d.status_detail = "busy".into();
+                    d.workers[2].resources = Resources::from_iter([("GPU", 1.0), ("CPU", -0.0)]);
+                },
+                None,
+            ),
+        ];
+        for record in records(draft()) {
+            assert_eq!(record.static_difference(&same), None);
+            for (change, expected) in &cases {
+                assert_eq!(record.static_difference(&changed(*change)), *expected);
+            }
+        }
+    }
+
+    #[test]
+    fn distinct_nodes_keep_the_order_of_first_appearance() {
+        let nodes = [("b", "2"), ("a", "1"), ("b", "2"), ("c", "1")];
+        let (ids, ips) = distinct_nodes(nodes.into_iter());
+        assert_eq!(&*ids, [Box::from("b"), "a".into(), "c".into()]);
+        assert_eq!(&*ips, [Box::from("2"), "1".into()]);
+    }
 }

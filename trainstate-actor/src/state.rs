@@ -11,7 +11,7 @@ use std::time::Duration;
 use trainstate_client::{
     EventKind, NewAttempt, Registration, RunDocument, StateError, StatusUpdate,
 };
-use trainstate_schema::limits::MAX_STATUS_DETAIL_LEN;
+use trainstate_schema::limits::{MAX_ATTEMPT_HISTORY_BYTES, MAX_STATUS_DETAIL_LEN};
 use trainstate_schema::text::{errored_status_detail, last_chars};
 use trainstate_schema::{
     ActorStatus, AttemptStatus, CauseKind, NewRun, Rule, RunAttemptDraft, RunCause, RunId,
@@ -69,6 +69,8 @@ pub(crate) struct Runs {
     shared_heard: HashMap<RunId, (u64, u64)>,
     /// When every shared heartbeat was last read, on the monotonic clock.
     shared_read_mono_ms: Option<u64>,
+    /// The bytes of JSON of every run in `by_id`, for retention by bytes.
+    bytes: u64,
 }
 
 impl Runs {
@@ -102,6 +104,7 @@ impl Runs {
             monotonic_ms,
             shared_heard: HashMap::new(),
             shared_read_mono_ms: None,
+            bytes: 0,
         };
         for record in records {
             runs.put(record, now_ms);
@@ -152,15 +155,18 @@ impl Runs {
             remote::NEVER_SWEPT => remote::NEVER_SWEPT,
             wall_ms => self.lease_now(wall_ms),
         };
+        self.bytes += record_bytes(&record);
         if let Some(previous) =
             self.by_id.insert(id, Entry { record, last_heard_ms, lease_from_ms })
         {
+            self.bytes -= record_bytes(&previous.record);
             remote::note_base(&self.by_id[&previous.record.id].record, &previous.record);
         }
     }
 
     fn remove(&mut self, id: &RunId) -> Option<Arc<RunRecord>> {
         let entry = self.by_id.remove(id)?;
+        self.bytes -= record_bytes(&entry.record);
         self.ended.remove(&(entry.record.start_time_ms, id.clone()));
         Some(entry.record)
     }
@@ -189,8 +195,8 @@ impl Runs {
     ) -> Result<Outcome<Registration>, StateError> {
         let lease_from_ms = self.lease_now(now_ms);
         if let Some(entry) = self.by_id.get_mut(new.run().id()) {
-            let stored = entry.record.run()?;
-            if let Some(field) = stored.static_difference(new.run()) {
+            // Compared with what the record keeps: the stored JSON is not parsed.
+            if let Some(field) = entry.record.static_difference(new.run()) {
                 return Err(StateError::Conflict {
                     id: new.run().id().clone(),
                     reason: format!(
@@ -211,7 +217,7 @@ impl Runs {
         }
 
         let run = new.into_run(now_ms);
-        let record = RunRecord::new(&run);
+        let record = RunRecord::new(&run)?;
         self.refuse_if_evicted_at_once(&record)?;
         let id = record.id.clone();
         self.put(record.clone(), now_ms);
@@ -382,7 +388,7 @@ impl Runs {
             let mut draft = v2.to_draft();
             draft.cause = ray_cause(v2.status == RunStatus::Errored, &draft.status_detail);
             let run = NewRun::from_ray(draft.validate()?).into_run(now_ms);
-            let record = RunRecord::new(&run);
+            let record = RunRecord::new(&run)?;
             self.refuse_if_evicted_at_once(&record)?;
             self.put(record.clone(), now_ms);
             let mut change = Change {
@@ -437,6 +443,8 @@ impl Runs {
             let given = draft.end_time_ms;
             end_run(&mut draft, given, now_ms);
         }
+        // Bounded before comparing, so that a repeat changes nothing.
+        bound_attempt_history(&mut draft, MAX_ATTEMPT_HISTORY_BYTES);
         let changed = draft.validate()?;
         if changed == stored {
             return Ok(Outcome::Unchanged(self.document(&record)));
@@ -513,6 +521,7 @@ impl Runs {
                     }
                 } else if !workers.is_empty() {
                     existing.workers = Some(workers);
+                    existing.dropped_workers = None;
                 }
                 EventKind::StatusChanged
             }
@@ -533,6 +542,8 @@ impl Runs {
                 EventKind::AttemptStarted
             }
         };
+        // Bounded before comparing, so that a repeat changes nothing.
+        bound_attempt_history(&mut draft, MAX_ATTEMPT_HISTORY_BYTES);
         let changed = draft.validate()?;
         if changed == stored {
             return Ok(Outcome::Unchanged(self.document(&record)));
@@ -542,13 +553,17 @@ impl Runs {
 
     /// Validates a changed run, makes it the run's latest version, and
     /// returns the write that commits it and the event that announces it.
+    /// The worker lists of its ended attempts are bounded first
+    /// ([`bound_attempt_history`]); a run still too large is refused and
+    /// nothing changes.
     fn replace(
         &mut self,
-        draft: TrainRunInfoDraft,
+        mut draft: TrainRunInfoDraft,
         kind: EventKind,
         now_ms: u64,
     ) -> Result<Change<RunDocument>, StateError> {
-        let record = RunRecord::new(&draft.validate()?);
+        bound_attempt_history(&mut draft, MAX_ATTEMPT_HISTORY_BYTES);
+        let record = RunRecord::new(&draft.validate()?)?;
         // A write from the controller is a sign of life, like a heartbeat.
         self.put(record.clone(), now_ms);
         Ok(Change {
@@ -661,35 +676,44 @@ impl Runs {
     }
 
     /// Refuses a new run that the commit storing it would evict at once:
-    /// an ended run, older (by start time) than every ended run kept, while
-    /// the store holds its most runs. Answering "created" for a run that is
-    /// gone would not match what happened; nothing is stored. Mirrors
+    /// an ended run that, with the oldest ended runs evicted first while
+    /// more runs or more bytes are kept than retention allows, would be
+    /// evicted itself. Answering "created" for a run that is gone would not
+    /// match what happened; nothing is stored. Mirrors
     /// [`Runs::evict_over_capacity`]'s rule.
     fn refuse_if_evicted_at_once(&self, record: &RunRecord) -> Result<(), StateError> {
         if !record.status.is_terminal() {
             return Ok(());
         }
-        let evictions = (self.by_id.len() + 1).saturating_sub(self.retention.max_runs);
-        if evictions == 0 {
-            return Ok(());
+        let (max_runs, max_bytes) = (self.retention.max_runs, self.retention.max_bytes);
+        let mut runs = self.by_id.len() + 1;
+        let mut bytes = self.bytes + record_bytes(record);
+        let fits = |runs: usize, bytes: u64| runs <= max_runs && bytes <= max_bytes;
+        // The ended runs evicted before this one: those that started before it.
+        for (_, id) in self.ended.range(..(record.start_time_ms, record.id.clone())) {
+            if fits(runs, bytes) {
+                return Ok(());
+            }
+            runs -= 1;
+            bytes = bytes.saturating_sub(self.by_id.get(id).map_or(0, |e| record_bytes(&e.record)));
         }
-        let key = (record.start_time_ms, record.id.clone());
-        let older = self.ended.range(..key).take(evictions).count();
-        if older >= evictions {
+        if fits(runs, bytes) {
             return Ok(());
         }
         Err(StateError::Conflict {
             id: record.id.clone(),
             reason: format!(
-                "retention is full ({} runs kept) and this ended run started before every \
-                 ended run kept, so storing it would evict it at once; nothing was stored",
-                self.retention.max_runs
+                "retention is full ({max_runs} runs, {max_bytes} bytes of runs kept) and this \
+                 ended run started before every ended run kept, so storing it would evict it \
+                 at once; nothing was stored"
             ),
         })
     }
 
+    /// Evicts the oldest ended runs while more runs, or more bytes of
+    /// runs, are kept than retention allows.
     fn evict_over_capacity(&mut self, ops: &mut Vec<StoreOp>, events: &mut Vec<PendingEvent>) {
-        while self.by_id.len() > self.retention.max_runs {
+        while self.by_id.len() > self.retention.max_runs || self.bytes > self.retention.max_bytes {
             let Some((_, oldest)) = self.ended.first().cloned() else {
                 // Only live runs remain; they are never evicted.
                 break;
@@ -708,6 +732,11 @@ impl Runs {
             });
         }
     }
+}
+
+/// The bytes a run counts for retention: its stored JSON.
+fn record_bytes(record: &RunRecord) -> u64 {
+    record.json().approximate_len() as u64
 }
 
 /// Stamps the end of a run, and of its current attempt: at `end_time_ms`
@@ -746,6 +775,48 @@ fn replace_current_attempt(
         current.workers = Some(previous_workers);
     }
     draft.attempts.push(next);
+}
+
+/// Keeps the worker lists of a run's ended attempts while they take at most
+/// about `max_bytes` of JSON, the newest first, and drops the older ones:
+/// such an attempt keeps everything else, its `workers` becomes `[]` and
+/// its `dropped_workers` says how many it had. The first attempt's list
+/// (static metadata: what a repeated registration is compared by) and the
+/// current one's (the run's `workers`) are always kept. Linear in the
+/// lists it measures; returns how many lists it dropped.
+pub(crate) fn bound_attempt_history(draft: &mut TrainRunInfoDraft, max_bytes: usize) -> usize {
+    let Some(last) = draft.attempts.len().checked_sub(1) else { return 0 };
+    let mut kept = 0usize;
+    let mut dropped = 0;
+    for attempt in draft.attempts[..last].iter_mut().skip(1).rev() {
+        let Some(workers) = attempt.workers.as_mut().filter(|w| !w.is_empty()) else { continue };
+        if kept <= max_bytes {
+            kept = kept.saturating_add(json_len(workers));
+            if kept <= max_bytes {
+                continue;
+            }
+        }
+        attempt.dropped_workers = Some(workers.len() as u32);
+        workers.clear();
+        dropped += 1;
+    }
+    dropped
+}
+
+/// How many bytes `value` takes as JSON, counted without keeping them.
+fn json_len(value: &impl serde::Serialize) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    serde_json::to_writer(&mut count, value).map_or(usize::MAX, |()| count.0)
 }
 
 /// The rank of the first `[Rank N Error Snippet]` in Ray's error detail.

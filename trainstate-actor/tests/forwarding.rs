@@ -98,6 +98,7 @@ on_both_stores! {
             status_detail: String::new(),
             cause: None,
             workers: None,
+            dropped_workers: None,
         }];
         let finished = finished.validate().unwrap();
         let (status, stored) = put(serde_json::to_value(&finished).unwrap()).await;

@@ -8,6 +8,7 @@ mod forwarding;
 mod hardening;
 mod hardening_clocks;
 mod hardening_events;
+mod hardening_size;
 mod hardening_store;
 mod http_api;
 mod lifecycle;

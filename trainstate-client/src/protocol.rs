@@ -166,11 +166,15 @@ enum Repr {
 
 impl RunJson {
     /// The JSON of `run`: whole when it has ended, as members while it is live.
+    ///
+    /// The run is serialized once and its text read once (whole: checked
+    /// as JSON; live: split into members), so this is linear in its size.
     pub fn of(run: &TrainRunInfo) -> Self {
-        let whole = serde_json::value::to_raw_value(run).expect("a validated run serializes");
+        let text = serde_json::to_string(run).expect("a validated run serializes");
         if run.status().is_live() {
-            Self::members_of(&whole).expect("a serialized run is a JSON object")
+            Self::members_of(&text).expect("a serialized run is a JSON object")
         } else {
+            let whole = RawValue::from_string(text).expect("a serialized run is JSON");
             Self(Repr::Whole(Arc::from(whole)))
         }
     }
@@ -178,22 +182,22 @@ impl RunJson {
     /// Reads a stored run's JSON text, as members when `live`.
     pub fn from_text(text: String, live: bool) -> Result<Self, serde_json::Error> {
         let whole = RawValue::from_string(text)?;
-        if live { Self::members_of(&whole) } else { Ok(Self(Repr::Whole(Arc::from(whole)))) }
+        if live { Self::members_of(whole.get()) } else { Ok(Self(Repr::Whole(Arc::from(whole)))) }
     }
 
     /// The same JSON kept as members, as a live run's is.
     pub fn into_members(self) -> Result<Self, serde_json::Error> {
         match &self.0 {
-            Repr::Whole(whole) => Self::members_of(whole),
+            Repr::Whole(whole) => Self::members_of(whole.get()),
             Repr::Members(..) => Ok(self),
         }
     }
 
-    fn members_of(whole: &RawValue) -> Result<Self, serde_json::Error> {
-        let members: Members<'_> = serde_json::from_str(whole.get())?;
+    fn members_of(whole: &str) -> Result<Self, serde_json::Error> {
+        let members: Members<'_> = serde_json::from_str(whole)?;
         let members: Vec<_> =
             members.0.into_iter().map(|(key, value)| (intern(key), value.to_owned())).collect();
-        Ok(Self(Repr::Members(members.into(), whole.get().len())))
+        Ok(Self(Repr::Members(members.into(), whole.len())))
     }
 
     /// About how many bytes the run's JSON takes: to size a buffer.
@@ -201,6 +205,23 @@ impl RunJson {
         match &self.0 {
             Repr::Whole(raw) => raw.get().len(),
             Repr::Members(_, len) => *len,
+        }
+    }
+
+    /// The name of the top-level member whose value takes the most bytes
+    /// (`None` for an empty object): to say what makes a run large.
+    pub fn largest_member(&self) -> Option<String> {
+        let largest = |members: &mut dyn Iterator<Item = (&str, usize)>| {
+            members.max_by_key(|(_, len)| *len).map(|(key, _)| key.to_owned())
+        };
+        match &self.0 {
+            Repr::Whole(raw) => {
+                let members: Members<'_> = serde_json::from_str(raw.get()).ok()?;
+                largest(&mut members.0.iter().map(|(k, v)| (*k, v.get().len())))
+            }
+            Repr::Members(members, _) => {
+                largest(&mut members.iter().map(|(k, v)| (k.as_ref(), v.get().len())))
+            }
         }
     }
 

@@ -118,14 +118,21 @@ pub struct RunAttemptDraft {
         deserialize_with = "crate::object::option"
     )]
     pub cause: Option<RunCause>,
-    /// The attempt's workers, sorted by world rank. Present on ended attempts; absent on
-    /// the current (last) attempt, whose workers are the run's `workers`.
+    /// The attempt's workers, sorted by world rank. Present on ended attempts (`[]` when
+    /// the head dropped them: see `dropped_workers`); absent on the current (last)
+    /// attempt, whose workers are the run's `workers`.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         deserialize_with = "crate::object::option_vec"
     )]
     pub workers: Option<Vec<TrainWorkerInfoDraft>>,
+    /// How many workers this ended attempt had, when the head dropped their
+    /// list (its `workers` is then `[]`) to bound the run's size: it keeps
+    /// the worker lists of ended attempts, the first attempt's aside, up to
+    /// about 16 MiB of JSON, the newest first. Absent when the list is kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dropped_workers: Option<u32>,
 }
 
 impl RunAttemptDraft {
@@ -141,6 +148,7 @@ impl RunAttemptDraft {
             status_detail: String::new(),
             cause: None,
             workers: None,
+            dropped_workers: None,
         }
     }
 }

@@ -151,6 +151,18 @@ pub enum Rule {
         /// The limit, in bytes.
         max: usize,
     },
+    /// The run's stored JSON would be larger than
+    /// [`MAX_RUN_BYTES`](crate::limits::MAX_RUN_BYTES); the error names the
+    /// run's largest member.
+    RunTooLarge {
+        /// The limit, in bytes.
+        max: usize,
+        /// The size the run's JSON would have, in bytes.
+        size: usize,
+    },
+    /// `dropped_workers` is only on an ended attempt that is not the
+    /// current one, with `workers` empty.
+    DroppedWorkersListed,
 }
 
 impl fmt::Display for Rule {
@@ -235,6 +247,13 @@ impl fmt::Display for Rule {
             }
             Rule::TooDeep { max } => write!(f, "must nest at most {max} levels deep"),
             Rule::TooLarge { max } => write!(f, "must be at most about {max} bytes of JSON"),
+            Rule::RunTooLarge { max, size } => write!(
+                f,
+                "is the largest member of a run whose JSON would take {size} bytes; a run takes at most {max} bytes"
+            ),
+            Rule::DroppedWorkersListed => f.write_str(
+                "only an ended attempt before the current one has dropped_workers, and then workers is []",
+            ),
         }
     }
 }

@@ -38,6 +38,28 @@ pub const MAX_DATASETS: usize = 1_024;
 /// Most attempts (worker groups) kept in one run's history.
 pub const MAX_ATTEMPTS: usize = 256;
 
+/// The most bytes of JSON one stored run may take (96 MiB): what the head
+/// keeps in memory and writes in one store row for a run, far below
+/// SQLite's default row limit (1,000,000,000 bytes).
+///
+/// A write that would make a run larger is refused (422 `invalid`, naming
+/// the run's largest member and [`Rule::RunTooLarge`](crate::Rule::RunTooLarge))
+/// and changes nothing. A run sent over HTTP (at most 16 MiB of body)
+/// stays under it whatever its attempts, since the head bounds the worker
+/// lists it keeps of ended attempts ([`MAX_ATTEMPT_HISTORY_BYTES`]).
+pub const MAX_RUN_BYTES: usize = 96 * 1024 * 1024;
+
+/// About how many bytes of JSON the worker lists of a run's ended attempts
+/// may take, the first attempt's aside (16 MiB).
+///
+/// When a new version of a run would keep more, the head drops the worker
+/// lists of the oldest ended attempts (never the first attempt's, which is
+/// part of the run's static metadata, nor the current attempt's, which are
+/// the run's `workers`) until the rest fits: such an attempt keeps its
+/// ids, times, status and cause, its `workers` becomes `[]` and
+/// `dropped_workers` says how many it had.
+pub const MAX_ATTEMPT_HISTORY_BYTES: usize = 16 * 1024 * 1024;
+
 /// How deeply `run_settings` may nest arrays and objects.
 pub const MAX_RUN_SETTINGS_DEPTH: usize = 16;
 

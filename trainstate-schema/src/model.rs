@@ -217,6 +217,8 @@ pub struct RunAttempt {
     pub(crate) end_time_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) workers: Option<WorkerList>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) dropped_workers: Option<u32>,
 }
 
 impl RunAttempt {
@@ -249,6 +251,13 @@ impl RunAttempt {
     pub fn workers(&self) -> Option<&[TrainWorkerInfo]> {
         self.workers.as_deref()
     }
+    /// How many workers this ended attempt had, when the head dropped
+    /// their list to bound the run's size
+    /// ([`MAX_ATTEMPT_HISTORY_BYTES`](crate::limits::MAX_ATTEMPT_HISTORY_BYTES));
+    /// its [`workers`](Self::workers) are then empty.
+    pub fn dropped_workers(&self) -> Option<u32> {
+        self.dropped_workers
+    }
 
     /// The unvalidated form, to change and validate again.
     pub fn into_draft(self) -> RunAttemptDraft {
@@ -262,6 +271,7 @@ impl RunAttempt {
             workers: self
                 .workers
                 .map(|ws| ws.into_vec().into_iter().map(TrainWorkerInfo::into_draft).collect()),
+            dropped_workers: self.dropped_workers,
         }
     }
 }
@@ -654,6 +664,11 @@ fn checked_attempts(
                 }
             }
         };
+        if a.dropped_workers.is_some()
+            && (is_last || workers.as_ref().is_none_or(|w| !w.is_empty()))
+        {
+            return Err(ValidationError::new(path("dropped_workers"), Rule::DroppedWorkersListed));
+        }
         let attempt_status = match a.status {
             Some(given) => {
                 if given.is_terminal() != a.end_time_ms.is_some() {
@@ -673,6 +688,7 @@ fn checked_attempts(
             start_time_ms: a.start_time_ms,
             end_time_ms: a.end_time_ms,
             workers,
+            dropped_workers: a.dropped_workers,
         });
     }
     Ok(attempts)

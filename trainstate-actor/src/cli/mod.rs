@@ -79,6 +79,10 @@ struct ServeArgs {
     /// The most runs kept; the oldest ended runs are evicted first.
     #[arg(long, env = "TRAINSTATE_MAX_RUNS", default_value_t = trainstate_actor::DEFAULT_MAX_RUNS)]
     max_runs: usize,
+    /// The most bytes of JSON of the runs kept (in memory and in the store);
+    /// the oldest ended runs are evicted first. Live runs are never evicted.
+    #[arg(long, env = "TRAINSTATE_MAX_RETAINED_BYTES", default_value_t = trainstate_actor::DEFAULT_MAX_RETAINED_BYTES)]
+    max_retained_bytes: u64,
     /// Evict ended runs older than this (e.g. 30d is not accepted; use 720h).
     #[arg(long, env = "TRAINSTATE_MAX_AGE", value_parser = duration::parse)]
     max_age: Option<Duration>,

@@ -133,7 +133,7 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
         Some(lock)
     };
     config = config.with_cluster(args.cluster.clone());
-    let mut retention = Retention::max_runs(args.max_runs);
+    let mut retention = Retention::max_runs(args.max_runs).with_max_bytes(args.max_retained_bytes);
     if let Some(age) = args.max_age {
         retention = retention.with_max_age(age);
     }

@@ -205,7 +205,7 @@ impl Runs {
         let mut draft = run.into_draft();
         draft.last_heartbeat_ms = None;
         let run = draft.validate()?;
-        let record = RunRecord::new(&run);
+        let record = RunRecord::new(&run)?;
         let id = record.id.clone();
 
         let kind = match self.by_id.get(&id) {

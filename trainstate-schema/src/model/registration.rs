@@ -69,6 +69,7 @@ impl NewRun {
                 start_time_ms: run.start_time_ms,
                 end_time_ms: None,
                 workers: None,
+                dropped_workers: None,
             });
         }
         Self { run }
