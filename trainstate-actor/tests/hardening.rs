@@ -173,23 +173,67 @@ async fn regression_over_limit_content_length_is_refused_at_once() {
     server.stop().await;
 }
 
+/// The bound on bodies counts bytes, not requests: a burst of 64 small
+/// registrations, all waiting on one commit at once (the writer is held),
+/// is taken whole. A bound of 16 bodies refused 48 of them with 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_burst_of_small_registrations_is_not_refused_by_the_body_bound() {
+    let faults = std::sync::Arc::new(trainstate_actor::Faults::default());
+    let config =
+        StateConfig::in_memory().with_name(unique_name("burst")).with_faults(faults.clone());
+    let server = Server::start(config, HttpConfig::default()).await;
+    let url = format!("{}/api/train/runs", server.url);
+    let client = Client::new();
+    faults.hold_writer();
+    let posts: Vec<_> = (0..64)
+        .map(|i| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move {
+                let run = run_with(&RunId::new_v7(), &format!("burst{i}"), "job1", T0, 8);
+                let body = serde_json::to_vec(&run).unwrap();
+                crate::contract::send(
+                    &client,
+                    Method::POST,
+                    &url,
+                    Some(("application/json", body)),
+                    None,
+                )
+                .await
+            })
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + HANG;
+    while server.service.in_flight_writes() < 64 {
+        assert!(std::time::Instant::now() < deadline, "the 64 registrations never all waited");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    faults.release_writer();
+    for post in posts {
+        let (status, body) = post.await.unwrap();
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+    assert_eq!(server.service.run_count(), 64);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn regression_concurrent_request_bodies_are_bounded() {
     use tokio::io::AsyncWriteExt;
     let http = HttpConfig::default()
-        .with_max_concurrent_bodies(2)
+        .with_max_body_bytes_in_flight(2_000_000)
         .with_request_timeout(std::time::Duration::from_secs(3600));
     let server = server(http).await;
     let url = format!("{}/api/train/runs", server.url);
     let addr = server.url.trim_start_matches("http://").to_owned();
-    // Two uploads that stall partway, as the 100 stalled uploads did.
+    // Two uploads of ~1 MB that stall partway, as the 100 stalled uploads
+    // did: together they hold the whole budget of 2 MB.
     let mut stalled = Vec::new();
     for _ in 0..2 {
         let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
         stream
             .write_all(
                 b"POST /api/train/runs HTTP/1.1\r\nhost: 127.0.0.1\r\n\
-                  content-type: application/json\r\ncontent-length: 100\r\n\r\n{\"run_id\":",
+                  content-type: application/json\r\ncontent-length: 1000000\r\n\r\n{\"run_id\":",
             )
             .await
             .unwrap();

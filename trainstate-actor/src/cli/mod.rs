@@ -123,9 +123,10 @@ struct ServeArgs {
     /// The most open connections; further clients wait until one closes.
     #[arg(long, env = "TRAINSTATE_MAX_CONNECTIONS", default_value_t = trainstate_actor::http::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
-    /// The most request bodies received at once; past it, writes get 503 overloaded.
-    #[arg(long, env = "TRAINSTATE_MAX_CONCURRENT_BODIES", default_value_t = trainstate_actor::http::DEFAULT_MAX_CONCURRENT_BODIES)]
-    max_concurrent_bodies: usize,
+    /// The most bytes of request bodies received and handled at once (each
+    /// counts its Content-Length); past it, writes get 503 overloaded.
+    #[arg(long, env = "TRAINSTATE_MAX_BODY_BYTES_IN_FLIGHT", default_value_t = trainstate_actor::http::DEFAULT_MAX_BODY_BYTES_IN_FLIGHT)]
+    max_body_bytes_in_flight: usize,
     /// The most recent events kept for subscribers that resume (and that live
     /// subscribers are served from).
     #[arg(long, env = "TRAINSTATE_EVENT_BACKLOG", default_value_t = trainstate_actor::DEFAULT_EVENT_BACKLOG)]

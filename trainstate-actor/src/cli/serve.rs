@@ -184,7 +184,7 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
         .with_max_subscribers(args.max_subscribers)
         .with_header_read_timeout(args.header_read_timeout)
         .with_max_connections(args.max_connections)
-        .with_max_concurrent_bodies(args.max_concurrent_bodies)
+        .with_max_body_bytes_in_flight(args.max_body_bytes_in_flight)
         .with_shutdown_grace(args.shutdown_grace)
         .with_max_answer_bytes(args.max_answer_bytes)
         .with_any_host(args.insecure)
@@ -266,7 +266,7 @@ fn check_limits(args: &ServeArgs) -> Result<(), String> {
     for (flag, value) in [
         ("--max-body-bytes", args.max_body_bytes),
         ("--max-connections", args.max_connections),
-        ("--max-concurrent-bodies", args.max_concurrent_bodies),
+        ("--max-body-bytes-in-flight", args.max_body_bytes_in_flight),
         ("--event-backlog", args.event_backlog),
         ("--max-answer-bytes", args.max_answer_bytes),
     ] {

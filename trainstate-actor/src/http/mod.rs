@@ -51,9 +51,10 @@ pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The default bound on open connections (well under a 1,024-descriptor limit).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 
-/// The default bound on request bodies being received at once: with the
-/// default body limit, at most 16 × 16 MiB are buffered.
-pub const DEFAULT_MAX_CONCURRENT_BODIES: usize = 16;
+/// The default bound on the bytes of request bodies being received and
+/// handled at once, across all connections: 256 MiB (sixteen bodies at the
+/// default body limit, or tens of thousands of registrations of a few KiB).
+pub const DEFAULT_MAX_BODY_BYTES_IN_FLIGHT: usize = 256 << 20;
 
 /// The default bound on the bytes of large answers (listings, event-stream
 /// snapshots) produced and not yet taken by their clients' sockets, across
@@ -85,8 +86,10 @@ pub struct HttpConfig {
     pub header_read_timeout: Duration,
     /// The most open connections; further ones wait in the listen backlog.
     pub max_connections: usize,
-    /// The most request bodies received at once; past it, 503 `overloaded`.
-    pub max_concurrent_bodies: usize,
+    /// The most bytes of request bodies received and handled at once (each
+    /// body counts its `Content-Length`, a chunked one the body limit);
+    /// past it, 503 `overloaded`.
+    pub max_body_bytes_in_flight: usize,
     /// How long connections get to finish once shutdown begins.
     pub shutdown_grace: Duration,
     /// The most bytes of listings and event-stream snapshots produced and
@@ -113,7 +116,7 @@ impl Default for HttpConfig {
             cors_origins: Vec::new(),
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
-            max_concurrent_bodies: DEFAULT_MAX_CONCURRENT_BODIES,
+            max_body_bytes_in_flight: DEFAULT_MAX_BODY_BYTES_IN_FLIGHT,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             max_answer_bytes: DEFAULT_MAX_ANSWER_BYTES,
             allow_any_host: false,
@@ -172,9 +175,10 @@ impl HttpConfig {
         self
     }
 
-    /// Sets the bound on request bodies received at once.
-    pub fn with_max_concurrent_bodies(mut self, max: usize) -> Self {
-        self.max_concurrent_bodies = max;
+    /// Sets the bound on the bytes of request bodies received and handled
+    /// at once.
+    pub fn with_max_body_bytes_in_flight(mut self, max: usize) -> Self {
+        self.max_body_bytes_in_flight = max;
         self
     }
 
@@ -350,7 +354,7 @@ fn router(
         handle: service.handle(),
         service,
         subscribers: Arc::new(Semaphore::new(config.max_subscribers)),
-        bodies: Arc::new(Semaphore::new(config.max_concurrent_bodies)),
+        bodies: Arc::new(Semaphore::new(body_kib(config.max_body_bytes_in_flight) as usize)),
         budget: answer::AnswerBudget::new(config.max_answer_bytes),
         listen,
         metrics: Arc::default(),
@@ -530,9 +534,10 @@ fn host_names_listener(host: &str, listen: Option<std::net::SocketAddr>) -> bool
 }
 
 /// Refuses an announced body over the limit at once (413, before a byte of
-/// it is read), and bounds the bodies received at once (503 `overloaded`
-/// past [`HttpConfig::max_concurrent_bodies`]); the permit is held until the
-/// answer is ready.
+/// it is read), and bounds the bytes of bodies received at once (503
+/// `overloaded` past [`HttpConfig::max_body_bytes_in_flight`]); the bytes
+/// are held until the answer is ready. A body counts its `Content-Length`
+/// (a chunked one, the body limit), in KiB.
 async fn bound_bodies(State(app): State<AppState>, request: Request, next: Next) -> Response {
     if matches!(*request.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
         // Reads take no body; whatever is sent is never read.
@@ -554,17 +559,25 @@ async fn bound_bodies(State(app): State<AppState>, request: Request, next: Next)
     if !has_body {
         return next.run(request).await;
     }
-    let Ok(_permit) = app.bodies.clone().try_acquire_owned() else {
+    let budget = body_kib(app.config.max_body_bytes_in_flight);
+    let cost = body_kib(length.map_or(app.config.max_body_bytes, |n| n as usize)).min(budget);
+    let Ok(_permit) = app.bodies.clone().try_acquire_many_owned(cost) else {
         return ApiError::new(
             ErrorCode::Overloaded,
             format!(
-                "{} request bodies are being received; retry",
-                app.config.max_concurrent_bodies
+                "{} bytes of request bodies are being received; retry",
+                app.config.max_body_bytes_in_flight
             ),
         )
         .into_response();
     };
     next.run(request).await
+}
+
+/// `bytes` in whole KiB, at least 1: the unit of the body budget (a
+/// semaphore's permits fit in a `u32`).
+fn body_kib(bytes: usize) -> u32 {
+    bytes.div_ceil(1024).clamp(1, u32::MAX as usize >> 4) as u32
 }
 
 /// Checks the bearer token: always for writes when a token is set, and for
