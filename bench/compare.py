@@ -263,7 +263,7 @@ def write_doc(results, ray_ok, args, machine, started, finished, load_before, lo
                  f"({get(w0, 'wrk.version') or 'wrk'}) with `bench/wrk/register.lua`, a fresh run id in every "
                  "request: sequential = 1 thread, 1 connection; pipelined = "
                  f"{get(w0, 'pipelined.threads')} threads over {get(w0, 'pipelined.in_flight')} connections; "
-                 f"{get(w0, 'wrk.mode')}; `Prefer: return=minimal` "
+                 f"{get(w0, 'wrk.mode')} (so more runs are stored than N); `Prefer: return=minimal` "
                  f"{'sent' if get(w0, 'wrk.prefer') else 'not sent'}. Latencies are wrk's; afterwards the "
                  "listing's total must hold every acknowledged (201) run, no more than the requests in flight "
                  "when wrk stopped, and no answer may be other than 201. wrk is written in C and uses far less "

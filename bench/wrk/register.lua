@@ -9,10 +9,9 @@
 --   TRAINSTATE_WRK_PREFIX  the start of every run id (default: from the clock);
 --                          ids are PREFIX-<thread>-<n>, unique across wrk's threads.
 --   TRAINSTATE_WRK_PREFER  "minimal": send `Prefer: return=minimal` (RFC 7240).
---   TRAINSTATE_WRK_QUOTA   stop each thread after this many answers (0 or absent:
---                          run for wrk's -d duration). Requests in flight when a
---                          thread stops (at most one per connection) may still be
---                          committed without their answer being counted.
+--
+-- wrk runs for its -d duration. Requests in flight when it stops (at most one
+-- per connection) may be committed without their answer being counted.
 --
 -- done() prints one line, `trainstate-wrk {...}` (JSON): answers counted by
 -- status, requests sent, wrk's socket errors and latency percentiles (µs).
@@ -27,7 +26,7 @@ function setup(thread)
    next_thread = next_thread + 1
 end
 
-local prefix_body, suffix_body, path, headers, run_prefix, quota
+local prefix_body, suffix_body, path, headers, run_prefix
 
 function init(args)
    local file = os.getenv("TRAINSTATE_WRK_BODY")
@@ -44,7 +43,6 @@ function init(args)
    prefix_body = string.sub(template, 1, at - 1)
    suffix_body = string.sub(template, at + string.len("@RUN_ID@"))
    run_prefix = os.getenv("TRAINSTATE_WRK_PREFIX") or string.format("wrk%x", os.time())
-   quota = tonumber(os.getenv("TRAINSTATE_WRK_QUOTA") or "0") or 0
    path = "/api/train/runs"
    headers = { ["Content-Type"] = "application/json" }
    if os.getenv("TRAINSTATE_WRK_PREFER") == "minimal" then
@@ -65,9 +63,6 @@ function response(status, headers, body)
    local key = tostring(status)
    counts[key] = (counts[key] or 0) + 1
    answered = answered + 1
-   if quota > 0 and answered >= quota then
-      wrk.thread:stop()
-   end
 end
 
 function done(summary, latency, requests)

@@ -31,7 +31,7 @@ pub(crate) const USAGE: &str =
                          [--store durable|memory|all] [--rounds 1] [--concurrency 64]
                          [--get-calls 20] [--ready N] [--out FILE] [--no-build]
                          [--postgres URL] [--scale N] [--scale-repeats 21]
-                         [--wrk-duration SECONDS] [--wrk-prefer minimal]
+                         [--wrk-duration 5] [--wrk-prefer minimal]
 
   Registers N fresh runs of W workers (sequentially, then pipelined, each phase
   against a fresh state), lists them (unpaged and by pages of 1000), gets one,
@@ -43,8 +43,8 @@ pub(crate) const USAGE: &str =
   (a fresh schema of URL each); `--path none` measures only that.
   --path wrk registers through `wrk` (apt-get install wrk) with
   bench/wrk/register.lua: one connection, then 2 threads over 64 connections,
-  N answers a phase (or --wrk-duration seconds), each against a fresh
-  `trainstate serve`, then checks that every acknowledged run is stored.
+  --wrk-duration seconds each, each against a fresh `trainstate serve`,
+  then checks that every acknowledged run is stored.
   --wrk-prefer minimal sends `Prefer: return=minimal`.
   --scale N fills a durable store with N runs of W workers, restarts the
   head on it, and times /healthz, full load, filtered pages of 100
@@ -121,8 +121,8 @@ pub(crate) struct Options {
     build: bool,
     pub(crate) trainstate_bin: PathBuf,
     postgres: Option<String>,
-    /// `--wrk-duration`: seconds a wrk phase runs instead of N answers.
-    pub(crate) wrk_duration: Option<u64>,
+    /// `--wrk-duration`: the seconds a wrk phase runs.
+    pub(crate) wrk_duration: u64,
     /// `--wrk-prefer minimal`: wrk sends `Prefer: return=minimal`.
     pub(crate) wrk_prefer: Option<String>,
     /// `--scale N`: the runs stored for the scale measurement (0: none).
@@ -147,7 +147,7 @@ impl Options {
             build: true,
             trainstate_bin: unit::trainstate_bin(root),
             postgres: None,
-            wrk_duration: None,
+            wrk_duration: 5,
             wrk_prefer: None,
             scale: 0,
             scale_repeats: 21,
@@ -169,7 +169,7 @@ impl Options {
                 "--ready" => opts.ready = number()?,
                 "--out" => opts.out = Some(PathBuf::from(value)),
                 "--postgres" => opts.postgres = Some((*value).to_owned()),
-                "--wrk-duration" => opts.wrk_duration = Some(number()?.max(1) as u64),
+                "--wrk-duration" => opts.wrk_duration = number()?.max(1) as u64,
                 "--wrk-prefer" => {
                     if *value != "minimal" {
                         return Err("--wrk-prefer: only `minimal`".into());
