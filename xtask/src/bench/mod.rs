@@ -419,6 +419,7 @@ fn header(opts: &Options, about: &About, round: usize) -> Map<String, Value> {
     line.insert("nproc".into(), json!(about.nproc));
     line.insert("date".into(), json!(about.date));
     line.insert("round".into(), json!(round));
+    line.insert("serve_args".into(), json!(http::BENCH_SERVE_ARGS.join(" ")));
     line
 }
 
