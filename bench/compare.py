@@ -243,6 +243,11 @@ def write_doc(results, ray_ok, args, machine, started, finished, load_before, lo
     L.append(f"Measured {started} – {finished} on the machine described below, "
              f"{args.rounds} round(s), Ray and trainstate alternating within each round. "
              "Each cell is the median over the rounds, with the range (min–max) in small print.")
+    note = getattr(args, "note", None)
+    if note:
+        L.append("")
+        L.append(f"**Conditions of this sitting:** {note} Load average (1, 5, 15 min) before: {load_before}; "
+                 f"after: {load_after}.")
     if not ray_ok:
         L.append("")
         L.append("**Ray was not measured in this run** (no Python environment with ray 2.60 was available): "
@@ -560,6 +565,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--configs", default="2000x8,200x64", help="NxW,... (default 2000x8,200x64)")
     ap.add_argument("--ready", type=int, default=20000, help="also time a start with this many runs stored (0: no)")
+    ap.add_argument("--note", default=None,
+                    help="a sentence on the conditions of the sitting, printed under its date")
+    ap.add_argument("--no-build", dest="build", action="store_false",
+                    help="use the release binaries already in target/release")
     ap.add_argument("--wrk", action="store_true",
                     help="also register through wrk (cargo xtask bench --path wrk) in every round")
     ap.add_argument("--wrk-prefer", choices=["minimal"], default=None,
@@ -582,6 +591,7 @@ def main():
         meta = rows[0]["meta"]
         COMMANDS.extend(meta["commands"])
         args.configs, args.rounds = meta["configs"], meta["rounds"]
+        args.note = args.note or meta.get("note")
         sys.argv[1:] = meta["argv"]
         write_doc(rows[1:], meta["ray_ok"], args, meta["machine"], meta["started"], meta["finished"],
                   meta["load_before"], meta["load_after"])
@@ -594,10 +604,11 @@ def main():
     if not ray_ok and not args.skip_ray:
         log("Ray is not available (use --setup-ray); measuring trainstate alone")
 
-    code, _ = run(["cargo", "build", "--release", "--quiet", "-p", "xtask", "-p", "trainstate-actor",
-                   "--bin", "xtask", "--bin", "trainstate"], capture=False)
-    if code != 0:
-        sys.exit("release build failed")
+    if args.build:
+        code, _ = run(["cargo", "build", "--release", "--quiet", "-p", "xtask", "-p", "trainstate-actor",
+                       "--bin", "xtask", "--bin", "trainstate"], capture=False)
+        if code != 0:
+            sys.exit("release build failed")
 
     started = time.strftime("%Y-%m-%d %H:%M %Z")
     load_before = loadavg()
@@ -661,7 +672,7 @@ def main():
 
     meta = {"commands": COMMANDS, "configs": args.configs, "rounds": args.rounds, "argv": sys.argv[1:],
             "ray_ok": ray_ok, "machine": machine, "started": started, "finished": finished,
-            "load_before": load_before, "load_after": load_after}
+            "load_before": load_before, "load_after": load_after, "note": args.note}
     with open(RESULTS, "w") as f:
         f.write(json.dumps({"meta": meta}) + "\n")
         for r in results:
