@@ -143,8 +143,12 @@ pub(crate) fn check_stored(
 
 /// The `wrk` executable on the PATH, or a clear error.
 pub(crate) fn find_wrk() -> Result<PathBuf, String> {
-    std::env::var_os("PATH")
-        .iter()
+    find_wrk_in(std::env::var_os("PATH"))
+}
+
+/// [`find_wrk`] on this `PATH`.
+fn find_wrk_in(path: Option<std::ffi::OsString>) -> Result<PathBuf, String> {
+    path.iter()
         .flat_map(std::env::split_paths)
         .map(|dir| dir.join("wrk"))
         .find(|p| p.is_file())
@@ -364,6 +368,17 @@ mod tests {
         reused.status.insert("200".into(), json!(3));
         let err = check_stored(&reused, 10, 64).unwrap_err();
         assert!(err.contains("3 2xx answers did not create a fresh run"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_wrk_is_named_with_how_to_install_it() {
+        let empty = tempfile::tempdir().unwrap();
+        let err = find_wrk_in(Some(empty.path().as_os_str().to_owned())).unwrap_err();
+        assert!(err.contains("apt-get install wrk"), "{err}");
+        assert!(find_wrk_in(None).is_err());
+        std::fs::write(empty.path().join("wrk"), "").unwrap();
+        let found = find_wrk_in(Some(empty.path().as_os_str().to_owned())).unwrap();
+        assert_eq!(found, empty.path().join("wrk"));
     }
 
     #[test]
