@@ -15,6 +15,13 @@ alone and the document says so.
 Usage:
     python3 bench/compare.py [--rounds 3] [--setup-ray] [--skip-ray]
                              [--configs 2000x8,200x64] [--ready 20000]
+                             [--wrk] [--wrk-prefer minimal] [--scale 100000]
+
+--wrk also registers through wrk (apt-get install wrk) in every round and
+configuration (`cargo xtask bench --path wrk`), shown as its own column
+beside the Rust client's (http) and Ray's. --scale N also measures the head
+with N runs retained (`cargo xtask bench --scale N`): time to ready after a
+restart and filtered pages of 100.
     python3 bench/compare.py --from-results   # the document again, from bench/results.jsonl
 """
 import argparse
@@ -175,6 +182,8 @@ METRICS = [
 
 OURS = [("http", "durable"), ("http", "memory"), ("inproc", "durable"), ("inproc", "memory"),
         ("store", "durable"), ("store", "memory")]
+# Columns shown only when measured (they need wrk).
+WRK = [("wrk", "durable"), ("wrk", "memory")]
 
 
 def med(values):
@@ -213,6 +222,8 @@ def write_doc(results, ray_ok, args, machine, started, finished, load_before, lo
     ours = [r for r in results if r.get("bench") == "trainstate" and "config" not in r and "error" not in r]
     rays = [r for r in results if r.get("bench") == "ray_train_state_actor" and "error" not in r]
     ready = [r for r in results if r.get("config") == "ready" and "error" not in r]
+    scale = [r for r in results if r.get("config") == "scale" and "error" not in r]
+    columns = OURS + [c for c in WRK if any((r["path"], r["store"]) == c for r in ours)]
     errors = [r for r in results if "error" in r]
 
     def pick(n, w, path=None, store=None):
@@ -232,6 +243,11 @@ def write_doc(results, ray_ok, args, machine, started, finished, load_before, lo
     L.append(f"Measured {started} – {finished} on the machine described below, "
              f"{args.rounds} round(s), Ray and trainstate alternating within each round. "
              "Each cell is the median over the rounds, with the range (min–max) in small print.")
+    note = getattr(args, "note", None)
+    if note:
+        L.append("")
+        L.append(f"**Conditions of this sitting:** {note} Load average (1, 5, 15 min) before: {load_before}; "
+                 f"after: {load_after}.")
     if not ray_ok:
         L.append("")
         L.append("**Ray was not measured in this run** (no Python environment with ray 2.60 was available): "
@@ -244,24 +260,37 @@ def write_doc(results, ray_ok, args, machine, started, finished, load_before, lo
              "(pipelined: all N registrations in flight); **store** = the store writer and its committed view "
              "without the actor (no validation, no transition checks). **durable** = SQLite in WAL mode, "
              "`synchronous=FULL` (the default); **memory** = `--in-memory`. Ray keeps nothing on disk.")
+    wrk_rows = [r for r in ours if r["path"] == "wrk"]
+    if wrk_rows:
+        w0 = wrk_rows[0]
+        L.append("")
+        L.append("**wrk** = the same `trainstate serve` loaded by `wrk` "
+                 f"({get(w0, 'wrk.version') or 'wrk'}) with `bench/wrk/register.lua`, a fresh run id in every "
+                 "request: sequential = 1 thread, 1 connection; pipelined = "
+                 f"{get(w0, 'pipelined.threads')} threads over {get(w0, 'pipelined.in_flight')} connections; "
+                 f"{get(w0, 'wrk.mode')} (so more runs are stored than N); `Prefer: return=minimal` "
+                 f"{'sent' if get(w0, 'wrk.prefer') else 'not sent'}. Latencies are wrk's; afterwards the "
+                 "listing's total must hold every acknowledged (201) run, no more than the requests in flight "
+                 "when wrk stopped, and no answer may be other than 201. wrk is written in C and uses far less "
+                 "CPU per request than the Rust client, so it leaves more of the 2 cores to the server.")
     L.append("")
 
     for (n, w) in configs:
         ray_rows = pick(n, w)
         L.append(f"## N = {n:,} runs × W = {w} workers × 1 dataset")
         L.append("")
-        head = ["metric", "Ray 2.60"] + [f"{p} {s}" for p, s in OURS]
+        head = ["metric", "Ray 2.60"] + [f"{p} {s}" for p, s in columns]
         L.append("| " + " | ".join(head) + " |")
         L.append("|" + "---|" * len(head))
         for label, getter, _, _, digits in METRICS:
             row = [label, cell([getter(r) for r in ray_rows], digits)]
-            for p, s in OURS:
+            for p, s in columns:
                 row.append(cell([getter(r) for r in pick(n, w, p, s)], digits))
             L.append("| " + " | ".join(row) + " |")
         L.append("")
         L.append(f"Ratios, ours / Ray (medians; for times and memory, below 1× is better):")
         L.append("")
-        head = ["metric"] + [f"{p} {s}" for p, s in OURS]
+        head = ["metric"] + [f"{p} {s}" for p, s in columns]
         L.append("| " + " | ".join(head) + " |")
         L.append("|" + "---|" * len(head))
         for label, getter, _, better, _ in METRICS:
@@ -269,7 +298,7 @@ def write_doc(results, ray_ok, args, machine, started, finished, load_before, lo
             if better is None or ray_m is None:
                 continue
             row = [label]
-            for p, s in OURS:
+            for p, s in columns:
                 row.append(ratio(median_of(pick(n, w, p, s), getter), ray_m))
             L.append("| " + " | ".join(row) + " |")
         L.append("")
@@ -300,6 +329,39 @@ def write_doc(results, ray_ok, args, machine, started, finished, load_before, lo
                      f"{', '.join(f'{x * 1000:.1f}' for x in r['ready_with_runs_s'])} ms | "
                      f"{med(r.get('rss_when_ready_mib', [])) or 0:.1f} MiB | {r.get('rss_empty_mib', 0):.1f} MiB | "
                      f"{r.get('rss_per_run_kib', 0):.2f} KiB |")
+        L.append("")
+
+    for r in scale:
+        L.append(f"## {r['N']:,} runs retained: restart and filtered pages")
+        L.append("")
+        L.append(f"`cargo xtask bench --scale {r['N']}`: a durable store filled with {r['N']:,} runs of "
+                 f"{r['W']} workers through the store alone ({r.get('fill_s', 0):.1f} s, store file "
+                 f"{r.get('db_bytes', 0) / 2**20:.0f} MiB), then `trainstate serve` started on it "
+                 f"{len(r.get('starts', []))} times. Times from spawning the process: its \"listening\" line, "
+                 "the first 2xx `/healthz`, and the moment `/healthz` says the runs are fully loaded "
+                 + ("(its `loaded`/`ready` field)." if r.get("healthz_says_loaded") else
+                    "(this head's `/healthz` does not say so: the same as the first 2xx answer).")
+                 + " After each start the listing's total must be N.")
+        L.append("")
+        L.append("| start | listening | `/healthz` 2xx | fully loaded |")
+        L.append("|---|---|---|---|")
+        for i, st in enumerate(r.get("starts", []), 1):
+            L.append(f"| {i} | {st['listening_s'] * 1000:.1f} ms | {st['healthz_s'] * 1000:.1f} ms | "
+                     f"{st['loaded_s'] * 1000:.1f} ms |")
+        L.append(f"| median | {r['listening_s_median'] * 1000:.1f} ms | {r['healthz_s_median'] * 1000:.1f} ms | "
+                 f"**{r['loaded_s_median'] * 1000:.1f} ms** |")
+        L.append("")
+        L.append(f"RSS when ready: {', '.join(f'{x:.1f}' for x in r.get('rss_when_ready_mib', []))} MiB; "
+                 f"after the pages: {r.get('rss_after_pages_mib', 0):.1f} MiB.")
+        L.append("")
+        L.append(f"A page of {r.get('page_limit', 100)} over HTTP on the last start, "
+                 f"median of {r.get('repeats')} requests (one connection, one at a time):")
+        L.append("")
+        L.append("| filter | query | runs on the page | median ms | min–max ms |")
+        L.append("|---|---|---|---|---|")
+        for pg in r.get("pages", []):
+            L.append(f"| {pg['filter']} | `{pg['query']}` | {pg['runs']} | **{pg['lat_ms_median']:.3f}** | "
+                     f"{pg['lat_ms_min']:.3f}–{pg['lat_ms_max']:.3f} |")
         L.append("")
 
     # ------------------------------------------------------------ goals
@@ -356,6 +418,26 @@ def write_doc(results, ray_ok, args, machine, started, finished, load_before, lo
         x = r["ready_with_runs_s_median"]
         goal(f"ready with {r['N']:,} runs stored", "< 1 s" if r["N"] >= 20000 else "–",
              f"{x * 1000:.1f} ms", x < 1.0 if r["N"] >= 20000 else None)
+    for p, s in columns:
+        if p != "wrk" or s != "durable":
+            continue
+        vs_ray("pipelined register through wrk", 2000, 8, "wrk", pip_g, 9)
+        x = m(2000, 8, "wrk", "durable", pip_g)
+        if x is not None:
+            goal("pipelined register through wrk, W = 8", "≥ 10,000 runs/s", fmt(x, 0), x >= 10000)
+        x = m(200, 64, "wrk", "durable", pip_g)
+        if x is not None:
+            goal("pipelined register through wrk, W = 64", "≥ 2,500 runs/s", fmt(x, 0), x >= 2500)
+        x = m(2000, 8, "wrk", "durable", seq_g)
+        if x is not None:
+            goal("one at a time through wrk, W = 8", "≥ 1,500 runs/s", fmt(x, 0), x >= 1500)
+    for r in scale:
+        x = r["loaded_s_median"]
+        goal(f"ready (fully loaded) after a restart with {r['N']:,} runs", "≤ 1 s", f"{x * 1000:.0f} ms", x <= 1.0)
+        worst = max(r.get("pages", []), key=lambda pg: pg["lat_ms_median"], default=None)
+        if worst:
+            goal(f"any filtered page of 100 with {r['N']:,} runs, matching or not (slowest median)", "≤ 5 ms",
+                 f"{worst['lat_ms_median']:.3f} ms ({worst['filter']})", worst["lat_ms_median"] <= 5)
     for (n, w) in configs:
         for path in ("http", "inproc"):
             for label, getter in (("pipelined", pip_g), ("sequential", seq_g)):
@@ -372,6 +454,10 @@ def write_doc(results, ray_ok, args, machine, started, finished, load_before, lo
         L.append("")
         L.append("`cargo bench -p trainstate-schema --bench wire` and `cargo bench -p trainstate-actor "
                  "--bench store`: the estimate with criterion's confidence interval.")
+        carried = {r["carried_from"] for r in micro if r.get("carried_from")}
+        if carried:
+            L.append(f"Not measured in this sitting (`--no-micro`): carried over from the sitting of "
+                     f"{', '.join(sorted(carried))}.")
         L.append("")
         L.append("| benchmark | time | interval |")
         L.append("|---|---|---|")
@@ -479,6 +565,16 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--configs", default="2000x8,200x64", help="NxW,... (default 2000x8,200x64)")
     ap.add_argument("--ready", type=int, default=20000, help="also time a start with this many runs stored (0: no)")
+    ap.add_argument("--note", default=None,
+                    help="a sentence on the conditions of the sitting, printed under its date")
+    ap.add_argument("--no-build", dest="build", action="store_false",
+                    help="use the release binaries already in target/release")
+    ap.add_argument("--wrk", action="store_true",
+                    help="also register through wrk (cargo xtask bench --path wrk) in every round")
+    ap.add_argument("--wrk-prefer", choices=["minimal"], default=None,
+                    help="wrk sends `Prefer: return=minimal`")
+    ap.add_argument("--scale", type=int, default=0,
+                    help="also measure the head with this many runs retained (0: no)")
     ap.add_argument("--setup-ray", action="store_true", help="create .venv-ray with ray 2.60 if it is missing")
     ap.add_argument("--skip-ray", action="store_true", help="measure trainstate alone")
     ap.add_argument("--ray-script", default=DEFAULT_RAY_SCRIPT)
@@ -495,6 +591,7 @@ def main():
         meta = rows[0]["meta"]
         COMMANDS.extend(meta["commands"])
         args.configs, args.rounds = meta["configs"], meta["rounds"]
+        args.note = args.note or meta.get("note")
         sys.argv[1:] = meta["argv"]
         write_doc(rows[1:], meta["ray_ok"], args, meta["machine"], meta["started"], meta["finished"],
                   meta["load_before"], meta["load_after"])
@@ -507,10 +604,11 @@ def main():
     if not ray_ok and not args.skip_ray:
         log("Ray is not available (use --setup-ray); measuring trainstate alone")
 
-    code, _ = run(["cargo", "build", "--release", "--quiet", "-p", "xtask", "-p", "trainstate-actor",
-                   "--bin", "xtask", "--bin", "trainstate"], capture=False)
-    if code != 0:
-        sys.exit("release build failed")
+    if args.build:
+        code, _ = run(["cargo", "build", "--release", "--quiet", "-p", "xtask", "-p", "trainstate-actor",
+                       "--bin", "xtask", "--bin", "trainstate"], capture=False)
+        if code != 0:
+            sys.exit("release build failed")
 
     started = time.strftime("%Y-%m-%d %H:%M %Z")
     load_before = loadavg()
@@ -536,20 +634,45 @@ def main():
             for line in json_lines(out):
                 line["round"] = rnd
                 results.append(line)
+            if args.wrk:
+                cmd = [XTASK, "bench", "--no-build", "--n", str(n), "--w", str(w),
+                       "--path", "wrk", "--store", "durable"]
+                if args.wrk_prefer:
+                    cmd += ["--wrk-prefer", args.wrk_prefer]
+                code, out = run(cmd)
+                lines = json_lines(out)
+                for line in lines:
+                    line["round"] = rnd
+                results.extend(lines or [{"bench": "trainstate", "path": "wrk", "store": "durable",
+                                          "N": n, "W": w, "error": f"no result (exit {code})"}])
     if args.ready:
         code, out = run([XTASK, "bench", "--no-build", "--path", "none", "--w", "8",
                          "--ready", str(args.ready)])
         results.extend(json_lines(out))
+    if args.scale:
+        code, out = run([XTASK, "bench", "--no-build", "--path", "none", "--w", "8",
+                         "--scale", str(args.scale)])
+        results.extend(json_lines(out) or [{"bench": "trainstate", "config": "scale", "N": args.scale,
+                                            "error": f"no result (exit {code})"}])
     if args.micro:
         for package, bench in (("trainstate-schema", "wire"), ("trainstate-actor", "store")):
             code, out = run(["cargo", "bench", "--quiet", "-p", package, "--bench", bench], timeout=3600)
             results.extend(criterion_lines(out))
+    elif os.path.exists(RESULTS):
+        # Keep the last measured micro-benchmarks, marked as such.
+        with open(RESULTS) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        when = rows[0].get("meta", {}).get("started", "?") if rows else "?"
+        for r in rows[1:]:
+            if r.get("bench") == "criterion":
+                r.setdefault("carried_from", when)
+                results.append(r)
     finished = time.strftime("%Y-%m-%d %H:%M %Z")
     load_after = loadavg()
 
     meta = {"commands": COMMANDS, "configs": args.configs, "rounds": args.rounds, "argv": sys.argv[1:],
             "ray_ok": ray_ok, "machine": machine, "started": started, "finished": finished,
-            "load_before": load_before, "load_after": load_after}
+            "load_before": load_before, "load_after": load_after, "note": args.note}
     with open(RESULTS, "w") as f:
         f.write(json.dumps({"meta": meta}) + "\n")
         for r in results:

@@ -85,7 +85,7 @@ async fn run_one(opts: &Options, postgres: &str, config: Config) -> Result<Value
     for i in 0..config.heads {
         let data_dir = dir.path().join(format!("head{i}"));
         std::fs::create_dir_all(&data_dir).map_err(|e| e.to_string())?;
-        let mut extra = Vec::new();
+        let mut extra = super::http::BENCH_SERVE_ARGS.map(str::to_owned).to_vec();
         if let Some(url) = &store_url {
             extra.extend(["--store".to_owned(), url.clone()]);
         }

@@ -26,6 +26,13 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// first; one read of the actor behind the second.
 const CEILING_ROUTES: [&str; 2] = ["/api/version", "/healthz"];
 
+/// The options of `serve` the benchmark sets beyond its defaults: room for
+/// every connection's registration at once. With the default of 16 bodies
+/// received at once, the head answers 503 `overloaded` to the rest of 64
+/// connections (a load generator that counts every non-2xx answer as a
+/// failure then fails); the value is recorded in each result line.
+pub(crate) const BENCH_SERVE_ARGS: [&str; 2] = ["--max-concurrent-bodies", "1024"];
+
 /// `trainstate serve` running as a child process.
 pub(crate) struct Server {
     child: Option<Child>,
@@ -41,8 +48,10 @@ impl Server {
         data_dir: &Path,
         store: StoreKind,
     ) -> Result<(Self, Duration), String> {
-        let extra =
-            if store == StoreKind::Memory { vec!["--in-memory".to_owned()] } else { vec![] };
+        let mut extra = BENCH_SERVE_ARGS.map(str::to_owned).to_vec();
+        if store == StoreKind::Memory {
+            extra.push("--in-memory".to_owned());
+        }
         Self::spawn_with(bin, data_dir, &extra)
     }
 

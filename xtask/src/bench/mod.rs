@@ -12,8 +12,10 @@
 mod heads;
 mod http;
 mod records;
+mod scale;
 mod unit;
 mod util;
+mod wrk;
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -28,7 +30,8 @@ pub(crate) const USAGE: &str =
     "usage: cargo xtask bench [--n 2000] [--w 8] [--path inproc|http|store|all|none]
                          [--store durable|memory|all] [--rounds 1] [--concurrency 64]
                          [--get-calls 20] [--ready N] [--out FILE] [--no-build]
-                         [--postgres URL]
+                         [--postgres URL] [--scale N] [--scale-repeats 21]
+                         [--wrk-duration 5] [--wrk-prefer minimal]
 
   Registers N fresh runs of W workers (sequentially, then pipelined, each phase
   against a fresh state), lists them (unpaged and by pages of 1000), gets one,
@@ -38,6 +41,14 @@ pub(crate) const USAGE: &str =
   --postgres URL also measures the PostgreSQL store beside SQLite over HTTP
   (register, list, get), with one head and with two heads on one database
   (a fresh schema of URL each); `--path none` measures only that.
+  --path wrk registers through `wrk` (apt-get install wrk) with
+  bench/wrk/register.lua: one connection, then 2 threads over 64 connections,
+  --wrk-duration seconds each, each against a fresh `trainstate serve`,
+  then checks that every acknowledged run is stored.
+  --wrk-prefer minimal sends `Prefer: return=minimal`.
+  --scale N fills a durable store with N runs of W workers, restarts the
+  head on it, and times /healthz, full load, filtered pages of 100
+  (matching and not; median of --scale-repeats) and RSS.
   Runs release builds: `cargo xtask bench` re-runs itself with --release.";
 
 /// Which way the state is reached.
@@ -49,13 +60,15 @@ pub(crate) enum PathKind {
     Http,
     /// The store writer and its committed view, without the actor.
     Store,
+    /// The HTTP API loaded by `wrk` (only when asked: it needs wrk).
+    Wrk,
 }
 
 impl PathKind {
     const ALL: [Self; 3] = [Self::Inproc, Self::Http, Self::Store];
 
     fn parse(text: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|p| p.as_str() == text)
+        [Self::Inproc, Self::Http, Self::Store, Self::Wrk].into_iter().find(|p| p.as_str() == text)
     }
 
     fn as_str(self) -> &'static str {
@@ -63,6 +76,7 @@ impl PathKind {
             Self::Inproc => "inproc",
             Self::Http => "http",
             Self::Store => "store",
+            Self::Wrk => "wrk",
         }
     }
 }
@@ -107,6 +121,14 @@ pub(crate) struct Options {
     build: bool,
     pub(crate) trainstate_bin: PathBuf,
     postgres: Option<String>,
+    /// `--wrk-duration`: the seconds a wrk phase runs.
+    pub(crate) wrk_duration: u64,
+    /// `--wrk-prefer minimal`: wrk sends `Prefer: return=minimal`.
+    pub(crate) wrk_prefer: Option<String>,
+    /// `--scale N`: the runs stored for the scale measurement (0: none).
+    pub(crate) scale: usize,
+    /// Repeats of each timed page at scale.
+    pub(crate) scale_repeats: usize,
 }
 
 impl Options {
@@ -125,6 +147,10 @@ impl Options {
             build: true,
             trainstate_bin: unit::trainstate_bin(root),
             postgres: None,
+            wrk_duration: 5,
+            wrk_prefer: None,
+            scale: 0,
+            scale_repeats: 21,
         };
         let mut args = args.iter();
         while let Some(flag) = args.next() {
@@ -143,6 +169,15 @@ impl Options {
                 "--ready" => opts.ready = number()?,
                 "--out" => opts.out = Some(PathBuf::from(value)),
                 "--postgres" => opts.postgres = Some((*value).to_owned()),
+                "--wrk-duration" => opts.wrk_duration = number()?.max(1) as u64,
+                "--wrk-prefer" => {
+                    if *value != "minimal" {
+                        return Err("--wrk-prefer: only `minimal`".into());
+                    }
+                    opts.wrk_prefer = Some((*value).to_owned());
+                }
+                "--scale" => opts.scale = number()?,
+                "--scale-repeats" => opts.scale_repeats = number()?.max(1),
                 "--bin" => opts.trainstate_bin = PathBuf::from(value),
                 "--phase" => {
                     opts.phase = Some(Phase::parse(value).ok_or("--phase: seq or main")?);
@@ -151,9 +186,10 @@ impl Options {
                     opts.paths = match *value {
                         "all" => PathKind::ALL.to_vec(),
                         "none" => vec![],
-                        one => {
-                            vec![PathKind::parse(one).ok_or("--path: inproc, http, store or all")?]
-                        }
+                        one => vec![
+                            PathKind::parse(one)
+                                .ok_or("--path: inproc, http, store, wrk or all")?,
+                        ],
                     }
                 }
                 "--store" => {
@@ -181,6 +217,8 @@ impl Options {
             self.concurrency.to_string(),
             "--get-calls".into(),
             self.get_calls.to_string(),
+            "--scale-repeats".into(),
+            self.scale_repeats.to_string(),
             "--bin".into(),
         ];
         args.push(self.trainstate_bin.display().to_string());
@@ -232,7 +270,12 @@ pub(crate) fn main(args: &[&str], root: &Path) -> ExitCode {
     for round in 1..=opts.rounds {
         for &path in &opts.paths {
             for &store in &opts.stores {
-                let line = match configuration(&opts, path, store) {
+                let measured = if path == PathKind::Wrk {
+                    wrk::configuration(&opts, store)
+                } else {
+                    configuration(&opts, path, store)
+                };
+                let line = match measured {
                     Ok(result) => {
                         let mut line = header(&opts, &about, round);
                         line.insert("path".into(), json!(path.as_str()));
@@ -291,6 +334,22 @@ pub(crate) fn main(args: &[&str], root: &Path) -> ExitCode {
             }
         };
         ok &= line.get("error").is_none();
+        ok &= emit(&opts, &Value::Object(line));
+    }
+    if opts.scale > 0 {
+        let mut scale_opts = opts.clone();
+        scale_opts.n = opts.scale;
+        let mut line = header(&scale_opts, &about, 1);
+        match child(root, "bench-scale", &scale_opts.unit_args()) {
+            Ok(Value::Object(mut result)) => line.append(&mut result),
+            Ok(other) => {
+                line.insert("error".into(), json!(format!("{other}")));
+            }
+            Err(err) => {
+                line.insert("config".into(), json!("scale"));
+                line.insert("error".into(), json!(err));
+            }
+        }
         ok &= emit(&opts, &Value::Object(line));
     }
     if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
@@ -360,6 +419,7 @@ fn header(opts: &Options, about: &About, round: usize) -> Map<String, Value> {
     line.insert("nproc".into(), json!(about.nproc));
     line.insert("date".into(), json!(about.date));
     line.insert("round".into(), json!(round));
+    line.insert("serve_args".into(), json!(http::BENCH_SERVE_ARGS.join(" ")));
     line
 }
 
@@ -479,7 +539,7 @@ fn child(root: &Path, command: &str, args: &[String]) -> Result<Value, String> {
     Ok(value)
 }
 
-/// `xtask bench-unit ...` and `xtask bench-ready ...`: one measurement in
+/// `xtask bench-unit ...`, `bench-ready ...` and `bench-scale ...`: one measurement in
 /// this process; prints one JSON line (`{"error": ...}` on failure).
 pub(crate) fn child_main(command: &str, args: &[&str], root: &Path) -> ExitCode {
     let result = Options::parse(args, root).and_then(|opts| {
@@ -490,6 +550,7 @@ pub(crate) fn child_main(command: &str, args: &[&str], root: &Path) -> ExitCode 
         runtime.block_on(async {
             match command {
                 "bench-ready" => unit::run_ready(&opts, opts.rounds).await,
+                "bench-scale" => scale::run_scale(&opts).await,
                 _ => {
                     let phase = opts.phase.ok_or("--phase is required")?;
                     let (&[path], &[store]) = (opts.paths.as_slice(), opts.stores.as_slice())

@@ -53,8 +53,13 @@ pub(crate) fn run(i: u64, workers: u32, start_ms: u64) -> TrainRunInfo {
     .expect("a benchmark run is valid")
 }
 
+/// Milliseconds since the epoch.
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
 /// `n` runs of `workers` workers, each with a fresh id.
 pub(crate) fn runs(n: usize, workers: u32) -> Vec<TrainRunInfo> {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let now = now_ms();
     (0..n as u64).map(|i| run(i, workers, now)).collect()
 }

@@ -146,6 +146,7 @@ impl Target {
                 store.load().await.map_err(|e| e.to_string())?;
                 Ok((Self::Store { store: Arc::new(store), config }, started.elapsed()))
             }
+            PathKind::Wrk => Err("the wrk path runs in the driver".into()),
             PathKind::Http => {
                 let (server, ready) = Server::spawn(&opts.trainstate_bin, dir, store)?;
                 Ok((Self::Http(HttpTarget::new(server, opts.concurrency)?), ready))
@@ -371,7 +372,7 @@ fn next_cursor_of(body: &[u8]) -> Result<Option<String>, String> {
     Ok(page.next_cursor.map(|c| c.to_string()))
 }
 
-fn total_of(body: &[u8]) -> Result<usize, String> {
+pub(crate) fn total_of(body: &[u8]) -> Result<usize, String> {
     let page: RunListResponse<IgnoredAny> =
         serde_json::from_slice(body).map_err(|e| format!("a page does not parse: {e}"))?;
     Ok(page.total as usize)
@@ -618,33 +619,39 @@ pub(crate) fn tempdir() -> Result<tempfile::TempDir, String> {
         .map_err(|e| format!("cannot create a temporary directory: {e}"))
 }
 
+/// Writes `n` fresh runs of `w` workers through the store alone (the
+/// documents the head stores), built and committed 4,096 at a time.
+pub(crate) async fn fill(config: &StateConfig, n: usize, w: u32) -> Result<Duration, String> {
+    let filled = Instant::now();
+    let store = StoreBench::open(config).map_err(|e| e.to_string())?;
+    let start_ms = records::now_ms();
+    for first in (0..n as u64).step_by(4_096) {
+        let last = (first + 4_096).min(n as u64);
+        let mut answers = Vec::with_capacity((last - first) as usize);
+        for i in first..last {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            store.put(&records::run(i, w, start_ms), move |result| {
+                let _ = tx.send(result);
+            });
+            answers.push(rx);
+        }
+        for rx in answers {
+            if !matches!(rx.await, Ok(Ok(()))) {
+                return Err("filling the store failed".into());
+            }
+        }
+    }
+    store.close();
+    Ok(filled.elapsed())
+}
+
 /// Time to be ready with `n` runs of `w` workers stored: the store is
 /// filled once (through the store alone), then `trainstate serve` is
 /// started on it `rounds` times.
 pub(crate) async fn run_ready(opts: &Options, rounds: usize) -> Result<Value, String> {
     let dir = tempdir()?;
     let config = state_config(StoreKind::Durable, dir.path());
-    let filled = Instant::now();
-    {
-        let store = StoreBench::open(&config).map_err(|e| e.to_string())?;
-        for chunk in records::runs(opts.n, opts.w).chunks(4_096) {
-            let mut answers = Vec::with_capacity(chunk.len());
-            for run in chunk {
-                let (tx, rx) = tokio::sync::oneshot::channel();
-                store.put(run, move |result| {
-                    let _ = tx.send(result);
-                });
-                answers.push(rx);
-            }
-            for rx in answers {
-                if !matches!(rx.await, Ok(Ok(()))) {
-                    return Err("filling the store failed".into());
-                }
-            }
-        }
-        store.close();
-    }
-    let fill_s = filled.elapsed();
+    let fill_s = fill(&config, opts.n, opts.w).await?;
     let db_bytes = std::fs::metadata(dir.path().join("trainstate.db")).map_or(0, |m| m.len());
     // The same server on an empty store, for the memory the runs take.
     let empty = tempdir()?;

@@ -1,0 +1,229 @@
+//! `--scale N`: the head with N runs retained. A durable store is filled
+//! with N runs of W workers through the store alone (the documents the
+//! head stores), then `trainstate serve` is started on it three times; each
+//! start times the "listening" line, the first 2xx `/healthz`, and the
+//! moment `/healthz` says the runs are fully loaded (when it says so: a
+//! boolean `loaded` or `ready`; otherwise the first 2xx answer), checks
+//! that the listing's total is N, and the last start times a page of 100
+//! for filters that match and that match nothing.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value, json};
+
+use super::http::{HttpTarget, Server};
+use super::unit::{fill, state_config, tempdir, total_of};
+use super::util::{kib, median, proc_mem, round};
+use super::{Options, StoreKind};
+
+/// Starts of the head on the filled store.
+const STARTS: usize = 3;
+
+/// How long a start may take to load before the measurement fails.
+const LOAD_DEADLINE: Duration = Duration::from_secs(300);
+
+/// The pause between two `/healthz` probes while the head starts.
+const PROBE_EVERY: Duration = Duration::from_millis(1);
+
+/// Whether a filter is meant to match some runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Expect {
+    /// At least one run.
+    Some,
+    /// No run.
+    None,
+}
+
+/// The filtered pages timed at scale: (label, query, expectation). The
+/// benchmark's runs are all RUNNING, of job `00000001`, on node ids
+/// `…01`… (8 workers a node) at 127.0.0.1, named `bench-run-<i>`.
+pub(crate) fn filters(n: usize) -> Vec<(String, String, Expect)> {
+    let node = format!("{:056x}", 1);
+    let name = format!("bench-run-{}", n / 2);
+    [
+        ("no filter", String::new(), Expect::Some),
+        ("status=RUNNING", "status=RUNNING".into(), Expect::Some),
+        ("status=FINISHED", "status=FINISHED".into(), Expect::None),
+        ("job_id, matching", "job_id=00000001".into(), Expect::Some),
+        ("job_id, none", "job_id=ffffffff".into(), Expect::None),
+        ("node_id, matching", format!("node_id={node}"), Expect::Some),
+        ("node_id, none", format!("node_id={:056x}", u64::MAX), Expect::None),
+        ("node_ip, matching", "node_ip=127.0.0.1".into(), Expect::Some),
+        ("node_ip, none", "node_ip=10.255.255.254".into(), Expect::None),
+        ("name, matching", format!("name={name}"), Expect::Some),
+        ("name, none", "name=no-such-run".into(), Expect::None),
+    ]
+    .into_iter()
+    .map(|(label, query, expect)| (label.to_owned(), query, expect))
+    .collect()
+}
+
+/// Whether a `/healthz` body says the runs are loaded: `Some(bool)` when it
+/// has a boolean `loaded` or `ready`, `None` when it does not say.
+pub(crate) fn says_loaded(body: &[u8]) -> Option<bool> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    ["loaded", "ready"].iter().find_map(|k| v.get(*k).and_then(Value::as_bool))
+}
+
+/// The number of runs on a page.
+fn page_len(body: &[u8]) -> Result<usize, String> {
+    let v: Value =
+        serde_json::from_slice(body).map_err(|e| format!("a page does not parse: {e}"))?;
+    v.get("train_runs")
+        .and_then(Value::as_array)
+        .map(Vec::len)
+        .ok_or_else(|| "a page has no train_runs".into())
+}
+
+/// One start: (listening, healthz, loaded) since spawn, whether /healthz
+/// said it, the server.
+async fn start(opts: &Options, dir: &std::path::Path) -> Result<(Value, bool, HttpTarget), String> {
+    let started = Instant::now();
+    let (server, listening) = Server::spawn(&opts.trainstate_bin, dir, StoreKind::Durable)?;
+    let http = HttpTarget::new(server, 1)?;
+    let mut healthz = None;
+    let mut says = false;
+    let loaded = loop {
+        if started.elapsed() > LOAD_DEADLINE {
+            return Err(format!("the head was not loaded within {LOAD_DEADLINE:?}"));
+        }
+        if let Ok(body) = http.get("/healthz").await {
+            let now = started.elapsed();
+            healthz.get_or_insert(now);
+            match says_loaded(&body) {
+                Some(true) => {
+                    says = true;
+                    break now;
+                }
+                Some(false) => says = true,
+                None => break now,
+            }
+        }
+        tokio::time::sleep(PROBE_EVERY).await;
+    };
+    let s = |d: Duration| json!(round(d.as_secs_f64(), 4));
+    let times = json!({
+        "listening_s": s(listening),
+        "healthz_s": s(healthz.unwrap_or(loaded)),
+        "loaded_s": s(loaded),
+    });
+    Ok((times, says, http))
+}
+
+/// The scale measurement; one JSON object.
+pub(crate) async fn run_scale(opts: &Options) -> Result<Value, String> {
+    let dir = tempdir()?;
+    let config = state_config(StoreKind::Durable, dir.path());
+    eprintln!("[bench] scale: filling a durable store with {} runs of {} workers", opts.n, opts.w);
+    let fill_s = fill(&config, opts.n, opts.w).await?;
+    let db_bytes = std::fs::metadata(dir.path().join("trainstate.db")).map_or(0, |m| m.len());
+
+    let mut starts = Vec::new();
+    let mut says = false;
+    let mut rss = Vec::new();
+    let mut last = None;
+    for i in 0..STARTS {
+        let (times, said, http) = start(opts, dir.path()).await?;
+        says |= said;
+        rss.push(round(kib(&proc_mem(http.server.pid()), "VmRSS") / 1024.0, 1));
+        let total = total_of(&http.get("/api/train/runs?limit=1").await?)?;
+        if total != opts.n {
+            return Err(format!("scale: {total} runs loaded, {} written", opts.n));
+        }
+        starts.push(times);
+        if i + 1 < STARTS {
+            http.server.terminate()?;
+        } else {
+            last = Some(http);
+        }
+    }
+    let http = last.ok_or("no start")?;
+
+    let mut pages = Vec::new();
+    for (label, query, expect) in filters(opts.n) {
+        let path = if query.is_empty() {
+            "/api/train/runs?limit=100".to_owned()
+        } else {
+            format!("/api/train/runs?limit=100&{query}")
+        };
+        let runs = page_len(&http.get(&path).await?)?;
+        match expect {
+            Expect::Some if runs == 0 => return Err(format!("scale: {path} found no run")),
+            Expect::None if runs > 0 => return Err(format!("scale: {path} found {runs} runs")),
+            _ => {}
+        }
+        let mut lat = Vec::with_capacity(opts.scale_repeats);
+        for _ in 0..opts.scale_repeats {
+            let t = Instant::now();
+            http.get(&path).await?;
+            lat.push(round(t.elapsed().as_secs_f64() * 1000.0, 3));
+        }
+        pages.push(json!({
+            "filter": label,
+            "query": path,
+            "runs": runs,
+            "lat_ms_median": round(median(&lat), 3),
+            "lat_ms_min": lat.iter().copied().fold(f64::INFINITY, f64::min),
+            "lat_ms_max": lat.iter().copied().fold(0.0, f64::max),
+        }));
+    }
+    let rss_after_pages = round(kib(&proc_mem(http.server.pid()), "VmRSS") / 1024.0, 1);
+    http.server.terminate()?;
+
+    let pick = |key: &str| -> Vec<f64> {
+        starts.iter().filter_map(|s| s.get(key).and_then(Value::as_f64)).collect()
+    };
+    let mut out = Map::new();
+    for (key, value) in [
+        ("bench", json!("trainstate")),
+        ("config", json!("scale")),
+        ("path", json!("http")),
+        ("store", json!("durable")),
+        ("fill_s", json!(round(fill_s.as_secs_f64(), 3))),
+        ("db_bytes", json!(db_bytes)),
+        ("starts", json!(starts)),
+        ("listening_s_median", json!(round(median(&pick("listening_s")), 4))),
+        ("healthz_s_median", json!(round(median(&pick("healthz_s")), 4))),
+        ("loaded_s_median", json!(round(median(&pick("loaded_s")), 4))),
+        ("healthz_says_loaded", json!(says)),
+        ("rss_when_ready_mib", json!(rss)),
+        ("rss_after_pages_mib", json!(rss_after_pages)),
+        ("page_limit", json!(100)),
+        ("repeats", json!(opts.scale_repeats)),
+        ("pages", json!(pages)),
+        ("checks", json!({"runs_written": opts.n, "runs_after_restart": opts.n})),
+    ] {
+        out.insert(key.into(), value);
+    }
+    Ok(Value::Object(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn healthz_says_loaded_only_with_a_boolean_field() {
+        assert_eq!(says_loaded(br#"{"status":"ok"}"#), None);
+        assert_eq!(says_loaded(br#"{"status":"ok","loaded":false}"#), Some(false));
+        assert_eq!(says_loaded(br#"{"status":"ok","ready":true}"#), Some(true));
+        assert_eq!(says_loaded(b"not json"), None);
+    }
+
+    #[test]
+    fn every_filter_has_a_matching_and_an_empty_case() {
+        let filters = filters(100_000);
+        for key in ["status=", "job_id=", "node_id=", "node_ip=", "name="] {
+            let of_key: Vec<_> = filters.iter().filter(|(_, q, _)| q.starts_with(key)).collect();
+            assert!(of_key.iter().any(|(_, _, e)| *e == Expect::Some), "{key}");
+            assert!(of_key.iter().any(|(_, _, e)| *e == Expect::None), "{key}");
+        }
+        assert!(filters.iter().any(|(_, q, _)| q == "name=bench-run-50000"));
+    }
+
+    #[test]
+    fn a_page_is_counted() {
+        assert_eq!(page_len(br#"{"train_runs":[{"id":"a"},{"id":"b"}],"total":9}"#).unwrap(), 2);
+        assert!(page_len(br#"{"runs":[]}"#).is_err());
+    }
+}
