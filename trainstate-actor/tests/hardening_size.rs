@@ -267,9 +267,17 @@ async fn regression_retention_by_bytes_evicts_the_oldest_ended_runs_first() {
     };
 
     // Registered out of order: eviction goes by start time, not arrival.
+    // The run starting at 0 comes when 1, 3 and 4 fill the bound: older
+    // than all of them, its own commit would evict it, so it is refused
+    // (409) and nothing is stored (issue 10, item 10).
     let runs: Vec<TrainRunInfo> = [3, 1, 4, 0, 2].iter().map(|i| ended(T0 + i * 1_000)).collect();
     for run in &runs {
-        state.register(run.clone()).await.unwrap();
+        let answer = state.register(run.clone()).await;
+        if run.start_time_ms() == T0 {
+            assert!(matches!(answer, Err(StateError::Conflict { .. })), "{answer:?}");
+        } else {
+            answer.unwrap();
+        }
     }
     let by_start = |i: u64| runs.iter().find(|r| r.start_time_ms() == T0 + i * 1_000).unwrap();
     let kept = ids(state.list(RunQuery::all()).await.unwrap());
@@ -281,9 +289,11 @@ async fn regression_retention_by_bytes_evicts_the_oldest_ended_runs_first() {
     state.register(live.clone()).await.unwrap();
     let kept = ids(state.list(RunQuery::all()).await.unwrap());
     assert_eq!(kept, sorted(&[&live]), "only the live run fits; it stays");
+    // An ended run past the bound would go at once: it is refused instead.
     let newer = ended(T0 + 10_000);
-    state.register(newer.clone()).await.unwrap();
+    let answer = state.register(newer.clone()).await;
+    assert!(matches!(answer, Err(StateError::Conflict { .. })), "{answer:?}");
     let kept = ids(state.list(RunQuery::all()).await.unwrap());
-    assert_eq!(kept, sorted(&[&live]), "an ended run past the bound goes at once");
+    assert_eq!(kept, sorted(&[&live]), "nothing of the refused run is kept");
     service.shutdown().await;
 }

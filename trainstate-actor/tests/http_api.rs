@@ -264,7 +264,7 @@ async fn hostile_requests_get_the_right_status_and_store_nothing() {
             raw(deep_workers.as_bytes()),
             StatusCode::UNPROCESSABLE_ENTITY,
             "invalid",
-            Some("workers[0][0]"),
+            Some("workers[0]"),
         ),
         (
             "oversize body",
