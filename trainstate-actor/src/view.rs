@@ -75,9 +75,137 @@ pub(crate) enum Start {
 #[derive(Debug)]
 pub(crate) struct Lagged;
 
+/// A run's place in the secondary indexes: its start time, then its slot
+/// in [`View::slots`]. Sixteen bytes, where `(start_time_ms, RunId)` would
+/// take a heap copy of the id per index entry. Runs that share a start
+/// millisecond are ordered by slot here, not by id: a page walk sorts each
+/// millisecond's runs by id before it answers (see [`View::walk`]).
+type Key = (u64, u32);
+
+/// The runs one index key holds, in start-time order.
+type Set = BTreeSet<Key>;
+
+/// Secondary indexes over the committed runs, kept in step with `put` and
+/// `apply`: each key (a status, a job id, a node id or IP, a cluster, a
+/// three-byte piece of a name) holds the ordered set of its runs, so a
+/// filtered page is a walk of the smallest set from the cursor and a
+/// filter that matches nothing finds an empty set at once.
+#[derive(Default)]
+struct Indexes {
+    /// In [`RunStatus::ALL`] order.
+    status: [Set; RunStatus::ALL.len()],
+    job: HashMap<Box<str>, Set>,
+    node_id: HashMap<Box<str>, Set>,
+    node_ip: HashMap<Box<str>, Set>,
+    cluster: HashMap<Box<str>, Set>,
+    /// Every distinct three-byte substring of a name (trigram): a run whose
+    /// name contains a text of three or more bytes is in the set of each
+    /// of the text's trigrams.
+    gram: HashMap<[u8; 3], Set>,
+}
+
+fn status_index(status: RunStatus) -> usize {
+    RunStatus::ALL.iter().position(|s| *s == status).unwrap_or(0)
+}
+
+/// The distinct trigrams of `text`, sorted.
+fn grams(text: &str) -> Vec<[u8; 3]> {
+    let mut grams: Vec<[u8; 3]> = text.as_bytes().windows(3).map(|w| [w[0], w[1], w[2]]).collect();
+    grams.sort_unstable();
+    grams.dedup();
+    grams
+}
+
+fn insert_into(map: &mut HashMap<Box<str>, Set>, name: &str, key: Key) {
+    match map.get_mut(name) {
+        Some(set) => {
+            set.insert(key);
+        }
+        None => {
+            map.insert(name.into(), Set::from([key]));
+        }
+    }
+}
+
+fn remove_from(map: &mut HashMap<Box<str>, Set>, name: &str, key: Key) {
+    if let Some(set) = map.get_mut(name) {
+        set.remove(&key);
+        if set.is_empty() {
+            map.remove(name);
+        }
+    }
+}
+
+impl Indexes {
+    /// Adds `record` under `key`; the name's trigrams only with `name`.
+    fn add(&mut self, key: Key, record: &RunRecord, name: bool) {
+        self.status[status_index(record.status)].insert(key);
+        insert_into(&mut self.job, &record.job_id, key);
+        for node in record.node_ids.iter() {
+            insert_into(&mut self.node_id, node, key);
+        }
+        for ip in record.node_ips.iter() {
+            insert_into(&mut self.node_ip, ip, key);
+        }
+        if let Some(cluster) = record.cluster.as_deref() {
+            insert_into(&mut self.cluster, cluster, key);
+        }
+        if name {
+            for gram in grams(&record.name) {
+                self.gram.entry(gram).or_default().insert(key);
+            }
+        }
+    }
+
+    /// Removes `record` from under `key`; the name's trigrams only with `name`.
+    fn remove(&mut self, key: Key, record: &RunRecord, name: bool) {
+        self.status[status_index(record.status)].remove(&key);
+        remove_from(&mut self.job, &record.job_id, key);
+        for node in record.node_ids.iter() {
+            remove_from(&mut self.node_id, node, key);
+        }
+        for ip in record.node_ips.iter() {
+            remove_from(&mut self.node_ip, ip, key);
+        }
+        if let Some(cluster) = record.cluster.as_deref() {
+            remove_from(&mut self.cluster, cluster, key);
+        }
+        if name {
+            for gram in grams(&record.name) {
+                if let Some(set) = self.gram.get_mut(&gram) {
+                    set.remove(&key);
+                    if set.is_empty() {
+                        self.gram.remove(&gram);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The runs one filter can only be among: the union of some index sets
+/// (disjoint: several only for statuses, one per matching status).
+struct Source<'a> {
+    sets: Vec<&'a Set>,
+    /// Every run of the sets matches the filter (no check needed).
+    exact: bool,
+}
+
+impl Source<'_> {
+    fn len(&self) -> usize {
+        self.sets.iter().map(|s| s.len()).sum()
+    }
+}
+
 /// Committed runs in listing order, and the recent events.
 pub(crate) struct View {
-    runs: HashMap<RunId, Arc<RunRecord>>,
+    /// Each run and its slot in `slots`.
+    runs: HashMap<RunId, (u32, Arc<RunRecord>)>,
+    /// The runs by slot, for the secondary indexes; `None` where free.
+    slots: Vec<Option<Arc<RunRecord>>>,
+    /// Slots free for the next new run.
+    free: Vec<u32>,
+    indexes: Indexes,
     /// (start_time_ms, id), iterated in reverse for newest first.
     order: BTreeSet<(u64, RunId)>,
     last_seq: u64,
@@ -100,6 +228,9 @@ impl View {
         let last_seq = epoch();
         Self {
             runs: HashMap::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            indexes: Indexes::default(),
             order: BTreeSet::new(),
             last_seq,
             backlog: VecDeque::new(),
@@ -118,6 +249,9 @@ impl View {
     /// number is skipped, which sends every follower a fresh snapshot.
     pub(crate) fn replace_all(&mut self, records: &[Arc<RunRecord>]) {
         self.runs.clear();
+        self.slots.clear();
+        self.free.clear();
+        self.indexes = Indexes::default();
         self.order.clear();
         for record in records {
             self.put(record.clone());
@@ -139,28 +273,59 @@ impl View {
         match op {
             StoreOp::Put(record) => self.put(record.clone()),
             StoreOp::Delete(id) => {
-                if let Some(old) = self.runs.remove(id) {
+                if let Some((slot, old)) = self.runs.remove(id) {
                     self.order.remove(&(old.start_time_ms, old.id.clone()));
+                    self.indexes.remove((old.start_time_ms, slot), &old, true);
+                    self.slots[slot as usize] = None;
+                    self.free.push(slot);
                 }
             }
         }
     }
 
     fn put(&mut self, record: Arc<RunRecord>) {
-        self.order.insert((record.start_time_ms, record.id.clone()));
-        if let Some(old) = self.runs.insert(record.id.clone(), record) {
-            // start_time_ms is static metadata, so the key is unchanged.
-            debug_assert!(self.order.contains(&(old.start_time_ms, old.id.clone())));
-        }
+        let slot = match self.runs.get_mut(&record.id) {
+            Some((slot, old)) => {
+                let slot = *slot;
+                let old = std::mem::replace(old, record.clone());
+                if old.start_time_ms != record.start_time_ms {
+                    self.order.remove(&(old.start_time_ms, old.id.clone()));
+                    self.order.insert((record.start_time_ms, record.id.clone()));
+                }
+                let same_name =
+                    old.name == record.name && old.start_time_ms == record.start_time_ms;
+                self.indexes.remove((old.start_time_ms, slot), &old, !same_name);
+                self.indexes.add((record.start_time_ms, slot), &record, !same_name);
+                slot
+            }
+            None => {
+                let slot = match self.free.pop() {
+                    Some(slot) => slot,
+                    None => {
+                        self.slots.push(None);
+                        u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 runs")
+                    }
+                };
+                self.runs.insert(record.id.clone(), (slot, record.clone()));
+                self.order.insert((record.start_time_ms, record.id.clone()));
+                self.indexes.add((record.start_time_ms, slot), &record, true);
+                slot
+            }
+        };
+        self.slots[slot as usize] = Some(record);
     }
 
     /// Every committed run.
     pub(crate) fn records(&self) -> Vec<Arc<RunRecord>> {
-        self.runs.values().cloned().collect()
+        self.runs.values().map(|(_, r)| r.clone()).collect()
     }
 
     pub(crate) fn get(&self, id: &RunId) -> Option<&Arc<RunRecord>> {
-        self.runs.get(id)
+        self.runs.get(id).map(|(_, r)| r)
+    }
+
+    fn slot(&self, slot: u32) -> &Arc<RunRecord> {
+        self.slots[slot as usize].as_ref().expect("an indexed slot holds its run")
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -169,13 +334,7 @@ impl View {
 
     /// Counts of committed runs by status, in [`RunStatus::ALL`] order.
     pub(crate) fn count_by_status(&self) -> [usize; RunStatus::ALL.len()] {
-        let mut counts = [0; RunStatus::ALL.len()];
-        for record in self.runs.values() {
-            if let Some(i) = RunStatus::ALL.iter().position(|s| *s == record.status) {
-                counts[i] += 1;
-            }
-        }
-        counts
+        std::array::from_fn(|i| self.indexes.status[i].len())
     }
 
     /// One page of runs, newest first. `heartbeat` gives a live run's last
@@ -205,31 +364,65 @@ impl View {
             && query.node_id.is_none()
             && query.node_ip.is_none()
             && query.cluster.is_none();
-
-        let after = query.cursor.as_ref().map(|c| (c.start_time_ms(), c.id().clone()));
-        let newest_first = match &after {
-            Some(key) => Box::new(self.order.range(..key.clone()).rev())
-                as Box<dyn Iterator<Item = &(u64, RunId)>>,
-            None => Box::new(self.order.iter().rev()),
-        };
         let limit = query.limit.unwrap_or(usize::MAX);
-        let mut runs = Vec::with_capacity(limit.min(self.runs.len()));
+        let mut runs: Vec<&Arc<RunRecord>> = Vec::with_capacity(limit.min(self.runs.len()));
         let mut more = false;
-        for (_, id) in newest_first {
-            let record = &self.runs[id];
-            if !matches(record) {
-                continue;
+
+        let (sources, filters) = self.sources(query);
+        let total = match sources.iter().min_by_key(|s| s.len()) {
+            // Answered from the index of the most selective filter: a walk
+            // of its runs from the cursor, each checked against every filter.
+            Some(source) => {
+                let upper = query.cursor.as_ref().map(|c| (c.start_time_ms(), c.id()));
+                for record in self.walk(&source.sets, upper) {
+                    if !matches(record) {
+                        continue;
+                    }
+                    if runs.len() == limit {
+                        more = true;
+                        break;
+                    }
+                    runs.push(record);
+                }
+                if filters == 1 && source.exact {
+                    source.len()
+                } else {
+                    // Several filters, or a name longer than three bytes:
+                    // every run of the smallest set is checked.
+                    source
+                        .sets
+                        .iter()
+                        .flat_map(|set| set.iter())
+                        .filter(|(_, slot)| matches(self.slot(*slot)))
+                        .count()
+                }
             }
-            if runs.len() == limit {
-                more = true;
-                break;
+            // No filter, or only a name shorter than three bytes: the walk
+            // of every run, newest first.
+            None => {
+                let after = query.cursor.as_ref().map(|c| (c.start_time_ms(), c.id().clone()));
+                let newest_first = match &after {
+                    Some(key) => Box::new(self.order.range(..key.clone()).rev())
+                        as Box<dyn Iterator<Item = &(u64, RunId)>>,
+                    None => Box::new(self.order.iter().rev()),
+                };
+                for (_, id) in newest_first {
+                    let record = &self.runs[id].1;
+                    if !matches(record) {
+                        continue;
+                    }
+                    if runs.len() == limit {
+                        more = true;
+                        break;
+                    }
+                    runs.push(record);
+                }
+                if unfiltered {
+                    self.runs.len()
+                } else {
+                    self.runs.values().filter(|(_, r)| matches(r)).count()
+                }
             }
-            runs.push(record);
-        }
-        let total = if unfiltered {
-            self.runs.len()
-        } else {
-            self.runs.values().filter(|r| matches(r)).count()
         };
         let next_cursor = match (more, runs.last()) {
             (true, Some(last)) => Some(Cursor::new(last.start_time_ms, last.id.clone())),
@@ -237,6 +430,99 @@ impl View {
         };
         let runs = runs.into_iter().map(|r| r.document(heartbeat(r))).collect();
         RunPage::new(runs, next_cursor, total)
+    }
+
+    /// The index sets each filter of `query` can be answered from, and how
+    /// many filters the query has. A filter without an index (a name
+    /// shorter than three bytes) gives no source.
+    fn sources(&self, query: &RunQuery) -> (Vec<Source<'_>>, usize) {
+        let mut sources = Vec::new();
+        let mut filters = 0;
+        fn by_name<'a>(map: &'a HashMap<Box<str>, Set>, name: &str) -> Source<'a> {
+            Source { sets: map.get(name).into_iter().collect(), exact: true }
+        }
+        if !query.statuses.is_empty() {
+            filters += 1;
+            let sets = RunStatus::ALL
+                .iter()
+                .zip(&self.indexes.status)
+                .filter(|(status, _)| query.statuses.iter().any(|s| s.matches(**status)))
+                .map(|(_, set)| set)
+                .collect();
+            sources.push(Source { sets, exact: true });
+        }
+        if let Some(job) = query.job_id.as_deref() {
+            filters += 1;
+            sources.push(by_name(&self.indexes.job, job));
+        }
+        if let Some(node) = query.node_id.as_deref() {
+            filters += 1;
+            sources.push(by_name(&self.indexes.node_id, node));
+        }
+        if let Some(ip) = query.node_ip.as_deref() {
+            filters += 1;
+            sources.push(by_name(&self.indexes.node_ip, ip));
+        }
+        if let Some(cluster) = query.cluster.as_deref() {
+            filters += 1;
+            sources.push(by_name(&self.indexes.cluster, cluster));
+        }
+        if let Some(text) = query.name_contains.as_deref() {
+            filters += 1;
+            if text.len() >= 3 {
+                // The rarest of the text's trigrams; none when one of them
+                // is in no name at all.
+                let mut rarest: Option<&Set> = None;
+                let mut missing = false;
+                for gram in grams(text) {
+                    match self.indexes.gram.get(&gram) {
+                        Some(set) => {
+                            if rarest.is_none_or(|r| set.len() < r.len()) {
+                                rarest = Some(set);
+                            }
+                        }
+                        None => missing = true,
+                    }
+                }
+                let sets = if missing { Vec::new() } else { rarest.into_iter().collect() };
+                sources.push(Source { sets, exact: text.len() == 3 });
+            }
+        }
+        (sources, filters)
+    }
+
+    /// The runs of `sets` (disjoint), newest first, from just below
+    /// `upper` (a cursor's start time and id) or from the newest. The sets
+    /// order runs of one millisecond by slot; each millisecond's runs are
+    /// sorted by id here, as the listing orders them.
+    fn walk<'a>(
+        &'a self,
+        sets: &[&'a Set],
+        upper: Option<(u64, &'a RunId)>,
+    ) -> impl Iterator<Item = &'a Arc<RunRecord>> + 'a {
+        let bound = upper.map_or(u64::MAX, |(ms, _)| ms);
+        let mut heads: Vec<_> =
+            sets.iter().map(|set| set.range(..=(bound, u32::MAX)).rev().peekable()).collect();
+        let mut group: Vec<&'a Arc<RunRecord>> = Vec::new();
+        std::iter::from_fn(move || {
+            loop {
+                if let Some(record) = group.pop() {
+                    return Some(record);
+                }
+                // The newest millisecond left in any set, and all its runs.
+                let ms = heads.iter_mut().filter_map(|h| h.peek().map(|(ms, _)| *ms)).max()?;
+                for head in &mut heads {
+                    while let Some((_, slot)) = head.next_if(|(m, _)| *m == ms) {
+                        let record = self.slot(*slot);
+                        if upper.is_none_or(|(up_ms, up_id)| ms < up_ms || record.id < *up_id) {
+                            group.push(record);
+                        }
+                    }
+                }
+                // Popped from the end: the largest id first.
+                group.sort_unstable_by(|a, b| a.id.cmp(&b.id));
+            }
+        })
     }
 
     /// Announces one committed change.
@@ -292,7 +578,7 @@ impl View {
             return snapshot.clone();
         }
         let runs: Arc<[Arc<RunRecord>]> =
-            self.order.iter().rev().map(|(_, id)| self.runs[id].clone()).collect();
+            self.order.iter().rev().map(|(_, id)| self.runs[id].1.clone()).collect();
         let snapshot = Snapshot { seq: self.last_seq, runs };
         *cached = Some(snapshot.clone());
         snapshot
@@ -338,3 +624,6 @@ impl View {
         Subscription::new(events.subscribe(), backlog, self.last_seq)
     }
 }
+
+#[cfg(test)]
+mod tests;
