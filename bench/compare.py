@@ -43,6 +43,7 @@ DEFAULT_RAY_SCRIPT = os.path.join(os.path.dirname(ROOT), "shared", "bench", "ray
 ANALYSIS = os.path.join(ROOT, "bench", "analysis.md")
 HEADS = os.path.join(ROOT, "bench", "heads.md")
 VERSIONS = os.path.join(ROOT, "bench", "versions.md")
+WRITE_PATH = os.path.join(ROOT, "bench", "write-path.md")
 RESULTS = os.path.join(ROOT, "bench", "results.jsonl")
 DOC = os.path.join(ROOT, "docs", "benchmarks.md")
 XTASK = os.path.join(ROOT, "target", "release", "xtask")
@@ -481,6 +482,13 @@ def write_doc(results, ray_ok, args, machine, started, finished, load_before, lo
     # apart and written by hand: kept as it is.
     if os.path.exists(HEADS):
         with open(HEADS) as f:
+            L.append(f.read().rstrip())
+        L.append("")
+
+    # The registration write path under wrk, with its profile, measured
+    # apart and written by hand: kept as it is.
+    if os.path.exists(WRITE_PATH):
+        with open(WRITE_PATH) as f:
             L.append(f.read().rstrip())
         L.append("")
 

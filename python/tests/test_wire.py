@@ -1,6 +1,7 @@
 """The generated wire types match the committed JSON Schemas."""
 
 import json
+import time
 import typing
 from pathlib import Path
 
@@ -36,3 +37,33 @@ def test_enumerations_are_literals_of_the_wire_spellings():
 
 def test_the_package_is_typed():
     assert (Path(trainstate.__file__).parent / "py.typed").exists()
+
+
+def test_a_registration_preferring_return_minimal_answers_without_the_run(head, name):
+    import urllib.request
+    import uuid
+
+    run_id = uuid.uuid4().hex
+    with open(SCHEMAS.parent / "fixtures" / "ray-v1-run.json") as f:
+        run = json.load(f)
+    run.update(id=run_id, name=name, start_time_ms=int(time.time() * 1000))
+    answers = []
+    for _ in range(2):
+        req = urllib.request.Request(
+            head.url + "/api/train/runs",
+            data=json.dumps(run).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json", "Prefer": "return=minimal"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as response:
+            assert response.headers["Preference-Applied"] == "return=minimal"
+            answer: _wire.RegisterMinimalResponse = json.loads(response.read())
+            answers.append((response.status, answer))
+    required = _wire.RegisterMinimalResponse.__required_keys__
+    for status, answer in answers:
+        assert set(answer) == required, answer
+        assert answer["run_id"] == run_id
+        assert answer["lease_ms"] > 0
+    assert [(s, a["created"]) for s, a in answers] == [(201, True), (200, False)]
+    # Stored all the same.
+    assert head.get("/api/train/runs/" + run_id)["name"] == name

@@ -34,6 +34,7 @@ __all__ = [
     "RayTrainRunAttempt",
     "RayTrainRunsResponse",
     "RayTrainWorker",
+    "RegisterMinimalResponse",
     "RegisterResponse",
     "RendezvousResponse",
     "Resources",
@@ -493,6 +494,26 @@ _RayTrainWorkerOptional = TypedDict(
 
 class RayTrainWorker(_RayTrainWorkerRequired, _RayTrainWorkerOptional):
     """Ray's `TrainWorker`: one worker of an attempt."""
+
+
+_RegisterMinimalResponseRequired = TypedDict(
+    "_RegisterMinimalResponseRequired",
+    {
+        "created": "bool",
+        "run_id": "RunId",
+        "lease_ms": "int",
+    },
+)
+_RegisterMinimalResponseOptional = TypedDict(
+    "_RegisterMinimalResponseOptional",
+    {
+    },
+    total=False,
+)
+
+
+class RegisterMinimalResponse(_RegisterMinimalResponseRequired, _RegisterMinimalResponseOptional):
+    """Answer of `POST /api/train/runs` to a request with `Prefer: return=minimal` (RFC 7240): the registration without the run it stored, which the caller sent and need not read back. The answer says `Preference-Applied: return=minimal`; its status is the full answer's (201 registered, 200 already registered with the same metadata)."""
 
 
 _RegisterResponseRequired = TypedDict(

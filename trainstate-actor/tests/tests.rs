@@ -22,3 +22,4 @@ mod shared_store;
 mod singleton;
 mod stores;
 mod web;
+mod write_path;

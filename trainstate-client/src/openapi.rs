@@ -15,8 +15,8 @@ use trainstate_schema::{
 use crate::api::{
     AttemptRequest, Cursor, ErrorCode, ErrorResponse, EventKind, HealthResponse, HeartbeatResponse,
     JoinRequest, ListQuery, RankEndRequest, RankHeartbeatRequest, RayRunListResponse,
-    RegisterResponse, RendezvousResponse, RunEvent, RunListResponse, SnapshotEvent, StatusRequest,
-    VersionResponse,
+    RegisterMinimalResponse, RegisterResponse, RendezvousResponse, RunEvent, RunListResponse,
+    SnapshotEvent, StatusRequest, VersionResponse,
 };
 use crate::routes::{Access, Body, Route, routes};
 
@@ -47,6 +47,7 @@ pub fn wire_schemas() -> Vec<(&'static str, Schema)> {
         of::<StatusRequest>("StatusRequest"),
         of::<AttemptRequest>("AttemptRequest"),
         of::<RegisterResponse>("RegisterResponse"),
+        of::<RegisterMinimalResponse>("RegisterMinimalResponse"),
         of::<RunListResponse>("RunListResponse"),
         of::<RayRunListResponse>("RayRunListResponse"),
         of::<HeartbeatResponse>("HeartbeatResponse"),

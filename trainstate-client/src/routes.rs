@@ -6,9 +6,9 @@
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use trainstate_schema::api::{
     AttemptRequest, ErrorCode, EventsQuery, HealthResponse, HeartbeatResponse, JoinRequest,
-    ListQuery, RankEndRequest, RankHeartbeatRequest, RayRunListResponse, RegisterRequest,
-    RegisterResponse, RendezvousResponse, RunEvent, RunListResponse, SnapshotEvent, StatusRequest,
-    VersionResponse,
+    ListQuery, RankEndRequest, RankHeartbeatRequest, RayRunListResponse, RegisterMinimalResponse,
+    RegisterRequest, RegisterResponse, RendezvousResponse, RunEvent, RunListResponse,
+    SnapshotEvent, StatusRequest, VersionResponse,
 };
 use trainstate_schema::{TrainRunInfo, ray_v2};
 
@@ -260,6 +260,14 @@ const LISTING_ERRORS: &[ErrorCode] = &[
 /// The run as the answers of writes and reads carry it.
 const RUN: SchemaFn = schema_of::<TrainRunInfo>;
 
+/// What a registration answers: the run as stored, or without it when the
+/// request says `Prefer: return=minimal`.
+fn register_answer(generator: &mut SchemaGenerator) -> Schema {
+    let full = schema_of::<RegisterResponse>(generator);
+    let minimal = schema_of::<RegisterMinimalResponse>(generator);
+    schemars::json_schema!({ "oneOf": [full, minimal] })
+}
+
 /// Every route the head serves, in documentation order.
 pub fn routes() -> Vec<Route> {
     use Access::{Open, Read, Write};
@@ -309,13 +317,13 @@ pub fn routes() -> Vec<Route> {
             success: &[
                 Success {
                     status: 201,
-                    description: "Registered.",
-                    body: Body::Json(schema_of::<RegisterResponse>),
+                    description: "Registered. With `Prefer: return=minimal`, the answer omits the run (RegisterMinimalResponse) and says `Preference-Applied: return=minimal`.",
+                    body: Body::Json(register_answer),
                 },
                 Success {
                     status: 200,
-                    description: "Already registered with the same metadata.",
-                    body: Body::Json(schema_of::<RegisterResponse>),
+                    description: "Already registered with the same metadata. With `Prefer: return=minimal`, the answer omits the run (RegisterMinimalResponse) and says `Preference-Applied: return=minimal`.",
+                    body: Body::Json(register_answer),
                 },
             ],
             errors: WRITE_ERRORS,

@@ -97,6 +97,30 @@ impl<R> RegisterResponse<R> {
     }
 }
 
+/// Answer of `POST /api/train/runs` to a request with `Prefer:
+/// return=minimal` (RFC 7240): the registration without the run it
+/// stored, which the caller sent and need not read back. The answer says
+/// `Preference-Applied: return=minimal`; its status is the full answer's
+/// (201 registered, 200 already registered with the same metadata).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[non_exhaustive]
+pub struct RegisterMinimalResponse {
+    /// False when the run was already registered with the same metadata.
+    pub created: bool,
+    /// The id of the run.
+    pub run_id: RunId,
+    /// How long the run stays live without a heartbeat, in milliseconds.
+    pub lease_ms: u64,
+}
+
+impl RegisterMinimalResponse {
+    /// A minimal registration answer.
+    pub fn new(run_id: RunId, lease_ms: u64, created: bool) -> Self {
+        Self { created, run_id, lease_ms }
+    }
+}
+
 /// Answer of `POST /api/train/runs/{id}/heartbeat`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]

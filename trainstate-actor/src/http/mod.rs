@@ -255,8 +255,21 @@ impl Documents {
     }
 }
 
+/// What every handler and middleware reads: shared behind one `Arc`, so
+/// that the per-request copies axum makes of the state (one per
+/// middleware layer and handler) cost one reference count each.
 #[derive(Clone)]
-pub(crate) struct AppState {
+pub(crate) struct AppState(Arc<App>);
+
+impl std::ops::Deref for AppState {
+    type Target = App;
+
+    fn deref(&self) -> &App {
+        &self.0
+    }
+}
+
+pub(crate) struct App {
     service: Arc<StateService>,
     handle: StateHandle,
     config: Arc<HttpConfig>,
@@ -350,7 +363,7 @@ fn router(
     shutdown: watch::Receiver<bool>,
     listen: Option<std::net::SocketAddr>,
 ) -> Router {
-    let state = AppState {
+    let state = AppState(Arc::new(App {
         handle: service.handle(),
         service,
         subscribers: Arc::new(Semaphore::new(config.max_subscribers)),
@@ -361,7 +374,7 @@ fn router(
         documents: Arc::new(Documents::generate()),
         config: Arc::new(config),
         shutdown,
-    };
+    }));
     let mut timed = Router::new();
     let mut untimed = Router::new();
     for (path, timed_route, method_router) in method_routers() {

@@ -4,12 +4,12 @@
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, StreamExt};
 use trainstate_client::api::{
     AttemptRequest, Cursor, ErrorCode, HealthResponse, HeartbeatResponse, LinksResponse, ListQuery,
-    RegisterRequest, RegisterResponse, StatusRequest, VersionResponse,
+    RegisterMinimalResponse, RegisterRequest, RegisterResponse, StatusRequest, VersionResponse,
 };
 use trainstate_client::{NewAttempt, RunDocument, RunQuery, StateError, StateHandle};
 use trainstate_schema::{NewRun, RunId, TrainRunInfo, ray_v2};
@@ -241,14 +241,50 @@ pub(crate) async fn get_run(
 
 pub(crate) async fn register_run(
     State(app): State<AppState>,
+    headers: HeaderMap,
     JsonBody(draft): JsonBody<RegisterRequest>,
-) -> Result<(StatusCode, Json<RegisterResponse<RunDocument>>), ApiError> {
+) -> Result<Response, ApiError> {
     let run = NewRun::try_from(draft).map_err(StateError::from)?;
+    let minimal = prefers_minimal(&headers).then(|| run.run().id().clone());
     let registration = app.handle.register(run).await?;
     let status = if registration.created { StatusCode::CREATED } else { StatusCode::OK };
     let lease_ms = registration.lease.as_millis() as u64;
-    Ok((status, Json(RegisterResponse::new(registration.run, lease_ms, registration.created))))
+    if let Some(id) = minimal {
+        let answer = RegisterMinimalResponse::new(id, lease_ms, registration.created);
+        let mut response = (status, sized_json(&answer, 128)).into_response();
+        response.headers_mut().insert(PREFERENCE_APPLIED, HeaderValue::from_static(RETURN_MINIMAL));
+        return Ok(response);
+    }
+    Ok((status, Json(RegisterResponse::new(registration.run, lease_ms, registration.created)))
+        .into_response())
 }
+
+/// `Preference-Applied` (RFC 7240 §3).
+const PREFERENCE_APPLIED: HeaderName = HeaderName::from_static("preference-applied");
+
+/// The preference for an answer without the resource (RFC 7240 §4.2).
+const RETURN_MINIMAL: &str = "return=minimal";
+
+/// True when a `Prefer` header asks for `return=minimal` (RFC 7240: the
+/// preferences of every `Prefer` header, comma-separated, each possibly
+/// with parameters after `;`; names and the token value case-insensitive,
+/// the value possibly quoted).
+fn prefers_minimal(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(PREFER)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .filter_map(|preference| preference.split(';').next())
+        .filter_map(|preference| preference.split_once('='))
+        .any(|(name, value)| {
+            name.trim().eq_ignore_ascii_case("return")
+                && value.trim().trim_matches('"').eq_ignore_ascii_case("minimal")
+        })
+}
+
+/// `Prefer` (RFC 7240 §2).
+const PREFER: HeaderName = HeaderName::from_static("prefer");
 
 pub(crate) async fn set_status(
     State(app): State<AppState>,
