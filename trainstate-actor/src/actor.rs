@@ -47,7 +47,9 @@ impl Actor for TrainStateActor {
         myself: ActorRef<StateMessage>,
         args: ActorArgs,
     ) -> Result<ActorState, ActorProcessingErr> {
+        let started = std::time::Instant::now();
         let records = args.writer.load().await?;
+        let read = started.elapsed();
         // Loaded after every write queued before: whatever failed is not in it.
         let generation = args.writer.shared.generation.load(Ordering::SeqCst);
         let now = args.config.clock.now_ms();
@@ -55,7 +57,13 @@ impl Actor for TrainStateActor {
         let mut runs =
             Runs::load_at(records, now, Some(mono), args.config.lease, args.config.retention);
         runs.exempt_foreign(args.config.cluster.as_deref());
-        tracing::info!(runs = runs.len(), name = %args.config.name, "state actor started");
+        tracing::info!(
+            runs = runs.len(),
+            name = %args.config.name,
+            store_ms = read.as_millis() as u64,
+            total_ms = started.elapsed().as_millis() as u64,
+            "state actor started"
+        );
         myself.send_interval(args.config.sweep_every(), || {
             let (tx, _unanswered) = oneshot::channel();
             StateMessage::SweepLeases { reply: tx.into() }

@@ -21,6 +21,7 @@
 // Parts serve only the PostgreSQL store or forwarding.
 #![cfg_attr(not(all(feature = "postgres", feature = "forward")), allow(dead_code))]
 
+pub(crate) mod load;
 pub(crate) mod sqlite;
 
 #[cfg(feature = "postgres")]

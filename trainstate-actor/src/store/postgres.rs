@@ -41,6 +41,7 @@ use tokio::runtime::Runtime;
 use tokio_postgres::{AsyncMessage, NoTls};
 use trainstate_schema::RunId;
 
+use super::load::{Loaded, StoredRow, parse_rows};
 use super::{
     ChangedRun, Committed, Followed, JobChanges, Position, RemoteChange, Store, StoreOp, event_kind,
 };
@@ -529,17 +530,15 @@ impl Store for PgStore {
                     .await
                     .map_err(pg)?;
                 tx.commit().await.map_err(pg)?;
-                let mut records = Vec::with_capacity(rows.len());
-                let mut corrupt = Vec::new();
-                for row in rows {
-                    let id: String = row.get(0);
-                    match record(row.get(2), row.get(1)) {
-                        Ok(record) if record.id.as_str() == id => records.push(record),
-                        Ok(record) => corrupt
-                            .push((id, format!("its document names another run, {}", record.id))),
-                        Err(reason) => corrupt.push((id, reason)),
+                let Loaded { records, corrupt } = parse_rows::<std::convert::Infallible>(|sink| {
+                    for row in rows {
+                        let version: i64 = row.get(1);
+                        let json = Ok(row.get(2));
+                        sink(StoredRow { id: row.get(0), version: Some(version as u64), json });
                     }
-                }
+                    Ok(())
+                })
+                .unwrap_or_else(|never| match never {});
                 Ok((seq as u64, records, corrupt))
             });
             match attempt {

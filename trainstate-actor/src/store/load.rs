@@ -1,0 +1,144 @@
+//! Reading stored runs back into records at start, on every core.
+//!
+//! A restart is bound by parsing: every stored document is read once to
+//! check it and to take out the fields the actor indexes. The store reads
+//! its rows on the writer thread and hands them over in batches; parser
+//! threads turn them into records meanwhile, so reading and parsing
+//! overlap and the parsing is spread over the machine's cores.
+
+use std::sync::mpsc::{Receiver, sync_channel};
+use std::sync::{Arc, Mutex};
+
+use crate::record::RunRecord;
+
+/// One stored run as read: its id, its version when the store keeps one,
+/// and its JSON (or why it cannot be read as text).
+pub(crate) struct StoredRow {
+    pub(crate) id: String,
+    pub(crate) version: Option<u64>,
+    pub(crate) json: Result<String, String>,
+}
+
+/// The stored runs as records, and the rows that did not load.
+#[derive(Default)]
+pub(crate) struct Loaded {
+    pub(crate) records: Vec<Arc<RunRecord>>,
+    /// `(id, reason)`, in the order the store read them.
+    pub(crate) corrupt: Vec<(String, String)>,
+}
+
+/// Rows a parser takes at once: large enough that handing them over costs
+/// nothing beside parsing them, small enough that every parser has work
+/// until the last rows.
+const BATCH: usize = 256;
+
+/// Parses the rows `read` gives to its sink, on parser threads, while
+/// `read` goes on reading; returns every record and every row that did not
+/// load. An error of `read` is returned as it is, after the parsers stop.
+pub(crate) fn parse_rows<E>(
+    read: impl FnOnce(&mut dyn FnMut(StoredRow)) -> Result<(), E>,
+) -> Result<Loaded, E> {
+    let parsers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 8);
+    let (tx, rx) = sync_channel::<Vec<(usize, StoredRow)>>(parsers * 4);
+    let rx = Mutex::new(rx);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..parsers)
+            .map(|_| {
+                std::thread::Builder::new()
+                    .name("trainstate-load".into())
+                    .spawn_scoped(scope, || parse_batches(&rx))
+                    .expect("a parser thread starts")
+            })
+            .collect();
+        let mut batch = Vec::with_capacity(BATCH);
+        let mut n = 0;
+        let read = read(&mut |row| {
+            batch.push((n, row));
+            n += 1;
+            if batch.len() == BATCH {
+                // The parsers stop only once this sender is gone.
+                let _ = tx.send(std::mem::replace(&mut batch, Vec::with_capacity(BATCH)));
+            }
+        });
+        if !batch.is_empty() {
+            let _ = tx.send(batch);
+        }
+        drop(tx);
+        let mut loaded = Loaded { records: Vec::with_capacity(n), corrupt: Vec::new() };
+        let mut corrupt = Vec::new();
+        for worker in workers {
+            let (records, bad) = worker.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+            loaded.records.extend(records);
+            corrupt.extend(bad);
+        }
+        corrupt.sort_unstable_by_key(|(n, _)| *n);
+        loaded.corrupt = corrupt.into_iter().map(|(_, bad)| bad).collect();
+        read.map(|()| loaded)
+    })
+}
+
+type Parsed = (Vec<Arc<RunRecord>>, Vec<(usize, (String, String))>);
+
+fn parse_batches(rx: &Mutex<Receiver<Vec<(usize, StoredRow)>>>) -> Parsed {
+    let mut records = Vec::new();
+    let mut corrupt = Vec::new();
+    loop {
+        let batch = match rx.lock().unwrap_or_else(|e| e.into_inner()).recv() {
+            Ok(batch) => batch,
+            Err(_) => return (records, corrupt),
+        };
+        for (n, row) in batch {
+            let parsed = row.json.and_then(|json| match row.version {
+                Some(version) => RunRecord::from_stored_version(json, version),
+                None => RunRecord::from_stored(json),
+            });
+            match parsed {
+                Ok(record) if record.id.as_str() == row.id => records.push(record),
+                Ok(record) => corrupt
+                    .push((n, (row.id, format!("its document names another run, {}", record.id)))),
+                Err(reason) => corrupt.push((n, (row.id, reason))),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: &str, json: Result<&str, &str>) -> StoredRow {
+        StoredRow { id: id.into(), version: None, json: json.map(Into::into).map_err(Into::into) }
+    }
+
+    #[test]
+    fn rows_that_do_not_load_are_named_in_the_order_they_were_read() {
+        let rows: Vec<StoredRow> = (0..3 * BATCH + 7)
+            .map(|i| match i % 100 {
+                5 => row(&format!("bad-{i:04}"), Err("its JSON is not UTF-8")),
+                9 => row(&format!("bad-{i:04}"), Ok("{not json")),
+                _ => row(&format!("bad-{i:04}"), Ok("[]")),
+            })
+            .collect();
+        let loaded = parse_rows::<()>(|sink| {
+            rows.into_iter().for_each(sink);
+            Ok(())
+        })
+        .expect("read");
+        assert!(loaded.records.is_empty());
+        let ids: Vec<&str> = loaded.corrupt.iter().map(|(id, _)| id.as_str()).collect();
+        let mut sorted = ids.clone();
+        sorted.sort_unstable();
+        assert_eq!(ids, sorted, "in the order read");
+        assert_eq!(ids.len(), 3 * BATCH + 7);
+        assert_eq!(loaded.corrupt[5].1, "its JSON is not UTF-8");
+    }
+
+    #[test]
+    fn an_error_of_the_reader_is_returned_after_the_parsers_stop() {
+        let result = parse_rows(|sink| {
+            sink(row("a", Ok("{}")));
+            Err("the disk went away")
+        });
+        assert_eq!(result.err(), Some("the disk went away"));
+    }
+}
