@@ -279,24 +279,41 @@ fn hash_worker(h: &mut DefaultHasher, w: &Identity<'_>) {
 }
 
 /// A short list of distinct names.
-type Names = Box<[Box<str>]>;
+/// A run's distinct node ids (or IPs) in one allocation, one per line:
+/// a node id has no control characters (the name rule) and an IP none at
+/// all, so a line break cannot be part of one. Two allocations a run
+/// instead of one per node and one for the list.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Names(Box<str>);
+
+impl Names {
+    /// The names, in order of first appearance.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &str> {
+        self.0.split('\n').filter(|name| !name.is_empty())
+    }
+
+    /// Whether `name` is one of them.
+    pub(crate) fn contains(&self, name: &str) -> bool {
+        self.iter().any(|n| n == name)
+    }
+}
 
 /// Distinct node ids and node IPs, in order of first appearance: one
 /// pass, each name looked up in a hash set (linear in the workers).
 fn distinct_nodes<'a>(nodes: impl Iterator<Item = (&'a str, &'a str)>) -> (Names, Names) {
     let mut seen_ids: HashSet<&'a str> = HashSet::new();
     let mut seen_ips: HashSet<&'a str> = HashSet::new();
-    let mut ids: Vec<Box<str>> = Vec::new();
-    let mut ips: Vec<Box<str>> = Vec::new();
+    let mut ids: Vec<&str> = Vec::new();
+    let mut ips: Vec<&str> = Vec::new();
     for (id, ip) in nodes {
         if seen_ids.insert(id) {
-            ids.push(id.into());
+            ids.push(id);
         }
         if seen_ips.insert(ip) {
-            ips.push(ip.into());
+            ips.push(ip);
         }
     }
-    (ids.into(), ips.into())
+    (Names(ids.join("\n").into()), Names(ips.join("\n").into()))
 }
 
 /// The fields of a stored run that the actor indexes.
@@ -463,7 +480,9 @@ mod tests {
     fn distinct_nodes_keep_the_order_of_first_appearance() {
         let nodes = [("b", "2"), ("a", "1"), ("b", "2"), ("c", "1")];
         let (ids, ips) = distinct_nodes(nodes.into_iter());
-        assert_eq!(&*ids, [Box::from("b"), "a".into(), "c".into()]);
-        assert_eq!(&*ips, [Box::from("2"), "1".into()]);
+        assert_eq!(ids.iter().collect::<Vec<_>>(), ["b", "a", "c"]);
+        assert_eq!(ips.iter().collect::<Vec<_>>(), ["2", "1"]);
+        assert!(ids.contains("a") && !ids.contains("d") && !ids.contains(""));
+        assert_eq!(distinct_nodes(std::iter::empty()).0.iter().count(), 0);
     }
 }

@@ -348,14 +348,8 @@ impl View {
             (query.statuses.is_empty() || query.statuses.iter().any(|s| s.matches(record.status)))
                 && query.job_id.as_deref().is_none_or(|job| *record.job_id == *job)
                 && query.name_contains.as_deref().is_none_or(|text| record.name.contains(text))
-                && query
-                    .node_id
-                    .as_deref()
-                    .is_none_or(|n| record.node_ids.iter().any(|x| **x == *n))
-                && query
-                    .node_ip
-                    .as_deref()
-                    .is_none_or(|n| record.node_ips.iter().any(|x| **x == *n))
+                && query.node_id.as_deref().is_none_or(|n| record.node_ids.contains(n))
+                && query.node_ip.as_deref().is_none_or(|n| record.node_ips.contains(n))
                 && query.cluster.as_deref().is_none_or(|c| record.cluster.as_deref() == Some(c))
         };
         let unfiltered = query.statuses.is_empty()

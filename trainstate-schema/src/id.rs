@@ -1,24 +1,27 @@
 //! The run id.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::error::{Rule, ValidationError};
 use crate::limits::MAX_RUN_ID_LEN;
 
+///
+/// Cloning one shares its text: the head keeps each id in several maps.
 /// The id of one training run: `^[A-Za-z0-9_-]{1,128}$`, safe in URL paths.
 ///
 /// New ids are UUID v7 rendered as 32 lowercase hex characters, so they sort
 /// by creation time. Ids made elsewhere (Ray uses uuid4 hex) are accepted
 /// when they meet the same rule.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct RunId(Box<str>);
+pub struct RunId(Arc<str>);
 
 impl RunId {
     /// A fresh id: UUID v7 as 32 lowercase hex characters.
     pub fn new_v7() -> Self {
-        Self(uuid::Uuid::now_v7().simple().to_string().into_boxed_str())
+        Self(uuid::Uuid::now_v7().simple().to_string().into())
     }
 
     /// Checks `id` against the run-id rule.
@@ -33,7 +36,7 @@ impl RunId {
     }
 
     pub(crate) fn from_checked(id: String) -> Self {
-        Self(id.into_boxed_str())
+        Self(id.into())
     }
 
     pub(crate) fn check(id: &str) -> Result<(), Rule> {
@@ -80,7 +83,7 @@ impl<'de> Deserialize<'de> for RunId {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let text = String::deserialize(deserializer)?;
         Self::check(&text).map_err(serde::de::Error::custom)?;
-        Ok(Self(text.into_boxed_str()))
+        Ok(Self(text.into()))
     }
 }
 
