@@ -131,6 +131,7 @@ fn main() {
         ("node_ip (none)", q(&|q| q.node_ip = Some("10.9.9.9".into()))),
         ("name (matching)", q(&|q| q.name_contains = Some("run-77".into()))),
         ("name (none)", q(&|q| q.name_contains = Some("nothing-like-it".into()))),
+        ("name (every run)", q(&|q| q.name_contains = Some("run-".into()))),
         ("cluster (none)", q(&|q| q.cluster = Some("other".into()))),
         (
             "job_id+status=FINISHED (none)",

@@ -15,6 +15,8 @@ use trainstate_schema::{RunId, RunStatus};
 use crate::record::RunRecord;
 use crate::store::StoreOp;
 
+mod names;
+
 /// The sequence number a new view starts at: its epoch. An event id from an
 /// earlier process, or an earlier view of this one (an actor restart), is
 /// then below every id this view hands out and is answered with a
@@ -98,22 +100,12 @@ struct Indexes {
     node_id: HashMap<Box<str>, Set>,
     node_ip: HashMap<Box<str>, Set>,
     cluster: HashMap<Box<str>, Set>,
-    /// Every distinct three-byte substring of a name (trigram): a run whose
-    /// name contains a text of three or more bytes is in the set of each
-    /// of the text's trigrams.
-    gram: HashMap<[u8; 3], Set>,
+    /// Every run's name, for searches in names.
+    names: names::Names,
 }
 
 fn status_index(status: RunStatus) -> usize {
     RunStatus::ALL.iter().position(|s| *s == status).unwrap_or(0)
-}
-
-/// The distinct trigrams of `text`, sorted.
-fn grams(text: &str) -> Vec<[u8; 3]> {
-    let mut grams: Vec<[u8; 3]> = text.as_bytes().windows(3).map(|w| [w[0], w[1], w[2]]).collect();
-    grams.sort_unstable();
-    grams.dedup();
-    grams
 }
 
 fn insert_into(map: &mut HashMap<Box<str>, Set>, name: &str, key: Key) {
@@ -137,7 +129,7 @@ fn remove_from(map: &mut HashMap<Box<str>, Set>, name: &str, key: Key) {
 }
 
 impl Indexes {
-    /// Adds `record` under `key`; the name's trigrams only with `name`.
+    /// Adds `record` under `key`; its name only with `name`.
     fn add(&mut self, key: Key, record: &RunRecord, name: bool) {
         self.status[status_index(record.status)].insert(key);
         insert_into(&mut self.job, &record.job_id, key);
@@ -151,13 +143,11 @@ impl Indexes {
             insert_into(&mut self.cluster, cluster, key);
         }
         if name {
-            for gram in grams(&record.name) {
-                self.gram.entry(gram).or_default().insert(key);
-            }
+            self.names.add(key, &record.name);
         }
     }
 
-    /// Removes `record` from under `key`; the name's trigrams only with `name`.
+    /// Removes `record` from under `key`; its name only with `name`.
     fn remove(&mut self, key: Key, record: &RunRecord, name: bool) {
         self.status[status_index(record.status)].remove(&key);
         remove_from(&mut self.job, &record.job_id, key);
@@ -171,14 +161,7 @@ impl Indexes {
             remove_from(&mut self.cluster, cluster, key);
         }
         if name {
-            for gram in grams(&record.name) {
-                if let Some(set) = self.gram.get_mut(&gram) {
-                    set.remove(&key);
-                    if set.is_empty() {
-                        self.gram.remove(&gram);
-                    }
-                }
-            }
+            self.names.remove(key);
         }
     }
 }
@@ -186,7 +169,7 @@ impl Indexes {
 /// The runs one filter can only be among: the union of some index sets
 /// (disjoint: several only for statuses, one per matching status).
 struct Source<'a> {
-    sets: Vec<&'a Set>,
+    sets: Vec<Keys<'a>>,
     /// Every run of the sets matches the filter (no check needed).
     exact: bool,
 }
@@ -194,6 +177,39 @@ struct Source<'a> {
 impl Source<'_> {
     fn len(&self) -> usize {
         self.sets.iter().map(|s| s.len()).sum()
+    }
+}
+
+/// Keys in ascending order: an index set, or what a name search found.
+#[derive(Clone, Copy)]
+enum Keys<'a> {
+    Set(&'a Set),
+    Sorted(&'a [Key]),
+}
+
+impl<'a> Keys<'a> {
+    fn len(self) -> usize {
+        match self {
+            Keys::Set(set) => set.len(),
+            Keys::Sorted(keys) => keys.len(),
+        }
+    }
+
+    fn iter(self) -> Box<dyn Iterator<Item = &'a Key> + 'a> {
+        match self {
+            Keys::Set(set) => Box::new(set.iter()),
+            Keys::Sorted(keys) => Box::new(keys.iter()),
+        }
+    }
+
+    /// The keys up to `upper` (included), largest first.
+    fn down_from(self, upper: Key) -> Box<dyn Iterator<Item = &'a Key> + 'a> {
+        match self {
+            Keys::Set(set) => Box::new(set.range(..=upper).rev()),
+            Keys::Sorted(keys) => {
+                Box::new(keys[..keys.partition_point(|k| *k <= upper)].iter().rev())
+            }
+        }
     }
 }
 
@@ -362,7 +378,8 @@ impl View {
         let mut runs: Vec<&Arc<RunRecord>> = Vec::with_capacity(limit.min(self.runs.len()));
         let mut more = false;
 
-        let (sources, filters) = self.sources(query);
+        let found = query.name_contains.as_deref().map(|text| self.indexes.names.find(text));
+        let (sources, filters) = self.sources(query, found.as_deref());
         let total = match sources.iter().min_by_key(|s| s.len()) {
             // Answered from the index of the most selective filter: a walk
             // of its runs from the cursor, each checked against every filter.
@@ -381,8 +398,7 @@ impl View {
                 if filters == 1 && source.exact {
                     source.len()
                 } else {
-                    // Several filters, or a name longer than three bytes:
-                    // every run of the smallest set is checked.
+                    // Several filters: every run of the smallest set is checked.
                     source
                         .sets
                         .iter()
@@ -391,8 +407,7 @@ impl View {
                         .count()
                 }
             }
-            // No filter, or only a name shorter than three bytes: the walk
-            // of every run, newest first.
+            // No filter: the walk of every run, newest first.
             None => {
                 let after = query.cursor.as_ref().map(|c| (c.start_time_ms(), c.id().clone()));
                 let newest_first = match &after {
@@ -427,13 +442,17 @@ impl View {
     }
 
     /// The index sets each filter of `query` can be answered from, and how
-    /// many filters the query has. A filter without an index (a name
-    /// shorter than three bytes) gives no source.
-    fn sources(&self, query: &RunQuery) -> (Vec<Source<'_>>, usize) {
+    /// many filters the query has; `found` is what the search in names
+    /// found for its name filter.
+    fn sources<'a>(
+        &'a self,
+        query: &RunQuery,
+        found: Option<&'a [Key]>,
+    ) -> (Vec<Source<'a>>, usize) {
         let mut sources = Vec::new();
         let mut filters = 0;
         fn by_name<'a>(map: &'a HashMap<Box<str>, Set>, name: &str) -> Source<'a> {
-            Source { sets: map.get(name).into_iter().collect(), exact: true }
+            Source { sets: map.get(name).map(Keys::Set).into_iter().collect(), exact: true }
         }
         if !query.statuses.is_empty() {
             filters += 1;
@@ -441,7 +460,7 @@ impl View {
                 .iter()
                 .zip(&self.indexes.status)
                 .filter(|(status, _)| query.statuses.iter().any(|s| s.matches(**status)))
-                .map(|(_, set)| set)
+                .map(|(_, set)| Keys::Set(set))
                 .collect();
             sources.push(Source { sets, exact: true });
         }
@@ -461,26 +480,9 @@ impl View {
             filters += 1;
             sources.push(by_name(&self.indexes.cluster, cluster));
         }
-        if let Some(text) = query.name_contains.as_deref() {
+        if let Some(found) = found {
             filters += 1;
-            if text.len() >= 3 {
-                // The rarest of the text's trigrams; none when one of them
-                // is in no name at all.
-                let mut rarest: Option<&Set> = None;
-                let mut missing = false;
-                for gram in grams(text) {
-                    match self.indexes.gram.get(&gram) {
-                        Some(set) => {
-                            if rarest.is_none_or(|r| set.len() < r.len()) {
-                                rarest = Some(set);
-                            }
-                        }
-                        None => missing = true,
-                    }
-                }
-                let sets = if missing { Vec::new() } else { rarest.into_iter().collect() };
-                sources.push(Source { sets, exact: text.len() == 3 });
-            }
+            sources.push(Source { sets: vec![Keys::Sorted(found)], exact: true });
         }
         (sources, filters)
     }
@@ -491,12 +493,12 @@ impl View {
     /// sorted by id here, as the listing orders them.
     fn walk<'a>(
         &'a self,
-        sets: &[&'a Set],
+        sets: &[Keys<'a>],
         upper: Option<(u64, &'a RunId)>,
     ) -> impl Iterator<Item = &'a Arc<RunRecord>> + 'a {
         let bound = upper.map_or(u64::MAX, |(ms, _)| ms);
         let mut heads: Vec<_> =
-            sets.iter().map(|set| set.range(..=(bound, u32::MAX)).rev().peekable()).collect();
+            sets.iter().map(|set| set.down_from((bound, u32::MAX)).peekable()).collect();
         let mut group: Vec<&'a Arc<RunRecord>> = Vec::new();
         std::iter::from_fn(move || {
             loop {
