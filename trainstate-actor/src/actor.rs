@@ -47,6 +47,8 @@ impl Actor for TrainStateActor {
         myself: ActorRef<StateMessage>,
         args: ActorArgs,
     ) -> Result<ActorState, ActorProcessingErr> {
+        #[cfg(feature = "fault-injection")]
+        args.config.faults.wait_while_load_held().await;
         let records = args.writer.load().await?;
         // Loaded after every write queued before: whatever failed is not in it.
         let generation = args.writer.shared.generation.load(Ordering::SeqCst);
