@@ -288,6 +288,8 @@ async fn regression_sigterm_during_the_load_exits_cleanly_and_loses_nothing() {
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert_eq!(body["error"]["code"], "unavailable", "{body}");
     assert_eq!(retry_after.as_deref(), Some("1"));
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("shutting down before it loaded its stored runs"), "{message}");
     assert!(!head.log().contains("panicked"), "{}", head.log());
     drop(head);
 

@@ -212,11 +212,11 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
             // Nothing was served from the store, so nothing can be lost: the
             // launch is dropped (the store closed after reading), held
             // requests get 503 and the head exits 0.
-            drop(load);
             server
                 .await
                 .map_err(|e| format!("serving: {e}"))?
                 .map_err(|e| format!("serving: {e}"))?;
+            drop(load);
             tracing::info!("stopped before the stored runs were loaded; nothing was written");
             return Ok(());
         }

@@ -146,6 +146,8 @@ pub(super) async fn held(
             );
             let outcome = tokio::time::timeout(hold, async {
                 tokio::select! {
+                    // The launch's outcome first, when shutdown comes with it.
+                    biased;
                     changed = phase.wait_for(|p| !matches!(p, Phase::Loading)) => {
                         changed.map(|p| p.clone()).ok()
                     }

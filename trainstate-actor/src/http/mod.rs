@@ -32,8 +32,8 @@ use trainstate_client::api::ErrorCode;
 use trainstate_client::routes::{HttpMethod, Operation};
 
 use self::error::ApiError;
-use self::loading::Phase;
 pub use self::loading::{DEFAULT_LOAD_HOLD, Load, LoadWatch, load_channel};
+use self::loading::{LoadState, Phase};
 use self::metrics::HttpMetrics;
 use crate::StateService;
 
@@ -341,6 +341,7 @@ pub async fn serve_while_loading(
     http.timer(TokioTimer::new()).header_read_timeout(config.header_read_timeout);
     let listen = listener.local_addr().ok();
     let (phase_tx, phase) = watch::channel(Phase::Loading);
+    let load_state = load.rx.clone();
     let launched = match load.loaded_now() {
         Some(service) => {
             phase_tx.send_replace(Phase::Ready(router(service, config, stopping.clone(), listen)));
@@ -406,7 +407,13 @@ pub async fn serve_while_loading(
         }
     }
     if let Some(launched) = launched {
-        launched.abort();
+        // A launch decided before shutdown (a failure, say) reaches the
+        // requests held for it; one still running is given up.
+        if matches!(*load_state.borrow(), LoadState::Loading) {
+            launched.abort();
+        } else {
+            let _ = launched.await;
+        }
     }
     drop(listener);
     let _ = stop.send(true);
