@@ -155,6 +155,7 @@ _HealthResponseRequired = TypedDict(
     "_HealthResponseRequired",
     {
         "status": "HealthStatus",
+        "loaded": "bool",
     },
 )
 _HealthResponseOptional = TypedDict(

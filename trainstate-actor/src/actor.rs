@@ -47,6 +47,8 @@ impl Actor for TrainStateActor {
         myself: ActorRef<StateMessage>,
         args: ActorArgs,
     ) -> Result<ActorState, ActorProcessingErr> {
+        #[cfg(feature = "fault-injection")]
+        args.config.faults.wait_while_load_held().await;
         let started = std::time::Instant::now();
         let records = args.writer.load().await?;
         let read = started.elapsed();

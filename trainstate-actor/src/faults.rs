@@ -1,8 +1,10 @@
 //! Test-only fault hooks, behind the `fault-injection` feature so that
 //! integration tests and child processes can use them.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
+use std::time::Duration;
 
 /// Faults to inject into a running state actor.
 #[derive(Debug, Default)]
@@ -12,6 +14,7 @@ pub struct Faults {
     fail_next_commit: AtomicBool,
     writer_held: Mutex<bool>,
     writer_released: Condvar,
+    load_released_by: Mutex<Option<PathBuf>>,
 }
 
 impl Faults {
@@ -39,6 +42,27 @@ impl Faults {
     pub fn release_writer(&self) {
         *self.writer_held.lock().unwrap() = false;
         self.writer_released.notify_all();
+    }
+
+    /// The state actor's load of the stored runs waits, before it reads a
+    /// row, until a file exists at `path` (the test creates it to release
+    /// the load).
+    pub fn hold_load_until_exists(&self, path: PathBuf) {
+        *self.load_released_by.lock().unwrap() = Some(path);
+    }
+
+    /// Waits while the load is held (see [`Faults::hold_load_until_exists`]).
+    pub(crate) async fn wait_while_load_held(&self) {
+        let Some(path) = self.load_released_by.lock().unwrap().clone() else { return };
+        let mut waited = false;
+        while !path.exists() {
+            if !waited {
+                tracing::warn!(path = %path.display(), "fault injected: the load waits for this file");
+                waited = true;
+            }
+            // A test hook: the file appears from outside the process.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     pub(crate) fn take_panic(&self) -> bool {

@@ -589,9 +589,13 @@ async fn regression_a_corrupt_row_is_named_and_quarantine_starts_without_it() {
             conn.execute("UPDATE runs SET json = ?2 WHERE id = ?1", [id.as_str(), json]).unwrap();
         }
     }
-    let (status, log) =
-        Head::start(dir.path(), &[], &[]).err().expect("a damaged store is refused");
+    // The head listens before it loads its runs (issue 15): the refusal
+    // comes after `listening on`, as a non-zero exit with the same message.
+    let mut refused = Head::start(dir.path(), &[], &[]).expect("listens, then loads");
+    let status = refused.wait();
     assert!(!status.success());
+    let log = refused.wait_for_log("--quarantine-corrupt");
+    drop(refused);
     assert!(log.contains(&format!("run {}", ids[1])), "names the run: {log}");
     assert!(log.contains("1 more run(s) do not load"), "{log}");
     assert!(log.contains("--quarantine-corrupt"), "says how to start anyway: {log}");

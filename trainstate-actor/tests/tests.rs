@@ -14,6 +14,7 @@ mod http_api;
 mod lifecycle;
 mod listing;
 mod liveness;
+mod loading;
 mod process;
 mod ray_export;
 mod ray_v2;

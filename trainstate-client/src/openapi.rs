@@ -160,9 +160,15 @@ fn operation(route: &Route, generator: &mut SchemaGenerator) -> Value {
         responses.insert(success.status.to_string(), response);
     }
     let error = generator.subschema_for::<ErrorResponse>().to_value();
-    // Every route may refuse a `Host` that names no address of the head.
-    let errors: Vec<ErrorCode> =
-        route.errors.iter().copied().chain([ErrorCode::MisdirectedRequest]).collect();
+    // Every route may refuse a `Host` that names no address of the head,
+    // and answer `unavailable` while a starting head loads its stored runs
+    // for longer than a request is held.
+    let mut errors: Vec<ErrorCode> = route.errors.to_vec();
+    for always in [ErrorCode::MisdirectedRequest, ErrorCode::Unavailable] {
+        if !errors.contains(&always) {
+            errors.push(always);
+        }
+    }
     let mut statuses: Vec<u16> = errors.iter().map(|c| c.http_status()).collect();
     statuses.sort_unstable();
     statuses.dedup();

@@ -646,7 +646,7 @@ pub fn routes() -> Vec<Route> {
         Route {
             success: &[Success {
                 status: 200,
-                description: "Healthy.",
+                description: "Healthy; `loaded` says whether every stored run is loaded.",
                 body: Body::Json(schema_of::<HealthResponse>),
             }],
             errors: &[ErrorCode::Unavailable, ErrorCode::Timeout],
@@ -655,7 +655,7 @@ pub fn routes() -> Vec<Route> {
                 "health",
                 Get,
                 "/healthz",
-                "Liveness: 200 while the head serves and its state actor answers.",
+                "Liveness: 200 while the head serves and its state actor answers. Readiness: `loaded` is false while a starting head loads its stored runs (other requests wait for the load meanwhile), true once every stored run is loaded.",
                 Open,
             )
         },

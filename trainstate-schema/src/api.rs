@@ -237,12 +237,22 @@ pub const WORKER_LINK_PLACEHOLDERS: [&str; 4] = ["rank", "node_id", "node_ip", "
 pub struct HealthResponse {
     /// `ok` while the head serves and its state actor answers.
     pub status: HealthStatus,
+    /// `true` once the head has loaded every stored run; `false` while it
+    /// loads them after a start. Until then every other request waits for
+    /// the load (a readiness probe reads this; a liveness probe only
+    /// `status`).
+    pub loaded: bool,
 }
 
 impl HealthResponse {
-    /// A healthy head.
+    /// A healthy head with every stored run loaded.
     pub fn ok() -> Self {
-        Self { status: HealthStatus::Ok }
+        Self { status: HealthStatus::Ok, loaded: true }
+    }
+
+    /// A head that serves but is still loading its stored runs.
+    pub fn loading() -> Self {
+        Self { status: HealthStatus::Ok, loaded: false }
     }
 }
 

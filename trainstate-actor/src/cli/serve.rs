@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use trainstate_actor::forward::{ForwardConfig, start_forwarding};
-use trainstate_actor::http::{HttpConfig, serve};
+use trainstate_actor::http::{HttpConfig, load_channel, serve_while_loading};
 use trainstate_actor::{Retention, StateConfig, Synchronous, launch_state_actor};
 use trainstate_client::api::LinksResponse;
 
@@ -92,6 +92,10 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
                 Some(path) => Some(super::read_token_file(path)?),
                 None => None,
             };
+            // The hub's URL is checked now, before `listening on`;
+            // forwarding itself starts once the runs are loaded.
+            trainstate_client::StateHandle::connect(hub, token.clone())
+                .map_err(|e| format!("--forward-to: {e}"))?;
             Some(ForwardConfig::new(hub.clone(), cluster.clone()).with_token(token))
         }
         (None, _) => None,
@@ -149,34 +153,10 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
     {
         config = config.with_faults(faults_from_env());
     }
-    let service = Arc::new(launch_state_actor(config).await.map_err(|e| e.to_string())?);
-
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
-    {
-        let mut stdout = std::io::stdout().lock();
-        let _ = writeln!(stdout, "listening on http://{local}");
-        let _ = stdout.flush();
-    }
-    let store = match &postgres {
-        Some(_) => "postgres",
-        None if args.in_memory => "memory",
-        None => "sqlite",
-    };
-    tracing::info!(address = %local, data_dir = %args.data_dir.display(), store, cluster = ?args.cluster, "head service ready");
-    let forwarder = match forward {
-        Some(forward) => {
-            Some(start_forwarding(&service, forward).map_err(|e| format!("--forward-to: {e}"))?)
-        }
-        None => None,
-    };
-
-    if args.demo {
-        super::demo::start(service.handle());
-    }
-
     let http = HttpConfig::default()
         .with_token(token)
         .with_protected_reads(args.protect_reads)
@@ -190,22 +170,93 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
         .with_any_host(args.insecure)
         .with_cors_origins(args.cors_origins.clone())
         .with_links(links);
-    // A state actor given up on answers nothing: stop, and exit non-zero
-    // so that a service manager starts the head again.
-    let given_up = {
-        let service = service.clone();
-        async move { service.gave_up().await }
+    // Serving starts before the stored runs are loaded: `/healthz` answers
+    // at once (`"loaded": false`) and every other request waits for the load.
+    // A signal, or a state actor given up on, stops it.
+    let stop = Arc::new(tokio::sync::watch::channel(false).0);
+    tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            shutdown.await;
+            stop.send_replace(true);
+        }
+    });
+    let (load, loading) = load_channel();
+    let server = tokio::spawn(serve_while_loading(listener, loading, http, stopped(&stop)));
+    {
+        let mut stdout = std::io::stdout().lock();
+        let _ = writeln!(stdout, "listening on http://{local}");
+        let _ = stdout.flush();
+    }
+    let store = match &postgres {
+        Some(_) => "postgres",
+        None if args.in_memory => "memory",
+        None => "sqlite",
     };
-    let shutdown = async move {
-        tokio::select! {
-            () = shutdown => {}
-            reason = given_up => tracing::error!(
-                reason = %reason,
-                "the state actor is gone for good; stopping so that the head can be restarted"
-            ),
+    tracing::info!(address = %local, data_dir = %args.data_dir.display(), store, cluster = ?args.cluster, "listening; loading the stored runs");
+    let launched = tokio::select! {
+        launched = launch_state_actor(config) => Some(launched),
+        () = stopped(&stop) => None,
+    };
+    let service = match launched {
+        Some(Ok(service)) => Arc::new(service),
+        Some(Err(err)) => {
+            // Held requests get 503 naming why; then the process exits non-zero.
+            let message = err.to_string();
+            load.failed(message.clone());
+            stop.send_replace(true);
+            let _ = server.await;
+            return Err(message);
+        }
+        None => {
+            // Nothing was served from the store, so nothing can be lost: the
+            // launch is dropped (the store closed after reading), held
+            // requests get 503 and the head exits 0.
+            server
+                .await
+                .map_err(|e| format!("serving: {e}"))?
+                .map_err(|e| format!("serving: {e}"))?;
+            drop(load);
+            tracing::info!("stopped before the stored runs were loaded; nothing was written");
+            return Ok(());
         }
     };
-    serve(listener, service.clone(), http, shutdown).await.map_err(|e| format!("serving: {e}"))?;
+    load.loaded(service.clone());
+    tracing::info!(
+        runs = service.runs_by_status().iter().sum::<usize>(),
+        "head service ready: every stored run is loaded"
+    );
+    let forwarder = match forward {
+        Some(forward) => match start_forwarding(&service, forward) {
+            Ok(forwarder) => Some(forwarder),
+            Err(err) => {
+                stop.send_replace(true);
+                let _ = server.await;
+                service.shutdown().await;
+                return Err(format!("--forward-to: {err}"));
+            }
+        },
+        None => None,
+    };
+
+    if args.demo {
+        super::demo::start(service.handle());
+    }
+
+    // A state actor given up on answers nothing: stop, and exit non-zero
+    // so that a service manager starts the head again.
+    tokio::spawn({
+        let (service, stop) = (service.clone(), stop.clone());
+        async move {
+            let reason = service.gave_up().await;
+            tracing::error!(
+                reason = %reason,
+                "the state actor is gone for good; stopping so that the head can be restarted"
+            );
+            stop.send_replace(true);
+        }
+    });
+    server.await.map_err(|e| format!("serving: {e}"))?.map_err(|e| format!("serving: {e}"))?;
     if let Some(forwarder) = forwarder {
         forwarder.stop().await;
     }
@@ -218,11 +269,25 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// Resolves once `stop` says so.
+fn stopped(
+    stop: &tokio::sync::watch::Sender<bool>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let mut stop = stop.subscribe();
+    async move {
+        let _ = stop.wait_for(|stop| *stop).await;
+    }
+}
+
 /// Test builds only: faults asked for by `TRAINSTATE_FAULTS` (comma-separated;
-/// `panic-on-every-write`).
+/// `panic-on-every-write`), and `TRAINSTATE_HOLD_LOAD_UNTIL=PATH`: the load
+/// of the stored runs waits until a file exists at PATH.
 #[cfg(feature = "fault-injection")]
 fn faults_from_env() -> Arc<trainstate_actor::Faults> {
     let faults = Arc::new(trainstate_actor::Faults::default());
+    if let Some(path) = std::env::var_os("TRAINSTATE_HOLD_LOAD_UNTIL") {
+        faults.hold_load_until_exists(path.into());
+    }
     for fault in std::env::var("TRAINSTATE_FAULTS").unwrap_or_default().split(',') {
         match fault.trim() {
             "panic-on-every-write" => faults.panic_on_every_write(),

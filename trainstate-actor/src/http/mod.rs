@@ -8,6 +8,7 @@ mod answer;
 mod body;
 mod error;
 mod events;
+mod loading;
 mod metrics;
 mod rendezvous;
 mod routes;
@@ -31,6 +32,8 @@ use trainstate_client::api::ErrorCode;
 use trainstate_client::routes::{HttpMethod, Operation};
 
 use self::error::ApiError;
+pub use self::loading::{DEFAULT_LOAD_HOLD, Load, LoadWatch, load_channel};
+use self::loading::{LoadState, Phase};
 use self::metrics::HttpMetrics;
 use crate::StateService;
 
@@ -103,6 +106,9 @@ pub struct HttpConfig {
     /// URL templates of links out to logs and metrics, checked by
     /// [`crate::links::check_template`].
     pub links: trainstate_client::api::LinksResponse,
+    /// The longest a request waits for the stored runs to be loaded (see
+    /// [`serve_while_loading`]); past it, 503 `unavailable`.
+    pub load_hold: Duration,
 }
 
 impl Default for HttpConfig {
@@ -121,6 +127,7 @@ impl Default for HttpConfig {
             max_answer_bytes: DEFAULT_MAX_ANSWER_BYTES,
             allow_any_host: false,
             links: trainstate_client::api::LinksResponse::default(),
+            load_hold: DEFAULT_LOAD_HOLD,
         }
     }
 }
@@ -197,6 +204,12 @@ impl HttpConfig {
     /// Serves any `Host` even without a token.
     pub fn with_any_host(mut self, allow: bool) -> Self {
         self.allow_any_host = allow;
+        self
+    }
+
+    /// Sets the longest a request waits for the stored runs to be loaded.
+    pub fn with_load_hold(mut self, hold: Duration) -> Self {
+        self.load_hold = hold;
         self
     }
 
@@ -298,17 +311,54 @@ pub async fn serve(
     config: HttpConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let (load, watch) = load_channel();
+    load.loaded(service);
+    serve_while_loading(listener, watch, config, shutdown).await
+}
+
+/// [`serve`] for a head whose state actor is still being launched (its
+/// stored runs loading): serves at once, and until `load` says the launch
+/// is done, answers `GET /healthz` itself (`"loaded": false`) and holds
+/// every other request, then hands it to the API once loaded, so that no
+/// client sees a partial state. A request held longer than
+/// [`HttpConfig::load_hold`], or held when the launch fails, or when
+/// shutdown begins first, is answered 503 `unavailable` (`Retry-After: 1`).
+pub async fn serve_while_loading(
+    listener: TcpListener,
+    load: LoadWatch,
+    config: HttpConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     use hyper_util::rt::{TokioIo, TokioTimer};
     use hyper_util::server::graceful::GracefulShutdown;
     use hyper_util::service::TowerToHyperService;
 
     let (stop, stopping) = watch::channel(false);
     let grace = config.shutdown_grace;
+    let hold = config.load_hold;
     let connections = Arc::new(Semaphore::new(config.max_connections.max(1)));
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(config.header_read_timeout);
     let listen = listener.local_addr().ok();
-    let app = router(service, config, stopping, listen);
+    let (phase_tx, phase) = watch::channel(Phase::Loading);
+    let load_state = load.rx.clone();
+    let launched = match load.loaded_now() {
+        Some(service) => {
+            phase_tx.send_replace(Phase::Ready(router(service, config, stopping.clone(), listen)));
+            None
+        }
+        // Builds the router once the launch is done.
+        None => {
+            let stopping = stopping.clone();
+            Some(tokio::spawn(async move {
+                let next = match load.outcome().await {
+                    Ok(service) => Phase::Ready(router(service, config, stopping, listen)),
+                    Err(reason) => Phase::Failed(reason),
+                };
+                phase_tx.send_replace(next);
+            }))
+        }
+    };
     let graceful = GracefulShutdown::new();
     let mut tasks = tokio::task::JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -334,13 +384,36 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let connection =
-            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
-        let connection = graceful.watch(connection);
-        tasks.spawn(async move {
-            let _ = connection.await;
-            drop(permit);
-        });
+        let io = TokioIo::new(stream);
+        let ready = phase.borrow().router();
+        if let Some(app) = ready {
+            let connection =
+                graceful.watch(http.serve_connection(io, TowerToHyperService::new(app)));
+            tasks.spawn(async move {
+                let _ = connection.await;
+                drop(permit);
+            });
+        } else {
+            // Opened while the runs load: each request waits for the router.
+            let (phase, stopping) = (phase.clone(), stopping.clone());
+            let held = hyper::service::service_fn(move |request| {
+                loading::held(phase.clone(), stopping.clone(), hold, request)
+            });
+            let connection = graceful.watch(http.serve_connection(io, held));
+            tasks.spawn(async move {
+                let _ = connection.await;
+                drop(permit);
+            });
+        }
+    }
+    if let Some(launched) = launched {
+        // A launch decided before shutdown (a failure, say) reaches the
+        // requests held for it; one still running is given up.
+        if matches!(*load_state.borrow(), LoadState::Loading) {
+            launched.abort();
+        } else {
+            let _ = launched.await;
+        }
     }
     drop(listener);
     let _ = stop.send(true);
