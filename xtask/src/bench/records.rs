@@ -4,8 +4,8 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use trainstate_schema::{
-    ActorStatus, Resources, RunId, TrainDatasetInfoDraft, TrainRunInfo, TrainRunInfoDraft,
-    TrainWorkerInfoDraft,
+    ActorStatus, Resources, RunId, RunStatus, TrainDatasetInfoDraft, TrainRunInfo,
+    TrainRunInfoDraft, TrainWorkerInfoDraft,
 };
 
 /// `n` as `nbytes` bytes of lowercase hex.
@@ -19,6 +19,10 @@ fn resources() -> Resources {
 
 /// Run `i` of a benchmark: `workers` workers (8 per node), one dataset.
 pub(crate) fn run(i: u64, workers: u32, start_ms: u64) -> TrainRunInfo {
+    draft(i, workers, start_ms).validate().expect("a benchmark run is valid")
+}
+
+fn draft(i: u64, workers: u32, start_ms: u64) -> TrainRunInfoDraft {
     TrainRunInfoDraft {
         workers: (0..workers)
             .map(|w| TrainWorkerInfoDraft {
@@ -49,8 +53,33 @@ pub(crate) fn run(i: u64, workers: u32, start_ms: u64) -> TrainRunInfo {
             start_ms + i,
         )
     }
-    .validate()
-    .expect("a benchmark run is valid")
+}
+
+/// Run `i` of the scale measurement, shaped like a head's retained
+/// history rather than one job's burst: 1,000 jobs; each run on its own
+/// nodes out of 1,000 (8 workers a node, one IP a node); one run in 100
+/// still live (`RUNNING`), the others ended, one in 10 of them `ERRORED`
+/// and the rest `FINISHED`.
+pub(crate) fn retained_run(i: u64, workers: u32, start_ms: u64) -> TrainRunInfo {
+    let node = |w: u32| (i * 7 + u64::from(w / 8)) % 1_000;
+    let mut draft = draft(i, workers, start_ms);
+    for (w, worker) in draft.workers.iter_mut().enumerate() {
+        let node = node(w as u32);
+        worker.node_id = hexid(node + 1, 28);
+        worker.node_ip = format!("10.{}.{}.{}", node / 65_536, node / 256 % 256, node % 256);
+    }
+    draft.job_id = hexid(i % 1_000 + 1, 4);
+    let status = match i % 100 {
+        0 => RunStatus::Running,
+        n if n % 10 == 1 => RunStatus::Errored,
+        _ => RunStatus::Finished,
+    };
+    if status.is_terminal() {
+        draft.run_status = status;
+        draft.status = Some(status);
+        draft.end_time_ms = Some(start_ms + i + 60_000);
+    }
+    draft.validate().expect("a benchmark run is valid")
 }
 
 /// Milliseconds since the epoch.
@@ -62,4 +91,23 @@ pub(crate) fn now_ms() -> u64 {
 pub(crate) fn runs(n: usize, workers: u32) -> Vec<TrainRunInfo> {
     let now = now_ms();
     (0..n as u64).map(|i| run(i, workers, now)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retained_runs_are_valid_mostly_ended_and_spread_over_jobs_and_nodes() {
+        let runs: Vec<_> = (0..1_000).map(|i| retained_run(i, 8, 1_760_000_000_000)).collect();
+        let live = runs.iter().filter(|r| r.status() == RunStatus::Running).count();
+        let errored = runs.iter().filter(|r| r.status() == RunStatus::Errored).count();
+        assert_eq!((live, errored), (10, 100));
+        assert!(runs.iter().all(|r| r.status() == RunStatus::Running || r.end_time_ms().is_some()));
+        let jobs: std::collections::BTreeSet<_> = runs.iter().map(|r| r.job_id()).collect();
+        assert_eq!(jobs.len(), 1_000);
+        let nodes: std::collections::BTreeSet<_> =
+            runs.iter().flat_map(|r| r.workers().iter().map(|w| w.node_id())).collect();
+        assert_eq!(nodes.len(), 1_000);
+    }
 }

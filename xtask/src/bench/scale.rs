@@ -1,6 +1,7 @@
 //! `--scale N`: the head with N runs retained. A durable store is filled
 //! with N runs of W workers through the store alone (the documents the
-//! head stores), then `trainstate serve` is started on it three times; each
+//! head stores; a retained history, mostly ended runs over 1,000 jobs and
+//! 1,000 nodes, see [`records::retained_run`]), then `trainstate serve` is started on it three times; each
 //! start times the "listening" line, the first 2xx `/healthz`, and the
 //! moment `/healthz` says the runs are fully loaded (when it says so: a
 //! boolean `loaded` or `ready`; otherwise the first 2xx answer), checks
@@ -12,9 +13,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value, json};
 
 use super::http::{HttpTarget, Server};
-use super::unit::{fill, state_config, tempdir, total_of};
+use super::unit::{fill_with, state_config, tempdir, total_of};
 use super::util::{kib, median, proc_mem, round};
-use super::{Options, StoreKind};
+use super::{Options, StoreKind, records};
 
 /// Starts of the head on the filled store.
 const STARTS: usize = 3;
@@ -35,23 +36,27 @@ pub(crate) enum Expect {
 }
 
 /// The filtered pages timed at scale: (label, query, expectation). The
-/// benchmark's runs are all RUNNING, of job `00000001`, on node ids
-/// `…01`… (8 workers a node) at 127.0.0.1, named `bench-run-<i>`.
+/// runs are [`records::retained_run`]'s: 1,000 jobs (`00000001`…), node
+/// ids `…01` to `…3e8` at `10.0.x.y`, one run in 100 `RUNNING`, none
+/// `ABORTED`, named `bench-run-<i>`.
 pub(crate) fn filters(n: usize) -> Vec<(String, String, Expect)> {
-    let node = format!("{:056x}", 1);
+    let node = format!("{:056x}", 8);
     let name = format!("bench-run-{}", n / 2);
     [
         ("no filter", String::new(), Expect::Some),
-        ("status=RUNNING", "status=RUNNING".into(), Expect::Some),
-        ("status=FINISHED", "status=FINISHED".into(), Expect::None),
-        ("job_id, matching", "job_id=00000001".into(), Expect::Some),
+        ("status=RUNNING (1 in 100)", "status=RUNNING".into(), Expect::Some),
+        ("status=FINISHED (most)", "status=FINISHED".into(), Expect::Some),
+        ("status=ABORTED, none", "status=ABORTED".into(), Expect::None),
+        ("job_id, matching", "job_id=00000007".into(), Expect::Some),
         ("job_id, none", "job_id=ffffffff".into(), Expect::None),
         ("node_id, matching", format!("node_id={node}"), Expect::Some),
         ("node_id, none", format!("node_id={:056x}", u64::MAX), Expect::None),
-        ("node_ip, matching", "node_ip=127.0.0.1".into(), Expect::Some),
+        ("node_ip, matching", "node_ip=10.0.0.7".into(), Expect::Some),
         ("node_ip, none", "node_ip=10.255.255.254".into(), Expect::None),
         ("name, matching", format!("name={name}"), Expect::Some),
+        ("name, every run", "name=bench-run-".into(), Expect::Some),
         ("name, none", "name=no-such-run".into(), Expect::None),
+        ("job_id and status, none", "job_id=00000007&status=ABORTED".into(), Expect::None),
     ]
     .into_iter()
     .map(|(label, query, expect)| (label.to_owned(), query, expect))
@@ -115,7 +120,7 @@ pub(crate) async fn run_scale(opts: &Options) -> Result<Value, String> {
     let dir = tempdir()?;
     let config = state_config(StoreKind::Durable, dir.path());
     eprintln!("[bench] scale: filling a durable store with {} runs of {} workers", opts.n, opts.w);
-    let fill_s = fill(&config, opts.n, opts.w).await?;
+    let fill_s = fill_with(&config, opts.n, opts.w, records::retained_run).await?;
     let db_bytes = std::fs::metadata(dir.path().join("trainstate.db")).map_or(0, |m| m.len());
 
     let mut starts = Vec::new();

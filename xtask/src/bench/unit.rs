@@ -622,6 +622,16 @@ pub(crate) fn tempdir() -> Result<tempfile::TempDir, String> {
 /// Writes `n` fresh runs of `w` workers through the store alone (the
 /// documents the head stores), built and committed 4,096 at a time.
 pub(crate) async fn fill(config: &StateConfig, n: usize, w: u32) -> Result<Duration, String> {
+    fill_with(config, n, w, records::run).await
+}
+
+/// [`fill`], with the runs `make` gives (`make(i, w, start_ms)`).
+pub(crate) async fn fill_with(
+    config: &StateConfig,
+    n: usize,
+    w: u32,
+    make: fn(u64, u32, u64) -> TrainRunInfo,
+) -> Result<Duration, String> {
     let filled = Instant::now();
     let store = StoreBench::open(config).map_err(|e| e.to_string())?;
     let start_ms = records::now_ms();
@@ -630,7 +640,7 @@ pub(crate) async fn fill(config: &StateConfig, n: usize, w: u32) -> Result<Durat
         let mut answers = Vec::with_capacity((last - first) as usize);
         for i in first..last {
             let (tx, rx) = tokio::sync::oneshot::channel();
-            store.put(&records::run(i, w, start_ms), move |result| {
+            store.put(&make(i, w, start_ms), move |result| {
                 let _ = tx.send(result);
             });
             answers.push(rx);
