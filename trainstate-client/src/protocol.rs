@@ -159,7 +159,10 @@ pub struct RunJson(Repr);
 
 #[derive(Debug, Clone)]
 enum Repr {
-    Whole(Arc<RawValue>),
+    /// The text stays in the allocation it was read or written into:
+    /// copying it into an `Arc<RawValue>` left a hole a little too small
+    /// for the next run's copy behind every run, about a KiB each.
+    Whole(Arc<Box<RawValue>>),
     /// The members, and about how many bytes their object takes.
     Members(Arc<[(Cow<'static, str>, Box<RawValue>)]>, usize),
 }
@@ -175,14 +178,14 @@ impl RunJson {
             Self::members_of(&text).expect("a serialized run is a JSON object")
         } else {
             let whole = RawValue::from_string(text).expect("a serialized run is JSON");
-            Self(Repr::Whole(Arc::from(whole)))
+            Self(Repr::Whole(Arc::new(whole)))
         }
     }
 
     /// Reads a stored run's JSON text, as members when `live`.
     pub fn from_text(text: String, live: bool) -> Result<Self, serde_json::Error> {
         let whole = RawValue::from_string(text)?;
-        if live { Self::members_of(whole.get()) } else { Ok(Self(Repr::Whole(Arc::from(whole)))) }
+        if live { Self::members_of(whole.get()) } else { Ok(Self(Repr::Whole(Arc::new(whole)))) }
     }
 
     /// The same JSON kept as members, as a live run's is.
@@ -412,7 +415,7 @@ impl<'de> Deserialize<'de> for RunDocument {
         if !body.get().starts_with('{') {
             return Err(serde::de::Error::custom("a run must be a JSON object"));
         }
-        Ok(Self::new(RunJson(Repr::Whole(Arc::from(body))), None))
+        Ok(Self::new(RunJson(Repr::Whole(Arc::new(body))), None))
     }
 }
 

@@ -54,8 +54,51 @@ impl Server {
         Self::spawn_with(bin, data_dir, &extra)
     }
 
-    /// [`spawn`](Self::spawn) with these extra arguments of `serve`.
+    /// [`spawn`](Self::spawn) with these extra arguments of `serve`. Returns
+    /// once the head is ready: it listens and its `/healthz` says its stored
+    /// runs are loaded (a head serves while it loads); the duration is the
+    /// time to that moment.
     pub(crate) fn spawn_with(
+        bin: &Path,
+        data_dir: &Path,
+        extra: &[String],
+    ) -> Result<(Self, Duration), String> {
+        let started = Instant::now();
+        let (server, _) = Self::spawn_listening(bin, data_dir, extra)?;
+        server.wait_loaded()?;
+        Ok((server, started.elapsed()))
+    }
+
+    /// Polls `/healthz` (over a plain socket, so that no client's start-up
+    /// counts) until it says the stored runs are loaded, or does not say.
+    fn wait_loaded(&self) -> Result<(), String> {
+        use std::io::{Read, Write};
+        let addr = self.base.trim_start_matches("http://").to_owned();
+        let started = Instant::now();
+        loop {
+            if started.elapsed() > START_TIMEOUT {
+                return Err(format!("trainstate serve did not load within {START_TIMEOUT:?}"));
+            }
+            let mut answer = Vec::new();
+            let asked = std::net::TcpStream::connect(&addr).and_then(|mut socket| {
+                write!(
+                    socket,
+                    "GET /healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+                )?;
+                socket.read_to_end(&mut answer)
+            });
+            // The body is the JSON object after the headers.
+            let body = answer.iter().position(|b| *b == b'{').map(|at| &answer[at..]);
+            if asked.is_ok() && body.is_some_and(|b| super::scale::says_loaded(b) != Some(false)) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Starts the server and returns at its `listening on` line, loaded or
+    /// not, with the time to that line.
+    pub(crate) fn spawn_listening(
         bin: &Path,
         data_dir: &Path,
         extra: &[String],

@@ -84,7 +84,7 @@ fn page_len(body: &[u8]) -> Result<usize, String> {
 /// said it, the server.
 async fn start(opts: &Options, dir: &std::path::Path) -> Result<(Value, bool, HttpTarget), String> {
     let started = Instant::now();
-    let (server, listening) = Server::spawn(&opts.trainstate_bin, dir, StoreKind::Durable)?;
+    let (server, listening) = Server::spawn_listening(&opts.trainstate_bin, dir, &[])?;
     let http = HttpTarget::new(server, 1)?;
     let mut healthz = None;
     let mut says = false;
