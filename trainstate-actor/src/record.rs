@@ -1,8 +1,8 @@
 //! A stored run: its canonical JSON and the few fields the actor indexes.
 
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
 
 use std::borrow::Cow;
 use trainstate_client::{RunDocument, RunJson, StateError};
@@ -39,6 +39,9 @@ pub(crate) struct RunRecord {
     /// repeated registration without parsing the stored JSON.
     statics: Statics,
     json: RunJson,
+    /// A live run's JSON as one text, from its serialization, until the
+    /// store writes it (see [`RunRecord::stored_text`]).
+    fresh_text: Mutex<Option<Box<str>>>,
     /// The cluster the run belongs to (`None` for runs registered without one).
     pub(crate) cluster: Option<Box<str>>,
     /// Which version of the run this is: unique to this record, so a
@@ -56,7 +59,7 @@ impl RunRecord {
     /// Refuses a run whose JSON would take more than [`MAX_RUN_BYTES`],
     /// naming its largest member: nothing is changed.
     pub(crate) fn new(run: &TrainRunInfo) -> Result<Arc<Self>, StateError> {
-        let json = RunJson::of(run);
+        let (json, fresh_text) = RunJson::of_with_text(run);
         let size = json.approximate_len();
         if size > MAX_RUN_BYTES {
             let field = json.largest_member().unwrap_or_else(|| "body".into());
@@ -79,6 +82,7 @@ impl RunRecord {
             node_ids,
             node_ips,
             json,
+            fresh_text: Mutex::new(fresh_text.map(Into::into)),
             cluster: run.cluster().map(Into::into),
             version: crate::store::versions::next(),
             base: AtomicU64::new(0),
@@ -140,6 +144,7 @@ impl RunRecord {
                 node_ids,
                 node_ips,
                 json: json.clone(),
+                fresh_text: Mutex::new(None),
                 cluster: index.cluster.map(|c| c.as_ref().into()),
                 version,
                 base: AtomicU64::new(0),
@@ -153,6 +158,17 @@ impl RunRecord {
     /// The run's JSON.
     pub(crate) fn json(&self) -> &RunJson {
         &self.json
+    }
+
+    /// The run's JSON as the one text a store writes. A live run's text
+    /// from its serialization is handed over once (the first store write
+    /// takes it, and its memory goes with it); after that, and for records
+    /// read back, the members are joined again.
+    pub(crate) fn stored_text(&self) -> Cow<'_, str> {
+        match self.fresh_text.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            Some(text) => Cow::Owned(text.into()),
+            None => self.json.text(),
+        }
     }
 
     /// The first field of static metadata in which `run` differs from this
@@ -442,6 +458,21 @@ mod tests {
     }
 
     type Change = fn(&mut TrainRunInfoDraft);
+
+    #[test]
+    fn a_live_runs_text_is_written_without_a_second_serialization_and_matches_its_members() {
+        let run = NewRun::new(draft().validate().unwrap()).into_run(1_760_000_000_000);
+        assert!(run.status().is_live());
+        let record = RunRecord::new(&run).unwrap();
+        let joined = record.json().text().into_owned();
+        let handed = record.stored_text();
+        assert!(matches!(handed, Cow::Owned(_)), "the serialization's text is handed over");
+        assert_eq!(handed, joined);
+        assert!(record.fresh_text.lock().unwrap().is_none(), "and its memory with it");
+        assert_eq!(record.stored_text(), joined, "the members are joined after that");
+        let [_, stored] = records(draft());
+        assert!(stored.fresh_text.lock().unwrap().is_none());
+    }
 
     #[test]
     fn a_record_tells_static_differences_without_parsing_its_json() {

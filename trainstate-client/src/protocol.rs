@@ -173,12 +173,22 @@ impl RunJson {
     /// The run is serialized once and its text read once (whole: checked
     /// as JSON; live: split into members), so this is linear in its size.
     pub fn of(run: &TrainRunInfo) -> Self {
+        Self::of_with_text(run).0
+    }
+
+    /// [`RunJson::of`], and for a live run also the text it was split
+    /// from, which is what [`RunJson::text`] would join its members into
+    /// again: a store can write it without a second serialization. `None`
+    /// for an ended run (its JSON is that text) and for a run that carries
+    /// a heartbeat time, which the stored text leaves out.
+    pub fn of_with_text(run: &TrainRunInfo) -> (Self, Option<String>) {
         let text = serde_json::to_string(run).expect("a validated run serializes");
         if run.status().is_live() {
-            Self::members_of(&text).expect("a serialized run is a JSON object")
+            let json = Self::members_of(&text).expect("a serialized run is a JSON object");
+            (json, run.last_heartbeat_ms().is_none().then_some(text))
         } else {
             let whole = RawValue::from_string(text).expect("a serialized run is JSON");
-            Self(Repr::Whole(Arc::new(whole)))
+            (Self(Repr::Whole(Arc::new(whole))), None)
         }
     }
 

@@ -960,6 +960,6 @@ impl<'a> Puts<'a> {
         self.status.push(record.status.as_str());
         self.cluster.push(record.cluster.as_deref());
         self.version.push(record.version as i64);
-        self.json.push(record.json().text().into_owned());
+        self.json.push(record.stored_text().into_owned());
     }
 }

@@ -219,7 +219,7 @@ impl SqliteStore {
                             record.start_time_ms as i64,
                             record.end_time_ms.map(|t| t as i64),
                             record.status.as_str(),
-                            &*record.json().text(),
+                            &*record.stored_text(),
                             seq,
                         ])?;
                     }
