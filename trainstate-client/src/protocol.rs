@@ -164,7 +164,7 @@ enum Repr {
     /// for the next run's copy behind every run, about a KiB each.
     Whole(Arc<Box<RawValue>>),
     /// The members, and about how many bytes their object takes.
-    Members(Arc<[(Cow<'static, str>, Box<RawValue>)]>, usize),
+    Members(Arc<[(&'static str, Box<RawValue>)]>, usize),
 }
 
 impl RunJson {
@@ -206,11 +206,20 @@ impl RunJson {
         }
     }
 
+    /// Splits `whole` into its members. A run with a member this version
+    /// does not know (written by a newer head) stays whole: it is served
+    /// correctly, its members read again at every serve.
     fn members_of(whole: &str) -> Result<Self, serde_json::Error> {
         let members: Members<'_> = serde_json::from_str(whole)?;
-        let members: Vec<_> =
-            members.0.into_iter().map(|(key, value)| (intern(key), value.to_owned())).collect();
-        Ok(Self(Repr::Members(members.into(), whole.len())))
+        let members: Option<Vec<_>> = members
+            .0
+            .into_iter()
+            .map(|(key, value)| Some((intern(key)?, value.to_owned())))
+            .collect();
+        Ok(Self(match members {
+            Some(members) => Repr::Members(members.into(), whole.len()),
+            None => Repr::Whole(Arc::new(RawValue::from_string(whole.to_owned())?)),
+        }))
     }
 
     /// About how many bytes the run's JSON takes: to size a buffer.
@@ -233,7 +242,7 @@ impl RunJson {
                 largest(&mut members.0.iter().map(|(k, v)| (*k, v.get().len())))
             }
             Repr::Members(members, _) => {
-                largest(&mut members.iter().map(|(k, v)| (k.as_ref(), v.get().len())))
+                largest(&mut members.iter().map(|(k, v)| (*k, v.get().len())))
             }
         }
     }
@@ -302,8 +311,10 @@ impl Serialize for RunJson {
     }
 }
 
-/// The member names of a run, shared rather than allocated per run.
-fn intern(key: &str) -> Cow<'static, str> {
+/// The member names of a run, shared rather than allocated per run: every
+/// member a run of this version serializes, and the heartbeat members a
+/// served document carries. `None` for any other name.
+fn intern(key: &str) -> Option<&'static str> {
     const KNOWN: &[&str] = &[
         "name",
         "id",
@@ -324,11 +335,11 @@ fn intern(key: &str) -> Cow<'static, str> {
         "framework_versions",
         "run_settings",
         "heartbeats",
+        "cluster",
+        LAST_HEARTBEAT,
+        RANK_HEARTBEATS,
     ];
-    match KNOWN.iter().find(|k| **k == key) {
-        Some(known) => Cow::Borrowed(known),
-        None => Cow::Owned(key.to_owned()),
-    }
+    KNOWN.iter().find(|k| **k == key).copied()
 }
 
 /// A stored run as served: its JSON and, for a live run, the time its
@@ -552,5 +563,30 @@ impl NewAttempt {
         workers: Vec<TrainWorkerInfo>,
     ) -> Self {
         Self { attempt_id: attempt_id.into(), start_time_ms, workers }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_member_a_run_can_have_is_a_known_name_so_live_runs_split() {
+        let schema = serde_json::to_value(schemars::schema_for!(TrainRunInfo)).unwrap();
+        let properties = schema["properties"].as_object().expect("a run has properties");
+        assert!(properties.len() > 15);
+        for name in properties.keys() {
+            assert!(intern(name).is_some(), "{name} is not a known member name");
+        }
+        assert_eq!(intern("no-such-member"), None);
+    }
+
+    #[test]
+    fn a_live_run_with_a_member_this_version_does_not_know_is_served_whole() {
+        let text = r#"{"id":"r1","from_a_newer_head":1}"#;
+        let json = RunJson::from_text(text.to_owned(), true).unwrap();
+        assert!(matches!(json.0, Repr::Whole(_)));
+        let served = serde_json::to_string(&RunDocument::new(json, Some(7))).unwrap();
+        assert_eq!(served, r#"{"id":"r1","from_a_newer_head":1,"last_heartbeat_ms":7}"#);
     }
 }
