@@ -320,7 +320,10 @@ def write_doc(results, ray_ok, args, machine, started, finished, load_before, lo
         L.append("## Time to ready with many runs stored")
         L.append("")
         L.append("The store is filled through the store alone, then `trainstate serve` is started on it "
-                 "several times; RSS per run = (RSS when ready − RSS of the same server on an empty store) / N.")
+                 "several times. Ready = `/healthz` says `\"loaded\": true` (the head answers `/healthz` "
+                 "within milliseconds of its start and holds other requests until then); "
+                 "RSS per run = (RSS when ready − RSS of the same server on an empty store) / N. "
+                 "The \"time to ready\" rows of the tables above are the same moment.")
         L.append("")
         L.append("| N × W | store file | ready (median of starts) | starts | RSS when ready | RSS empty | RSS per run |")
         L.append("|---|---|---|---|---|---|---|")
