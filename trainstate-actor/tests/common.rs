@@ -112,3 +112,75 @@ impl Server {
         self.service.shutdown().await;
     }
 }
+
+/// A guard on a wait for a child process that must end by itself; not a
+/// margin any test needs.
+pub(crate) const PROCESS_HANG: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// `trainstate serve` started as a child process: the child, the URL of
+/// its `listening on` line, and everything it logs on stderr (read as it
+/// comes, so that a chatty head never blocks on a full pipe).
+pub(crate) struct Spawned {
+    pub(crate) child: std::process::Child,
+    pub(crate) url: String,
+    pub(crate) log: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+/// Starts `trainstate serve --listen LISTEN --data-dir DIR EXTRA…` (with
+/// `RUST_LOG=warn` unless `env` says otherwise) and waits for its
+/// `listening on` line; or returns its exit status and what it logged if
+/// it exits first.
+pub(crate) fn spawn_serve(
+    data_dir: &std::path::Path,
+    listen: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Result<Spawned, (std::process::ExitStatus, String)> {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    use std::sync::{Arc, Mutex};
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_trainstate"))
+        .args(["serve", "--listen", listen, "--data-dir"])
+        .arg(data_dir)
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let log = Arc::new(Mutex::new(String::new()));
+    let stderr = child.stderr.take().unwrap();
+    let lines = log.clone();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let mut log = lines.lock().unwrap();
+            log.push_str(&line);
+            log.push('\n');
+        }
+    });
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        let _ = tx.send(lines.next().and_then(Result::ok));
+        for _ in lines {}
+    });
+    match rx.recv_timeout(PROCESS_HANG) {
+        Ok(Some(line)) => {
+            let url = line
+                .strip_prefix("listening on ")
+                .unwrap_or_else(|| panic!("the first line was {line:?}"))
+                .to_owned();
+            Ok(Spawned { child, url, log })
+        }
+        _ => {
+            let _ = child.kill();
+            let status = child.wait().unwrap();
+            reader.join().unwrap();
+            let log = log.lock().unwrap().clone();
+            Err((status, log))
+        }
+    }
+}

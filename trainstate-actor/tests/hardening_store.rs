@@ -2,9 +2,9 @@
 //! disk, a head whose state actor is given up on, damaged stores. Each test
 //! is named after what it pins (see docs/reliability.md).
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,7 +15,7 @@ use trainstate_actor::{Faults, launch_state_actor};
 use trainstate_client::{StateError, StatusUpdate};
 use trainstate_schema::RunId;
 
-use crate::common::{run, run_with, wait_until};
+use crate::common::{Spawned, run, run_with, spawn_serve, wait_until};
 use crate::contract::check_answer;
 use crate::process::without_heartbeat;
 use crate::stores::on_both_stores;
@@ -40,45 +40,8 @@ impl Head {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Result<Head, (ExitStatus, String)> {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_trainstate"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(dir)
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .envs(env.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
-        let stderr = child.stderr.take().unwrap();
-        let lines = log.clone();
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let mut log = lines.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
-            }
-        });
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            let _ = tx.send(lines.next().and_then(Result::ok));
-            for _ in lines {}
-        });
-        match rx.recv_timeout(HANG) {
-            Ok(Some(line)) => {
-                let url = line.strip_prefix("listening on ").expect("first line").to_owned();
-                Ok(Head { child, url, log })
-            }
-            _ => {
-                let status = child.wait().unwrap();
-                reader.join().unwrap();
-                let log = log.lock().unwrap().clone();
-                Err((status, log))
-            }
-        }
+        let Spawned { child, url, log } = spawn_serve(dir, "127.0.0.1:0", extra, env)?;
+        Ok(Head { child, url, log })
     }
 
     fn log(&self) -> String {

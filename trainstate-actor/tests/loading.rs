@@ -5,9 +5,8 @@
 //! purpose by the `fault-injection` hook `TRAINSTATE_HOLD_LOAD_UNTIL=PATH`
 //! (it waits until the test creates the file): a condition, not a timer.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,7 +16,7 @@ use trainstate_actor::http::{HttpConfig, load_channel, serve_while_loading};
 use trainstate_actor::{StateConfig, launch_state_actor};
 use trainstate_schema::RunId;
 
-use crate::common::{run_with, unique_name};
+use crate::common::{Spawned, run_with, spawn_serve, unique_name};
 use crate::contract::check_answer;
 
 const T0: u64 = 1_760_000_000_000;
@@ -41,37 +40,12 @@ impl Head {
     /// called, and waits for its `listening on` line.
     fn start_held(dir: &Path) -> Head {
         let release = dir.with_extension("release");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_trainstate"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(dir)
-            .env("RUST_LOG", "warn,trainstate_actor::http=debug")
-            .env("TRAINSTATE_HOLD_LOAD_UNTIL", &release)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
-        let stderr = child.stderr.take().unwrap();
-        let lines = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let mut log = lines.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
-            }
-        });
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            let _ = tx.send(lines.next().and_then(Result::ok));
-            for _ in lines {}
-        });
-        let line = rx.recv_timeout(HANG).ok().flatten().unwrap_or_else(|| {
-            let _ = child.kill();
-            panic!("no `listening on` line: {}", log.lock().unwrap())
-        });
-        let url = line.strip_prefix("listening on ").expect("the first line").to_owned();
+        let env = [
+            ("RUST_LOG", "warn,trainstate_actor::http=debug"),
+            ("TRAINSTATE_HOLD_LOAD_UNTIL", release.to_str().unwrap()),
+        ];
+        let Spawned { child, url, log } = spawn_serve(dir, "127.0.0.1:0", &[], &env)
+            .unwrap_or_else(|(status, log)| panic!("no `listening on` line ({status}): {log}"));
         Head { child, url, log, release }
     }
 

@@ -1,7 +1,7 @@
 //! The `trainstate` binary as a child process: its lock, its signals, and
 //! what survives SIGTERM and SIGKILL.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use serde_json::Value;
 use tokio::sync::Mutex;
 use trainstate_schema::RunId;
 
-use crate::common::run_with;
+use crate::common::{run_with, spawn_serve};
 use crate::stores::{Store, on_both_stores};
 
 const T0: u64 = 1_760_000_000_000;
@@ -35,37 +35,9 @@ impl Head {
         listen: &str,
         extra: &[&str],
     ) -> Result<Head, String> {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_trainstate"))
-            .args(["serve", "--listen", listen, "--data-dir"])
-            .arg(data_dir)
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            let _ = tx.send(lines.next().and_then(Result::ok));
-            for _ in lines {}
-        });
-        match rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(Some(line)) => {
-                let url = line
-                    .strip_prefix("listening on ")
-                    .unwrap_or_else(|| panic!("first line was {line:?}"))
-                    .to_owned();
-                Ok(Head { child, url })
-            }
-            _ => {
-                let status = child.wait().unwrap();
-                let mut stderr = String::new();
-                child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
-                Err(format!("{status}: {stderr}"))
-            }
-        }
+        let spawned = spawn_serve(data_dir, listen, extra, &[])
+            .map_err(|(status, log)| format!("{status}: {log}"))?;
+        Ok(Head { child: spawned.child, url: spawned.url })
     }
 
     /// The port the head listens on.

@@ -5,7 +5,7 @@
 //! rotation and malformed lines.
 
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{Value, json};
 
+use crate::common::spawn_serve;
 use crate::contract::send;
 use crate::ray_v2::{assert_valid_under_rays_model, fixture, shared_fields};
 
@@ -28,23 +29,9 @@ struct Head {
 impl Head {
     /// Starts `trainstate serve` on `listen` and waits for its first line.
     fn start(data_dir: &Path, listen: &str) -> Head {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_trainstate"))
-            .args(["serve", "--listen", listen, "--data-dir"])
-            .arg(data_dir)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            let _ = tx.send(lines.next().and_then(Result::ok));
-            for _ in lines {}
-        });
-        let line = rx.recv_timeout(DEADLINE).ok().flatten().expect("the head starts");
-        let url = line.strip_prefix("listening on ").expect("the head's first line").to_owned();
+        let spawned = spawn_serve(data_dir, listen, &[], &[])
+            .unwrap_or_else(|(status, log)| panic!("the head does not start ({status}): {log}"));
+        let (child, url) = (spawned.child, spawned.url);
         Head { child, url }
     }
 
