@@ -21,6 +21,8 @@ const T0: u64 = 1_760_000_000_000;
 pub(crate) struct Head {
     pub(crate) child: Child,
     pub(crate) url: String,
+    /// Everything the head has logged on stderr so far.
+    pub(crate) log: Arc<std::sync::Mutex<String>>,
 }
 
 impl Head {
@@ -37,7 +39,12 @@ impl Head {
     ) -> Result<Head, String> {
         let spawned = spawn_serve(data_dir, listen, extra, &[])
             .map_err(|(status, log)| format!("{status}: {log}"))?;
-        Ok(Head { child: spawned.child, url: spawned.url })
+        Ok(Head { child: spawned.child, url: spawned.url, log: spawned.log })
+    }
+
+    /// What the head has logged on stderr so far.
+    pub(crate) fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
     }
 
     /// The port the head listens on.
