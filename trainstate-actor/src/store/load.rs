@@ -77,6 +77,18 @@ pub(crate) fn parse_rows<E>(
     })
 }
 
+/// Says, for each run moved aside by `--quarantine-corrupt`, why and where.
+pub(crate) fn log_quarantined(corrupt: &[(String, String)], table: &str) {
+    for (id, reason) in corrupt {
+        tracing::warn!(
+            run = %id,
+            reason = %reason,
+            table,
+            "a stored run does not load: moved aside into the quarantine table"
+        );
+    }
+}
+
 type Parsed = (Vec<Arc<RunRecord>>, Vec<(usize, (String, String))>);
 
 fn parse_batches(rx: &Mutex<Receiver<Vec<(usize, StoredRow)>>>) -> Parsed {

@@ -41,7 +41,7 @@ use tokio::runtime::Runtime;
 use tokio_postgres::{AsyncMessage, NoTls};
 use trainstate_schema::RunId;
 
-use super::load::{Loaded, StoredRow, parse_rows};
+use super::load::{Loaded, StoredRow, log_quarantined, parse_rows};
 use super::{
     ChangedRun, Committed, Followed, JobChanges, Position, RemoteChange, Store, StoreOp, event_kind,
 };
@@ -258,14 +258,7 @@ impl PgStore {
                 .map_err(pg)?;
             tx.commit().await.map_err(pg)
         })?;
-        for (id, reason) in corrupt {
-            tracing::warn!(
-                run = %id,
-                reason = %reason,
-                table = QUARANTINE_TABLE,
-                "a stored run does not load: moved aside into the quarantine table"
-            );
-        }
+        log_quarantined(corrupt, QUARANTINE_TABLE);
         Ok(())
     }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use trainstate_schema::{ActorStatus, TrainRunInfo};
 
+use super::load::{Loaded, StoredRow, log_quarantined, parse_rows};
 use super::{ChangedRun, Committed, JobChanges, Position, Store, StoreOp};
 use crate::config::Synchronous;
 use crate::errors::StoreError;
@@ -90,9 +91,6 @@ pub(crate) struct SqliteStore {
     quarantine: bool,
 }
 
-/// A stored run's id, and its JSON or why it cannot be read as text.
-type StoredRow = (String, Result<String, String>);
-
 /// Where runs that do not load are moved by `--quarantine-corrupt`.
 pub(crate) const QUARANTINE_TABLE: &str = "quarantined_runs";
 
@@ -163,14 +161,7 @@ impl SqliteStore {
             }
         }
         tx.commit()?;
-        for (id, reason) in corrupt {
-            tracing::warn!(
-                run = %id,
-                reason = %reason,
-                table = QUARANTINE_TABLE,
-                "a stored run does not load: moved aside into the quarantine table"
-            );
-        }
+        log_quarantined(corrupt, QUARANTINE_TABLE);
         Ok(())
     }
 
@@ -178,20 +169,25 @@ impl SqliteStore {
         |source| StoreError::Sqlite { path: self.path.clone(), source }
     }
 
-    /// Every stored run: its id and its JSON, or why the JSON cannot be read.
-    fn load_json(&self) -> Result<Vec<StoredRow>, rusqlite::Error> {
+    /// Every stored run, read in the store's order and parsed meanwhile
+    /// (see [`parse_rows`]).
+    fn load_rows(&self) -> Result<Loaded, rusqlite::Error> {
         let mut stmt = self.conn.prepare("SELECT CAST(id AS TEXT), json FROM runs")?;
-        let rows = stmt.query_map([], |row| {
-            let id = row.get::<_, Option<String>>(0)?.unwrap_or_default();
-            let json = match row.get_ref(1)? {
-                rusqlite::types::ValueRef::Text(text) => {
-                    String::from_utf8(text.to_vec()).map_err(|_| "its JSON is not UTF-8".to_owned())
-                }
-                other => Err(format!("its JSON column holds {:?}, not text", other.data_type())),
-            };
-            Ok((id, json))
-        })?;
-        rows.collect()
+        parse_rows(|sink| {
+            let mut rows = stmt.query([])?;
+            while let Some(row) = rows.next()? {
+                let id = row.get::<_, Option<String>>(0)?.unwrap_or_default();
+                let json = match row.get_ref(1)? {
+                    rusqlite::types::ValueRef::Text(text) => String::from_utf8(text.to_vec())
+                        .map_err(|_| "its JSON is not UTF-8".to_owned()),
+                    other => {
+                        Err(format!("its JSON column holds {:?}, not text", other.data_type()))
+                    }
+                };
+                sink(StoredRow { id, version: None, json });
+            }
+            Ok(())
+        })
     }
 
     /// Applies `ops` in one transaction.
@@ -235,18 +231,7 @@ impl SqliteStore {
 
 impl Store for SqliteStore {
     fn load(&mut self) -> Result<Vec<Arc<RunRecord>>, StoreError> {
-        let rows = self.load_json().map_err(self.at())?;
-        let mut records = Vec::with_capacity(rows.len());
-        let mut corrupt = Vec::new();
-        for (id, json) in rows {
-            match json.and_then(RunRecord::from_stored) {
-                Ok(record) if record.id.as_str() == id => records.push(record),
-                Ok(record) => {
-                    corrupt.push((id, format!("its document names another run, {}", record.id)))
-                }
-                Err(reason) => corrupt.push((id, reason)),
-            }
-        }
+        let Loaded { records, mut corrupt } = self.load_rows().map_err(self.at())?;
         if corrupt.is_empty() {
             return Ok(records);
         }
