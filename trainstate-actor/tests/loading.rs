@@ -351,3 +351,30 @@ async fn regression_a_request_held_past_the_load_hold_gets_503_with_retry_after(
     server.await.unwrap().unwrap();
     service.shutdown().await;
 }
+
+/// A head killed after `listening on` but before it loaded its store
+/// answered nothing from it, so its next start must not take the store it
+/// never used for a lost one (before, the lock file's pid alone marked the
+/// directory as used, and a missing store then refused the restart).
+#[tokio::test]
+async fn regression_a_head_killed_before_it_loaded_does_not_mark_its_store_as_lost() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("data");
+    let mut head = Head::start_held(&dir);
+    head.signal("-KILL");
+    head.wait().await;
+    drop(head);
+    // As if it had died before creating the store.
+    for file in ["trainstate.db", "trainstate.db-wal", "trainstate.db-shm"] {
+        let _ = std::fs::remove_file(dir.join(file));
+    }
+    let head = Head::start_held(&dir);
+    head.release();
+    wait_until_loaded(&Client::new(), &head.url).await;
+
+    // Once loaded, the directory is in use: a lost store is refused again.
+    drop(head);
+    std::fs::remove_file(dir.join("trainstate.db")).unwrap();
+    let refused = spawn_serve(&dir, "127.0.0.1:0", &[], &[]).err().expect("a lost store refuses");
+    assert!(refused.1.contains("--allow-empty-store"), "{}", refused.1);
+}

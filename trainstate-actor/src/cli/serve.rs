@@ -126,12 +126,12 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
         StateConfig::sqlite(args.data_dir.join(STORE_FILE))
     };
     // Held until the process exits. A shared store needs none: heads take turns there.
-    let _lock = if args.in_memory || postgres.is_some() {
+    let lock = if args.in_memory || postgres.is_some() {
         None
     } else {
-        // A lock file with a pid in it: a head has served from here before.
-        let used_before = std::fs::symlink_metadata(args.data_dir.join(LOCK_FILE))
-            .is_ok_and(|meta| meta.is_file() && meta.len() > 0);
+        // A lock file that says a head opened its store here: one has served
+        // from here before (a head stopped before its store existed has not).
+        let used_before = store_was_opened(&args.data_dir);
         let lock = lock_data_dir(&args.data_dir)?;
         check_store_not_lost(&args.data_dir, used_before, args.allow_empty_store)?;
         Some(lock)
@@ -222,6 +222,9 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
         }
     };
     load.loaded(service.clone());
+    if let Some(lock) = &lock {
+        mark_store_opened(lock);
+    }
     tracing::info!(
         runs = service.runs_by_status().iter().sum::<usize>(),
         "head service ready: every stored run is loaded"
@@ -388,7 +391,7 @@ fn lock_data_dir(dir: &Path) -> Result<File, String> {
     if file.try_lock().is_err() {
         let mut holder = String::new();
         let _ = file.read_to_string(&mut holder);
-        let holder = holder.trim();
+        let holder = holder.lines().next().unwrap_or_default().trim();
         let who = if holder.is_empty() { String::new() } else { format!(" (pid {holder})") };
         return Err(format!(
             "another trainstate serve{who} is using data directory {}; \
@@ -396,11 +399,36 @@ fn lock_data_dir(dir: &Path) -> Result<File, String> {
             dir.display()
         ));
     }
+    // The pid replaces the last head's; whether a store was opened here stays.
+    let mut before = String::new();
+    let _ = file.read_to_string(&mut before);
     let _ = file.set_len(0);
     let _ = file.rewind();
     let _ = write!(file, "{}", std::process::id());
+    if before.lines().any(|line| line.trim() == STORE_OPENED) {
+        let _ = write!(file, "\n{STORE_OPENED}\n");
+    }
     let _ = file.flush();
     Ok(file)
+}
+
+/// The line the lock file gains once its head has opened the store (after
+/// the pid on the first line).
+const STORE_OPENED: &str = "store opened";
+
+/// Whether the lock file in `dir` says that a head opened its store there.
+fn store_was_opened(dir: &Path) -> bool {
+    std::fs::read_to_string(dir.join(LOCK_FILE))
+        .is_ok_and(|text| text.lines().any(|line| line.trim() == STORE_OPENED))
+}
+
+/// Writes [`STORE_OPENED`] into the held lock file: from now on a missing
+/// store in this directory means a lost one.
+fn mark_store_opened(mut lock: &File) {
+    let _ = lock.set_len(0);
+    let _ = lock.rewind();
+    let _ = write!(lock, "{}\n{STORE_OPENED}\n", std::process::id());
+    let _ = lock.flush();
 }
 
 /// Refuses to start from a store file that is missing or empty (0 bytes) in
