@@ -38,7 +38,12 @@ const BATCH: usize = 256;
 pub(crate) fn parse_rows<E>(
     read: impl FnOnce(&mut dyn FnMut(StoredRow)) -> Result<(), E>,
 ) -> Result<Loaded, E> {
-    let parsers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 8);
+    // The reading thread takes a core of its own. A parser per remaining
+    // core, not more: each parser's allocator arena keeps the memory its
+    // temporaries freed, and with a parser per core a store of 20,000 live
+    // runs took 4.11 KiB a run instead of 3.95.
+    let parsers =
+        std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1)).clamp(1, 8);
     let (tx, rx) = sync_channel::<Vec<(usize, StoredRow)>>(parsers * 4);
     let rx = Mutex::new(rx);
     std::thread::scope(|scope| {
