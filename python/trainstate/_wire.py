@@ -17,6 +17,7 @@ __all__ = [
     "ErrorCode",
     "ErrorResponse",
     "EventKind",
+    "FailureMode",
     "HealthResponse",
     "HealthStatus",
     "HeartbeatResponse",
@@ -70,6 +71,9 @@ ErrorCode = Literal["bad_request", "invalid", "unsupported_media_type", "payload
 
 EventKind = Literal["registered", "status_changed", "attempt_started", "evicted", "deleted"]
 """What happened to a run, as the live stream names it (the SSE event name)."""
+
+FailureMode = Literal["RAISED", "EXITED", "KILLED", "VANISHED"]
+"""How a failed rank is known to have failed."""
 
 HealthStatus = Literal["ok"]
 """How the head is."""
@@ -203,6 +207,7 @@ _JoinRequestOptional = TypedDict(
         "attempt": "int",
         "join_timeout_ms": "Optional[int]",
         "run_id": "Optional[RunId]",
+        "process_start_ms": "Optional[int]",
     },
     total=False,
 )
@@ -250,6 +255,8 @@ _RankEndRequestOptional = TypedDict(
         "detail": "str",
         "cause": "Optional[CauseKind]",
         "restarts_remaining": "int",
+        "ended_at_ms": "Optional[int]",
+        "how": "Optional[FailureMode]",
     },
     total=False,
 )
@@ -596,6 +603,8 @@ _RunCauseOptional = TypedDict(
     "_RunCauseOptional",
     {
         "failed_world_rank": "Optional[int]",
+        "how": "Optional[FailureMode]",
+        "failed_at_ms": "Optional[int]",
     },
     total=False,
 )

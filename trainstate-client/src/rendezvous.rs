@@ -30,7 +30,9 @@ use trainstate_schema::api::{
     RankEndRequest, RendezvousResponse, is_rendezvous_key,
 };
 use trainstate_schema::limits::{MAX_STATUS_DETAIL_LEN, MAX_WORKERS};
-use trainstate_schema::{CauseKind, RunId, RunStatus, TrainWorkerInfo, validate_name};
+use trainstate_schema::{
+    CauseKind, FailureMode, RunId, RunStatus, TrainWorkerInfo, validate_name, validate_time,
+};
 
 use crate::error::StateError;
 use crate::handle::StateHandle;
@@ -57,6 +59,8 @@ pub struct Join {
     /// The run id an earlier answer gave, when joining again after the head
     /// forgot the group.
     pub run_id: Option<RunId>,
+    /// When the rank's process started (Unix ms), if the rank said.
+    pub process_start_ms: Option<u64>,
 }
 
 impl Join {
@@ -78,6 +82,7 @@ impl Join {
             job_id: job_id.into(),
             join_timeout: Duration::from_millis(DEFAULT_JOIN_TIMEOUT_MS),
             run_id: None,
+            process_start_ms: None,
         };
         join.check()?;
         Ok(join)
@@ -92,6 +97,13 @@ impl Join {
     /// The same join, waiting `timeout` for missing ranks (1 ms to a day).
     pub fn with_join_timeout(mut self, timeout: Duration) -> Result<Self, StateError> {
         self.join_timeout = timeout;
+        self.check()?;
+        Ok(self)
+    }
+
+    /// The same join, saying when the rank's process started (Unix ms).
+    pub fn with_process_start(mut self, process_start_ms: u64) -> Result<Self, StateError> {
+        self.process_start_ms = Some(process_start_ms);
         self.check()?;
         Ok(self)
     }
@@ -124,6 +136,7 @@ impl Join {
             job_id: request.job_id,
             join_timeout: Duration::from_millis(timeout_ms),
             run_id: request.run_id,
+            process_start_ms: request.process_start_ms,
         };
         join.check()?;
         Ok(join)
@@ -140,6 +153,7 @@ impl Join {
         request.attempt = self.attempt;
         request.join_timeout_ms = Some(self.join_timeout.as_millis() as u64);
         request.run_id = self.run_id.clone();
+        request.process_start_ms = self.process_start_ms;
         request
     }
 
@@ -165,6 +179,9 @@ impl Join {
                 format!("must be 1 to {MAX_JOIN_TIMEOUT_MS} (one day)"),
             ));
         }
+        if let Some(start) = self.process_start_ms {
+            validate_time("process_start_ms", start)?;
+        }
         Ok(())
     }
 }
@@ -184,6 +201,10 @@ pub struct RankEnd {
     /// How many more times the launcher restarts the workers; above 0, a
     /// failure does not end the run.
     pub restarts_remaining: u32,
+    /// When the rank ended (Unix ms, by its machine's clock), if it said.
+    pub ended_at_ms: Option<u64>,
+    /// How a failed rank is known to have failed, if it said.
+    pub how: Option<FailureMode>,
 }
 
 impl RankEnd {
@@ -195,6 +216,8 @@ impl RankEnd {
             detail: String::new(),
             cause: None,
             restarts_remaining: 0,
+            ended_at_ms: None,
+            how: None,
         }
     }
 
@@ -215,6 +238,22 @@ impl RankEnd {
             detail: detail.into(),
             cause: Some(CauseKind::UserInterrupt),
             ..Self::finished(attempt_id)
+        }
+    }
+
+    /// The same end, at `ended_at_ms` (Unix ms) and, for a failure, known
+    /// to have happened `how`.
+    pub fn at(mut self, ended_at_ms: u64, how: Option<FailureMode>) -> Self {
+        self.ended_at_ms = Some(ended_at_ms);
+        self.how = how;
+        self
+    }
+
+    /// How this end's rank failed, for a failure: `RAISED` unless it says.
+    pub fn failure_mode(&self) -> Option<FailureMode> {
+        match self.status {
+            RunStatus::Finished => None,
+            _ => Some(self.how.unwrap_or(FailureMode::Raised)),
         }
     }
 
@@ -251,12 +290,17 @@ impl TryFrom<RankEndRequest> for RankEnd {
             ));
         }
         validate_name("attempt_id", &request.attempt_id)?;
+        if let Some(at) = request.ended_at_ms {
+            validate_time("ended_at_ms", at)?;
+        }
         Ok(Self {
             attempt_id: request.attempt_id,
             status: request.status,
             detail: request.detail,
             cause: request.cause,
             restarts_remaining: request.restarts_remaining,
+            ended_at_ms: request.ended_at_ms,
+            how: request.how.filter(|_| request.status != RunStatus::Finished),
         })
     }
 }
@@ -267,6 +311,8 @@ impl From<RankEnd> for RankEndRequest {
         request.detail = end.detail;
         request.cause = end.cause;
         request.restarts_remaining = end.restarts_remaining;
+        request.ended_at_ms = end.ended_at_ms;
+        request.how = end.how;
         request
     }
 }

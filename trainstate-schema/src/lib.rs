@@ -68,7 +68,7 @@ pub use id::RunId;
 pub use json::JsonValue;
 pub use model::{NewRun, RunAttempt, TrainDatasetInfo, TrainRunInfo, TrainWorkerInfo};
 pub use resources::Resources;
-pub use status::{ActorStatus, AttemptStatus, CauseKind, RunCause, RunStatus};
+pub use status::{ActorStatus, AttemptStatus, CauseKind, FailureMode, RunCause, RunStatus};
 pub use validate::{validate_client_cause, validate_name, validate_time};
 pub use workers::WorkerList;
 

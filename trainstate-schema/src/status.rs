@@ -246,6 +246,49 @@ impl fmt::Display for CauseKind {
     }
 }
 
+/// How a failed rank is known to have failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[non_exhaustive]
+pub enum FailureMode {
+    /// The rank reported an error it raised (an uncaught exception).
+    Raised,
+    /// The rank's process exited with a non-zero status without reporting
+    /// an error (`sys.exit(1)`, `os._exit`, a C library's `exit`).
+    Exited,
+    /// The rank's process was killed by a signal (SIGKILL, which is also
+    /// what the kernel's out-of-memory killer sends, SIGSEGV, SIGTERM, ...),
+    /// as its watcher saw.
+    Killed,
+    /// The rank's process died without reporting, and how is not known.
+    Vanished,
+}
+
+impl FailureMode {
+    /// The wire spelling, for example `"KILLED"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureMode::Raised => "RAISED",
+            FailureMode::Exited => "EXITED",
+            FailureMode::Killed => "KILLED",
+            FailureMode::Vanished => "VANISHED",
+        }
+    }
+
+    /// True when the rank died without reporting its own end: its watcher
+    /// reported it (`EXITED`, `KILLED`, `VANISHED`).
+    pub fn died_unreported(self) -> bool {
+        !matches!(self, FailureMode::Raised)
+    }
+}
+
+impl fmt::Display for FailureMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The machine-readable cause of an `ERRORED` or `ABORTED` run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
@@ -253,14 +296,26 @@ impl fmt::Display for CauseKind {
 pub struct RunCause {
     /// What kind of failure ended the run.
     pub kind: CauseKind,
-    /// The world rank of the worker that failed first, when one did.
+    /// The world rank of the worker that failed first in time, when one did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed_world_rank: Option<u32>,
+    /// How that rank is known to have failed, when a rank did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub how: Option<FailureMode>,
+    /// When that rank failed (Unix ms, by the clock of the rank's machine),
+    /// when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_at_ms: Option<u64>,
 }
 
 impl RunCause {
     /// A cause of `kind`, with the world rank that failed first if known.
     pub fn new(kind: CauseKind, failed_world_rank: Option<u32>) -> Self {
-        Self { kind, failed_world_rank }
+        Self { kind, failed_world_rank, how: None, failed_at_ms: None }
+    }
+
+    /// This cause, saying how its rank failed and when.
+    pub fn with_failure(self, how: Option<FailureMode>, failed_at_ms: Option<u64>) -> Self {
+        Self { how, failed_at_ms, ..self }
     }
 }

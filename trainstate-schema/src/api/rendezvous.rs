@@ -10,7 +10,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{CauseKind, RunId, RunStatus, TrainWorkerInfoDraft};
+use crate::{CauseKind, FailureMode, RunId, RunStatus, TrainWorkerInfoDraft};
 
 /// The pattern of a rendezvous key: 1 to 256 of `A-Z a-z 0-9 . _ : -`, safe
 /// in a URL path.
@@ -76,6 +76,14 @@ pub struct JoinRequest {
     /// that id if no other run has it.
     #[serde(default)]
     pub run_id: Option<RunId>,
+    /// When this rank's process started (Unix ms, by its machine's clock):
+    /// the run, and each attempt, starts at the earliest of its ranks', not
+    /// at the first join (which is late when the head was down). The time
+    /// of the first join when absent. Between 946684800000 (2000-01-01) and
+    /// 7258118400000 (2200-01-01): a time in seconds or nanoseconds is
+    /// refused (422).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process_start_ms: Option<u64>,
 }
 
 impl JoinRequest {
@@ -94,6 +102,7 @@ impl JoinRequest {
             job_id: job_id.into(),
             join_timeout_ms: None,
             run_id: None,
+            process_start_ms: None,
         }
     }
 }
@@ -141,6 +150,19 @@ pub struct RankEndRequest {
     /// 0, a failure does not end the run: its next attempt joins.
     #[serde(default)]
     pub restarts_remaining: u32,
+    /// When the rank ended (Unix ms, by its machine's clock): the head names
+    /// the rank that failed first in time as the run's cause, whatever order
+    /// the ends arrive in. The time the head received the end when absent.
+    /// Between 946684800000 (2000-01-01) and 7258118400000 (2200-01-01).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at_ms: Option<u64>,
+    /// How a failed rank is known to have failed: `RAISED` when the rank
+    /// reports its own error, else `EXITED`, `KILLED` or `VANISHED` when the
+    /// rank's watcher reports a process that died without reporting (its
+    /// `detail` then says how: `killed by SIGKILL`, `exited with status 3`).
+    /// `RAISED` for a failure when absent; ignored for `FINISHED`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub how: Option<FailureMode>,
 }
 
 impl RankEndRequest {
@@ -152,6 +174,8 @@ impl RankEndRequest {
             detail: String::new(),
             cause: None,
             restarts_remaining: 0,
+            ended_at_ms: None,
+            how: None,
         }
     }
 }
