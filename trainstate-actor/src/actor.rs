@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::oneshot;
@@ -82,7 +83,7 @@ impl Actor for TrainStateActor {
 
     async fn handle(
         &self,
-        _myself: ActorRef<StateMessage>,
+        myself: ActorRef<StateMessage>,
         message: StateMessage,
         state: &mut ActorState,
     ) -> Result<(), ActorProcessingErr> {
@@ -233,6 +234,15 @@ impl Actor for TrainStateActor {
                     }
                     Reaction::Write(reply, outcome) => state.write(outcome, reply),
                     Reaction::Ignore => {}
+                }
+                if state.rendezvous.take_wakeup() {
+                    // A failure window opened: its cause is decided by the
+                    // sweep after it, not a whole sweep period later.
+                    let window = Duration::from_millis(crate::rendezvous::FAILURE_WINDOW_MS + 50);
+                    myself.send_after(window, || {
+                        let (tx, _unanswered) = oneshot::channel();
+                        StateMessage::SweepLeases { reply: tx.into() }
+                    });
                 }
             }
             _ => {}

@@ -60,6 +60,7 @@ mod rendezvous;
 mod state;
 mod store;
 mod supervisor;
+mod time_text;
 mod view;
 mod writer;
 
@@ -72,6 +73,7 @@ pub use config::{
 pub use errors::{LaunchError, StoreError};
 #[cfg(feature = "fault-injection")]
 pub use faults::Faults;
+pub use rendezvous::FAILURE_WINDOW_MS;
 pub use supervisor::{
     StateService, get_or_launch_state_actor, launch_state_actor, shutdown_state_actor,
 };

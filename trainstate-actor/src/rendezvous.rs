@@ -24,14 +24,14 @@ use trainstate_client::{
     Join, NewAttempt, RankEnd, RendezvousMessage, Reply, RunDocument, RunQuery, StateError,
     StatusUpdate,
 };
-use trainstate_schema::limits::MAX_STATUS_DETAIL_LEN;
-use trainstate_schema::text::{errored_status_detail, last_chars};
+use trainstate_schema::text::last_chars;
 use trainstate_schema::{
-    CauseKind, NewRun, RunAttemptDraft, RunCause, RunId, RunStatus, TrainRunInfoDraft,
+    CauseKind, FailureMode, NewRun, RunAttemptDraft, RunCause, RunId, RunStatus, TrainRunInfoDraft,
     TrainWorkerInfo,
 };
 
-use crate::state::{Change, Outcome, Runs};
+use crate::state::{Change, Outcome, Runs, failure_detail};
+use crate::time_text::{iso_ms, seconds};
 use crate::view::View;
 
 /// How long a tracked group whose run is not (yet) in the committed view is
@@ -42,8 +42,24 @@ const UNCOMMITTED_GRACE_MS: u64 = 60_000;
 /// would open another is refused as overloaded (memory stays bounded).
 pub(crate) const MAX_PENDING_GROUPS: usize = 10_000;
 
+/// How long after the first failure of an attempt is reported the head
+/// waits for its peers' before it decides the cause, unless every rank has
+/// ended before: a peer that failed earlier (a rank killed outright, whose
+/// watcher's report raced its peer's "connection reset") may arrive a
+/// little later than one that failed because of it.
+pub const FAILURE_WINDOW_MS: u64 = 3_000;
+
+/// How much earlier than its group's first join a rank's process may have
+/// started and still count as the run's start: a process that started
+/// longer before (a notebook's kernel) starts the run at the first join.
+const MAX_START_LEAD_MS: u64 = 86_400_000;
+
+/// How many of the failures that followed the first are named in a run's
+/// detail.
+const MAX_SECONDARY_FAILURES: usize = 8;
+
 /// The prefix of `controller_actor_id` of a run assembled by the rendezvous.
-const CONTROLLER_PREFIX: &str = "rendezvous:";
+pub(crate) const CONTROLLER_PREFIX: &str = "rendezvous:";
 
 /// The `controller_actor_id` of the run of `key`.
 fn controller_of(key: &str) -> String {
@@ -85,6 +101,8 @@ pub(crate) struct Rendezvous {
     /// join deadlines and graces are measured on it, never on the wall
     /// clock, which is what start times are stamped with.
     mono_ms: u64,
+    /// Set when a failure window opened: the actor sweeps again after it.
+    wakeup: bool,
 }
 
 /// A group waiting for its ranks.
@@ -106,6 +124,8 @@ struct Pending {
 struct Member {
     worker: TrainWorkerInfo,
     identity: u64,
+    /// When the rank's process started, as it said.
+    process_start_ms: Option<u64>,
     last_heard_ms: u64,
     /// How the rank ended, and when, if it did before the group completed.
     end: Option<(u64, RankEnd)>,
@@ -167,13 +187,29 @@ struct Group {
     ended: u32,
     /// When the group was tracked, on the monotonic clock.
     since_ms: u64,
+    /// The failures of this attempt's ranks, in the order they arrived,
+    /// while the cause is not decided.
+    failures: Vec<Failure>,
+    /// When the first of them arrived, on the monotonic clock.
+    window_from_ms: Option<u64>,
+    /// The attempt's failure was decided: the run ended or restarts.
+    decided: bool,
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Slot {
     identity: u64,
+    /// Who the rank is, for reasons: `pid 4242 on node host-1 (10.0.0.2)`.
+    who: Arc<str>,
     last_heard_ms: Option<u64>,
     end: SlotEnd,
+}
+
+/// A rank's failure, at the time it happened by its own account.
+struct Failure {
+    rank: u32,
+    at_ms: u64,
+    end: RankEnd,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -184,6 +220,18 @@ enum SlotEnd {
 }
 
 impl Group {
+    fn new(attempt_id: String, slots: Vec<Slot>, ended: u32, since_ms: u64) -> Self {
+        Self {
+            attempt_id,
+            slots,
+            ended,
+            since_ms,
+            failures: Vec::new(),
+            window_from_ms: None,
+            decided: false,
+        }
+    }
+
     fn response(&self, id: &RunId, status: RunStatus, lease_ms: u64) -> RendezvousResponse {
         let n = self.slots.len() as u32;
         RendezvousResponse::new(
@@ -222,15 +270,129 @@ impl Pending {
         )
     }
 
-    /// The first end that ends the run (a failure with no restart to
-    /// come), by the time it was reported.
-    fn final_failure(&self) -> Option<(u32, &RankEnd)> {
-        self.members
+    /// The update that ends the run for the first failure in time with no
+    /// restart to come, with the failures that followed it as detail.
+    fn final_failure(&self) -> Option<StatusUpdate> {
+        let failures: Vec<Failure> = self
+            .members
             .iter()
-            .filter_map(|(rank, m)| m.end.as_ref().map(|(at, end)| (*at, *rank, end)))
+            .filter_map(|(rank, m)| m.end.as_ref().map(|(at, end)| (*rank, *at, end)))
             .filter(|(_, _, end)| end.status != RunStatus::Finished && end.restarts_remaining == 0)
-            .min_by_key(|(at, rank, _)| (*at, *rank))
-            .map(|(_, rank, end)| (rank, end))
+            .map(|(rank, at, end)| Failure {
+                rank,
+                at_ms: end.ended_at_ms.unwrap_or(at),
+                end: end.clone(),
+            })
+            .collect();
+        let who = |rank: u32| self.members.get(&rank).map(|m| who_of(&m.worker));
+        first_failure(&failures).map(|first| failure_update(first, &failures, who))
+    }
+
+    /// When the run (or the attempt) starts: its earliest rank's process
+    /// start, not after the first join, nor more than a day before it.
+    fn start_ms(&self) -> u64 {
+        self.members
+            .values()
+            .filter_map(|m| m.process_start_ms)
+            .filter(|&start| self.started_ms.saturating_sub(start) <= MAX_START_LEAD_MS)
+            .min()
+            .map_or(self.started_ms, |start| start.min(self.started_ms))
+    }
+}
+
+/// Who a worker is, for reasons: `pid 4242 on node host-1 (10.0.0.2)`.
+fn who_of(worker: &TrainWorkerInfo) -> Arc<str> {
+    format!("pid {} on node {} ({})", worker.pid(), worker.node_id(), worker.node_ip()).into()
+}
+
+/// The failure that came first in time (ties: the first to arrive).
+fn first_failure(failures: &[Failure]) -> Option<&Failure> {
+    failures.iter().min_by_key(|f| f.at_ms)
+}
+
+/// The status update of `first`'s failure, which ends the run (or its
+/// attempt): its cause names the rank, how it failed and when; its detail
+/// says so in words, then names the failures that followed (`all` holds
+/// them, and `first`) as what they are, consequences.
+fn failure_update(
+    first: &Failure,
+    all: &[Failure],
+    who: impl Fn(u32) -> Option<Arc<str>>,
+) -> StatusUpdate {
+    let end = &first.end;
+    let rank = first.rank;
+    let how = end.failure_mode().unwrap_or(FailureMode::Raised);
+    let kind = end.cause_kind().unwrap_or(CauseKind::UserError);
+    let mut detail = if how.died_unreported() {
+        let who = who(rank).map(|w| format!(" ({w})")).unwrap_or_default();
+        let at = iso_ms(first.at_ms);
+        match (how, end.detail.trim()) {
+            (FailureMode::Vanished, _) | (_, "") => format!(
+                "Rank {rank}{who} died without reporting, at {at}; how it died is not known."
+            ),
+            (_, how_text) => {
+                format!("Rank {rank}{who} died without reporting: {how_text}, at {at}.")
+            }
+        }
+    } else if end.status == RunStatus::Errored {
+        end.detail.clone()
+    } else {
+        aborted_detail(rank, end)
+    };
+    let mut later: Vec<&Failure> =
+        all.iter().filter(|f| !std::ptr::eq(*f, first) && f.rank != rank).collect();
+    later.sort_by_key(|f| (f.at_ms, f.rank));
+    if !later.is_empty() {
+        detail.push_str("\n\nThen, not the cause:");
+        for f in later.iter().take(MAX_SECONDARY_FAILURES) {
+            let after = seconds(f.at_ms.saturating_sub(first.at_ms));
+            let what = f.end.detail.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
+            let what = last_chars(what.trim(), 300);
+            let status = f.end.status.as_str();
+            let mode = f.end.failure_mode().map_or("", FailureMode::as_str);
+            detail
+                .push_str(&format!("\n- rank {} {after} later: {status} ({mode}) {what}", f.rank));
+        }
+        if later.len() > MAX_SECONDARY_FAILURES {
+            detail.push_str(&format!("\n- and {} more", later.len() - MAX_SECONDARY_FAILURES));
+        }
+    }
+    let cause = RunCause::new(kind, Some(rank)).with_failure(Some(how), Some(first.at_ms));
+    let mut update = match end.status {
+        RunStatus::Aborted => StatusUpdate::aborted(kind, detail),
+        _ => StatusUpdate::errored(Some(rank), kind, detail),
+    };
+    update.cause = Some(cause);
+    update
+}
+
+/// Ends `group`'s attempt for its first failure in time: the run ends with
+/// it, or, when the launcher restarts the workers, the attempt keeps it and
+/// the run is RESTARTING. Decided once.
+fn decide(
+    id: &RunId,
+    group: &mut Group,
+    status: RunStatus,
+    runs: &mut Runs,
+    now_ms: u64,
+) -> Result<Outcome<()>, StateError> {
+    let failures = std::mem::take(&mut group.failures);
+    group.decided = true;
+    let Some(first) = first_failure(&failures) else { return Ok(Outcome::Unchanged(())) };
+    let slots = &group.slots;
+    let update =
+        failure_update(first, &failures, |rank| slots.get(rank as usize).map(|s| s.who.clone()));
+    let restarts = first.end.restarts_remaining > 0 && status.is_live();
+    let outcome = if restarts {
+        runs.fail_attempt(id, update, now_ms)
+    } else {
+        runs.set_status(id, update, now_ms)
+    };
+    match outcome {
+        Ok(outcome) => Ok(answered(outcome, ())),
+        // The run had ended already: the failure changes nothing.
+        Err(StateError::IllegalTransition { .. }) => Ok(Outcome::Unchanged(())),
+        Err(err) => Err(err),
     }
 }
 
@@ -248,7 +410,7 @@ fn identity_of(worker: &TrainWorkerInfo) -> u64 {
 /// as by a heartbeat: every request of a rank is a sign of life.
 fn touch(runs: &mut Runs, id: &RunId, now_ms: u64) -> Result<RunStatus, StateError> {
     match runs.heartbeat(id, now_ms) {
-        Ok(_) => Ok(RunStatus::Running),
+        Ok(_) => Ok(runs.status_of(id).unwrap_or(RunStatus::Running)),
         Err(StateError::IllegalTransition { from, .. }) => Ok(from),
         Err(err) => Err(err),
     }
@@ -277,16 +439,6 @@ fn answered<A, B>(outcome: Outcome<A>, answer: B) -> Outcome<B> {
         Outcome::Changed(change) => {
             Outcome::Changed(Change { ops: change.ops, events: change.events, answer })
         }
-    }
-}
-
-/// The status update of a rank's end that ends the run.
-fn update_of(rank: u32, end: &RankEnd) -> StatusUpdate {
-    let kind = end.cause_kind().unwrap_or(CauseKind::UserError);
-    match end.status {
-        RunStatus::Aborted => StatusUpdate::aborted(kind, aborted_detail(rank, end)),
-        RunStatus::Finished => StatusUpdate::finished(),
-        _ => StatusUpdate::errored(Some(rank), kind, end.detail.clone()),
     }
 }
 
@@ -414,7 +566,13 @@ impl Rendezvous {
         }
         pending.members.insert(
             rank,
-            Member { worker: join.worker, identity, last_heard_ms: now_ms, end: None },
+            Member {
+                worker: join.worker,
+                identity,
+                process_start_ms: join.process_start_ms,
+                last_heard_ms: now_ms,
+                end: None,
+            },
         );
         if (pending.members.len() as u32) < pending.world_size {
             return Ok(Step::Answer(pending.response(&key, lease_ms)));
@@ -469,6 +627,20 @@ impl Rendezvous {
                         .is_some_and(|s| s.identity == identity_of(&join.worker));
                 if same {
                     return Ok(Some(Step::Answer(group.response(&id, status, lease_ms))));
+                }
+                if status.is_terminal() && join.attempt == 0 && !group.slots.is_empty() {
+                    // A launcher that gives every launch the same key (a
+                    // multi-node torchrun without --rdzv-id): a process
+                    // that is none of an ended run's ranks is a new launch.
+                    self.check_room()?;
+                    self.keys.remove(&join.key);
+                    let run_id = join
+                        .run_id
+                        .clone()
+                        .filter(|hint| self.id_is_free(hint, view))
+                        .unwrap_or_else(RunId::new_v7);
+                    self.open(key.clone(), run_id, false, join, now_ms);
+                    return Ok(None);
                 }
                 refused(format!(
                     "the group of key {:?} (attempt {}) closed when its {} ranks had joined, and this is not one of them: run {id} is {status}",
@@ -581,12 +753,12 @@ impl Rendezvous {
                 .iter()
                 .map(|w| Slot {
                     identity: identity_of(w),
+                    who: who_of(w),
                     last_heard_ms: None,
                     end: SlotEnd::Running,
                 })
                 .collect();
-            self.groups
-                .insert(id.clone(), Group { attempt_id, slots, ended: 0, since_ms: self.mono_ms });
+            self.groups.insert(id.clone(), Group::new(attempt_id, slots, 0, self.mono_ms));
         }
         Ok(self.groups.get_mut(id).expect("tracked above"))
     }
@@ -602,9 +774,11 @@ impl Rendezvous {
         now_ms: u64,
     ) -> Result<Outcome<RendezvousResponse>, StateError> {
         let attempt_id = key.1.to_string();
+        let start_ms = pending.start_ms();
         let workers: Vec<TrainWorkerInfo> =
             pending.members.values().map(|m| m.worker.clone()).collect();
-        let failure = pending.final_failure().map(|(rank, end)| (rank, end.clone()));
+        let failure = pending.final_failure();
+        let decided = failure.is_some();
         let all_finished = pending
             .members
             .values()
@@ -620,24 +794,36 @@ impl Rendezvous {
                     Some(_) => SlotEnd::Failed,
                 };
                 ended += u32::from(end != SlotEnd::Running);
-                Slot { identity: m.identity, last_heard_ms: Some(m.last_heard_ms), end }
+                Slot {
+                    identity: m.identity,
+                    who: who_of(&m.worker),
+                    last_heard_ms: Some(m.last_heard_ms),
+                    end,
+                }
             })
             .collect();
         let status = match (&failure, all_finished) {
-            (Some((_, end)), _) => end.status,
+            (Some(update), _) => update.status,
             (None, true) => RunStatus::Finished,
             (None, false) => RunStatus::Running,
         };
         let id = pending.run_id.clone();
         let world_size = pending.world_size;
         let outcome = if pending.existing {
-            let attempt = NewAttempt::new(&attempt_id, pending.started_ms, workers);
+            let attempt = NewAttempt::new(&attempt_id, start_ms, workers);
             let started = answered(runs.start_attempt(&id, attempt, now_ms)?, ());
-            match (&failure, all_finished) {
-                (Some((rank, end)), _) => answered(
-                    chain(started, runs.set_status(&id, update_of(*rank, end), now_ms)?),
-                    (),
-                ),
+            // The failure the previous attempt ended with is kept there;
+            // the run trains again.
+            let started = if runs.status_of(&id) == Some(RunStatus::Restarting) {
+                let running = StatusUpdate::live(RunStatus::Running, "");
+                answered(chain(started, runs.set_status(&id, running, now_ms)?), ())
+            } else {
+                started
+            };
+            match (failure, all_finished) {
+                (Some(update), _) => {
+                    answered(chain(started, runs.set_status(&id, update, now_ms)?), ())
+                }
                 (None, true) => answered(
                     chain(started, runs.set_status(&id, StatusUpdate::finished(), now_ms)?),
                     (),
@@ -647,32 +833,27 @@ impl Rendezvous {
         } else {
             let mut draft = TrainRunInfoDraft {
                 workers: workers.into_iter().map(TrainWorkerInfo::into_draft).collect(),
-                attempts: vec![RunAttemptDraft::new(attempt_id.clone(), pending.started_ms)],
+                attempts: vec![RunAttemptDraft::new(attempt_id.clone(), start_ms)],
                 ..TrainRunInfoDraft::new(
                     id.to_string(),
                     &pending.name,
                     &pending.job_id,
                     controller_of(&key.0),
-                    pending.started_ms,
+                    start_ms,
                 )
             };
             draft.run_status = status;
-            if let Some((rank, end)) = &failure {
-                draft.status_detail = match end.status {
-                    RunStatus::Errored => errored_status_detail(Some(*rank), &end.detail),
-                    _ => last_chars(&aborted_detail(*rank, end), MAX_STATUS_DETAIL_LEN).to_owned(),
-                };
-                let failed_rank = (end.status == RunStatus::Errored).then_some(*rank);
-                draft.cause = end.cause_kind().map(|kind| RunCause::new(kind, failed_rank));
+            if let Some(update) = &failure {
+                draft.status_detail = failure_detail(update.status, update.cause, &update.detail);
+                draft.cause = update.cause;
             }
             let run = NewRun::try_from(draft)?;
             answered(runs.register(run, now_ms)?, ())
         };
         self.keys.insert(key.0, id.clone());
-        self.groups.insert(
-            id.clone(),
-            Group { attempt_id: attempt_id.clone(), slots, ended, since_ms: self.mono_ms },
-        );
+        let mut group = Group::new(attempt_id.clone(), slots, ended, self.mono_ms);
+        group.decided = decided;
+        self.groups.insert(id.clone(), group);
         let answer = RendezvousResponse::new(
             id,
             attempt_id,
@@ -768,33 +949,77 @@ impl Rendezvous {
             return Ok(Step::Answer(pending.response(&key, lease_ms)));
         }
         let status = touch(runs, id, now_ms)?;
+        let mono_ms = self.mono_ms;
         let group = self.group_of(id, rank, &end.attempt_id, view)?;
         let slot = rank as usize;
         group.slots[slot].last_heard_ms = Some(now_ms);
-        let ends_run = match end.status {
-            RunStatus::Finished => {
-                group.end(slot, SlotEnd::Finished);
-                group.slots.iter().all(|s| s.end == SlotEnd::Finished)
+        let failed = end.status != RunStatus::Finished;
+        if failed && group.slots[slot].end == SlotEnd::Running && !group.decided {
+            let at_ms = end.ended_at_ms.unwrap_or(now_ms);
+            group.failures.push(Failure { rank, at_ms, end: end.clone() });
+            if group.window_from_ms.is_none() {
+                group.window_from_ms = Some(mono_ms);
+                self.wakeup = true;
             }
-            _ => {
-                group.end(slot, SlotEnd::Failed);
-                end.restarts_remaining == 0
-            }
-        };
+        }
+        let group = self.groups.get_mut(id).expect("tracked above");
+        group.end(slot, if failed { SlotEnd::Failed } else { SlotEnd::Finished });
         let answer = group.response(id, status, lease_ms);
-        if !ends_run {
+        let all_ended = group.slots.iter().all(|s| s.end != SlotEnd::Running);
+        let all_finished = group.slots.iter().all(|s| s.end == SlotEnd::Finished);
+        // A lost-controller abort is replaced by the first report after it.
+        let decide_now = !group.failures.is_empty() && (all_ended || status.is_terminal());
+        if !decide_now && !all_finished {
             return Ok(Step::Answer(answer));
         }
         admitted?;
-        match runs.set_status(id, update_of(rank, &end), now_ms) {
-            Ok(outcome) => {
-                let mut answer = answer;
-                answer.run_status = Some(end.status);
-                Ok(Step::Write(answered(outcome, answer)))
+        let outcome = if decide_now {
+            decide(id, group, status, runs, now_ms)?
+        } else {
+            match runs.set_status(id, StatusUpdate::finished(), now_ms) {
+                Ok(outcome) => answered(outcome, ()),
+                // The run had ended already: the end changes nothing.
+                Err(StateError::IllegalTransition { .. }) => Outcome::Unchanged(()),
+                Err(err) => return Err(err),
             }
-            // The run had ended already: the end changes nothing.
-            Err(StateError::IllegalTransition { .. }) => Ok(Step::Answer(answer)),
-            Err(err) => Err(err),
+        };
+        let mut answer = answer;
+        answer.run_status = runs.status_of(id).or(answer.run_status);
+        Ok(match outcome {
+            Outcome::Unchanged(()) => Step::Answer(answer),
+            changed => Step::Write(answered(changed, answer)),
+        })
+    }
+
+    /// True once after a failure window opened: the actor should sweep
+    /// again when it has passed ([`FAILURE_WINDOW_MS`]).
+    pub(crate) fn take_wakeup(&mut self) -> bool {
+        std::mem::take(&mut self.wakeup)
+    }
+
+    /// Decides the cause of every attempt whose failure window has passed.
+    fn decide_due(&mut self, runs: &mut Runs, now_ms: u64, change: &mut Change<Vec<RunId>>) {
+        let mono_ms = self.mono_ms;
+        for (id, group) in &mut self.groups {
+            let due = !group.decided
+                && !group.failures.is_empty()
+                && group
+                    .window_from_ms
+                    .is_some_and(|from| mono_ms.saturating_sub(from) >= FAILURE_WINDOW_MS);
+            if !due {
+                continue;
+            }
+            let status = runs.status_of(id).unwrap_or(RunStatus::Running);
+            match decide(id, group, status, runs, now_ms) {
+                Ok(Outcome::Changed(decided)) => {
+                    change.ops.extend(decided.ops);
+                    change.events.extend(decided.events);
+                }
+                Ok(Outcome::Unchanged(())) => {}
+                Err(err) => {
+                    tracing::error!(run = %id, error = %err, "cannot end a run for its first failure")
+                }
+            }
         }
     }
 
@@ -829,6 +1054,7 @@ impl Rendezvous {
             .filter(|(_, p)| mono_ms.saturating_sub(p.deadline_from_ms) >= p.timeout_ms)
             .map(|(key, _)| key.clone())
             .collect();
+        self.decide_due(runs, now_ms, change);
         for key in expired {
             let Some(pending) = self.remove_pending(&key) else { continue };
             let id = pending.run_id.clone();
@@ -865,6 +1091,7 @@ impl Rendezvous {
         runs: &mut Runs,
         now_ms: u64,
     ) -> Result<Outcome<()>, StateError> {
+        let start_ms = pending.start_ms();
         let joined = ranks_text(pending.members.keys().copied());
         let missing =
             ranks_text((0..pending.world_size).filter(|r| !pending.members.contains_key(r)));
@@ -876,21 +1103,13 @@ impl Rendezvous {
             pending.members.len(),
             pending.world_size,
         );
-        let failure = pending.final_failure().map(|(rank, end)| (rank, end.clone()));
-        let (update, cause) = match &failure {
-            Some((rank, end)) if end.status == RunStatus::Errored => {
+        let (update, cause) = match pending.final_failure() {
+            Some(mut update) => {
                 detail.push('\n');
-                detail.push_str(&end.detail);
-                let kind = end.cause_kind().unwrap_or(CauseKind::UserError);
-                (
-                    StatusUpdate::errored(Some(*rank), kind, detail.clone()),
-                    RunCause::new(kind, Some(*rank)),
-                )
-            }
-            Some((rank, end)) => {
-                detail = format!("{detail} {}", aborted_detail(*rank, end));
-                let kind = end.cause_kind().unwrap_or(CauseKind::UserInterrupt);
-                (StatusUpdate::aborted(kind, detail.clone()), RunCause::new(kind, None))
+                detail.push_str(&update.detail);
+                update.detail = detail;
+                let cause = update.cause.expect("a failure has a cause");
+                (update, cause)
             }
             None => (
                 StatusUpdate::aborted(CauseKind::SystemError, detail.clone()),
@@ -900,37 +1119,26 @@ impl Rendezvous {
         let outcome = if pending.existing {
             answered(runs.set_status(&pending.run_id, update.clone(), now_ms)?, ())
         } else {
-            let status_detail = match update.status {
-                RunStatus::Errored => {
-                    errored_status_detail(cause.failed_world_rank, &update.detail)
-                }
-                _ => last_chars(&update.detail, MAX_STATUS_DETAIL_LEN).to_owned(),
-            };
+            let status_detail = failure_detail(update.status, update.cause, &update.detail);
             let draft = TrainRunInfoDraft {
                 run_status: update.status,
                 status_detail,
                 cause: Some(cause),
-                attempts: vec![RunAttemptDraft::new(key.1.to_string(), pending.started_ms)],
+                attempts: vec![RunAttemptDraft::new(key.1.to_string(), start_ms)],
                 ..TrainRunInfoDraft::new(
                     pending.run_id.to_string(),
                     &pending.name,
                     &pending.job_id,
                     controller_of(&key.0),
-                    pending.started_ms,
+                    start_ms,
                 )
             };
             answered(runs.register(NewRun::try_from(draft)?, now_ms)?, ())
         };
         self.keys.insert(key.0.clone(), pending.run_id.clone());
-        self.groups.insert(
-            pending.run_id,
-            Group {
-                attempt_id: key.1.to_string(),
-                slots: Vec::new(),
-                ended: 0,
-                since_ms: self.mono_ms,
-            },
-        );
+        let mut group = Group::new(key.1.to_string(), Vec::new(), 0, self.mono_ms);
+        group.decided = true;
+        self.groups.insert(pending.run_id, group);
         Ok(outcome)
     }
 

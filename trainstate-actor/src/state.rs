@@ -311,14 +311,62 @@ impl Runs {
         let mut draft = record.run()?.into_draft();
         draft.run_status = to;
         draft.status = Some(to);
-        draft.status_detail = match (to, update.cause) {
-            (RunStatus::Errored, cause) => {
-                errored_status_detail(cause.and_then(|c| c.failed_world_rank), &update.detail)
-            }
-            _ => last_chars(&update.detail, MAX_STATUS_DETAIL_LEN).to_owned(),
-        };
+        draft.status_detail = failure_detail(to, update.cause, &update.detail);
         draft.cause = update.cause;
         end_run(&mut draft, update.end_time_ms, now_ms);
+        Ok(Outcome::Changed(self.replace(draft, EventKind::StatusChanged, now_ms)?))
+    }
+
+    /// The status of run `id` in the working state.
+    pub(crate) fn status_of(&self, id: &RunId) -> Option<RunStatus> {
+        self.by_id.get(id).map(|e| e.record.status)
+    }
+
+    /// Ends a live run's current attempt with a failure its launcher
+    /// recovers from: the attempt keeps the failure (`update`'s status,
+    /// detail and cause), its workers are marked DEAD, and the run is
+    /// RESTARTING until its next attempt starts. A repeat is a no-op.
+    pub(crate) fn fail_attempt(
+        &mut self,
+        id: &RunId,
+        update: StatusUpdate,
+        now_ms: u64,
+    ) -> Result<Outcome<RunDocument>, StateError> {
+        let record = self.entry(id)?.record.clone();
+        if record.status.is_terminal() || !update.status.is_terminal() {
+            return Err(StateError::IllegalTransition {
+                id: id.clone(),
+                from: record.status,
+                to: RunStatus::Restarting,
+                reason: "only a live run's attempt fails and restarts".into(),
+            });
+        }
+        let mut draft = record.run()?.into_draft();
+        if draft.attempts.is_empty() {
+            let first = RunAttemptDraft::new(NewRun::FIRST_ATTEMPT_ID, draft.start_time_ms);
+            draft.attempts.push(first);
+        }
+        let current = draft.attempts.last_mut().expect("an attempt was added");
+        if current.end_time_ms.is_some() {
+            return Ok(Outcome::Unchanged(self.document(&record)));
+        }
+        let detail = failure_detail(update.status, update.cause, &update.detail);
+        current.end_time_ms = Some(update.end_time_ms.unwrap_or(now_ms).max(current.start_time_ms));
+        current.status = AttemptStatus::ending(update.status);
+        current.cause = update.cause;
+        let attempt_id = current.attempt_id.clone();
+        let headline = detail.lines().next().unwrap_or_default().trim_end().to_owned();
+        current.status_detail = detail;
+        for worker in &mut draft.workers {
+            worker.status = ActorStatus::Dead;
+        }
+        draft.status = Some(RunStatus::Restarting);
+        draft.run_status = RunStatus::Restarting.v1();
+        draft.status_detail = last_chars(
+            &format!("Restarting: attempt {attempt_id} {}. {headline}", update.status.as_str()),
+            MAX_STATUS_DETAIL_LEN,
+        )
+        .to_owned();
         Ok(Outcome::Changed(self.replace(draft, EventKind::StatusChanged, now_ms)?))
     }
 
@@ -625,22 +673,17 @@ impl Runs {
     pub(crate) fn sweep(&mut self, now_ms: u64) -> Change<Vec<RunId>> {
         let lease_ms = self.lease.as_millis() as u64;
         let lease_now = self.lease_now(now_ms);
-        let expired: Vec<(RunId, u64, u64)> = self
+        let expired: Vec<(Arc<RunRecord>, u64, u64)> = self
             .by_id
             .values()
             .filter(|e| !e.record.status.is_terminal() && e.record.leased)
             .filter(|e| lease_now.saturating_sub(e.lease_from_ms) > lease_ms)
-            .map(|e| (e.record.id.clone(), e.last_heard_ms, lease_now - e.lease_from_ms))
+            .map(|e| (e.record.clone(), e.last_heard_ms, lease_now - e.lease_from_ms))
             .collect();
         let mut change = Change { ops: Vec::new(), events: Vec::new(), answer: Vec::new() };
-        for (id, last_heard_ms, silent_ms) in expired {
-            let detail = format!(
-                "The run's controller stopped heartbeating: last heard from at {last_heard_ms} \
-                 (Unix ms); nothing for {:.1} s of the head's running time, longer than its \
-                 lease of {:.1} s.",
-                silent_ms as f64 / 1000.0,
-                self.lease.as_secs_f64(),
-            );
+        for (record, last_heard_ms, silent_ms) in expired {
+            let id = record.id.clone();
+            let detail = lost_detail(&record, last_heard_ms, silent_ms, self.lease);
             // The end is stamped by `set_status`, never before the run's start,
             // even when the head's clock is behind the controller's.
             let update = StatusUpdate::aborted(CauseKind::LostController, detail);
@@ -824,6 +867,43 @@ fn first_failed_rank(detail: &str) -> Option<u32> {
     let rest = &detail[detail.find("[Rank ")? + "[Rank ".len()..];
     let digits = &rest[..rest.find(' ')?];
     rest[digits.len()..].starts_with(" Error Snippet]").then(|| digits.parse().ok()).flatten()
+}
+
+/// The `status_detail` of a run (or attempt) that ends `status` for
+/// `cause` with `detail`: after Ray's `Rank {r} worker raised an error.`
+/// line for an error a rank raised; as it is for a rank that died without
+/// reporting (the rendezvous wrote the words) and for other statuses.
+pub(crate) fn failure_detail(status: RunStatus, cause: Option<RunCause>, detail: &str) -> String {
+    let died = cause.and_then(|c| c.how).is_some_and(|how| how.died_unreported());
+    match status {
+        RunStatus::Errored if !died => {
+            errored_status_detail(cause.and_then(|c| c.failed_world_rank), detail)
+        }
+        _ => last_chars(detail, MAX_STATUS_DETAIL_LEN).to_owned(),
+    }
+}
+
+/// Why a run whose lease ran out is aborted, in words for the person who
+/// reads it: a run of the rendezvous has ranks, not a controller.
+fn lost_detail(record: &RunRecord, last_heard_ms: u64, silent_ms: u64, lease: Duration) -> String {
+    let last = crate::time_text::iso_ms(last_heard_ms);
+    let silent = crate::time_text::seconds(silent_ms);
+    let lease = crate::time_text::seconds(lease.as_millis() as u64);
+    let ranks = record.run().is_ok_and(|run| {
+        run.controller_actor_id().starts_with(crate::rendezvous::CONTROLLER_PREFIX)
+    });
+    if ranks {
+        format!(
+            "No rank of this run has been heard from for {silent} (last at {last}), longer than \
+             the head's lease of {lease}: the job was killed outright, its node was lost, or it \
+             lost its network to the head."
+        )
+    } else {
+        format!(
+            "The run's controller stopped heartbeating: nothing heard from it for {silent} (last \
+             at {last}), longer than the head's lease of {lease}."
+        )
+    }
 }
 
 fn end_run(draft: &mut TrainRunInfoDraft, end_time_ms: Option<u64>, now_ms: u64) {

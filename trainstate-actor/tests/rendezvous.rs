@@ -10,9 +10,9 @@ use std::time::Duration;
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{Value, json};
 use trainstate_actor::http::HttpConfig;
-use trainstate_actor::{ManualClock, StateConfig, launch_state_actor};
+use trainstate_actor::{FAILURE_WINDOW_MS, ManualClock, StateConfig, launch_state_actor};
 use trainstate_client::{Join, RankEnd, StateError, StateHandle};
-use trainstate_schema::{CauseKind, RunId, RunStatus, TrainWorkerInfo};
+use trainstate_schema::{AttemptStatus, CauseKind, FailureMode, RunId, RunStatus, TrainWorkerInfo};
 
 use crate::common::{Server, unique_name, workers};
 use crate::contract::send;
@@ -166,23 +166,36 @@ async fn the_run_finishes_when_every_rank_finished_and_errors_at_the_first_failu
     state.end_rank(id.clone(), 0, RankEnd::finished("0")).await.unwrap();
     let trace = "Traceback (most recent call last):\n  File \"train.py\", line 9\nValueError: boom";
     let answer = state.end_rank(id.clone(), 1, RankEnd::errored("0", trace)).await.unwrap();
+    assert_eq!(answer.run_status, Some(RunStatus::Running), "rank 2 may have failed first");
+    // The launcher stopping the others ends the last rank: decided at once.
+    clock.advance_ms(500);
+    let answer = state.end_rank(id.clone(), 2, RankEnd::aborted("0", "SIGTERM")).await.unwrap();
     assert_eq!(answer.run_status, Some(RunStatus::Errored));
-    // A later end (the launcher stopping the others) changes nothing.
+    // A later end changes nothing.
     let answer = state.end_rank(id.clone(), 2, RankEnd::aborted("0", "SIGTERM")).await.unwrap();
     assert_eq!(answer.run_status, Some(RunStatus::Errored));
     let run = state.get_run(id.clone()).await.unwrap();
     assert_eq!(run.run_status(), RunStatus::Errored);
     let cause = run.cause().unwrap();
     assert_eq!((cause.kind, cause.failed_world_rank), (CauseKind::UserError, Some(1)));
+    assert_eq!((cause.how, cause.failed_at_ms), (Some(FailureMode::Raised), Some(T0 + 1_000)));
     assert!(run.status_detail().starts_with("Rank 1 worker raised an error."));
-    assert!(run.status_detail().ends_with("ValueError: boom"));
+    assert!(run.status_detail().contains("ValueError: boom\n\nThen, not the cause:\n- rank 2 0.5 s later: ABORTED (RAISED) SIGTERM"), "{}", run.status_detail());
 
+    // A failure while its peers still run is decided after the window.
     let group = workers(2, 4, "e-");
     let id = join_all(&state, "stop", &group).await;
     let answer = state.end_rank(id.clone(), 1, RankEnd::aborted("0", "SIGTERM")).await.unwrap();
-    assert_eq!(answer.run_status, Some(RunStatus::Aborted));
+    assert_eq!(answer.run_status, Some(RunStatus::Running));
+    clock.advance_ms(FAILURE_WINDOW_MS - 1);
+    state.sweep_leases().await.unwrap();
+    assert_eq!(state.get_run(id.clone()).await.unwrap().run_status(), RunStatus::Running);
+    clock.advance_ms(1);
+    state.sweep_leases().await.unwrap();
     let run = state.get_run(id).await.unwrap();
+    assert_eq!(run.run_status(), RunStatus::Aborted);
     assert_eq!(run.cause().unwrap().kind, CauseKind::UserInterrupt);
+    assert_eq!(run.cause().unwrap().failed_world_rank, Some(1));
     assert!(run.status_detail().contains("SIGTERM"), "{}", run.status_detail());
     service.shutdown().await;
 }
@@ -198,9 +211,25 @@ async fn a_relaunch_after_a_failure_is_a_new_attempt_of_the_same_run() {
     // Rank 1 fails; the launcher will restart the workers once more.
     let failed = RankEnd::errored("0", "RuntimeError: lost").with_restarts_remaining(1);
     let answer = state.end_rank(id.clone(), 1, failed).await.unwrap();
-    assert_eq!(answer.run_status, Some(RunStatus::Running), "a restart is coming");
+    assert_eq!(answer.run_status, Some(RunStatus::Running), "rank 0 may have failed first");
     let interrupted = RankEnd::aborted("0", "SIGTERM").with_restarts_remaining(1);
-    state.end_rank(id.clone(), 0, interrupted).await.unwrap();
+    let answer = state.end_rank(id.clone(), 0, interrupted).await.unwrap();
+    assert_eq!(answer.run_status, Some(RunStatus::Restarting), "a restart is coming");
+    // The attempt keeps the failure that ended it.
+    let run = state.get_run(id.clone()).await.unwrap();
+    assert_eq!(run.status(), RunStatus::Restarting);
+    let failed = &run.attempts()[0];
+    assert_eq!(failed.status(), AttemptStatus::Errored);
+    assert_eq!(failed.end_time_ms(), Some(T0));
+    assert_eq!(
+        failed.cause().map(|c| (c.kind, c.failed_world_rank)),
+        Some((CauseKind::UserError, Some(1)))
+    );
+    assert!(
+        failed.status_detail().starts_with("Rank 1 worker raised an error. \nRuntimeError: lost"),
+        "{}",
+        failed.status_detail()
+    );
 
     clock.advance_ms(2_000);
     let relaunched: Vec<TrainWorkerInfo> = group.iter().map(other_process).collect();
@@ -214,7 +243,9 @@ async fn a_relaunch_after_a_failure_is_a_new_attempt_of_the_same_run() {
     let run = state.get_run(id.clone()).await.unwrap();
     let attempts: Vec<_> = run.attempts().iter().map(|a| a.attempt_id().to_owned()).collect();
     assert_eq!(attempts, ["0", "1"]);
-    assert_eq!(run.attempts()[0].end_time_ms(), Some(T0 + 2_000));
+    assert_eq!(run.status(), RunStatus::Running);
+    assert_eq!(run.attempts()[0].status(), AttemptStatus::Errored, "not \"replaced\"");
+    assert_eq!(run.attempts()[0].end_time_ms(), Some(T0));
     assert_eq!(run.workers()[0].pid(), relaunched[0].pid());
 
     // The old attempt's ranks are told they were replaced.
@@ -489,20 +520,45 @@ async fn the_rendezvous_over_http_answers_as_documented() {
         None,
     )
     .await;
+    assert_eq!((status, &answer["run_status"]), (StatusCode::OK, &json!("RUNNING")));
+    let (rank, killed) = end(0, "ABORTED");
+    let (status, answer) = send(
+        &client,
+        Method::POST,
+        &url(&format!("/api/train/runs/{id}/ranks/{rank}/end")),
+        body(killed),
+        None,
+    )
+    .await;
     assert_eq!((status, &answer["run_status"]), (StatusCode::OK, &json!("ERRORED")));
     let (_, run) =
         send(&client, Method::GET, &url(&format!("/api/train/runs/{id}")), None, None).await;
-    assert_eq!(run["cause"], json!({"kind": "USER_ERROR", "failed_world_rank": 1}));
+    assert_eq!(run["cause"]["kind"], json!("USER_ERROR"));
+    assert_eq!(run["cause"]["failed_world_rank"], json!(1));
+    assert_eq!(run["cause"]["how"], json!("RAISED"));
 
     // The remote handle speaks the same API, and reads a refusal as one.
     let remote = StateHandle::connect(&server.url, None).unwrap();
-    let err = remote
+    let relaunch = remote
         .join_rendezvous(
             Join::new("slurm:42.0", 2, other_process(&group[0]), "train", "42").unwrap(),
         )
         .await
+        .unwrap();
+    // A process that is none of the ended run's ranks is a new launch of
+    // the key (a launcher that gives every launch the same key).
+    assert_ne!(relaunch.run_id.to_string(), id);
+    assert_eq!((relaunch.joined, relaunch.run_status), (1, None));
+    let err = remote
+        .join_rendezvous(
+            Join::new("slurm:42.0", 3, other_process(&group[1]), "train", "42").unwrap(),
+        )
+        .await
         .unwrap_err();
-    assert!(matches!(&err, StateError::Refused { reason } if reason.contains("closed")), "{err}");
+    assert!(
+        matches!(&err, StateError::Refused { reason } if reason.contains("disagrees")),
+        "{err}"
+    );
     let answer = remote.heartbeat_rank(RunId::parse(&id).unwrap(), 0, "0").await.unwrap();
     assert_eq!(answer.run_status, Some(RunStatus::Errored));
     server.stop().await;
@@ -523,5 +579,92 @@ async fn waiting_groups_are_bounded() {
     let done = state.join_rendezvous(join("g7", &group, 1)).await.unwrap();
     assert_eq!(done.run_status, Some(RunStatus::Running));
     state.join_rendezvous(join("one-too-many", &group, 0)).await.unwrap();
+    service.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_cause_is_the_rank_that_failed_first_in_time_whatever_arrives_first() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let service = launch_state_actor(config("rdv-first", &clock)).await.unwrap();
+    let state = service.handle();
+    let group = workers(3, 4, "q-");
+    let id = join_all(&state, "first", &group).await;
+
+    // Rank 1 was killed at T0 + 10; rank 0 raised because of it at T0 + 40,
+    // and its report arrived first. Rank 2 was then terminated.
+    let reset = "Traceback (most recent call last):\nRuntimeError: Connection reset by peer";
+    let raised = RankEnd::errored("0", reset).at(T0 + 40, Some(FailureMode::Raised));
+    let answer = state.end_rank(id.clone(), 0, raised).await.unwrap();
+    assert_eq!(answer.run_status, Some(RunStatus::Running));
+    let mut killed =
+        RankEnd::errored("0", "killed by SIGKILL").at(T0 + 10, Some(FailureMode::Killed));
+    killed.cause = Some(CauseKind::SystemError);
+    state.end_rank(id.clone(), 1, killed).await.unwrap();
+    let terminated =
+        RankEnd::aborted("0", "terminated by SIGTERM").at(T0 + 900, Some(FailureMode::Killed));
+    let answer = state.end_rank(id.clone(), 2, terminated).await.unwrap();
+    assert_eq!(answer.run_status, Some(RunStatus::Errored));
+
+    let run = state.get_run(id.clone()).await.unwrap();
+    let cause = run.cause().unwrap();
+    assert_eq!(
+        (cause.kind, cause.failed_world_rank, cause.how, cause.failed_at_ms),
+        (CauseKind::SystemError, Some(1), Some(FailureMode::Killed), Some(T0 + 10))
+    );
+    let pid = group[1].pid();
+    let detail = run.status_detail();
+    assert!(detail.starts_with(&format!("Rank 1 (pid {pid} on node q-")), "{detail}");
+    assert!(
+        detail.contains("died without reporting: killed by SIGKILL, at 2025-10-09T08:53:20.010Z."),
+        "{detail}"
+    );
+    assert!(
+        detail.contains(
+            "\n- rank 0 0.03 s later: ERRORED (RAISED) RuntimeError: Connection reset by peer"
+        ) || detail.contains("\n- rank 0 0.0 s later"),
+        "{detail}"
+    );
+    assert!(
+        detail.contains("\n- rank 2 0.9 s later: ABORTED (KILLED) terminated by SIGTERM"),
+        "{detail}"
+    );
+    assert!(!detail.contains("worker raised an error"), "a killed rank raised nothing: {detail}");
+    service.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_run_starts_when_its_first_rank_started_and_a_new_launch_of_an_ended_key_is_a_new_run() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let service = launch_state_actor(config("rdv-start", &clock)).await.unwrap();
+    let state = service.handle();
+    let group = workers(2, 2, "r-");
+    // The head was down: the ranks reach it a minute after they started.
+    clock.advance_ms(60_000);
+    let mut id = None;
+    for (rank, started) in [(0, T0 + 700), (1, T0 + 300)] {
+        let join = join("same-key", &group, rank).with_process_start(started).unwrap();
+        id = Some(state.join_rendezvous(join).await.unwrap().run_id);
+    }
+    let id = id.unwrap();
+    let run = state.get_run(id.clone()).await.unwrap();
+    assert_eq!(run.start_time_ms(), T0 + 300);
+    assert_eq!(run.attempts()[0].start_time_ms(), T0 + 300);
+    // A start in the future of the first join does not count.
+    let err = join("k", &group, 0).with_process_start(5).unwrap_err();
+    assert!(
+        matches!(&err, StateError::Invalid { field, .. } if field == "process_start_ms"),
+        "{err}"
+    );
+
+    for rank in 0..2 {
+        state.end_rank(id.clone(), rank, RankEnd::finished("0")).await.unwrap();
+    }
+    // The next launch gives the same key (torchrun's default run id on
+    // several nodes): other processes, attempt 0, so a new run.
+    let next: Vec<TrainWorkerInfo> = group.iter().map(other_process).collect();
+    let second = join_all(&state, "same-key", &next).await;
+    assert_ne!(second, id);
+    assert_eq!(state.get_run(second).await.unwrap().run_status(), RunStatus::Running);
+    assert_eq!(state.get_run(id).await.unwrap().run_status(), RunStatus::Finished);
     service.shutdown().await;
 }
