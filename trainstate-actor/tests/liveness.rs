@@ -48,7 +48,12 @@ on_both_stores! {
         assert_eq!(stored.cause().unwrap().kind, CauseKind::LostController);
         assert_eq!(stored.end_time_ms(), Some(T0 + 70_000));
         assert!(stored.status_detail().contains("stopped heartbeating"), "{}", stored.status_detail());
-        assert!(stored.status_detail().contains(&T0.to_string()), "says when it was last heard from");
+        assert!(
+            stored.status_detail().contains("(last at 2025-10-09T08:53:20.000Z)"),
+            "says when it was last heard from, for a person: {}",
+            stored.status_detail()
+        );
+        assert!(stored.status_detail().contains("for 70 s"), "{}", stored.status_detail());
         assert_eq!(state.get_run(beating.id().clone()).await.unwrap().run_status(), RunStatus::Running);
         assert_eq!(state.get_run(ended.id().clone()).await.unwrap().run_status(), RunStatus::Finished);
 
