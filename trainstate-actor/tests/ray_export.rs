@@ -701,3 +701,82 @@ async fn a_cluster_that_died_under_a_live_run_ends_it_aborted_with_rays_cause() 
     assert!(again.wait().success(), "{}", site.log());
     assert_eq!(runs_by_name(&client, &head).await["v2-cluster-died"], *run);
 }
+
+/// The same cluster, its deaths read one by one by a following ingester:
+/// the node's death reaches the live attempt that had workers on it (the
+/// run stays live: its controller may still report), and the driver job's
+/// end, with no word of the controller's death, ends the run.
+#[tokio::test]
+async fn a_node_s_death_reaches_the_attempt_and_the_driver_job_s_end_ends_the_run() {
+    let site = Site::new();
+    let head = Head::start(&site.data, "127.0.0.1:0");
+    let client = Client::new();
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/ray-v2/cluster-died");
+    let copy = |name: &str| std::fs::copy(fixtures.join(name), site.events.join(name)).unwrap();
+    copy("event_EXPORT_TRAIN_STATE.log");
+    let mut ingester = site.ingester(&head, false);
+    let run_of = || async { runs_by_name(&client, &head).await.remove("v2-cluster-died") };
+    let until = Instant::now() + DEADLINE;
+    while run_of().await.is_none_or(|run| run["status"] != json!(null)) {
+        assert!(Instant::now() < until, "the run is not RUNNING: {}", site.log());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    copy("event_EXPORT_NODE.log");
+    let node = "677236be428cbd47c16fa632bada4a00266e5ad0272b9713695488fc";
+    let line = format!(
+        "Ray reports node {node} (192.0.2.2), where this attempt had workers, dead: \
+         UNEXPECTED_TERMINATION: health check failed due to missing too many heartbeats"
+    );
+    let until = Instant::now() + DEADLINE;
+    let run = loop {
+        let run = run_of().await.unwrap();
+        let attempt = run["attempts"].as_array().unwrap().last().unwrap().clone();
+        if attempt["status_detail"].as_str().is_some_and(|d| d.contains(&line)) {
+            break run;
+        }
+        assert!(Instant::now() < until, "no node death on the attempt: {run}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(run["run_status"], "RUNNING", "{run}");
+
+    // The actors' deaths without the controller's, then the job's end.
+    let actors = std::fs::read_to_string(fixtures.join("event_EXPORT_ACTOR.log")).unwrap();
+    let others: String = actors
+        .lines()
+        .filter(|l| !(l.contains("\"TrainController\"") && l.contains("\"DEAD\"")))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(site.events.join("event_EXPORT_ACTOR.log"), others).unwrap();
+    copy("event_EXPORT_DRIVER_JOB.log");
+    let until = Instant::now() + DEADLINE;
+    let run = loop {
+        let run = run_of().await.unwrap();
+        if run["run_status"] == "ABORTED" {
+            break run;
+        }
+        assert!(Instant::now() < until, "the run did not end: {}", site.log());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(run["cause"], json!({"kind": "SYSTEM_ERROR"}), "{run}");
+    let detail = run["status_detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with(
+            "Ray reports the run's driver job 01000000 (driver pid 12946) ended while the run was live"
+        ),
+        "{detail}"
+    );
+    assert!(
+        detail.contains(&format!("node {node} (192.0.2.2), where the run had workers")),
+        "{detail}"
+    );
+    // At the job's end, as Ray's GCS stamped it.
+    assert_eq!(run["end_time_ms"], 1_796_182_706_097_u64, "{run}");
+    let last = run["status_history"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(
+        (&last["status"], &last["at_ms"]),
+        (&json!("ABORTED"), &json!(1_796_182_706_097_u64))
+    );
+    assert!(ingester.terminate().success(), "{}", site.log());
+    assert_eq!(site.summary()["ended"], "1");
+}
