@@ -342,6 +342,7 @@ fn intern(key: &str) -> Option<&'static str> {
         "run_settings",
         "heartbeats",
         "cluster",
+        "status_history",
         LAST_HEARTBEAT,
         RANK_HEARTBEATS,
     ];
