@@ -46,6 +46,7 @@ __all__ = [
     "RunListResponse",
     "RunStatus",
     "SnapshotEvent",
+    "StatusChange",
     "StatusFilter",
     "StatusRequest",
     "TrainDatasetInfo",
@@ -674,6 +675,27 @@ class SnapshotEvent(_SnapshotEventRequired, _SnapshotEventOptional):
     """The data of a `snapshot` event of `GET /api/train/events`: every run, sent first, and again whenever the stream cannot resume without a gap."""
 
 
+_StatusChangeRequired = TypedDict(
+    "_StatusChangeRequired",
+    {
+        "status": "RunStatus",
+        "at_ms": "int",
+    },
+)
+_StatusChangeOptional = TypedDict(
+    "_StatusChangeOptional",
+    {
+        "attempt_id": "Optional[str]",
+        "detail": "str",
+    },
+    total=False,
+)
+
+
+class StatusChange(_StatusChangeRequired, _StatusChangeOptional):
+    """Extension: one change of a run's status (its registration included), as the run's `status_history` keeps it."""
+
+
 _StatusRequestRequired = TypedDict(
     "_StatusRequestRequired",
     {
@@ -686,6 +708,7 @@ _StatusRequestOptional = TypedDict(
         "detail": "str",
         "cause": "Optional[RunCause]",
         "end_time_ms": "Optional[int]",
+        "at_ms": "Optional[int]",
     },
     total=False,
 )
@@ -744,6 +767,7 @@ _TrainRunInfoOptional = TypedDict(
         "run_settings": "Optional[JsonValue]",
         "heartbeats": "Optional[bool]",
         "cluster": "Optional[str]",
+        "status_history": "List[StatusChange]",
         "rank_last_heartbeat_ms": "List[Optional[int]]",
     },
     total=False,

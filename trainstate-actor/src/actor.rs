@@ -115,7 +115,8 @@ impl Actor for TrainStateActor {
                 let outcome = state
                     .admit()
                     .and_then(|()| state.owned(&id))
-                    .and_then(|()| state.runs.set_status(&id, update, now));
+                    .and_then(|()| written_at(update.at_ms, now))
+                    .and_then(|at| state.runs.set_status(&id, update, at));
                 state.write(outcome, reply);
             }
             StateMessage::StartAttempt { id, attempt, reply } => {
@@ -127,15 +128,20 @@ impl Actor for TrainStateActor {
                     .and_then(|()| state.runs.start_attempt(&id, attempt, now));
                 state.write(outcome, reply);
             }
-            StateMessage::UpsertRayRun { run, reply } => {
+            StateMessage::UpsertRayRun { run, at_ms, reply } => {
                 state.before_write()?;
-                let outcome = state.admit().and_then(|()| state.runs.upsert_ray_run(*run, now));
+                let outcome = state
+                    .admit()
+                    .and_then(|()| written_at(at_ms, now))
+                    .and_then(|at| state.runs.upsert_ray_run(*run, at));
                 state.write(outcome, reply);
             }
-            StateMessage::UpsertRayAttempt { attempt, reply } => {
+            StateMessage::UpsertRayAttempt { attempt, at_ms, reply } => {
                 state.before_write()?;
-                let outcome =
-                    state.admit().and_then(|()| state.runs.upsert_ray_attempt(*attempt, now));
+                let outcome = state
+                    .admit()
+                    .and_then(|()| written_at(at_ms, now))
+                    .and_then(|at| state.runs.upsert_ray_attempt(*attempt, at));
                 state.write(outcome, reply);
             }
             StateMessage::Delete { id, reply } => {
@@ -383,5 +389,20 @@ impl ActorState {
             }
         };
         self.writer.submit(job);
+    }
+}
+
+/// When a write's change happened: the time its writer gave (`at_ms`,
+/// checked like every time a client writes: a time in seconds or
+/// nanoseconds is refused), or now. The state machine takes it as the
+/// write's time: what the run's status history records, and the end it
+/// stamps on a run that ends without one.
+fn written_at(at_ms: Option<u64>, now_ms: u64) -> Result<u64, StateError> {
+    match at_ms {
+        Some(at) => {
+            trainstate_schema::validate_time("at_ms", at)?;
+            Ok(at)
+        }
+        None => Ok(now_ms),
     }
 }

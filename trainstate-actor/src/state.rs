@@ -15,7 +15,7 @@ use trainstate_schema::limits::{MAX_ATTEMPT_HISTORY_BYTES, MAX_STATUS_DETAIL_LEN
 use trainstate_schema::text::{errored_status_detail, last_chars};
 use trainstate_schema::{
     ActorStatus, AttemptStatus, CauseKind, NewRun, Rule, RunAttemptDraft, RunCause, RunId,
-    RunStatus, TrainRunInfoDraft, TrainWorkerInfoDraft, ValidationError, ray_v2,
+    RunStatus, TrainRunInfo, TrainRunInfoDraft, TrainWorkerInfoDraft, ValidationError, ray_v2,
     validate_client_cause, validate_time,
 };
 
@@ -216,8 +216,7 @@ impl Runs {
             )));
         }
 
-        let run = new.into_run(now_ms);
-        let record = RunRecord::new(&run)?;
+        let record = self.recorded(new.into_run(now_ms), now_ms)?;
         self.refuse_if_evicted_at_once(&record)?;
         let id = record.id.clone();
         self.put(record.clone(), now_ms);
@@ -435,8 +434,8 @@ impl Runs {
         let Some(entry) = self.by_id.get(&id) else {
             let mut draft = v2.to_draft();
             draft.cause = ray_cause(v2.status == RunStatus::Errored, &draft.status_detail);
-            let run = NewRun::from_ray(draft.validate()?).into_run(now_ms);
-            let record = RunRecord::new(&run)?;
+            let record =
+                self.recorded(NewRun::from_ray(draft.validate()?).into_run(now_ms), now_ms)?;
             self.refuse_if_evicted_at_once(&record)?;
             self.put(record.clone(), now_ms);
             let mut change = Change {
@@ -611,7 +610,7 @@ impl Runs {
         now_ms: u64,
     ) -> Result<Change<RunDocument>, StateError> {
         bound_attempt_history(&mut draft, MAX_ATTEMPT_HISTORY_BYTES);
-        let record = RunRecord::new(&draft.validate()?)?;
+        let record = self.recorded(draft.validate()?, now_ms)?;
         // A write from the controller is a sign of life, like a heartbeat.
         self.put(record.clone(), now_ms);
         Ok(Change {
@@ -623,6 +622,20 @@ impl Runs {
             }],
             answer: self.document(&record),
         })
+    }
+
+    /// The record of a new version of a run, decided at `at_ms`: its status
+    /// is appended to its `status_history` when it is not the status the
+    /// run had (for a new run, not the last its history names). Every
+    /// change and registration passes here on its way to the store, so
+    /// every status change is recorded, whichever transition made it.
+    fn recorded(&self, run: TrainRunInfo, at_ms: u64) -> Result<Arc<RunRecord>, StateError> {
+        let before = match self.by_id.get(run.id()) {
+            Some(entry) => Some(entry.record.status),
+            None => run.status_history().last().map(|change| change.status),
+        };
+        let run = if before == Some(run.status()) { run } else { run.with_status_recorded(at_ms) };
+        RunRecord::new(&run)
     }
 
     /// Renews a live run's lease.

@@ -38,11 +38,16 @@ on_both_stores! {
         let state = service.handle();
         for original in &runs {
             let stored = state.get_run(original.id().clone()).await.unwrap();
-            // What the actor adds: the first attempt, and the heartbeat time.
+            // What the actor adds: the first attempt, the registration in
+            // the status history, and the heartbeat time.
             assert_eq!(stored.attempts().len(), 1);
+            let history = stored.status_history();
+            assert_eq!(history.len(), 1);
+            assert_eq!(history[0].status, original.status());
             let mut expected = json(original);
             let mut got = json(&stored);
             got.as_object_mut().unwrap().remove("attempts");
+            got.as_object_mut().unwrap().remove("status_history");
             got.as_object_mut().unwrap().remove("last_heartbeat_ms");
             expected.as_object_mut().unwrap().remove("last_heartbeat_ms");
             assert_eq!(got, expected);

@@ -301,6 +301,51 @@ async fn assert_rays_answer(client: &Client, head: &Head) {
     }
 }
 
+/// The head's runs (trainstate's own route), by name.
+async fn runs_by_name(client: &Client, head: &Head) -> std::collections::BTreeMap<String, Value> {
+    let url = format!("{}/api/train/runs?limit=1000", head.url);
+    let (status, answer) = send(client, Method::GET, &url, None, None).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let runs = answer["train_runs"].as_array().unwrap();
+    runs.iter().map(|r| (r["name"].as_str().unwrap().to_owned(), r.clone())).collect()
+}
+
+/// Every run replayed from `lines` has its history of status changes, each
+/// at Ray's time of the event that made it (Ray's `timestamp`, in seconds),
+/// not when the head took it.
+async fn assert_histories_are_rays(client: &Client, head: &Head, lines: &[String]) {
+    let runs = runs_by_name(client, head).await;
+    assert!(!runs.is_empty());
+    for (name, run) in runs {
+        let history = run["status_history"].as_array().unwrap_or_else(|| panic!("{name}: {run}"));
+        let status = run.get("status").unwrap_or(&run["run_status"]);
+        assert_eq!(history.first().unwrap()["status"], "INITIALIZING", "{name}: {history:?}");
+        assert_eq!(&history.last().unwrap()["status"], status, "{name}: {history:?}");
+        // Ray's time of each run event that changed the status, in order.
+        let mut expected = Vec::new();
+        for line in lines {
+            let event: Value = serde_json::from_str(line).unwrap();
+            let data = &event["event_data"];
+            if event["source_type"] != "EXPORT_TRAIN_RUN" || data["id"] != run["id"] {
+                continue;
+            }
+            if expected.last().map(|(s, _): &(Value, u64)| s) != Some(&data["status"]) {
+                expected.push((data["status"].clone(), event["timestamp"].as_u64().unwrap()));
+            }
+        }
+        let got: Vec<(Value, u64)> = history
+            .iter()
+            .map(|change| (change["status"].clone(), change["at_ms"].as_u64().unwrap() / 1000))
+            .collect();
+        if run["status"] != "ABORTED" {
+            assert_eq!(got, expected, "{name}: {history:?}");
+        }
+        for change in history {
+            assert_eq!(change["at_ms"].as_u64().unwrap() % 1000, 0, "{name}: Ray's seconds");
+        }
+    }
+}
+
 #[tokio::test]
 async fn replaying_rays_file_as_ray_writes_it_gives_back_rays_dashboard_answer() {
     let site = Site::new();
@@ -331,6 +376,8 @@ async fn replaying_rays_file_as_ray_writes_it_gives_back_rays_dashboard_answer()
     let statuses: Vec<&Value> =
         v1["train_runs"].as_array().unwrap().iter().map(|r| &r["run_status"]).collect();
     assert_eq!(statuses, [&json!("ERRORED"), &json!("FINISHED"), &json!("FINISHED")]);
+
+    assert_histories_are_rays(&client, &head, &lines).await;
 
     assert!(ingester.terminate().success(), "SIGTERM stops it cleanly: {}", site.log());
     let summary = site.summary();
@@ -566,4 +613,170 @@ async fn a_head_that_restarts_mid_ingest_loses_nothing() {
     let head = Head::start(&site.data, &head.listen());
     site.wait_for_end().await;
     assert_rays_answer(&client, &head).await;
+}
+
+/// The export events of a Ray cluster that died under a live run
+/// (`fixtures/ray-v2/cluster-died/`): Ray Train wrote nothing more, Ray's
+/// GCS reports the node, the controller and the driver job dead. Replayed,
+/// the run ends ABORTED with Ray's words for the death, at Ray's time.
+#[tokio::test]
+async fn a_cluster_that_died_under_a_live_run_ends_it_aborted_with_rays_cause() {
+    let site = Site::new();
+    let head = Head::start(&site.data, "127.0.0.1:0");
+    let client = Client::new();
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/ray-v2/cluster-died");
+    for name in [
+        "event_EXPORT_TRAIN_STATE.log",
+        "event_EXPORT_NODE.log",
+        "event_EXPORT_ACTOR.log",
+        "event_EXPORT_DRIVER_JOB.log",
+    ] {
+        std::fs::copy(fixtures.join(name), site.events.join(name)).unwrap();
+    }
+    let mut ingester = site.ingester(&head, true);
+    assert!(ingester.wait().success(), "{}", site.log());
+
+    let runs = runs_by_name(&client, &head).await;
+    let run = &runs["v2-cluster-died"];
+    assert_eq!(run["run_status"], "ABORTED", "{run}");
+    assert_eq!(run["cause"], json!({"kind": "SYSTEM_ERROR"}), "{run}");
+    let detail = run["status_detail"].as_str().unwrap();
+    // The controller's death, in Ray's words, and the node's.
+    let controller = "f7be0523d5996eb52c01ecc901000000";
+    assert!(
+        detail.contains(&format!(
+            "controller (actor {controller}, TrainController) dead (OWNER_DIED)"
+        )),
+        "{detail}"
+    );
+    assert!(detail.contains("The actor is dead because its owner has died."), "{detail}");
+    let node = "677236be428cbd47c16fa632bada4a00266e5ad0272b9713695488fc";
+    assert!(
+        detail.contains(&format!(
+            "node {node} (192.0.2.2), where the run had workers, dead: UNEXPECTED_TERMINATION: \
+             health check failed due to missing too many heartbeats"
+        )),
+        "{detail}"
+    );
+    // Ended at Ray's time of the controller's death; so did its attempt,
+    // with the same cause.
+    assert_eq!(run["end_time_ms"], 1_796_182_706_000_u64, "{run}");
+    let attempt = run["attempts"].as_array().unwrap().last().unwrap();
+    assert_eq!(attempt["status"], "ABORTED", "{attempt}");
+    assert_eq!(attempt["status_detail"], run["status_detail"]);
+    assert_eq!(attempt["cause"], run["cause"]);
+    assert!(run["workers"].as_array().unwrap().iter().all(|w| w["status"] == "DEAD"), "{run}");
+    // Its history, at Ray's times.
+    let history: Vec<(&str, u64)> = run["status_history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["status"].as_str().unwrap(), c["at_ms"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        history,
+        [
+            ("INITIALIZING", 1_796_182_696_000),
+            ("SCHEDULING", 1_796_182_696_000),
+            ("RUNNING", 1_796_182_700_000),
+            ("ABORTED", 1_796_182_706_000),
+        ]
+    );
+    // Ray's own V2 route shows it ended too, valid under Ray's model.
+    assert_valid_under_rays_model(&v2_runs(&client, &head).await);
+    assert_eq!(status_of(&client, &head, "v2-cluster-died").await.as_deref(), Some("ABORTED"));
+
+    let summary = site.summary();
+    assert_eq!(summary["ended"], "1", "{summary:?}");
+    assert_eq!((&*summary["malformed"], &*summary["rejected"]), ("0", "0"), "{summary:?}");
+    // The node's death, the controller's and the others' actors', the job's.
+    assert_eq!(summary["deaths"], "10", "{summary:?}");
+    // The driver job's death came after the controller's: the run had
+    // ended, nothing was written for it.
+    assert_eq!(summary["stale"], "0", "{summary:?}");
+
+    // Read again from the start, nothing changes.
+    std::fs::remove_file(&site.position).unwrap();
+    let mut again = site.ingester(&head, true);
+    assert!(again.wait().success(), "{}", site.log());
+    assert_eq!(runs_by_name(&client, &head).await["v2-cluster-died"], *run);
+}
+
+/// The same cluster, its deaths read one by one by a following ingester:
+/// the node's death reaches the live attempt that had workers on it (the
+/// run stays live: its controller may still report), and the driver job's
+/// end, with no word of the controller's death, ends the run.
+#[tokio::test]
+async fn a_node_s_death_reaches_the_attempt_and_the_driver_job_s_end_ends_the_run() {
+    let site = Site::new();
+    let head = Head::start(&site.data, "127.0.0.1:0");
+    let client = Client::new();
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/ray-v2/cluster-died");
+    let copy = |name: &str| std::fs::copy(fixtures.join(name), site.events.join(name)).unwrap();
+    copy("event_EXPORT_TRAIN_STATE.log");
+    let mut ingester = site.ingester(&head, false);
+    let run_of = || async { runs_by_name(&client, &head).await.remove("v2-cluster-died") };
+    let until = Instant::now() + DEADLINE;
+    while run_of().await.is_none_or(|run| run["status"] != json!(null)) {
+        assert!(Instant::now() < until, "the run is not RUNNING: {}", site.log());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    copy("event_EXPORT_NODE.log");
+    let node = "677236be428cbd47c16fa632bada4a00266e5ad0272b9713695488fc";
+    let line = format!(
+        "Ray reports node {node} (192.0.2.2), where this attempt had workers, dead: \
+         UNEXPECTED_TERMINATION: health check failed due to missing too many heartbeats"
+    );
+    let until = Instant::now() + DEADLINE;
+    let run = loop {
+        let run = run_of().await.unwrap();
+        let attempt = run["attempts"].as_array().unwrap().last().unwrap().clone();
+        if attempt["status_detail"].as_str().is_some_and(|d| d.contains(&line)) {
+            break run;
+        }
+        assert!(Instant::now() < until, "no node death on the attempt: {run}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(run["run_status"], "RUNNING", "{run}");
+
+    // The actors' deaths without the controller's, then the job's end.
+    let actors = std::fs::read_to_string(fixtures.join("event_EXPORT_ACTOR.log")).unwrap();
+    let others: String = actors
+        .lines()
+        .filter(|l| !(l.contains("\"TrainController\"") && l.contains("\"DEAD\"")))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(site.events.join("event_EXPORT_ACTOR.log"), others).unwrap();
+    copy("event_EXPORT_DRIVER_JOB.log");
+    let until = Instant::now() + DEADLINE;
+    let run = loop {
+        let run = run_of().await.unwrap();
+        if run["run_status"] == "ABORTED" {
+            break run;
+        }
+        assert!(Instant::now() < until, "the run did not end: {}", site.log());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(run["cause"], json!({"kind": "SYSTEM_ERROR"}), "{run}");
+    let detail = run["status_detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with(
+            "Ray reports the run's driver job 01000000 (driver pid 12946) ended while the run was live"
+        ),
+        "{detail}"
+    );
+    assert!(
+        detail.contains(&format!("node {node} (192.0.2.2), where the run had workers")),
+        "{detail}"
+    );
+    // At the job's end, as Ray's GCS stamped it.
+    assert_eq!(run["end_time_ms"], 1_796_182_706_097_u64, "{run}");
+    let last = run["status_history"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(
+        (&last["status"], &last["at_ms"]),
+        (&json!("ABORTED"), &json!(1_796_182_706_097_u64))
+    );
+    assert!(ingester.terminate().success(), "{}", site.log());
+    assert_eq!(site.summary()["ended"], "1");
 }

@@ -489,3 +489,45 @@ async fn regression_a_ray_v2_time_not_in_nanoseconds_is_refused_naming_the_field
     assert_eq!(status, StatusCode::OK, "{answer}");
     server.stop().await;
 }
+
+/// A writer that knows when a change happened (the ingester of Ray's
+/// export events) says so with `at_ms`: the history records it, and the
+/// end of a run ended without one is stamped at it. A time in seconds is
+/// refused, naming `at_ms`, and changes nothing.
+#[tokio::test]
+async fn the_time_a_writer_gives_is_the_time_the_history_records() {
+    let server = server().await;
+    let client = Client::new();
+    let dashboard = fixture("ray-v2/dashboard-v2-runs.json");
+    let run = v2_run(&dashboard["train_runs"][0], "RUNNING", false);
+    let id = run["id"].as_str().unwrap().to_owned();
+    let start_ms = run["start_time_ns"].as_u64().unwrap() / 1_000_000;
+    let url = |query: &str| format!("{}/api/train/v2/runs/{id}{query}", server.url);
+
+    let (status, answer) =
+        send(&client, Method::PUT, &url(&format!("?at_ms={}", start_ms / 1000)), body(&run), None)
+            .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+    assert_eq!(answer["error"]["field"], "at_ms", "{answer}");
+    let (status, answer) =
+        send(&client, Method::PUT, &url(&format!("?at_ms={}", start_ms + 1_000)), body(&run), None)
+            .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["status_history"], json!([{"status": "RUNNING", "at_ms": start_ms + 1_000}]));
+
+    let status_url = format!("{}/api/train/runs/{id}/status", server.url);
+    let in_seconds = json!({"status": "ABORTED", "at_ms": (start_ms + 60_000) / 1000});
+    let (status, answer) = send(&client, Method::POST, &status_url, body(&in_seconds), None).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+    assert_eq!(answer["error"]["field"], "at_ms", "{answer}");
+    let aborted = json!({"status": "ABORTED", "detail": "stopped", "at_ms": start_ms + 60_000});
+    let (status, answer) = send(&client, Method::POST, &status_url, body(&aborted), None).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["end_time_ms"], start_ms + 60_000, "{answer}");
+    let history = answer["status_history"].as_array().unwrap();
+    assert_eq!(history.len(), 2, "{answer}");
+    assert_eq!(history[1]["status"], "ABORTED");
+    assert_eq!(history[1]["at_ms"], start_ms + 60_000);
+    assert_eq!(history[1]["detail"], "stopped");
+    server.stop().await;
+}

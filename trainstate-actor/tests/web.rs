@@ -552,6 +552,25 @@ async fn the_page_shows_sub_statuses_attempts_with_causes_the_restart_budget_and
     );
     assert!(links.contains(&format!("https://logs.example/run/{id}/rank/3").as_str()), "{links:?}");
 
+    // The run's status history, as a timeline: status, time, attempt, detail.
+    let history = browser
+        .wait_for(
+            "the status history",
+            "const changes = [...document.querySelectorAll('#status-history .change')];
+             return changes.length === 3 && changes.map((c) => ({
+               status: c.querySelector('[data-col=change-status]')?.textContent,
+               time: c.querySelector('time')?.getAttribute('datetime'),
+               text: c.textContent,
+             }));",
+        )
+        .await;
+    let statuses: Vec<&Value> = history.as_array().unwrap().iter().map(|c| &c["status"]).collect();
+    assert_eq!(statuses, [&json!("RUNNING"), &json!("RESTARTING"), &json!("ERRORED")], "{history}");
+    assert!(history.as_array().unwrap().iter().all(|c| c["time"].is_string()), "{history}");
+    assert!(history[0]["text"].as_str().unwrap().contains("attempt 0"), "{history}");
+    assert!(history[2]["text"].as_str().unwrap().contains("attempt 1"), "{history}");
+    assert!(history[2]["text"].as_str().unwrap().contains("boom"), "{history}");
+
     // A live sub-status is what the runs list shows.
     let (other, _) = {
         let (other, body) = run_body("scheduling-run", "06000000", now_ms() - 10 * MINUTE, 2, &[]);

@@ -660,6 +660,7 @@
         st.error ? errorNote(st.error) : null,
         overview(run),
         detailSection(run),
+        historySection(run),
         datasetsSection(run),
         attemptsSection(run),
         ...workerSections(run));
@@ -713,6 +714,19 @@
       const pre = h('pre', { class: 'detail', id: 'status-detail', tabindex: '0', 'aria-label': title });
       pre.textContent = block(run.status_detail);
       return section(title, pre);
+    }
+
+    /** The run's status changes, oldest first: status, time, attempt, detail. */
+    function historySection(run) {
+      const history = run.status_history || [];
+      if (!history.length) return null;
+      const items = history.map((c, i) => h('li', { class: 'change', 'data-status': c.status },
+        h('span', { 'data-col': 'change-status' }, badge(c.status)),
+        h('span', { class: 'change-time' }, timeEl(c.at_ms),
+          i ? h('span', { class: 'muted' }, ` (+${formatDuration(Math.max(0, c.at_ms - history[0].at_ms))})`) : null),
+        c.attempt_id ? h('span', { class: 'muted' }, `attempt ${line(c.attempt_id)}`) : null,
+        c.detail ? h('span', { class: 'change-detail', title: c.detail }, line(c.detail)) : null));
+      return section('Status history', h('ol', { class: 'changes', id: 'status-history' }, items));
     }
 
     function datasetsSection(run) {

@@ -17,6 +17,7 @@ impl From<StatusUpdate> for StatusRequest {
         request.detail = update.detail;
         request.cause = update.cause;
         request.end_time_ms = update.end_time_ms;
+        request.at_ms = update.at_ms;
         request
     }
 }
@@ -28,6 +29,7 @@ impl From<StatusRequest> for StatusUpdate {
         update.detail = request.detail;
         update.cause = request.cause;
         update.end_time_ms = request.end_time_ms;
+        update.at_ms = request.at_ms;
         update
     }
 }

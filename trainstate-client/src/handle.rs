@@ -200,8 +200,20 @@ impl StateHandle {
     /// Creates or updates a run from Ray Train V2's whole run document; see
     /// [`StateMessage::UpsertRayRun`].
     pub async fn upsert_ray_run(&self, run: ray_v2::TrainRun) -> Result<RunDocument, StateError> {
+        self.upsert_ray_run_at(run, None).await
+    }
+
+    /// [`upsert_ray_run`](Self::upsert_ray_run), as changed at `at_ms`
+    /// (Unix ms) when the writer knows when (Ray's time of an export
+    /// event): the time the run's status history records, and the end of
+    /// a run that ends without one.
+    pub async fn upsert_ray_run_at(
+        &self,
+        run: ray_v2::TrainRun,
+        at_ms: Option<u64>,
+    ) -> Result<RunDocument, StateError> {
         let run = Box::new(run);
-        self.call(|reply| StateMessage::UpsertRayRun { run, reply }).await
+        self.call(|reply| StateMessage::UpsertRayRun { run, at_ms, reply }).await
     }
 
     /// Creates or updates an attempt from Ray Train V2's whole attempt
@@ -210,8 +222,19 @@ impl StateHandle {
         &self,
         attempt: ray_v2::TrainRunAttempt,
     ) -> Result<RunDocument, StateError> {
+        self.upsert_ray_attempt_at(attempt, None).await
+    }
+
+    /// [`upsert_ray_attempt`](Self::upsert_ray_attempt), as changed at
+    /// `at_ms` (Unix ms) when the writer knows when; see
+    /// [`upsert_ray_run_at`](Self::upsert_ray_run_at).
+    pub async fn upsert_ray_attempt_at(
+        &self,
+        attempt: ray_v2::TrainRunAttempt,
+        at_ms: Option<u64>,
+    ) -> Result<RunDocument, StateError> {
         let attempt = Box::new(attempt);
-        self.call(|reply| StateMessage::UpsertRayAttempt { attempt, reply }).await
+        self.call(|reply| StateMessage::UpsertRayAttempt { attempt, at_ms, reply }).await
     }
 
     /// The link templates the head service serves (`GET /api/links`): a

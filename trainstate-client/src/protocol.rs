@@ -62,6 +62,9 @@ pub enum StateMessage {
     UpsertRayRun {
         /// The whole V2 run.
         run: Box<ray_v2::TrainRun>,
+        /// When the change happened (Unix ms), if the writer knows better
+        /// than the actor's clock (Ray's time of an export event).
+        at_ms: Option<u64>,
         /// The stored run after the change.
         reply: Reply<RunDocument>,
     },
@@ -71,6 +74,9 @@ pub enum StateMessage {
     UpsertRayAttempt {
         /// The whole V2 attempt.
         attempt: Box<ray_v2::TrainRunAttempt>,
+        /// When the change happened (Unix ms), if the writer knows better
+        /// than the actor's clock (Ray's time of an export event).
+        at_ms: Option<u64>,
         /// The stored run after the change.
         reply: Reply<RunDocument>,
     },
@@ -336,6 +342,7 @@ fn intern(key: &str) -> Option<&'static str> {
         "run_settings",
         "heartbeats",
         "cluster",
+        "status_history",
         LAST_HEARTBEAT,
         RANK_HEARTBEATS,
     ];
@@ -499,18 +506,28 @@ pub struct StatusUpdate {
     pub cause: Option<RunCause>,
     /// When the run ended (Unix ms); the actor stamps it if `None`.
     pub end_time_ms: Option<u64>,
+    /// When the change happened (Unix ms), if the writer knows better than
+    /// the actor's clock (a replay of Ray's events): what the run's status
+    /// history records, and the end stamped when `end_time_ms` is `None`.
+    pub at_ms: Option<u64>,
 }
 
 impl StatusUpdate {
     /// The run finished successfully.
     pub fn finished() -> Self {
-        Self { status: RunStatus::Finished, detail: String::new(), cause: None, end_time_ms: None }
+        Self {
+            status: RunStatus::Finished,
+            detail: String::new(),
+            cause: None,
+            end_time_ms: None,
+            at_ms: None,
+        }
     }
 
     /// The run moves to another live status (Ray Train V2's sub-statuses:
     /// `INITIALIZING`, `SCHEDULING`, `RUNNING`, `RESTARTING`, `RESIZING`).
     pub fn live(status: RunStatus, detail: impl Into<String>) -> Self {
-        Self { status, detail: detail.into(), cause: None, end_time_ms: None }
+        Self { status, detail: detail.into(), cause: None, end_time_ms: None, at_ms: None }
     }
 
     /// The run failed. `rank` is the world rank of the worker that failed
@@ -521,6 +538,7 @@ impl StatusUpdate {
             detail: trace.into(),
             cause: Some(RunCause::new(kind, rank)),
             end_time_ms: None,
+            at_ms: None,
         }
     }
 
@@ -531,7 +549,14 @@ impl StatusUpdate {
             detail: detail.into(),
             cause: Some(RunCause::new(kind, None)),
             end_time_ms: None,
+            at_ms: None,
         }
+    }
+
+    /// The same update, as changed at `at_ms` (Unix ms) if known.
+    pub fn at(mut self, at_ms: Option<u64>) -> Self {
+        self.at_ms = at_ms;
+        self
     }
 
     /// The same update with an explicit end time.

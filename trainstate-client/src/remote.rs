@@ -118,11 +118,11 @@ impl Remote {
             StateMessage::StartAttempt { id, attempt, reply } => {
                 let _ = reply.send(self.start_attempt(&id, attempt, timeout).await);
             }
-            StateMessage::UpsertRayRun { run, reply } => {
-                let _ = reply.send(self.upsert_ray_run(&run, timeout).await);
+            StateMessage::UpsertRayRun { run, at_ms, reply } => {
+                let _ = reply.send(self.upsert_ray_run(&run, at_ms, timeout).await);
             }
-            StateMessage::UpsertRayAttempt { attempt, reply } => {
-                let _ = reply.send(self.upsert_ray_attempt(&attempt, timeout).await);
+            StateMessage::UpsertRayAttempt { attempt, at_ms, reply } => {
+                let _ = reply.send(self.upsert_ray_attempt(&attempt, at_ms, timeout).await);
             }
             StateMessage::Heartbeat { id, reply } => {
                 let _ = reply.send(self.heartbeat(&id, timeout).await);
@@ -184,10 +184,12 @@ impl Remote {
     async fn upsert_ray_run(
         &self,
         run: &ray_v2::TrainRun,
+        at_ms: Option<u64>,
         timeout: Duration,
     ) -> Result<RunDocument, StateError> {
         let id = RunId::parse(&run.id).map_err(StateError::from)?;
-        let mut call = Call::post(format!("/api/train/v2/runs/{id}"), run, Some(&id));
+        let path = format!("/api/train/v2/runs/{id}{}", at_query(at_ms));
+        let mut call = Call::post(path, run, Some(&id));
         call.method = Method::PUT;
         parse(&self.send(call, timeout).await?)
     }
@@ -195,6 +197,7 @@ impl Remote {
     async fn upsert_ray_attempt(
         &self,
         attempt: &ray_v2::TrainRunAttempt,
+        at_ms: Option<u64>,
         timeout: Duration,
     ) -> Result<RunDocument, StateError> {
         let id = RunId::parse(&attempt.run_id).map_err(StateError::from)?;
@@ -209,7 +212,7 @@ impl Remote {
             "attempts",
             &attempt.attempt_id,
         ]);
-        let path = url.path().to_owned();
+        let path = format!("{}{}", url.path(), at_query(at_ms));
         let mut call = Call::post(path, attempt, Some(&id));
         call.method = Method::PUT;
         parse(&self.send(call, timeout).await?)
@@ -307,4 +310,10 @@ fn error_of(status: StatusCode, bytes: &[u8], run_id: Option<&RunId>) -> StateEr
         }
         Err(_) => StateError::Protocol { reason: format!("the head answered {status}") },
     }
+}
+
+/// The query of a Ray Train V2 write that says when its change happened
+/// ([`RayWriteQuery`](crate::api::RayWriteQuery)), or nothing.
+fn at_query(at_ms: Option<u64>) -> String {
+    at_ms.map_or_else(String::new, |at| format!("?at_ms={at}"))
 }

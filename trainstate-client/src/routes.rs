@@ -6,9 +6,9 @@
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use trainstate_schema::api::{
     AttemptRequest, ErrorCode, EventsQuery, HealthResponse, HeartbeatResponse, JoinRequest,
-    ListQuery, RankEndRequest, RankHeartbeatRequest, RayRunListResponse, RegisterMinimalResponse,
-    RegisterRequest, RegisterResponse, RendezvousResponse, RunEvent, RunListResponse,
-    SnapshotEvent, StatusRequest, VersionResponse,
+    ListQuery, RankEndRequest, RankHeartbeatRequest, RayRunListResponse, RayWriteQuery,
+    RegisterMinimalResponse, RegisterRequest, RegisterResponse, RendezvousResponse, RunEvent,
+    RunListResponse, SnapshotEvent, StatusRequest, VersionResponse,
 };
 use trainstate_schema::{TrainRunInfo, ray_v2};
 
@@ -370,6 +370,7 @@ pub fn routes() -> Vec<Route> {
         },
         Route {
             path_params: &[RUN_ID],
+            query: Some(inline_schema_of::<RayWriteQuery>),
             request: Some(schema_of::<ray_v2::TrainRun>),
             success: &[Success {
                 status: 200,
@@ -391,6 +392,7 @@ pub fn routes() -> Vec<Route> {
                 RUN_ID,
                 PathParam { name: "attempt_id", description: "The attempt id.", pattern: None },
             ],
+            query: Some(inline_schema_of::<RayWriteQuery>),
             request: Some(schema_of::<ray_v2::TrainRunAttempt>),
             success: &[Success {
                 status: 200,

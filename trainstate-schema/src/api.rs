@@ -42,12 +42,42 @@ pub struct StatusRequest {
     /// When the run ended (Unix ms); stamped by the head if absent. Not before the start of the run's current attempt. Between 946684800000 (2000-01-01) and 7258118400000 (2200-01-01) when a client writes it: a time in seconds or nanoseconds is refused (422).
     #[serde(default)]
     pub end_time_ms: Option<u64>,
+    /// When the change happened (Unix ms), if the writer knows better than the head: the
+    /// time the run's `status_history` records for it, and the end of a run that ends
+    /// without `end_time_ms`. Absent: when the head takes the write. Between 946684800000
+    /// (2000-01-01) and 7258118400000 (2200-01-01): a time in seconds or nanoseconds is
+    /// refused (422).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_ms: Option<u64>,
 }
 
 impl StatusRequest {
-    /// A request for `status`, with no detail, cause or end time.
+    /// A request for `status`, with no detail, cause, end time or time of the change.
     pub fn new(status: RunStatus) -> Self {
-        Self { status, detail: String::new(), cause: None, end_time_ms: None }
+        Self { status, detail: String::new(), cause: None, end_time_ms: None, at_ms: None }
+    }
+}
+
+/// Query of Ray Train V2's writes (`PUT /api/train/v2/runs/{id}` and of
+/// an attempt): when the change happened, for a writer that replays Ray's
+/// events.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[non_exhaustive]
+pub struct RayWriteQuery {
+    /// When the change happened (Unix ms), if the writer knows better than the head (Ray's
+    /// own time of an export event): the time the run's `status_history` records for a
+    /// status change, and the end of a run or attempt that ends without an end time.
+    /// Absent: when the head takes the write. Between 946684800000 (2000-01-01) and
+    /// 7258118400000 (2200-01-01): a time in seconds or nanoseconds is refused (422).
+    #[serde(default)]
+    pub at_ms: Option<u64>,
+}
+
+impl RayWriteQuery {
+    /// A query with the time of the change, if known.
+    pub fn at(at_ms: Option<u64>) -> Self {
+        Self { at_ms }
     }
 }
 

@@ -18,6 +18,40 @@ use crate::json::JsonValue;
 use crate::resources::Resources;
 use crate::status::{ActorStatus, AttemptStatus, RunCause, RunStatus};
 
+/// One change of a run's status, as the run's `status_history` keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[cfg_attr(
+    feature = "schemars",
+    schemars(
+        description = "Extension: one change of a run's status (its registration included), as the run's `status_history` keeps it."
+    )
+)]
+pub struct StatusChange {
+    /// The status the run moved to (Ray Train V2's, as the run's `status`).
+    pub status: RunStatus,
+    /// When it happened (Unix ms): the time the writer gave for the change (Ray's own
+    /// time for an ingested Ray event), else the head's time when it took the write. Between
+    /// 946684800000 (2000-01-01) and 7258118400000 (2200-01-01) when a client writes it.
+    pub at_ms: u64,
+    /// The run's current attempt when it happened, if it had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = 1024)))]
+    pub attempt_id: Option<String>,
+    /// The start of the run's status detail then (at most 256 characters, any text but
+    /// NUL); absent when there was nothing to say.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[cfg_attr(feature = "schemars", schemars(length(max = 256)))]
+    pub detail: String,
+}
+
+impl StatusChange {
+    /// A change to `status` at `at_ms`, with no attempt id or detail.
+    pub fn new(status: RunStatus, at_ms: u64) -> Self {
+        Self { status, at_ms, attempt_id: None, detail: String::new() }
+    }
+}
+
 /// One worker of a run, unvalidated.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
@@ -251,6 +285,18 @@ pub struct TrainRunInfoDraft {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = 1024)))]
     pub cluster: Option<String>,
+    /// Extension: the run's status changes, oldest first, its registration included: each
+    /// with the status it moved to, when, the current attempt then and the start of the
+    /// detail. The head appends one whenever the run's status changes. Bounded: at most 64
+    /// entries, the first and the latest 63 (the ones between are dropped). Absent: none
+    /// recorded (a run stored before the head kept them).
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "crate::object::vec"
+    )]
+    #[cfg_attr(feature = "schemars", schemars(length(max = 64)))]
+    pub status_history: Vec<StatusChange>,
 }
 
 impl TrainRunInfoDraft {
@@ -297,6 +343,7 @@ impl TrainRunInfoDraft {
             run_settings: None,
             heartbeats: None,
             cluster: None,
+            status_history: Vec::new(),
         }
     }
 

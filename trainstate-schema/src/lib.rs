@@ -62,7 +62,9 @@ pub mod text;
 mod validate;
 mod workers;
 
-pub use draft::{RunAttemptDraft, TrainDatasetInfoDraft, TrainRunInfoDraft, TrainWorkerInfoDraft};
+pub use draft::{
+    RunAttemptDraft, StatusChange, TrainDatasetInfoDraft, TrainRunInfoDraft, TrainWorkerInfoDraft,
+};
 pub use error::{Rule, ValidationError};
 pub use id::RunId;
 pub use json::JsonValue;

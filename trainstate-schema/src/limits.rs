@@ -60,6 +60,14 @@ pub const MAX_RUN_BYTES: usize = 96 * 1024 * 1024;
 /// `dropped_workers` says how many it had.
 pub const MAX_ATTEMPT_HISTORY_BYTES: usize = 16 * 1024 * 1024;
 
+/// Most entries of a run's `status_history`: the first change (its
+/// registration) and the latest 63; the ones between are dropped.
+pub const MAX_STATUS_HISTORY: usize = 64;
+
+/// Longest `detail` of one entry of a run's `status_history`, in
+/// characters: the start of the run's status detail.
+pub const MAX_STATUS_CHANGE_DETAIL_LEN: usize = 256;
+
 /// How deeply `run_settings` may nest arrays and objects.
 pub const MAX_RUN_SETTINGS_DEPTH: usize = 16;
 

@@ -8,14 +8,14 @@ use serde::ser::SerializeStruct;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::draft::{
-    RunAttemptDraft, TrainDatasetInfoDraft, TrainRunInfoDraft, TrainWorkerInfoDraft,
+    RunAttemptDraft, StatusChange, TrainDatasetInfoDraft, TrainRunInfoDraft, TrainWorkerInfoDraft,
 };
 use crate::error::{Rule, ValidationError};
 use crate::id::RunId;
 use crate::json::JsonValue;
 use crate::limits::{
     MAX_ATTEMPTS, MAX_DATASETS, MAX_FRAMEWORK_VERSIONS, MAX_RUN_SETTINGS_BYTES,
-    MAX_RUN_SETTINGS_DEPTH,
+    MAX_RUN_SETTINGS_DEPTH, MAX_STATUS_CHANGE_DETAIL_LEN, MAX_STATUS_HISTORY,
 };
 use crate::resources::Resources;
 use crate::status::{ActorStatus, AttemptStatus, RunCause, RunStatus};
@@ -304,9 +304,37 @@ pub struct TrainRunInfo {
     run_settings: Option<JsonValue>,
     heartbeats: bool,
     cluster: Option<String>,
+    status_history: Vec<StatusChange>,
 }
 
 impl TrainRunInfo {
+    /// The run with its current status appended to its `status_history`,
+    /// as changed at `at_ms` (Unix ms): with its current attempt's id and
+    /// the first [`MAX_STATUS_CHANGE_DETAIL_LEN`] characters of its status
+    /// detail. The history stays bounded: once it has
+    /// [`MAX_STATUS_HISTORY`] entries, the oldest but the first is dropped.
+    /// Keeps every rule, so the run is not validated again.
+    pub fn with_status_recorded(mut self, at_ms: u64) -> Self {
+        if self.status_history.len() >= MAX_STATUS_HISTORY {
+            let excess = self.status_history.len() + 1 - MAX_STATUS_HISTORY;
+            self.status_history.drain(1..1 + excess);
+        }
+        let detail = crate::text::first_chars(&self.status_detail, MAX_STATUS_CHANGE_DETAIL_LEN);
+        self.status_history.push(StatusChange {
+            status: self.status,
+            at_ms,
+            attempt_id: self.attempts.last().map(|a| a.attempt_id.clone()),
+            detail: detail.to_owned(),
+        });
+        self
+    }
+
+    /// The run's status changes, oldest first (bounded: the first and the
+    /// latest ones, at most [`MAX_STATUS_HISTORY`]).
+    pub fn status_history(&self) -> &[StatusChange] {
+        &self.status_history
+    }
+
     /// Ends the current attempt at `end` (not before its start) if it has
     /// not ended, with the status that ends the run, its detail and cause,
     /// and marks the run's workers `DEAD`. For a run that has ended.
@@ -480,6 +508,7 @@ impl TrainRunInfo {
             run_settings: self.run_settings,
             heartbeats: (!self.heartbeats).then_some(false),
             cluster: self.cluster,
+            status_history: self.status_history,
         }
     }
 }
@@ -574,6 +603,7 @@ impl TryFrom<TrainRunInfoDraft> for TrainRunInfo {
         if let Some(cluster) = &d.cluster {
             validate::name(|| "cluster".into(), cluster)?;
         }
+        check_status_history(&d.status_history)?;
 
         Ok(Self {
             name: d.name,
@@ -595,8 +625,34 @@ impl TryFrom<TrainRunInfoDraft> for TrainRunInfo {
             run_settings: d.run_settings,
             heartbeats: d.heartbeats.unwrap_or(true),
             cluster: d.cluster,
+            status_history: d.status_history,
         })
     }
+}
+
+/// The rules of a run's `status_history`: at most [`MAX_STATUS_HISTORY`]
+/// entries, each attempt id a name, each detail short and without NUL.
+fn check_status_history(history: &[StatusChange]) -> Result<(), ValidationError> {
+    if history.len() > MAX_STATUS_HISTORY {
+        let rule = Rule::TooMany { max: MAX_STATUS_HISTORY };
+        return Err(ValidationError::new("status_history", rule));
+    }
+    for (i, change) in history.iter().enumerate() {
+        if let Some(attempt_id) = &change.attempt_id {
+            validate::name(|| format!("status_history[{i}].attempt_id"), attempt_id)?;
+        }
+        let detail = || format!("status_history[{i}].detail");
+        if change.detail.contains('\0') {
+            return Err(ValidationError::new(detail(), Rule::NulCharacter));
+        }
+        if change.detail.len() > MAX_STATUS_CHANGE_DETAIL_LEN
+            && change.detail.chars().count() > MAX_STATUS_CHANGE_DETAIL_LEN
+        {
+            let rule = Rule::TooLong { max: MAX_STATUS_CHANGE_DETAIL_LEN };
+            return Err(ValidationError::new(detail(), rule));
+        }
+    }
+    Ok(())
 }
 
 /// The status of an attempt that does not state one: running until it
@@ -711,7 +767,8 @@ impl Serialize for TrainRunInfo {
             + usize::from(!self.framework_versions.is_empty())
             + usize::from(self.run_settings.is_some())
             + usize::from(!self.heartbeats)
-            + usize::from(self.cluster.is_some());
+            + usize::from(self.cluster.is_some())
+            + usize::from(!self.status_history.is_empty());
         // `status` is written only when it says more than `run_status`: a
         // live sub-status. A V1 document stays exactly a V1 document.
         let detailed = self.status != self.status.v1();
@@ -759,6 +816,9 @@ impl Serialize for TrainRunInfo {
         }
         if let Some(cluster) = &self.cluster {
             s.serialize_field("cluster", cluster)?;
+        }
+        if !self.status_history.is_empty() {
+            s.serialize_field("status_history", &self.status_history)?;
         }
         s.end()
     }

@@ -20,6 +20,15 @@ pub fn last_chars(text: &str, max_chars: usize) -> &str {
     }
 }
 
+/// The first `max_chars` characters of `text`, cut on a character boundary
+/// (characters counted as [`last_chars`] counts them).
+pub fn first_chars(text: &str, max_chars: usize) -> &str {
+    match text.char_indices().nth(max_chars) {
+        Some((end, _)) => &text[..end],
+        None => text,
+    }
+}
+
 /// The `status_detail` of an `ERRORED` run, in Ray's form.
 ///
 /// With the failing rank: `Rank {rank} worker raised an error. \n{trace}`;
@@ -57,6 +66,13 @@ pub fn escape_control(text: &str) -> Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn first_chars_never_splits_a_character() {
+        assert_eq!(first_chars("héllo", 2), "hé");
+        assert_eq!(first_chars("héllo", 9), "héllo");
+        assert_eq!(first_chars("héllo", 0), "");
+    }
 
     #[test]
     fn last_chars_never_splits_a_character() {

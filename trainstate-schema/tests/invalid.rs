@@ -170,6 +170,50 @@ pub(crate) const CASES: &[(&str, Mutation, &str, &str)] = &[
         "current",
     ),
     (
+        "status history over 64",
+        |d| {
+            let change = json!({"status": "RUNNING", "at_ms": 1_760_000_000_000u64});
+            d["status_history"] = Value::Array(vec![change; 65]);
+        },
+        "status_history",
+        "64",
+    ),
+    (
+        "status history detail over 256",
+        |d| {
+            d["status_history"] = json!([
+                {"status": "RUNNING", "at_ms": 1_760_000_000_000u64},
+                {"status": "FINISHED", "at_ms": 1_760_000_000_001u64, "detail": "é".repeat(257)}
+            ])
+        },
+        "status_history[1].detail",
+        "256",
+    ),
+    (
+        "NUL in a status history detail",
+        |d| {
+            d["status_history"] =
+                json!([{"status": "RUNNING", "at_ms": 1_760_000_000_000u64, "detail": "a\u{0}"}])
+        },
+        "status_history[0].detail",
+        "NUL",
+    ),
+    (
+        "empty status history attempt id",
+        |d| {
+            d["status_history"] =
+                json!([{"status": "RUNNING", "at_ms": 1_760_000_000_000u64, "attempt_id": ""}])
+        },
+        "status_history[0].attempt_id",
+        "empty",
+    ),
+    (
+        "unknown status in the status history",
+        |d| d["status_history"] = json!([{"status": "PAUSED", "at_ms": 1_760_000_000_000u64}]),
+        "status_history[0].status",
+        "PAUSED",
+    ),
+    (
         "bad restored_from",
         |d| d["restored_from"] = "no way".into(),
         "restored_from",

@@ -173,3 +173,29 @@ fn a_registration_from_a_draft_breaks_the_run_s_rules() {
     let err = NewRun::try_from(draft).unwrap_err();
     assert_eq!(err.field(), "workers[3].world_rank");
 }
+
+#[test]
+fn a_recorded_status_history_keeps_the_first_change_and_the_latest() {
+    use trainstate_schema::limits::{MAX_STATUS_CHANGE_DETAIL_LEN, MAX_STATUS_HISTORY};
+    use trainstate_schema::{RunStatus, StatusChange};
+
+    let mut doc = valid_run();
+    doc["status_detail"] = "é".repeat(MAX_STATUS_CHANGE_DETAIL_LEN + 10).into();
+    let mut stored = NewRun::new(run(&doc)).into_run(1_760_000_000_000);
+    assert!(stored.status_history().is_empty(), "the state machine records, not the schema");
+    for i in 0..(MAX_STATUS_HISTORY as u64 + 5) {
+        stored = stored.with_status_recorded(1_760_000_000_000 + i);
+    }
+    let history = stored.status_history();
+    assert_eq!(history.len(), MAX_STATUS_HISTORY);
+    assert_eq!(history[0].at_ms, 1_760_000_000_000, "the first change is kept");
+    assert_eq!(history[1].at_ms, 1_760_000_000_006, "the oldest but the first are dropped");
+    assert_eq!(history.last().unwrap().at_ms, 1_760_000_000_000 + MAX_STATUS_HISTORY as u64 + 4);
+    let last: &StatusChange = history.last().unwrap();
+    assert_eq!(last.status, RunStatus::Running);
+    assert_eq!(last.attempt_id.as_deref(), Some(NewRun::FIRST_ATTEMPT_ID));
+    assert_eq!(last.detail.chars().count(), MAX_STATUS_CHANGE_DETAIL_LEN);
+    // What the head records reads back as the same run.
+    let json = serde_json::to_string(&stored).unwrap();
+    assert_eq!(read_run(&json).unwrap(), stored);
+}

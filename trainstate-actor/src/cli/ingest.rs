@@ -97,6 +97,8 @@ async fn ray_export(args: RayExportArgs) -> Result<(), String> {
         stale = report.stale,
         malformed = report.malformed,
         other = report.other,
+        deaths = report.deaths,
+        ended = report.ended,
         "stopped"
     );
     Ok(())

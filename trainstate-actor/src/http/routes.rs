@@ -9,7 +9,8 @@ use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, StreamExt};
 use trainstate_client::api::{
     AttemptRequest, Cursor, ErrorCode, HealthResponse, HeartbeatResponse, LinksResponse, ListQuery,
-    RegisterMinimalResponse, RegisterRequest, RegisterResponse, StatusRequest, VersionResponse,
+    RayWriteQuery, RegisterMinimalResponse, RegisterRequest, RegisterResponse, StatusRequest,
+    VersionResponse,
 };
 use trainstate_client::{NewAttempt, RunDocument, RunQuery, StateError, StateHandle};
 use trainstate_schema::{NewRun, RunId, TrainRunInfo, ray_v2};
@@ -209,17 +210,19 @@ pub(crate) async fn list_runs_ray_v2(State(app): State<AppState>) -> Result<Resp
 pub(crate) async fn upsert_ray_run(
     State(app): State<AppState>,
     Path(id): Path<String>,
+    QueryParams(query): QueryParams<RayWriteQuery>,
     JsonBody(run): JsonBody<ray_v2::TrainRun>,
 ) -> Result<Json<RunDocument>, ApiError> {
     if run.id != id {
         return Err(ApiError::invalid("id", "must be the run id of the path"));
     }
-    Ok(Json(app.handle.upsert_ray_run(run).await?))
+    Ok(Json(app.handle.upsert_ray_run_at(run, query.at_ms).await?))
 }
 
 pub(crate) async fn upsert_ray_attempt(
     State(app): State<AppState>,
     Path((id, attempt_id)): Path<(String, String)>,
+    QueryParams(query): QueryParams<RayWriteQuery>,
     JsonBody(attempt): JsonBody<ray_v2::TrainRunAttempt>,
 ) -> Result<Json<RunDocument>, ApiError> {
     if attempt.run_id != id {
@@ -228,7 +231,7 @@ pub(crate) async fn upsert_ray_attempt(
     if attempt.attempt_id != attempt_id {
         return Err(ApiError::invalid("attempt_id", "must be the attempt id of the path"));
     }
-    Ok(Json(app.handle.upsert_ray_attempt(attempt).await?))
+    Ok(Json(app.handle.upsert_ray_attempt_at(attempt, query.at_ms).await?))
 }
 
 pub(crate) async fn get_run(

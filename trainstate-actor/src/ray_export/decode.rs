@@ -35,6 +35,39 @@ pub const EXPORT_TRAIN_RUN: &str = "EXPORT_TRAIN_RUN";
 /// (`ExportTrainRunAttemptEventData`).
 pub const EXPORT_TRAIN_RUN_ATTEMPT: &str = "EXPORT_TRAIN_RUN_ATTEMPT";
 
+/// `source_type` of an event that carries an actor (`ExportActorData`).
+pub const EXPORT_ACTOR: &str = "EXPORT_ACTOR";
+/// `source_type` of an event that carries a driver job
+/// (`ExportDriverJobEventData`).
+pub const EXPORT_DRIVER_JOB: &str = "EXPORT_DRIVER_JOB";
+/// `source_type` of an event that carries a node (`ExportNodeData`).
+pub const EXPORT_NODE: &str = "EXPORT_NODE";
+
+/// `ExportActorData.ActorState`, by number.
+const ACTOR_STATES: &[&str] =
+    &["DEPENDENCIES_UNREADY", "PENDING_CREATION", "ALIVE", "RESTARTING", "DEAD"];
+/// `ExportNodeData.GcsNodeState`, by number.
+const NODE_STATES: &[&str] = &["ALIVE", "DEAD"];
+/// `NodeDeathInfo.Reason` (of `ExportNodeData` and of an actor's death
+/// cause), by number.
+const NODE_DEATH_REASONS: &[&str] = &[
+    "UNSPECIFIED",
+    "EXPECTED_TERMINATION",
+    "UNEXPECTED_TERMINATION",
+    "AUTOSCALER_DRAIN_PREEMPTED",
+    "AUTOSCALER_DRAIN_IDLE",
+];
+/// `ActorDiedErrorContext.Reason`, by number.
+const ACTOR_DEATH_REASONS: &[&str] = &[
+    "UNSPECIFIED",
+    "WORKER_DIED",
+    "OWNER_DIED",
+    "NODE_DIED",
+    "RAY_KILL",
+    "OUT_OF_SCOPE",
+    "REF_DELETED",
+];
+
 /// `ExportTrainRunEventData.RunStatus`, by number.
 const RUN_STATUSES: &[&str] = &[
     "RUN_STATUS_UNSPECIFIED",
@@ -73,6 +106,67 @@ impl ExportEvent {
     }
 }
 
+/// The death of something a run depends on, as Ray's GCS reports it in
+/// its export events: ids in lowercase hex, as Ray's dashboard and the
+/// Train events' documents have them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Death {
+    /// An actor died (`EXPORT_ACTOR`, state `DEAD`).
+    Actor {
+        /// The actor's id.
+        actor_id: String,
+        /// The id of the actor's job.
+        job_id: String,
+        /// The actor's class (`TrainController` for a Train V2 run's controller).
+        class_name: String,
+        /// Why, by Ray's `ActorDiedErrorContext.Reason` (`OWNER_DIED`,
+        /// `NODE_DIED`, `RAY_KILL`, ...), or the kind of its death cause
+        /// (`CREATION_TASK_FAILED`, `RUNTIME_ENV_FAILED`, `UNSCHEDULABLE`,
+        /// `OUT_OF_MEMORY`); `None` when Ray gives none.
+        reason: Option<&'static str>,
+        /// Ray's words for it (the death cause's error message).
+        message: String,
+        /// The death of the actor's node, when that killed it.
+        node: Option<NodeDeath>,
+    },
+    /// A driver job ended (`EXPORT_DRIVER_JOB`, `is_dead`).
+    Job {
+        /// The job's id.
+        job_id: String,
+        /// When the job started (Unix ms), if Ray says.
+        start_time_ms: Option<u64>,
+        /// When it ended (Unix ms), if Ray says.
+        end_time_ms: Option<u64>,
+        /// The driver's process id, if Ray says.
+        driver_pid: Option<u64>,
+        /// What the driver ran.
+        entrypoint: String,
+    },
+    /// A node died (`EXPORT_NODE`, state `DEAD`).
+    Node {
+        /// The node's id.
+        node_id: String,
+        /// The node's address.
+        address: String,
+        /// When it died (Unix ms), if Ray says.
+        end_time_ms: Option<u64>,
+        /// Why.
+        death: NodeDeath,
+    },
+}
+
+/// Why a node died: Ray's `NodeDeathInfo`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NodeDeath {
+    /// `UNEXPECTED_TERMINATION`, `AUTOSCALER_DRAIN_PREEMPTED`, ...;
+    /// `UNSPECIFIED` when Ray gives none.
+    pub reason: &'static str,
+    /// Ray's words for it; may be empty.
+    pub message: String,
+}
+
 /// What one line of an export event file holds.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -81,8 +175,21 @@ pub enum Decoded {
     Train {
         /// Ray's id of the event (random, for logs).
         event_id: String,
+        /// When Ray wrote it (Unix ms; Ray's `timestamp`, in seconds), if
+        /// it says.
+        at_ms: Option<u64>,
         /// The event.
         event: ExportEvent,
+    },
+    /// The death of an actor, a driver job or a node.
+    Death {
+        /// Ray's id of the event (random, for logs).
+        event_id: String,
+        /// When Ray wrote it (Unix ms; Ray's `timestamp`, in seconds), if
+        /// it says.
+        at_ms: Option<u64>,
+        /// What died.
+        death: Death,
     },
     /// An event of another source (jobs, actors, datasets, ...): not ours.
     Other {
@@ -125,9 +232,113 @@ pub fn decode_line(line: &[u8]) -> Result<Decoded> {
         EXPORT_TRAIN_RUN_ATTEMPT => {
             ExportEvent::Attempt(Box::new(decode_attempt(&event.required("event_data")?)?))
         }
+        EXPORT_ACTOR | EXPORT_DRIVER_JOB | EXPORT_NODE => {
+            let data = event.required("event_data")?;
+            let death = match source_type.as_str() {
+                EXPORT_ACTOR => decode_actor_death(&data)?,
+                EXPORT_DRIVER_JOB => decode_job_death(&data)?,
+                _ => decode_node_death(&data)?,
+            };
+            return Ok(match death {
+                Some(death) => Decoded::Death {
+                    event_id: event.string("event_id")?,
+                    at_ms: event_time_ms(&event)?,
+                    death,
+                },
+                None => Decoded::Other { source_type },
+            });
+        }
         _ => return Ok(Decoded::Other { source_type }),
     };
-    Ok(Decoded::Train { event_id: event.string("event_id")?, event: decoded })
+    Ok(Decoded::Train {
+        event_id: event.string("event_id")?,
+        at_ms: event_time_ms(&event)?,
+        event: decoded,
+    })
+}
+
+/// When Ray wrote an event, in Unix ms: its `timestamp` is in seconds
+/// (`ExportEvent.timestamp`); a value already in milliseconds or in
+/// nanoseconds is taken as such. `None` when absent or zero.
+fn event_time_ms(event: &Obj<'_>) -> Result<Option<u64>> {
+    Ok(event.opt_uint("timestamp")?.filter(|&t| t > 0).map(|t| match t {
+        t if t < 100_000_000_000 => t.saturating_mul(1_000),
+        t if t < 100_000_000_000_000 => t,
+        t => t / 1_000_000,
+    }))
+}
+
+/// `ExportActorData` → the actor's death, if it is dead.
+fn decode_actor_death(data: &Obj<'_>) -> Result<Option<Death>> {
+    if data.enum_name_or_first("state", ACTOR_STATES)? != "DEAD" {
+        return Ok(None);
+    }
+    let empty = Map::new();
+    let cause = data.object_or_empty("death_cause", &empty)?;
+    let (mut reason, mut message, mut node) = (None, String::new(), None);
+    if let Some(died) = cause.object("actor_died_error_context")? {
+        reason = died.enum_name("reason", ACTOR_DEATH_REASONS)?;
+        message = died.opt_string("error_message")?.unwrap_or_default();
+        node = died.object("node_death_info")?.map(|info| node_death(&info)).transpose()?;
+    } else {
+        let contexts = [
+            ("creation_task_failure_context", "formatted_exception_string", "CREATION_TASK_FAILED"),
+            ("runtime_env_failed_context", "error_message", "RUNTIME_ENV_FAILED"),
+            ("actor_unschedulable_context", "error_message", "UNSCHEDULABLE"),
+            ("oom_context", "error_message", "OUT_OF_MEMORY"),
+        ];
+        for (context, text, kind) in contexts {
+            if let Some(context) = cause.object(context)? {
+                reason = Some(kind);
+                message = context.opt_string(text)?.unwrap_or_default();
+                break;
+            }
+        }
+    }
+    Ok(Some(Death::Actor {
+        actor_id: data.hex_bytes("actor_id")?,
+        job_id: data.hex_bytes("job_id")?,
+        class_name: data.opt_string("class_name")?.unwrap_or_default(),
+        reason,
+        message,
+        node,
+    }))
+}
+
+/// `ExportDriverJobEventData` → the job's end, if it is dead.
+fn decode_job_death(data: &Obj<'_>) -> Result<Option<Death>> {
+    if !data.bool("is_dead")? {
+        return Ok(None);
+    }
+    Ok(Some(Death::Job {
+        job_id: data.hex_bytes("job_id")?,
+        start_time_ms: data.opt_uint("start_time")?.filter(|&t| t > 0),
+        end_time_ms: data.opt_uint("end_time")?.filter(|&t| t > 0),
+        driver_pid: data.opt_uint("driver_pid")?.filter(|&p| p > 0),
+        entrypoint: data.opt_string("entrypoint")?.unwrap_or_default(),
+    }))
+}
+
+/// `ExportNodeData` → the node's death, if it is dead.
+fn decode_node_death(data: &Obj<'_>) -> Result<Option<Death>> {
+    if data.enum_name_or_first("state", NODE_STATES)? != "DEAD" {
+        return Ok(None);
+    }
+    let empty = Map::new();
+    Ok(Some(Death::Node {
+        node_id: data.hex_bytes("node_id")?,
+        address: data.opt_string("node_manager_address")?.unwrap_or_default(),
+        end_time_ms: data.opt_uint("end_time_ms")?.filter(|&t| t > 0),
+        death: node_death(&data.object_or_empty("death_info", &empty)?)?,
+    }))
+}
+
+/// A `NodeDeathInfo`.
+fn node_death(info: &Obj<'_>) -> Result<NodeDeath> {
+    Ok(NodeDeath {
+        reason: info.enum_name("reason", NODE_DEATH_REASONS)?.unwrap_or("UNSPECIFIED"),
+        message: info.opt_string("reason_message")?.unwrap_or_default(),
+    })
 }
 
 /// Lowercase hex of `bytes`.
@@ -536,6 +747,16 @@ impl<'a> Obj<'a> {
             Some(_) => return Err(self.error(key, "expected an enum name")),
         };
         Ok((index != 0).then(|| names[index]))
+    }
+
+    /// An enum field whose first value (number 0) is a real one, as
+    /// `ActorState`'s `DEPENDENCIES_UNREADY`: unset reads as it.
+    fn enum_name_or_first(
+        &self,
+        key: &str,
+        names: &'static [&'static str],
+    ) -> Result<&'static str> {
+        Ok(self.enum_name(key, names)?.unwrap_or(names[0]))
     }
 
     fn required_enum(&self, key: &str, names: &'static [&'static str]) -> Result<&'static str> {

@@ -1,15 +1,18 @@
 //! Following Ray's export event file and applying its Train events to a
 //! head, in order, from a durable position.
 
+use std::collections::{HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::sync::watch;
-use trainstate_client::{StateError, StateHandle};
+use trainstate_client::{RunDocument, RunQuery, StateError, StateHandle, StatusUpdate};
+use trainstate_schema::text::first_chars;
+use trainstate_schema::{AttemptStatus, CauseKind, RunId, RunStatus, ray_v2};
 
-use super::decode::{Decoded, ExportEvent, decode_line};
+use super::decode::{Death, Decoded, ExportEvent, NodeDeath, decode_line};
 use super::position::{Check, FileId, Line, Position, Positions, read_lines};
 
 /// The file Ray appends its Train run and attempt events to, in
@@ -22,9 +25,38 @@ pub const TRAIN_STATE_FILE: &str = "event_EXPORT_TRAIN_STATE.log";
 /// named after the run events' source type, took attempts too).
 pub const TRAIN_RUN_FILE: &str = "event_EXPORT_TRAIN_RUN.log";
 
-/// Every file name followed, each with a position of its own. One Ray
-/// session writes one of them.
-pub const FOLLOWED_FILES: [&str; 2] = [TRAIN_RUN_FILE, TRAIN_STATE_FILE];
+/// The files of Train events. One Ray session writes one of them.
+pub const TRAIN_FILES: [&str; 2] = [TRAIN_RUN_FILE, TRAIN_STATE_FILE];
+
+/// The file Ray's GCS appends its node events to (`EXPORT_NODE`): a
+/// node's death, with its reason.
+pub const NODE_FILE: &str = "event_EXPORT_NODE.log";
+
+/// The file Ray's GCS appends its actor events to (`EXPORT_ACTOR`): a run's
+/// controller is an actor, and its death has a cause.
+pub const ACTOR_FILE: &str = "event_EXPORT_ACTOR.log";
+
+/// The file Ray's GCS appends its driver job events to
+/// (`EXPORT_DRIVER_JOB`): a run's driver job, and its end.
+pub const DRIVER_JOB_FILE: &str = "event_EXPORT_DRIVER_JOB.log";
+
+/// Every file name followed, each with a position of its own, in the order
+/// each round reads them: the Train events to their end first, then the
+/// deaths (nodes first, so that a run ended for its controller's or job's
+/// death can say which of its nodes died), one batch of each.
+pub const FOLLOWED_FILES: [&str; 5] =
+    [TRAIN_RUN_FILE, TRAIN_STATE_FILE, NODE_FILE, ACTOR_FILE, DRIVER_JOB_FILE];
+
+/// How many ended or live attempts the ingester remembers, to add a node's
+/// death to those that had workers on it.
+const REMEMBERED_ATTEMPTS: usize = 256;
+
+/// How many dead nodes the ingester remembers.
+const REMEMBERED_NODES: usize = 4_096;
+
+/// Longest piece of Ray's own words (a death cause) put in a detail, in
+/// characters.
+const MAX_RAY_WORDS: usize = 4_000;
 
 /// Where Ray's export events are under a session directory.
 pub const SESSION_EVENTS_DIR: &str = "logs/export_events";
@@ -104,8 +136,14 @@ pub struct IngestReport {
     /// Lines that are not export events (logged with their position,
     /// skipped).
     pub malformed: u64,
-    /// Events of other sources (jobs, actors, datasets), skipped.
+    /// Events of other sources (tasks, datasets), and actor, job and node
+    /// events that are not deaths: skipped.
     pub other: u64,
+    /// Deaths read: of actors, driver jobs and nodes.
+    pub deaths: u64,
+    /// Live runs the ingester ended (`ABORTED`) because Ray reports their
+    /// controller or their driver job dead.
+    pub ended: u64,
     /// Where the ingester is in each file it has read.
     pub positions: Vec<FilePosition>,
 }
@@ -191,8 +229,18 @@ pub async fn ingest(
         tracing::info!(file = %p.path.display(), offset = p.offset, line = p.line, "resuming");
     }
     let (stop, stopped) = watch::channel(false);
-    let mut ingester =
-        Ingester { handle, config, stop: stopped, positions, report: IngestReport::default() };
+    let mut ingester = Ingester {
+        handle,
+        config,
+        stop: stopped,
+        positions,
+        report: IngestReport::default(),
+        live: HashMap::new(),
+        seeded: false,
+        attempts: VecDeque::new(),
+        dead_nodes: HashMap::new(),
+        dead_order: VecDeque::new(),
+    };
     let result = {
         let run = ingester.run();
         tokio::pin!(run);
@@ -268,6 +316,49 @@ struct Ingester<'a> {
     stop: watch::Receiver<bool>,
     positions: Positions,
     report: IngestReport,
+    /// The live runs on the head, as the answers of the ingester's writes
+    /// (and, once, a listing of the head's live runs) last showed them: who
+    /// a death concerns.
+    live: HashMap<String, Watched>,
+    /// Whether `live` holds the head's live runs listed at the first death.
+    seeded: bool,
+    /// The latest attempt documents applied, newest last.
+    attempts: VecDeque<ray_v2::TrainRunAttempt>,
+    /// Dead nodes by id: their address and why they died.
+    dead_nodes: HashMap<String, (String, NodeDeath)>,
+    /// `dead_nodes`' ids, oldest first, to bound it.
+    dead_order: VecDeque<String>,
+}
+
+/// A live run, as far as deaths are concerned.
+struct Watched {
+    job_id: String,
+    controller_actor_id: String,
+    start_time_ms: u64,
+    /// When its current attempt started: the run does not end before.
+    current_start_ms: u64,
+    /// The nodes of its current workers: id and address.
+    nodes: Vec<(String, String)>,
+}
+
+/// A write to the head.
+enum Write {
+    /// Ray's whole run.
+    Run(ray_v2::TrainRun),
+    /// Ray's whole attempt.
+    Attempt(ray_v2::TrainRunAttempt),
+    /// A live run ends for a death Ray reports.
+    End { id: RunId, update: StatusUpdate },
+}
+
+impl Write {
+    fn run_id(&self) -> &str {
+        match self {
+            Write::Run(run) => &run.id,
+            Write::Attempt(attempt) => &attempt.run_id,
+            Write::End { id, .. } => id.as_str(),
+        }
+    }
 }
 
 async fn blocking<T: Send + 'static>(task: impl FnOnce() -> T + Send + 'static) -> T {
@@ -295,11 +386,24 @@ impl Ingester<'_> {
         while !self.stopped() {
             let (mut idle, mut missing) = (true, true);
             for name in FOLLOWED_FILES {
-                match self.poll(name).await? {
-                    Polled::Missing => {}
-                    Polled::Idle => missing = false,
-                    Polled::Busy => (idle, missing) = (false, false),
-                    Polled::Stop => return Ok(()),
+                let train = TRAIN_FILES.contains(&name);
+                // The Train events to their end, before any death is read:
+                // Ray writes a run's own reports before its cluster reports
+                // its death, so a death never overtakes them.
+                loop {
+                    match self.poll(name).await? {
+                        Polled::Missing => {}
+                        Polled::Idle => missing &= !train,
+                        Polled::Busy => {
+                            idle = false;
+                            missing &= !train;
+                            if train {
+                                continue;
+                            }
+                        }
+                        Polled::Stop => return Ok(()),
+                    }
+                    break;
                 }
             }
             if missing && !told_missing {
@@ -498,32 +602,305 @@ impl Ingester<'_> {
                 self.report.other += 1;
                 Ok(Flow::Continue)
             }
-            Ok(Decoded::Train { event_id, event }) => {
-                self.apply(file, line, &event_id, &event).await
+            Ok(Decoded::Train { event_id, at_ms, event }) => {
+                let write = match event {
+                    ExportEvent::Run(run) => Write::Run(*run),
+                    ExportEvent::Attempt(attempt) => {
+                        let amended = self.with_node_deaths(&attempt);
+                        Write::Attempt(amended.unwrap_or(*attempt))
+                    }
+                };
+                self.apply(file, line, &event_id, &write, at_ms).await
+            }
+            Ok(Decoded::Death { event_id, at_ms, death }) => {
+                self.report.deaths += 1;
+                self.on_death(file, line, &event_id, at_ms, death).await
             }
         }
     }
 
-    /// Applies one event, sending it again while the head cannot take it.
+    /// Ends the live runs a death concerns, and adds a node's death to the
+    /// attempts that had workers on it.
+    async fn on_death(
+        &mut self,
+        file: &Path,
+        line: &Line,
+        event_id: &str,
+        at_ms: Option<u64>,
+        death: Death,
+    ) -> Result<Flow, IngestError> {
+        if let Flow::Stop = self.seed().await? {
+            return Ok(Flow::Stop);
+        }
+        let mut writes = Vec::new();
+        let at_ms = match death {
+            Death::Node { node_id, address, end_time_ms, death } => {
+                tracing::info!(node = %node_id, %address, reason = death.reason, "Ray reports a node dead");
+                self.note_dead_node(node_id, address, death);
+                let amended: Vec<_> =
+                    self.attempts.iter().filter_map(|a| self.with_node_deaths(a)).collect();
+                writes.extend(amended.into_iter().map(Write::Attempt));
+                end_time_ms.or(at_ms)
+            }
+            Death::Actor { actor_id, job_id: _, class_name, reason, message, node } => {
+                let kind = match reason {
+                    Some("RAY_KILL") => CauseKind::UserInterrupt,
+                    _ => CauseKind::SystemError,
+                };
+                let mut words = format!(
+                    "Ray reports the run's controller (actor {actor_id}{}) dead{}",
+                    if class_name.is_empty() { String::new() } else { format!(", {class_name}") },
+                    reason.map_or(String::new(), |r| format!(" ({r})")),
+                );
+                if !message.is_empty() {
+                    words.push_str(": ");
+                    words.push_str(first_chars(message.trim_end(), MAX_RAY_WORDS));
+                }
+                if let Some(node) = node
+                    && message.is_empty()
+                {
+                    words.push_str(&format!(": its node died ({})", node_words(&node)));
+                }
+                let ids: Vec<String> = self
+                    .live
+                    .iter()
+                    .filter(|(_, run)| run.controller_actor_id == actor_id)
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                writes.extend(ids.iter().filter_map(|id| self.end(id, kind, &words, at_ms)));
+                at_ms
+            }
+            Death::Job { job_id, start_time_ms, end_time_ms, driver_pid, entrypoint } => {
+                let words = format!(
+                    "Ray reports the run's driver job {job_id}{} ended while the run was live: \
+                     its controller can report nothing more{}",
+                    driver_pid.map_or(String::new(), |pid| format!(" (driver pid {pid})")),
+                    if entrypoint.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (the driver ran `{}`)", first_chars(&entrypoint, 256))
+                    },
+                );
+                // Ray numbers jobs from 01000000 again on every cluster: a
+                // run of an earlier cluster's job of the same id started
+                // before this job did.
+                let ids: Vec<String> = self
+                    .live
+                    .iter()
+                    .filter(|(_, run)| run.job_id == job_id)
+                    .filter(|(_, run)| start_time_ms.is_none_or(|s| run.start_time_ms >= s))
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                let at = end_time_ms.or(at_ms);
+                writes.extend(
+                    ids.iter().filter_map(|id| self.end(id, CauseKind::SystemError, &words, at)),
+                );
+                at
+            }
+        };
+        for write in writes {
+            let ends = matches!(write, Write::End { .. });
+            if let Flow::Stop = self.apply(file, line, event_id, &write, at_ms).await? {
+                return Ok(Flow::Stop);
+            }
+            if ends && !self.live.contains_key(write.run_id()) {
+                tracing::info!(
+                    run_id = write.run_id(),
+                    event_id,
+                    "ended the run: Ray reports it dead"
+                );
+                self.report.ended += 1;
+            }
+        }
+        Ok(Flow::Continue)
+    }
+
+    /// The write that ends the live run `id` for a death at `at_ms`, said in
+    /// `words` (with the deaths of the nodes of its workers).
+    fn end(&self, id: &str, kind: CauseKind, words: &str, at_ms: Option<u64>) -> Option<Write> {
+        let run = self.live.get(id)?;
+        let mut detail = words.to_owned();
+        for (node_id, _) in &run.nodes {
+            if let Some((address, death)) = self.dead_nodes.get(node_id) {
+                detail.push_str(&format!(
+                    "\nRay reports node {node_id} ({address}), where the run had workers, dead: {}",
+                    node_words(death)
+                ));
+            }
+        }
+        let mut update = StatusUpdate::aborted(kind, detail);
+        if let Some(at) = at_ms {
+            // Never before the run's current attempt started: Ray's times
+            // of events are in whole seconds.
+            let end = at.max(run.current_start_ms).max(run.start_time_ms);
+            update = update.ended_at(end).at(Some(end));
+        }
+        Some(Write::End { id: RunId::parse(id).ok()?, update })
+    }
+
+    fn note_dead_node(&mut self, node_id: String, address: String, death: NodeDeath) {
+        if self.dead_nodes.insert(node_id.clone(), (address, death)).is_none() {
+            self.dead_order.push_back(node_id);
+            while self.dead_order.len() > REMEMBERED_NODES {
+                if let Some(oldest) = self.dead_order.pop_front() {
+                    self.dead_nodes.remove(&oldest);
+                }
+            }
+        }
+    }
+
+    /// `attempt` with the deaths of the nodes it had workers on added to
+    /// its detail, one line each; `None` when that changes nothing (a
+    /// finished attempt is left alone).
+    fn with_node_deaths(
+        &self,
+        attempt: &ray_v2::TrainRunAttempt,
+    ) -> Option<ray_v2::TrainRunAttempt> {
+        if attempt.status == AttemptStatus::Finished || self.dead_nodes.is_empty() {
+            return None;
+        }
+        let mut detail = attempt.status_detail.clone().unwrap_or_default();
+        let before = detail.len();
+        let mut seen = Vec::new();
+        for worker in &attempt.workers {
+            if seen.contains(&&worker.node_id) {
+                continue;
+            }
+            seen.push(&worker.node_id);
+            let Some((address, death)) = self.dead_nodes.get(&worker.node_id) else { continue };
+            let sentence = format!(
+                "Ray reports node {} ({address}), where this attempt had workers, dead: {}",
+                worker.node_id,
+                node_words(death)
+            );
+            if !detail.contains(&sentence) {
+                if !detail.is_empty() {
+                    detail.push('\n');
+                }
+                detail.push_str(&sentence);
+            }
+        }
+        (detail.len() != before).then(|| {
+            let mut amended = attempt.clone();
+            amended.status_detail = Some(detail);
+            amended
+        })
+    }
+
+    /// Lists the head's live runs once, before the first death is handled,
+    /// so that runs written before a restart of the ingester are known.
+    async fn seed(&mut self) -> Result<Flow, IngestError> {
+        if self.seeded {
+            return Ok(Flow::Continue);
+        }
+        let mut backoff = self.config.first_backoff;
+        let mut query = RunQuery::new().statuses([RunStatus::Running]).limit(1000);
+        loop {
+            match self.handle.list(query.clone()).await {
+                Ok(page) => {
+                    for run in &page.runs {
+                        self.watch(run);
+                    }
+                    match page.next_cursor {
+                        Some(cursor) => query = query.after(cursor),
+                        None => break,
+                    }
+                }
+                Err(error) => match disposition(&error) {
+                    Disposition::Fatal => {
+                        return Err(IngestError::Unauthorized { reason: error.to_string() });
+                    }
+                    Disposition::Retry => {
+                        tracing::warn!(%error, retry_in = ?backoff, "cannot list the head's live runs now");
+                        if !self.wait(backoff).await {
+                            return Ok(Flow::Stop);
+                        }
+                        backoff = (backoff * 2).min(self.config.max_backoff);
+                    }
+                    _ => {
+                        tracing::warn!(%error, "cannot list the head's live runs: deaths concern only the runs written from now on");
+                        break;
+                    }
+                },
+            }
+        }
+        self.seeded = true;
+        Ok(Flow::Continue)
+    }
+
+    /// Notes a run as the head answered it: live, with what a death is
+    /// matched by, or ended.
+    fn watch(&mut self, document: &RunDocument) {
+        let run = match document.parse() {
+            Ok(run) => run,
+            Err(error) => {
+                tracing::debug!(%error, "cannot read a run the head answered");
+                return;
+            }
+        };
+        let id = run.id().as_str().to_owned();
+        if run.status().is_terminal() {
+            self.live.remove(&id);
+            return;
+        }
+        let mut nodes: Vec<(String, String)> = run
+            .workers()
+            .iter()
+            .map(|w| (w.node_id().to_owned(), w.node_ip().to_owned()))
+            .collect();
+        nodes.sort();
+        nodes.dedup();
+        let watched = Watched {
+            job_id: run.job_id().to_owned(),
+            controller_actor_id: run.controller_actor_id().to_owned(),
+            start_time_ms: run.start_time_ms(),
+            current_start_ms: run
+                .attempts()
+                .last()
+                .map_or(run.start_time_ms(), |a| a.start_time_ms()),
+            nodes,
+        };
+        self.live.insert(id, watched);
+    }
+
+    fn remember(&mut self, attempt: &ray_v2::TrainRunAttempt) {
+        self.attempts
+            .retain(|a| !(a.run_id == attempt.run_id && a.attempt_id == attempt.attempt_id));
+        self.attempts.push_back(attempt.clone());
+        if self.attempts.len() > REMEMBERED_ATTEMPTS {
+            self.attempts.pop_front();
+        }
+    }
+
+    /// Applies one write, as changed at `at_ms` (Ray's time of the event),
+    /// sending it again while the head cannot take it.
     async fn apply(
         &mut self,
         file: &Path,
         line: &Line,
         event_id: &str,
-        event: &ExportEvent,
+        event: &Write,
+        at_ms: Option<u64>,
     ) -> Result<Flow, IngestError> {
         let mut backoff = self.config.first_backoff;
         let mut failures = 0_u32;
         loop {
             let result = match event {
-                ExportEvent::Run(run) => {
-                    self.handle.upsert_ray_run((**run).clone()).await.map(drop)
+                Write::Run(run) => self.handle.upsert_ray_run_at(run.clone(), at_ms).await,
+                Write::Attempt(attempt) => {
+                    self.handle.upsert_ray_attempt_at(attempt.clone(), at_ms).await
                 }
-                ExportEvent::Attempt(attempt) => {
-                    self.handle.upsert_ray_attempt((**attempt).clone()).await.map(drop)
+                Write::End { id, update } => {
+                    self.handle.set_status(id.clone(), update.clone()).await
                 }
             };
-            let error = match result {
+            if let Ok(document) = &result {
+                self.watch(document);
+                if let Write::Attempt(attempt) = event {
+                    self.remember(attempt);
+                }
+            }
+            let error = match result.map(drop) {
                 Ok(()) => {
                     if failures > 0 {
                         tracing::info!(line = line.number, "the head took the event");
@@ -663,4 +1040,14 @@ fn find_old(position: &Position) -> Option<PathBuf> {
         };
         is_it().unwrap_or(false)
     })
+}
+
+/// A node's death in words: `UNEXPECTED_TERMINATION: health check failed ...`.
+fn node_words(death: &NodeDeath) -> String {
+    let message = first_chars(death.message.trim(), MAX_RAY_WORDS);
+    if message.is_empty() {
+        death.reason.to_owned()
+    } else {
+        format!("{}: {message}", death.reason)
+    }
 }

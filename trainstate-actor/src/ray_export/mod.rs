@@ -19,11 +19,13 @@ mod follow;
 mod position;
 
 pub use decode::{
-    DecodeError, Decoded, EXPORT_TRAIN_RUN, EXPORT_TRAIN_RUN_ATTEMPT, ExportEvent, base64_to_hex,
-    decode_line, run_settings_value,
+    Death, DecodeError, Decoded, EXPORT_ACTOR, EXPORT_DRIVER_JOB, EXPORT_NODE, EXPORT_TRAIN_RUN,
+    EXPORT_TRAIN_RUN_ATTEMPT, ExportEvent, NodeDeath, base64_to_hex, decode_line,
+    run_settings_value,
 };
 #[cfg(unix)]
 pub use follow::{
-    FOLLOWED_FILES, FilePosition, IngestConfig, IngestError, IngestReport, SESSION_EVENTS_DIR,
-    TRAIN_RUN_FILE, TRAIN_STATE_FILE, ingest,
+    ACTOR_FILE, DRIVER_JOB_FILE, FOLLOWED_FILES, FilePosition, IngestConfig, IngestError,
+    IngestReport, NODE_FILE, SESSION_EVENTS_DIR, TRAIN_FILES, TRAIN_RUN_FILE, TRAIN_STATE_FILE,
+    ingest,
 };

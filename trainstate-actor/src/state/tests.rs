@@ -622,3 +622,47 @@ fn a_registration_repeated_is_a_no_op_and_with_other_static_metadata_a_conflict(
         assert_eq!(m.run(&id).status(), from.status(), "{what}: nothing changed");
     }
 }
+
+/// Every status change is appended to the run's history, its registration
+/// first, with the time it was decided; a repeat or a change that keeps the
+/// status adds nothing.
+#[test]
+fn every_status_change_is_recorded_in_the_run_s_history() {
+    use trainstate_schema::StatusChange;
+
+    let mut m = Machine::new();
+    let run = live_run();
+    let id = run.id().clone();
+    assert_eq!(m.register(run.clone()), Got::Changed);
+    assert_eq!(m.register(run), Got::Unchanged);
+    m.advance(Duration::from_secs(1));
+    assert_eq!(
+        m.set_status(&id, StatusUpdate::live(RunStatus::Restarting, "a worker died")),
+        Got::Changed
+    );
+    m.advance(Duration::from_secs(1));
+    let attempt = NewAttempt::new("1", m.now_ms, workers(2, 200));
+    assert_eq!(m.start_attempt(&id, attempt), Got::Changed);
+    assert_eq!(m.set_status(&id, StatusUpdate::live(RunStatus::Running, "")), Got::Changed);
+    assert_eq!(m.set_status(&id, StatusUpdate::live(RunStatus::Running, "")), Got::Unchanged);
+    m.advance(Duration::from_secs(1));
+    let aborted = StatusUpdate::aborted(CauseKind::UserInterrupt, "stopped");
+    assert_eq!(m.set_status(&id, aborted.clone()), Got::Changed);
+    assert_eq!(m.set_status(&id, aborted), Got::Unchanged);
+
+    let history = m.run(&id).status_history().to_vec();
+    let change = |status, at_ms, attempt_id: &str, detail: &str| StatusChange {
+        attempt_id: Some(attempt_id.to_owned()),
+        detail: detail.to_owned(),
+        ..StatusChange::new(status, at_ms)
+    };
+    assert_eq!(
+        history,
+        [
+            change(RunStatus::Running, T0, "0", ""),
+            change(RunStatus::Restarting, T0 + 1_000, "0", "a worker died"),
+            change(RunStatus::Running, T0 + 2_000, "1", ""),
+            change(RunStatus::Aborted, T0 + 3_000, "1", "stopped"),
+        ]
+    );
+}

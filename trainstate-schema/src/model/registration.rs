@@ -123,6 +123,9 @@ impl NewRun {
             let workers = attempt.workers.as_ref().map_or(run.workers.len(), |w| w.len());
             validate_client_cause(&format!("attempts[{i}].cause"), attempt.cause, failed, workers)?;
         }
+        for (i, change) in run.status_history.iter().enumerate() {
+            validate_time(&format!("status_history[{i}].at_ms"), change.at_ms)?;
+        }
         Ok(())
     }
 
