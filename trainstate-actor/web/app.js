@@ -682,7 +682,9 @@
         cause ? item('Cause', h('span', { id: 'run-cause' },
           h('code', null, cause.kind), ` ${CAUSES[cause.kind] ? `(${CAUSES[cause.kind].toLowerCase()})` : ''}`,
           cause.failed_world_rank !== null && cause.failed_world_rank !== undefined
-            ? [', first failed rank ', rankLink(cause.failed_world_rank)] : null)) : null,
+            ? [', first failed rank ', rankLink(cause.failed_world_rank)] : null,
+          cause.how ? ` (${cause.how.toLowerCase()})` : null,
+          cause.failed_at_ms ? [' at ', timeEl(cause.failed_at_ms)] : null)) : null,
         run.last_heartbeat_ms ? item('Last heartbeat', timeEl(run.last_heartbeat_ms)) : null,
         run.restored_from ? item('Restored from',
           h('a', { href: runHref(run.restored_from), 'data-nav': true, class: 'mono' }, run.restored_from)) : null,
@@ -753,7 +755,8 @@
         const current = i === attempts.length - 1;
         const cause = a.cause ? h('span', { class: 'attempt-cause' }, ` · ${CAUSES[a.cause.kind] || a.cause.kind}`,
           a.cause.failed_world_rank !== null && a.cause.failed_world_rank !== undefined
-            ? [', first failed rank ', rankLink(a.cause.failed_world_rank)] : null) : null;
+            ? [', first failed rank ', rankLink(a.cause.failed_world_rank)] : null,
+          a.cause.how ? ` (${a.cause.how.toLowerCase()})` : null) : null;
         const end = endOf(a, i);
         const workers = current ? run.workers : a.workers || [];
         const left = ((a.start_time_ms - t0) / span) * 100;

@@ -123,9 +123,11 @@ fn show(run: &TrainRunInfo, links: &LinksResponse) -> Result<String, String> {
     line(&mut out, "ended (UTC)", &run.end_time_ms().map(utc).unwrap_or_else(|| "-".into()));
     line(&mut out, "duration", &duration(run.start_time_ms(), run.end_time_ms()));
     if let Some(cause) = run.cause() {
+        let how = cause.how.map(|h| format!(", {}", h.as_str().to_lowercase())).unwrap_or_default();
+        let at = cause.failed_at_ms.map(|t| format!(" at {} UTC", utc(t))).unwrap_or_default();
         let rank = cause
             .failed_world_rank
-            .map(|r| format!(" (rank {r} failed first)"))
+            .map(|r| format!(" (rank {r} failed first{how}{at})"))
             .unwrap_or_default();
         line(&mut out, "cause", &format!("{}{rank}", cause.kind));
     }
@@ -157,7 +159,12 @@ fn show(run: &TrainRunInfo, links: &LinksResponse) -> Result<String, String> {
             let cause = a.cause().map_or_else(
                 || "-".to_owned(),
                 |c| match c.failed_world_rank {
-                    Some(rank) => format!("{} (rank {rank})", c.kind),
+                    Some(rank) => match c.how {
+                        Some(how) => {
+                            format!("{} (rank {rank}, {})", c.kind, how.as_str().to_lowercase())
+                        }
+                        None => format!("{} (rank {rank})", c.kind),
+                    },
                     None => c.kind.to_string(),
                 },
             );
