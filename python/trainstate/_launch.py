@@ -6,10 +6,13 @@ feed their own: torchrun / torch elastic, Slurm's ``srun``, a generic
 """
 
 import hashlib
+import os
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional, Tuple
+
+from . import _probe, _proc
 
 _KEY_CHARS = re.compile(r"[^A-Za-z0-9._:-]")
 _MAX_KEY = 256
@@ -65,11 +68,77 @@ def _first_count(value: str) -> Optional[int]:
     return int(match.group(1)) if match else None
 
 
-def detect(env: Mapping[str, str], key: Optional[str] = None, job_id: Optional[str] = None) -> Launch:
+Agent = Tuple[int, int]
+"""The process that launched this rank: its pid and its start (clock ticks
+since boot, field 22 of ``/proc/<pid>/stat``), which together name one
+process for as long as the machine is up."""
+
+_MAX_WRAPPERS = 8
+
+
+def launching_agent(pid: Optional[int] = None, proc: str = _proc.PROC) -> Optional[Agent]:
+    """The torchrun agent that started the rank ``pid`` (this process by
+    default): its parent, or, when the rank was started through wrappers (a
+    shell, ``--no_python`` scripts), the nearest ancestor whose environment
+    has no ``TORCHELASTIC_RUN_ID``: torchrun sets it for its workers only.
+    ``None`` where ``/proc`` does not tell."""
+    current = os.getpid() if pid is None else pid
+    agent = _proc.parent(current, proc)
+    for _ in range(_MAX_WRAPPERS):
+        if agent is None or agent <= 1 or not _inherits_run_id(agent, proc):
+            break
+        above = _proc.parent(agent, proc)
+        if above is None or above <= 1:
+            break
+        agent = above
+    if agent is None or agent <= 0:
+        return None
+    started = _proc.start_ticks(agent, proc)
+    return None if started is None else (agent, started)
+
+
+def _inherits_run_id(pid: int, proc: str) -> bool:
+    """True when ``pid`` was started with ``TORCHELASTIC_RUN_ID`` in its
+    environment (a wrapper between torchrun and the rank). Unreadable: no."""
+    try:
+        with open(os.path.join(proc, str(pid), "environ"), "rb") as f:
+            environ = f.read()
+    except OSError:
+        return False
+    return any(entry.startswith(b"TORCHELASTIC_RUN_ID=") for entry in environ.split(b"\0"))
+
+
+def _single_node(env: Mapping[str, str], world: int) -> bool:
+    """True when every rank of the launch runs on this node."""
+    local_world = env.get("LOCAL_WORLD_SIZE", "").strip()
+    if local_world.isdigit() and int(local_world) == world:
+        return True
+    return env.get("GROUP_WORLD_SIZE", "").strip() == "1"
+
+
+def per_launch_id(master: str, agent: Agent, machine: str) -> str:
+    """A launch id every local rank of one torchrun derives alike: the
+    master's address and port, then a hash of the agent's pid and start
+    and the machine's id (the same agent on another machine is another
+    launch)."""
+    text = "{}|{}|{}|{}".format(master, agent[0], agent[1], machine)
+    return "{}.{}".format(master, hashlib.sha256(text.encode("utf-8")).hexdigest()[:16])
+
+
+def detect(
+    env: Mapping[str, str],
+    key: Optional[str] = None,
+    job_id: Optional[str] = None,
+    *,
+    agent: Callable[[], Optional[Agent]] = launching_agent,
+    machine: Callable[[], str] = _probe.node_id,
+) -> Launch:
     """The launch described by ``env``. ``key`` and ``job_id`` override what
     the environment says (as do ``TRAINSTATE_RUN_KEY`` and
-    ``TRAINSTATE_JOB_ID``). Raises ``ValueError`` when a launcher's variables
-    are present but do not parse."""
+    ``TRAINSTATE_JOB_ID``). ``agent`` and ``machine`` tell a plain torchrun
+    launch from the next one on the same node (see :func:`launching_agent`).
+    Raises ``ValueError`` when a launcher's variables are present but do not
+    parse."""
     key = key or env.get("TRAINSTATE_RUN_KEY") or None
     job_id = job_id or env.get("TRAINSTATE_JOB_ID") or None
     if "TORCHELASTIC_RUN_ID" in env or ("RANK" in env and "WORLD_SIZE" in env):
@@ -81,8 +150,14 @@ def detect(env: Mapping[str, str], key: Optional[str] = None, job_id: Optional[s
         node_rank = _int(env, "GROUP_RANK", rank // max(local_world, 1))
         run_id = env.get("TORCHELASTIC_RUN_ID", "")
         if not run_id or run_id == "none":
-            # torchrun's default --rdzv-id; the master's address tells launches apart.
+            # torchrun without --rdzv-id or --standalone: every launch says
+            # "none". On one node, the agent (torchrun itself, the same
+            # across its restarts of the workers) tells launches apart;
+            # across nodes nothing shared does, and the master is the key.
             run_id = "{}-{}".format(env.get("MASTER_ADDR", "localhost"), env.get("MASTER_PORT", "0"))
+            found = agent() if elastic and key is None and _single_node(env, world) else None
+            if found is not None:
+                run_id = per_launch_id(run_id, found, machine())
         attempt = _int(env, "TORCHELASTIC_RESTART_COUNT", 0)
         max_restarts = _int(env, "TORCHELASTIC_MAX_RESTARTS", 0)
         prefix = "torchrun" if elastic else "env"
