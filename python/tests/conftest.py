@@ -8,6 +8,7 @@ child processes that report to the real head over real sockets.
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -117,7 +118,8 @@ _counter = iter(range(10**9))
 @pytest.fixture
 def name(request) -> str:
     """A run name of this test's own."""
-    return "{}-{}-{}".format(request.node.name.replace("_", "-")[:60], os.getpid(), next(_counter))
+    base = re.sub(r"[^A-Za-z0-9-]+", "-", request.node.name.replace("_", "-"))[:60]
+    return "{}-{}-{}".format(base, os.getpid(), next(_counter))
 
 
 def package_path() -> str:

@@ -58,6 +58,8 @@ CALLBACKS = """
     import sys
     from trainstate.integrations.{module} import TrainstateCallback
 
+    # The framework's base class has the end hooks; without the framework, nothing calls them.
+    END = lambda callback, hook: getattr(callback, hook, lambda *args: None)
     callback = TrainstateCallback(timeout=1.0)
     {calls}
     print("enabled", callback.run.enabled)
@@ -67,8 +69,8 @@ CALLBACKS = """
 @pytest.mark.parametrize(
     "module, calls, status, cause",
     [
-        ("huggingface", "callback.on_train_begin(None, None, None); callback.on_train_end(None, None, None)", "FINISHED", None),
-        ("lightning", "callback.on_fit_start(None, None); callback.on_fit_end(None, None)", "FINISHED", None),
+        ("huggingface", "callback.on_train_begin(None, None, None); END(callback, 'on_train_end')(None, None, None)", "FINISHED", None),
+        ("lightning", "callback.on_fit_start(None, None); END(callback, 'on_fit_end')(None, None)", "FINISHED", None),
         # Lightning catches KeyboardInterrupt, calls on_exception, and the script goes on to exit cleanly.
         ("lightning", "callback.on_fit_start(None, None); callback.on_exception(None, None, KeyboardInterrupt())", "ABORTED", "USER_INTERRUPT"),
         ("lightning", "callback.on_fit_start(None, None); callback.on_exception(None, None, ValueError('nan loss'))", "ERRORED", "USER_ERROR"),
@@ -83,6 +85,24 @@ def test_callbacks_join_and_end_the_rank_as_their_framework_calls_them(head, nam
     assert (run.get("cause") or {}).get("kind") == cause
     if status == "ERRORED":
         assert "ValueError: nan loss" in run["status_detail"]
+
+
+@pytest.mark.parametrize(
+    "module, calls",
+    [
+        ("huggingface", "callback.on_train_begin(None, None, None); END(callback, 'on_train_end')(None, None, None)"),
+        ("lightning", "callback.on_fit_start(None, None); END(callback, 'on_fit_end')(None, None)"),
+    ],
+)
+def test_the_end_of_training_is_not_the_end_of_the_rank(head, name, tmp_path, module, calls):
+    # Training ended cleanly, then the script failed: the run is what the
+    # process did, as torchrun's exit status says.
+    path = script(tmp_path, CALLBACKS.format(module=module, calls=calls) + "    raise RuntimeError('export failed')\n")
+    result = run_script(path, child_env(head.url, name))
+    assert result.returncode == 1
+    run = head.run_named(name, "ERRORED")
+    assert run["cause"]["kind"] == "USER_ERROR"
+    assert "RuntimeError: export failed" in run["status_detail"]
 
 
 def test_callbacks_import_without_their_frameworks():

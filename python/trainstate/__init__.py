@@ -6,15 +6,19 @@ torchrun, Slurm's ``srun`` or another launcher starts, or a plain script)::
     import trainstate
     trainstate.init()   # reads TRAINSTATE_URL and TRAINSTATE_TOKEN
 
-Each rank joins its launch's group at the head, which registers the run
-once every rank has joined; ranks heartbeat in the background, and the run
-ends FINISHED when every rank exits cleanly, ERRORED (with the rank and its
-traceback) at the first uncaught exception, ABORTED on SIGTERM/SIGINT, and
-ABORTED for a lost controller if the job is killed outright.
+Each rank starts a small watcher process that joins its launch's group at
+the head (which registers the run once every rank has joined), heartbeats,
+and reports the rank's end: FINISHED when every rank exits cleanly, ERRORED
+(with the rank and its traceback) at the first uncaught exception, and, for
+a rank that dies without reporting, what its death shows (killed by
+SIGKILL, exited with status 3; ABORTED when SIGTERM, SIGINT or SIGHUP ended
+it). A job killed outright, watchers included, is ABORTED for a lost
+controller after its lease.
 
-Nothing here breaks training: every request has a short deadline, a head
-that is down is logged once and retried in the background, and no
-exception from trainstate reaches your code.
+Nothing here breaks training: the rank itself makes no request, installs
+no signal handler and never blocks on trainstate; a head that is down is
+logged once and retried in the background, and no exception from
+trainstate reaches your code.
 """
 
 import logging
@@ -24,7 +28,7 @@ import sys
 from typing import Mapping, Optional
 from urllib.parse import urlsplit
 
-from . import _launch, _probe
+from . import _launch, _probe, _proc
 from ._run import TERMINAL, Run, current
 from ._run import _set_current as _set_current
 from ._wire import TrainWorkerInfo
@@ -123,7 +127,7 @@ def _make(
         "pid": pid,
         "gpu_ids": gpus,
         "status": "ALIVE",
-        "resources": _probe.resources(gpus),
+        "resources": _probe.resources(gpus, launch.local_world_size),
     }
     run_name = name or env.get("TRAINSTATE_RUN_NAME") or _script_name()
     return Run(
@@ -134,6 +138,7 @@ def _make(
         name=run_name[:1024],
         timeout=timeout,
         join_timeout=join_timeout,
+        process_start_ms=_proc.start_ms(pid) or _proc.now_ms(),
     )
 
 

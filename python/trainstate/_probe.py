@@ -10,8 +10,9 @@ Rust:
   socket is connected, nothing is sent), else ``127.0.0.1``;
 - ``gpu_ids``: from ``CUDA_VISIBLE_DEVICES``, else ``NVIDIA_VISIBLE_DEVICES``
   (indexes only: UUIDs, ``all`` and ``none`` give no ids);
-- ``resources``: ``CPU`` (the CPUs this process may use) and, when GPUs
-  are visible, ``GPU`` (their number).
+- ``resources``: ``CPU`` (the CPUs this worker was given: its affinity
+  when narrower than the node, else the node's shared by the node's
+  workers) and, when GPUs are visible, ``GPU`` (their number).
 """
 
 import math
@@ -132,9 +133,38 @@ def _cgroup_quota() -> Optional[int]:
     return None
 
 
-def resources(gpus: Sequence[int]) -> Dict[str, float]:
-    """``CPU`` and, with visible GPUs, ``GPU``."""
-    out: Dict[str, float] = {"CPU": float(cpu_count())}
+def worker_cpus(
+    local_world_size: int = 1,
+    affinity: Optional[int] = None,
+    node: Optional[int] = None,
+    quota: Optional[int] = None,
+) -> int:
+    """The CPUs one worker was given, not the whole node's: those of its
+    affinity when the launcher narrowed it below the node's, else the
+    node's (bounded by a cgroup CPU quota) shared by the node's
+    ``local_world_size`` workers; at least 1. Unset arguments are read
+    from this process."""
+    if affinity is None:
+        try:
+            affinity = len(os.sched_getaffinity(0))  # type: ignore[attr-defined]
+        except (AttributeError, OSError):
+            affinity = None
+    if node is None:
+        node = os.cpu_count() or affinity or 1
+    if quota is None:
+        quota = _cgroup_quota()
+    if affinity is not None and affinity < node:
+        given = affinity
+        if quota is not None:
+            given = min(given, quota)
+        return max(given, 1)
+    total = node if quota is None else min(node, quota)
+    return max(total // max(local_world_size, 1), 1)
+
+
+def resources(gpus: Sequence[int], local_world_size: int = 1) -> Dict[str, float]:
+    """``CPU`` (see :func:`worker_cpus`) and, with visible GPUs, ``GPU``."""
+    out: Dict[str, float] = {"CPU": float(worker_cpus(local_world_size))}
     if gpus:
         out["GPU"] = float(len(gpus))
     return out

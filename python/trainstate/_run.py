@@ -1,39 +1,64 @@
-"""One rank's report to the head: join, heartbeats, and how the rank ended.
+"""One rank's report to the head, from the rank's side.
 
-Nothing here may break training: every request has a short deadline, a
-head that is down or slow is logged once and retried in the background,
-and no exception leaves this module into the caller's code.
+The rank does no HTTP at all: a watcher process (:mod:`trainstate._watch`)
+joins, heartbeats and reports the rank's end, and sees the rank die. The
+rank only tells it, without ever blocking, how it ended when it knows
+(an uncaught exception, ``sys.exit`` with a status, an explicit
+:meth:`Run.finish` or :meth:`Run.fail`, or reaching its exit), and a
+daemon thread reads the head's answers the watcher passes back.
+
+Nothing here may break training: no exception leaves this module into the
+caller's code, no signal handler is installed, and the rank's exit status
+and output are what they would be without trainstate.
 """
 
+import json
 import logging
 import os
-import signal
+import socket
+import subprocess
 import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 from types import TracebackType
-from typing import Any, Callable, Dict, Optional, Type
+from typing import Any, Callable, Dict, Optional, Tuple, Type
 
-from . import _http, _launch
-from ._wire import JoinRequest, RankEndRequest, RendezvousResponse, TrainWorkerInfo
+from . import _launch, _proc
+from ._wire import TrainWorkerInfo
 
 logger = logging.getLogger("trainstate")
 
 TERMINAL = ("FINISHED", "ERRORED", "ABORTED")
 """The statuses a run ends with."""
 
-_MAX_BACKOFF = 30.0
+_MAX_DETAIL = 50_000
+_WRITE_BOUND = 0.2
+"""How long finishing a line already partly written may take, in seconds."""
+
+# Variables that would make the watcher's interpreter print or linger.
+_WATCHER_ENV_DROP = (
+    "PYTHONINSPECT",
+    "PYTHONVERBOSE",
+    "PYTHONPROFILEIMPORTTIME",
+    "PYTHONTRACEMALLOC",
+    "PYTHONDEVMODE",
+    "PYTHONWARNINGS",
+    "PYTHONSTARTUP",
+    "PYTHONBREAKPOINT",
+    "PYTHONFAULTHANDLER",
+)
 
 
 class Run:
     """This process's rank of a run, as reported to the head.
 
-    Made by :func:`trainstate.init`. The rank joins its group at the head in
-    the background, heartbeats while it lives, and reports how it ended:
-    at exit (``FINISHED``), at an uncaught exception (``ERRORED`` with the
-    traceback) or on SIGTERM/SIGINT (``ABORTED``). :meth:`finish` and
-    :meth:`fail` report an end explicitly.
+    Made by :func:`trainstate.init`. The rank's watcher joins its group at
+    the head, heartbeats while the rank lives, and reports how it ended:
+    its own report when it made one (an uncaught exception, ``sys.exit``
+    with a status, :meth:`finish`, :meth:`fail`), else what its death
+    shows (its exit status, or the signal that killed it).
     """
 
     def __init__(
@@ -47,6 +72,7 @@ class Run:
         timeout: float,
         join_timeout: Optional[float],
         reason: Optional[str] = None,
+        process_start_ms: Optional[int] = None,
     ) -> None:
         self._url = url
         self._token = token
@@ -55,26 +81,25 @@ class Run:
         self._name = name
         self._timeout = timeout
         self._join_timeout = join_timeout
+        self._process_start_ms = process_start_ms
         self._pid = os.getpid()
         self._enabled = reason is None and url is not None and launch is not None
         self._disabled_reason = reason
-        # Re-entrant: a signal handler runs in the main thread, which may hold it.
-        self._lock = threading.RLock()
-        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._thread: Optional[threading.Thread] = None
         self._run_id: Optional[str] = None
         self._attempt_id = str(launch.attempt) if launch else "0"
-        self._joined = False
         self._run_status: Optional[str] = None
         self._lease_ms = 60_000
-        self._end: Optional[RankEndRequest] = None
-        self._end_sent = False
+        self._tried = False
         self._given_up = False
-        self._heartbeats_stopped = False
-        self._warned = False
-        self._interrupted: Optional[str] = None
+        self._watcher_gone = False
+        self._ended = False
+        self._line_broken = False
         self._exit_status: Optional[Any] = None
+        self._socket: Optional[socket.socket] = None
+        self._watcher: Optional["subprocess.Popen[bytes]"] = None
 
     # What the rank is.
 
@@ -129,6 +154,11 @@ class Run:
         """The head's URL."""
         return self._url
 
+    @property
+    def watcher_pid(self) -> Optional[int]:
+        """The pid of the process that reports for this rank."""
+        return self._watcher.pid if self._watcher is not None else None
+
     def __repr__(self) -> str:
         if not self._enabled:
             return f"<trainstate.Run disabled: {self._disabled_reason}>"
@@ -142,28 +172,29 @@ class Run:
     def finish(self) -> None:
         """Reports that this rank ended cleanly. The run finishes once every
         rank has."""
-        self._guarded(self._report_end, "FINISHED", "", None)
+        self._guarded(self._report_end, "FINISHED", "", None, None, _proc.now_ms())
 
     def fail(self, error: Optional[BaseException] = None, detail: Optional[str] = None) -> None:
         """Reports that this rank failed with ``error`` (its traceback is
         sent) or ``detail``: the run is ERRORED, unless the launcher restarts
         the workers."""
+        at_ms = _proc.now_ms()
 
         def report() -> None:
             text = detail
             if text is None and error is not None:
                 text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
             if isinstance(error, KeyboardInterrupt):
-                self._report_end("ABORTED", text or "KeyboardInterrupt", "USER_INTERRUPT")
+                self._report_end("ABORTED", text or "KeyboardInterrupt", "USER_INTERRUPT", None, at_ms)
             else:
-                self._report_end("ERRORED", text or "", "USER_ERROR")
+                self._report_end("ERRORED", text or "", "USER_ERROR", "RAISED", at_ms)
 
         self._guarded(report)
 
     def interrupt(self, detail: str = "interrupted") -> None:
         """Reports that this rank was interrupted: the run is ABORTED
         (``USER_INTERRUPT``), unless the launcher restarts the workers."""
-        self._guarded(self._report_end, "ABORTED", detail, "USER_INTERRUPT")
+        self._guarded(self._report_end, "ABORTED", detail, "USER_INTERRUPT", None, _proc.now_ms())
 
     def wait_for_group(self, timeout: float) -> bool:
         """Waits up to ``timeout`` seconds until the head has registered the
@@ -172,7 +203,7 @@ class Run:
             return False
         deadline = time.monotonic() + timeout
         with self._changed:
-            while self._run_status is None and not self._given_up:
+            while self._run_status is None and not self._given_up and not self._watcher_gone:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -180,23 +211,162 @@ class Run:
             return self._run_status is not None
 
     def close(self) -> None:
-        """Stops the background thread without reporting an end."""
-        self._stop.set()
+        """Stops reporting, without reporting an end."""
+        self._guarded(self._send, {"close": True})
 
-    # The background thread.
+    # The watcher.
 
     def _start(self) -> None:
         if not self._enabled:
             return
-        self._guarded(self._join)
-        self._thread = threading.Thread(target=self._loop, name="trainstate-reporter", daemon=True)
-        self._thread.start()
+        try:
+            self._spawn()
+        except Exception as err:  # noqa: BLE001 - training must go on
+            self._enabled = False
+            self._disabled_reason = f"the watcher did not start: {err}"
+            logger.warning("trainstate: cannot start this rank's watcher (%s); this rank is not reported, training goes on", err)
+            return
+        # The first join's answer, within the deadline: run_id is then known
+        # at once in the usual case. The watcher goes on trying after that.
+        deadline = time.monotonic() + self._timeout
+        with self._changed:
+            while not self._tried and not self._watcher_gone:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._changed.wait(left)
+
+    def _spawn(self) -> None:
+        assert self._launch is not None and self._worker is not None and self._url is not None
+        executable = sys.executable
+        if not executable:
+            raise RuntimeError("sys.executable is unknown")
+        package_parent = str(Path(__file__).resolve().parents[1])
+        env = {k: v for k, v in os.environ.items() if k not in _WATCHER_ENV_DROP}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH", "")) if p)
+        ours, theirs = socket.socketpair()
+        try:
+            # The watcher's cwd is the package's parent, so `-m` imports the
+            # very package this rank imported, whatever the rank's cwd holds.
+            self._watcher = subprocess.Popen(
+                [executable, "-W", "ignore", "-m", "trainstate._watch"],
+                stdin=theirs.fileno(),
+                stdout=theirs.fileno(),
+                stderr=None,
+                cwd=package_parent,
+                env=env,
+                close_fds=True,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._socket = ours
+        config: Dict[str, Any] = {
+            "url": self._url,
+            "token": self._token,
+            "timeout": self._timeout,
+            "key": self._launch.key,
+            "rank": self._launch.rank,
+            "world_size": self._launch.world_size,
+            "attempt": self._launch.attempt,
+            "restarts_remaining": self._launch.restarts_remaining,
+            "worker": self._worker,
+            "name": self._name,
+            "job_id": self._launch.job_id,
+            "join_timeout_ms": None if self._join_timeout is None else max(1, int(self._join_timeout * 1000)),
+            "process_start_ms": self._process_start_ms,
+            "pid": self._pid,
+            "start_ticks": _proc.start_ticks(self._pid),
+            "warn": logger.isEnabledFor(logging.WARNING),
+        }
+        if not self._send(config):
+            raise RuntimeError("the watcher did not take its configuration")
+        threading.Thread(target=self._read_watcher, name="trainstate-watcher-answers", daemon=True).start()
+
+    def _read_watcher(self) -> None:
+        """Takes the head's answers the watcher passes on, until it exits."""
+        sock = self._socket
+        buffer = b""
+        try:
+            while sock is not None:
+                try:
+                    chunk = sock.recv(65536)
+                except InterruptedError:
+                    continue
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    self._take(line)
+        finally:
+            with self._changed:
+                self._watcher_gone = True
+                self._changed.notify_all()
+            watcher = self._watcher
+            if watcher is not None and os.getpid() == self._pid:
+                try:
+                    watcher.wait(30)  # reaped: it exits once it has nothing left to do
+                except Exception:  # noqa: BLE001
+                    pass
+
+    def _take(self, line: bytes) -> None:
+        try:
+            state = json.loads(line.decode("utf-8"))
+        except ValueError:
+            return
+        if not isinstance(state, dict):
+            return
+        with self._changed:
+            self._run_id = state.get("run_id") or self._run_id
+            self._attempt_id = str(state.get("attempt_id") or self._attempt_id)
+            self._run_status = state.get("run_status")
+            try:
+                self._lease_ms = int(state.get("lease_ms") or self._lease_ms)
+            except (TypeError, ValueError):
+                pass
+            self._tried = self._tried or bool(state.get("tried"))
+            self._given_up = bool(state.get("given_up"))
+            self._changed.notify_all()
+
+    def _send(self, message: Dict[str, Any]) -> bool:
+        """Writes one line to the watcher without blocking: a full pipe, or
+        a watcher that is gone, drops it. True when it was written."""
+        sock = self._socket
+        if sock is None or os.getpid() != self._pid:
+            return False
+        data = json.dumps(message, separators=(",", ":")).encode("utf-8") + b"\n"
+        flags = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
+        with self._write_lock:
+            if self._line_broken:
+                data = b"\n" + data  # ends the line a dropped message left unfinished
+            written = 0
+            until: Optional[float] = None
+            while written < len(data):
+                try:
+                    written += sock.send(data[written:], flags)
+                except (BlockingIOError, InterruptedError):
+                    if written == 0:
+                        return False
+                    until = until or time.monotonic() + _WRITE_BOUND
+                    if time.monotonic() > until:
+                        self._line_broken = True
+                        return False
+                    time.sleep(0.005)
+                except OSError:
+                    return False
+            self._line_broken = False
+            return True
 
     def _owned(self) -> bool:
         """False in a forked child: only the process that called init reports."""
         return self._enabled and os.getpid() == self._pid
 
-    def _guarded(self, action: Callable[..., None], *args: Any) -> None:
+    def _guarded(self, action: Callable[..., Any], *args: Any) -> None:
         """Runs ``action``; whatever it raises stays here."""
         if not self._owned():
             return
@@ -205,199 +375,60 @@ class Run:
         except BaseException as err:  # noqa: BLE001 - training must go on
             logger.debug("trainstate: %r", err, exc_info=True)
 
-    def _loop(self) -> None:
-        backoff = 0.5
-        while not self._stop.is_set():
-            try:
-                wait = self._tick()
-                backoff = 0.5
-            except _http.Unreachable:
-                wait = backoff
-                backoff = min(backoff * 2, _MAX_BACKOFF)
-            except BaseException as err:  # noqa: BLE001
-                logger.debug("trainstate: reporter: %r", err, exc_info=True)
-                wait = backoff
-                backoff = min(backoff * 2, _MAX_BACKOFF)
-            if wait is None:
-                return
-            self._stop.wait(wait)
-
-    def _interval(self) -> float:
-        return max(0.05, min(self._lease_ms / 4000.0, 15.0))
-
-    def _tick(self) -> Optional[float]:
-        """One step of the background thread; the seconds until the next,
-        or None when there is nothing left to do."""
-        if self._given_up or self._end_sent:
-            return None
-        if not self._joined:
-            self._join()
-            return self._interval() if self._joined else None if self._given_up else 1.0
-        if self._end is not None:
-            self._send_end()
-            return None if self._end_sent else 1.0
-        if self._heartbeats_stopped:
-            return 1.0
-        self._heartbeat()
-        return self._interval()
-
-    # Requests.
-
-    def _call(self, path: str, body: Any, timeout: Optional[float] = None) -> Dict[str, Any]:
-        """One request; warns once per process when the head cannot be
-        reached, and gives up on a refusal."""
-        assert self._url is not None
-        try:
-            return _http.request(self._url, "POST", path, body, self._token, timeout or self._timeout)
-        except _http.Unreachable as err:
-            self._warn_once(
-                f"trainstate: cannot reach the head ({err}); training goes on, and this rank keeps trying in the background"
-            )
-            raise
-        except _http.HeadError as err:
-            if err.retryable:
-                self._warn_once(
-                    f"trainstate: the head is unavailable ({err}); training goes on, and this rank keeps trying in the background"
-                )
-                raise _http.Unreachable(str(err)) from None
-            raise
-
-    def _warn_once(self, message: str) -> None:
+    def _report_end(self, status: str, detail: str, cause: Optional[str], how: Optional[str], at_ms: int) -> None:
+        """Tells the watcher how this rank ended (the first end counts)."""
         with self._lock:
-            if self._warned:
-                logger.debug(message)
+            if self._ended:
                 return
-            self._warned = True
-        logger.warning(message)
-
-    def _accept(self, answer: RendezvousResponse) -> None:
-        with self._changed:
-            self._run_id = answer.get("run_id", self._run_id)
-            self._attempt_id = answer.get("attempt_id", self._attempt_id)
-            self._run_status = answer.get("run_status")
-            self._lease_ms = int(answer.get("lease_ms") or self._lease_ms)
-            self._joined = True
-            self._changed.notify_all()
-
-    def _give_up(self, err: _http.HeadError, what: str) -> None:
-        self._warn_once(f"trainstate: the head refused {what} ({err}); this rank stops reporting, training goes on")
-        with self._changed:
-            self._given_up = True
-            self._changed.notify_all()
-        self._stop.set()
-
-    def _join(self) -> None:
-        if self._joined or self._given_up:
-            return
-        assert self._launch is not None and self._worker is not None
-        body: JoinRequest = {
-            "world_size": self._launch.world_size,
-            "attempt": self._launch.attempt,
-            "worker": self._worker,
-            "name": self._name,
-            "job_id": self._launch.job_id,
-        }
-        if self._join_timeout is not None:
-            body["join_timeout_ms"] = max(1, int(self._join_timeout * 1000))
-        if self._run_id is not None:
-            body["run_id"] = self._run_id
-        try:
-            answer = self._call(f"/api/train/rendezvous/{self._launch.key}/join", body)
-        except _http.HeadError as err:
-            self._give_up(err, f"rank {self._launch.rank}'s join")
-            return
-        self._accept(answer)  # type: ignore[arg-type]
-
-    def _heartbeat(self) -> None:
-        path = f"/api/train/runs/{self._run_id}/ranks/{self.rank}/heartbeat"
-        try:
-            answer = self._call(path, {"attempt_id": self._attempt_id})
-        except _http.HeadError as err:
-            if err.status == 404:
-                # The head forgot the group (a restart): join again, keeping the run id.
-                with self._lock:
-                    self._joined = False
-                return
-            # The attempt was replaced, or the request is refused: no more heartbeats.
-            logger.debug("trainstate: heartbeat refused: %s", err)
-            self._heartbeats_stopped = True
-            return
-        self._accept(answer)  # type: ignore[arg-type]
-        if self._run_status in TERMINAL:
-            self._heartbeats_stopped = True
-
-    def _report_end(self, status: str, detail: str, cause: Optional[str]) -> None:
-        """Records this rank's end (the first one counts) and sends it now."""
-        assert self._launch is not None
-        with self._lock:
-            if self._end is not None:
-                return
-            end: RankEndRequest = {
-                "attempt_id": self._attempt_id,
-                "status": status,  # type: ignore[typeddict-item]
-                "detail": detail[-50_000:],
-                "restarts_remaining": self._launch.restarts_remaining,
-            }
-            if cause is not None:
-                end["cause"] = cause  # type: ignore[typeddict-item]
-            self._end = end
-        self._send_end()
-
-    def _send_end(self) -> None:
-        if self._end_sent or self._given_up or self._end is None:
-            return
-        if not self._joined:
-            self._join()
-            if not self._joined:
-                return
-        end = dict(self._end)
-        end["attempt_id"] = self._attempt_id
-        path = f"/api/train/runs/{self._run_id}/ranks/{self.rank}/end"
-        try:
-            answer = self._call(path, end)
-        except _http.HeadError as err:
-            if err.status == 404:
-                with self._lock:
-                    self._joined = False
-                return
-            logger.debug("trainstate: end refused: %s", err)
-            self._end_sent = True
-            self._stop.set()
-            return
-        self._accept(answer)  # type: ignore[arg-type]
-        self._end_sent = True
-        self._stop.set()
+            self._ended = True
+        end: Dict[str, Any] = {"status": status, "detail": detail[-_MAX_DETAIL:], "ended_at_ms": at_ms}
+        if cause is not None:
+            end["cause"] = cause
+        if how is not None:
+            end["how"] = how
+        self._send({"end": end})
 
     # The process's hooks.
 
-    def _uncaught(self, exc_type: Type[BaseException], exc: BaseException, tb: Optional[TracebackType]) -> None:
+    def _uncaught(self, exc_type: Type[BaseException], exc: BaseException, tb: Optional[TracebackType], at_ms: int) -> None:
         if issubclass(exc_type, KeyboardInterrupt):
-            self._report_end("ABORTED", f"Rank {self.rank} was interrupted (KeyboardInterrupt).", "USER_INTERRUPT")
+            self._report_end("ABORTED", f"Rank {self.rank} was interrupted (KeyboardInterrupt).", "USER_INTERRUPT", None, at_ms)
         else:
-            self._report_end("ERRORED", "".join(traceback.format_exception(exc_type, exc, tb)), "USER_ERROR")
-
-    def _signalled(self, signum: int) -> None:
-        name = signal.Signals(signum).name
-        self._report_end("ABORTED", f"Rank {self.rank} received {name}.", "USER_INTERRUPT")
+            text = "".join(traceback.format_exception(exc_type, exc, tb))
+            self._report_end("ERRORED", text, "USER_ERROR", "RAISED", at_ms)
 
     def _at_exit(self) -> None:
-        if self._end is None:
-            status = self._exit_status
-            if self._interrupted is not None:
-                self._report_end("ABORTED", f"Rank {self.rank} was interrupted ({self._interrupted}).", "USER_INTERRUPT")
-            elif status is not None and status != 0:
-                detail = status if isinstance(status, str) else f"exited with status {status}"
-                self._report_end("ERRORED", f"Rank {self.rank} {detail}", "USER_ERROR")
-            else:
-                self._report_end("FINISHED", "", None)
-        # One more try within the deadline if the first did not get through.
-        deadline = time.monotonic() + self._timeout
-        while not self._end_sent and not self._given_up and time.monotonic() < deadline:
+        """The rank reached its exit: tells the watcher so, with the status
+        ``sys.exit`` was given, and returns at once. The watcher reads the
+        real exit status once the process is gone (a caught ``SystemExit``,
+        or a later ``os._exit``, makes it another), and takes this one only
+        when the process was reaped before it could read it."""
+        with self._lock:
+            if self._ended:
+                return
+        status, message = _exit_status(self._exit_status)
+        self._send({"exit": {"at_ms": _proc.now_ms(), "status": status, "message": message}})
+
+    def _after_fork_in_child(self) -> None:
+        """A forked child does not hold the rank's end of the pipe: the
+        watcher must see it close when the rank dies, not when the last
+        child does."""
+        sock, self._socket = self._socket, None
+        self._watcher = None
+        if sock is not None:
             try:
-                self._send_end()
-            except _http.Unreachable:
-                break
-        self._stop.set()
+                sock.close()
+            except OSError:
+                pass
+
+
+def _exit_status(value: Any) -> Tuple[int, Optional[str]]:
+    """The exit status Python gives ``sys.exit(value)``, and its message."""
+    if value is None:
+        return 0, None
+    if isinstance(value, int):
+        return value & 0xFF, None
+    return 1, str(value)[:1000]
 
 
 # The process-wide hooks, installed once, each calling the current run.
@@ -405,7 +436,6 @@ class Run:
 _current: Optional[Run] = None
 _installed = False
 _previous_excepthook: Callable[..., Any] = sys.excepthook
-_previous_handlers: Dict[int, Any] = {}
 _original_exit: Callable[..., Any] = sys.exit
 
 
@@ -422,12 +452,13 @@ def _set_current(run: Run) -> None:
 
 
 def _excepthook(exc_type: Type[BaseException], exc: BaseException, tb: Optional[TracebackType]) -> None:
+    at_ms = _proc.now_ms()
     try:
         _previous_excepthook(exc_type, exc, tb)
     finally:
         run = _current
         if run is not None:
-            run._guarded(run._uncaught, exc_type, exc, tb)
+            run._guarded(run._uncaught, exc_type, exc, tb, at_ms)
 
 
 def _exit(status: Any = None) -> Any:
@@ -443,21 +474,13 @@ def _at_exit() -> None:
         run._guarded(run._at_exit)
 
 
-def _on_signal(signum: int, frame: Any) -> None:
+def _after_fork_in_child() -> None:
     run = _current
-    if run is not None and run._owned():
-        if signum == signal.SIGINT:
-            # Python turns it into KeyboardInterrupt, which the script may
-            # catch: the end is reported when it ends.
-            run._interrupted = "SIGINT"
-        else:
-            run._guarded(run._signalled, signum)
-    previous = _previous_handlers.get(signum, signal.SIG_DFL)
-    if callable(previous):
-        previous(signum, frame)
-    elif previous == signal.SIG_DFL:
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
+    if run is not None:
+        try:
+            run._after_fork_in_child()
+        except BaseException:  # noqa: BLE001
+            pass
 
 
 def _install_hooks() -> None:
@@ -472,14 +495,5 @@ def _install_hooks() -> None:
     _original_exit = sys.exit
     sys.exit = _exit  # type: ignore[assignment]
     atexit.register(_at_exit)
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        try:
-            previous = signal.getsignal(signum)
-            if previous in (signal.SIG_IGN, None):
-                continue  # ignored, or set outside Python: leave it alone
-            _previous_handlers[signum] = previous
-            signal.signal(signum, _on_signal)
-        except (ValueError, OSError):
-            pass
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -19,12 +19,13 @@ except Exception:  # not installed, or broken: the callback still imports
 
 
 class TrainstateCallback(_Base):  # type: ignore[misc,valid-type]
-    """Joins the run when training begins, and ends this rank when it ends.
+    """Joins the run when training begins.
 
     The Trainer calls its callbacks on every process, so every rank
-    reports; an exception raised by training is reported by the hook
-    :func:`trainstate.init` installs. Keyword arguments go to
-    :func:`trainstate.init`.
+    reports. The end of training is not the rank's end: the rank's end is
+    reported when its process ends, with its real outcome (an exception
+    raised after ``trainer.train()`` returned errors the run). Keyword
+    arguments go to :func:`trainstate.init`.
     """
 
     def __init__(self, **init_kwargs: Any) -> None:
@@ -33,7 +34,3 @@ class TrainstateCallback(_Base):  # type: ignore[misc,valid-type]
 
     def on_train_begin(self, args: Any = None, state: Any = None, control: Any = None, **kwargs: Any) -> None:
         self.run = trainstate.init(**self._init_kwargs)
-
-    def on_train_end(self, args: Any = None, state: Any = None, control: Any = None, **kwargs: Any) -> None:
-        if self.run is not None:
-            self.run.finish()

@@ -23,10 +23,12 @@ except Exception:
 
 
 class TrainstateCallback(_Base):  # type: ignore[misc,valid-type]
-    """Joins the run when fitting starts, ends this rank when it ends, and
-    reports an exception (or an interrupt) that Lightning catches.
+    """Joins the run when fitting starts, and reports an exception (or an
+    interrupt) that Lightning catches.
 
-    Keyword arguments go to :func:`trainstate.init`.
+    The end of fitting is not the rank's end: a clean end is reported when
+    the process ends, with its real outcome. Keyword arguments go to
+    :func:`trainstate.init`.
     """
 
     def __init__(self, **init_kwargs: Any) -> None:
@@ -36,10 +38,6 @@ class TrainstateCallback(_Base):  # type: ignore[misc,valid-type]
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self.run = trainstate.init(**self._init_kwargs)
-
-    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
-        if self.run is not None:
-            self.run.finish()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         # Lightning catches KeyboardInterrupt (and may go on to exit

@@ -1,0 +1,500 @@
+"""The watcher: a small process beside each rank that does all of the rank's
+talking to the head, and sees the rank die.
+
+The rank starts it at :func:`trainstate.init` (``python -m
+trainstate._watch``) as its child, connected by a pipe both ways (a Unix
+socket pair, the watcher's stdin and stdout): the rank sends JSON lines
+(first the configuration, then the rank's own end, or a note that it
+reached exit with the status it knew), and the watcher sends the head's
+answers back, one JSON line per change. A socket rather than a plain pipe
+because a write to it can refuse ``SIGPIPE`` (``MSG_NOSIGNAL``): a rank
+whose watcher is gone must not die of writing to it. The watcher
+joins the group (retrying with backoff), heartbeats every quarter lease,
+and reports the rank's end.
+
+Why a process and not a thread of the rank: a rank blocked in C++ while
+holding the GIL (``init_process_group`` waiting for a peer) starves every
+Python thread of its process, and a dead rank runs no code at all. The
+watcher sees end of file on its stdin the moment the rank's process is
+gone, whatever killed it; once the kernel has re-parented the watcher, the
+rank is a zombie until its parent reaps it, and ``/proc/<pid>/stat`` tells
+how it ended (a signal, or an exit status). A rank reaped before that read
+is known only to have died without reporting.
+
+The watcher never changes the job: it ignores SIGINT, SIGTERM and SIGHUP
+(so a Ctrl-C or torchrun's SIGTERM to the process group ends the rank, not
+its report; the watcher ends by itself once the rank is gone), stays in the
+rank's process group (so killing the whole group kills it too, and the
+head's lease ends the run), writes nothing to the rank's stdout, and
+writes at most one warning line to the rank's stderr. It exits within a
+bounded time after the rank is gone.
+"""
+
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any, Dict, Optional
+
+from . import _http, _proc
+
+_MAX_BACKOFF = 30.0
+_POLL = 0.2
+"""How often the parent is checked, in seconds: the fallback for a rank
+whose pipe end outlives it, or that closed it and lives on."""
+_REPARENT_WAIT = 0.5
+"""How long end of file waits for the rank's exit to re-parent the watcher."""
+_FINAL_TRIES = 3
+"""How many requests' deadlines the end of a dead rank may take."""
+
+
+class Watcher:
+    """One rank's reporter, in its own process."""
+
+    def __init__(self, config: Dict[str, Any], out_fd: int) -> None:
+        self.config = config
+        self.out_fd = out_fd
+        self.out = socket.socket(fileno=out_fd)
+        self.url: str = config["url"]
+        self.token: Optional[str] = config.get("token")
+        self.timeout = float(config.get("timeout") or 2.0)
+        self.rank = int(config["rank"])
+        self.rank_pid = int(config["pid"])
+        self.rank_started: Optional[int] = config.get("start_ticks")
+        # Opened while the rank lives (it is our parent, so the pid is its).
+        self.pidfd = _proc.open_pidfd(self.rank_pid) if os.getppid() == self.rank_pid else None
+        self.warn_enabled = bool(config.get("warn", True))
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+        self.observe_lock = threading.Lock()
+        self.run_id: Optional[str] = config.get("run_id")
+        self.attempt_id = str(config.get("attempt", 0))
+        self.run_status: Optional[str] = None
+        self.lease_ms = 60_000
+        self.joined = False
+        self.tried = False
+        self.given_up = False
+        self.heartbeats_stopped = False
+        self.warned = False
+        self.closed = False
+        self.own_end: Optional[Dict[str, Any]] = None
+        self.exit_note: Optional[Dict[str, Any]] = None
+        self.final: Optional[Dict[str, Any]] = None
+        self.gone = False
+        self.pipe_lost = False
+        self.last_sent: Optional[str] = None
+
+    # What the rank says.
+
+    def read_rank(self, in_fd: int) -> None:
+        """Reads the rank's lines until end of file, which means the rank
+        is gone (or, rarely, that it closed its end and lives on)."""
+        buffer = b""
+        while True:
+            try:
+                chunk = os.read(in_fd, 65536)
+            except InterruptedError:
+                continue
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                self.take(line)
+        self.rank_gone(_proc.now_ms(), wait_for_reparent=True)
+
+    def take(self, line: bytes) -> None:
+        try:
+            message = json.loads(line.decode("utf-8"))
+        except ValueError:
+            return  # a line cut short by a full pipe
+        if not isinstance(message, dict):
+            return
+        with self.changed:
+            if isinstance(message.get("end"), dict) and self.own_end is None:
+                self.own_end = message["end"]
+            elif isinstance(message.get("exit"), dict) and self.exit_note is None:
+                self.exit_note = message["exit"]
+            elif message.get("close"):
+                self.closed = True
+            self.changed.notify_all()
+
+    def rank_gone(self, seen_ms: int, wait_for_reparent: bool) -> None:
+        """The rank's end of the pipe closed (or its parent changed): once the kernel
+        has re-parented the watcher, read how the rank ended and decide
+        the rank's end."""
+        with self.observe_lock:
+            if self.gone:
+                return
+            if wait_for_reparent:
+                # Usually a matter of microseconds, and the rank's parent
+                # may reap it at once: look without sleeping at first.
+                until = time.monotonic() + _REPARENT_WAIT
+                spins = 0
+                while os.getppid() == self.rank_pid and time.monotonic() < until:
+                    spins += 1
+                    if spins > 2000:
+                        time.sleep(0.001)
+                    elif spins % 50 == 0:
+                        os.sched_yield()
+                if os.getppid() == self.rank_pid:
+                    # The rank closed its end and lives on: keep watching
+                    # its pid instead.
+                    with self.changed:
+                        self.pipe_lost = True
+                        self.changed.notify_all()
+                    return
+            code = self.read_exit_code()
+            with self.changed:
+                self.gone = True
+                self.final = self.decide(code, seen_ms)
+                self.changed.notify_all()
+
+    def read_exit_code(self) -> Optional[int]:
+        """How the dead rank ended: from ``/proc`` while it is a zombie, else
+        from its pidfd once reaped (Linux 6.15+); ``None`` if neither says."""
+        code = _proc.exit_code(self.rank_pid, self.rank_started)
+        if code is not None or self.pidfd is None:
+            return code
+        # Reaped, or being reaped: the kernel records the exit as it reaps.
+        until = time.monotonic() + 0.05
+        while True:
+            code = _proc.pidfd_exit_code(self.pidfd)
+            if code is not None or time.monotonic() > until:
+                return code
+            time.sleep(0.002)
+
+    def decide(self, code: Optional[int], seen_ms: int) -> Optional[Dict[str, Any]]:
+        """The rank's end: its own report when it made one, else what its
+        death shows."""
+        if self.closed:
+            return None
+        if self.own_end is not None:
+            return dict(self.own_end)
+        note = self.exit_note
+        if code is None and note is not None:
+            # Reaped before it could be read, but it reached its exit: the
+            # status it was exiting with, as far as it knew.
+            code = (_int(note.get("status")) & 0xFF) << 8
+        status, cause, how, detail = _proc.describe(code)
+        at_ms = seen_ms
+        if note is not None and how in (None, "EXITED"):
+            at_ms = _int(note.get("at_ms")) or seen_ms
+            message = note.get("message")
+            if how == "EXITED" and isinstance(message, str) and message and (code >> 8) & 0xFF == _int(note.get("status")):
+                detail = f"{detail}: {message}"
+        end: Dict[str, Any] = {"status": status, "detail": detail, "ended_at_ms": at_ms}
+        if cause is not None:
+            end["cause"] = cause
+        if how is not None:
+            end["how"] = how
+        return end
+
+    # What the rank is told.
+
+    def tell_rank(self) -> None:
+        """Writes the head's last answer to the rank when it changed; never
+        blocks (the rank may be stuck holding its GIL, or gone)."""
+        with self.lock:
+            state = {
+                "run_id": self.run_id,
+                "attempt_id": self.attempt_id,
+                "run_status": self.run_status,
+                "lease_ms": self.lease_ms,
+                "joined": self.joined,
+                "tried": self.tried,
+                "given_up": self.given_up,
+            }
+        line = json.dumps(state, separators=(",", ":"))
+        if line == self.last_sent or self.out_fd < 0:
+            return
+        try:
+            self.out.send(line.encode("utf-8") + b"\n", socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+            self.last_sent = line
+        except BlockingIOError:
+            pass
+        except OSError:
+            self.out_fd = -1
+
+    def warn_once(self, message: str) -> None:
+        with self.lock:
+            if self.warned:
+                return
+            self.warned = True
+        if self.warn_enabled:
+            try:
+                os.write(2, (message + "\n").encode("utf-8", "replace"))
+            except OSError:
+                pass
+        self.release_stderr()
+
+    def release_stderr(self) -> None:
+        """Once the rank is gone and nothing is left to say, lets go of its
+        stderr, so a reader of the rank's output sees it end."""
+        with self.lock:
+            done = self.gone and (self.warned or not self.warn_enabled)
+        if done:
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, 2)
+                os.close(devnull)
+            except OSError:
+                pass
+
+    # Requests.
+
+    def call(self, path: str, body: Any) -> Dict[str, Any]:
+        try:
+            return _http.request(self.url, "POST", path, body, self.token, self.timeout)
+        except _http.Unreachable as err:
+            self.warn_once(
+                f"trainstate: cannot reach the head ({err}); training goes on, and this rank keeps trying in the background"
+            )
+            raise
+        except _http.HeadError as err:
+            if err.retryable:
+                self.warn_once(
+                    f"trainstate: the head is unavailable ({err}); training goes on, and this rank keeps trying in the background"
+                )
+                raise _http.Unreachable(str(err)) from None
+            raise
+
+    def accept(self, answer: Dict[str, Any]) -> None:
+        with self.changed:
+            self.run_id = answer.get("run_id", self.run_id)
+            self.attempt_id = str(answer.get("attempt_id", self.attempt_id))
+            self.run_status = answer.get("run_status")
+            try:
+                self.lease_ms = int(answer.get("lease_ms") or self.lease_ms)
+            except (TypeError, ValueError):
+                pass
+            self.joined = True
+            self.changed.notify_all()
+        self.tell_rank()
+
+    def give_up(self, err: _http.HeadError, what: str) -> None:
+        self.warn_once(f"trainstate: the head refused {what} ({err}); this rank stops reporting, training goes on")
+        with self.changed:
+            self.given_up = True
+            self.tried = True
+            self.changed.notify_all()
+        self.tell_rank()
+
+    def join(self) -> None:
+        config = self.config
+        body: Dict[str, Any] = {
+            "world_size": config["world_size"],
+            "attempt": config.get("attempt", 0),
+            "worker": config["worker"],
+            "name": config["name"],
+            "job_id": config["job_id"],
+        }
+        for field in ("join_timeout_ms", "process_start_ms"):
+            if config.get(field) is not None:
+                body[field] = config[field]
+        if self.run_id is not None:
+            body["run_id"] = self.run_id
+        try:
+            answer = self.call(f"/api/train/rendezvous/{config['key']}/join", body)
+        except _http.HeadError as err:
+            self.give_up(err, f"rank {self.rank}'s join")
+            return
+        except _http.Unreachable:
+            with self.lock:
+                self.tried = True
+            self.tell_rank()
+            raise
+        with self.lock:
+            self.tried = True
+        self.accept(answer)
+
+    def heartbeat(self) -> None:
+        path = f"/api/train/runs/{self.run_id}/ranks/{self.rank}/heartbeat"
+        try:
+            answer = self.call(path, {"attempt_id": self.attempt_id})
+        except _http.HeadError as err:
+            with self.lock:
+                if err.status == 404:
+                    # The head forgot the group (a restart): join again, keeping the run id.
+                    self.joined = False
+                else:
+                    # The attempt was replaced, or refused: no more heartbeats.
+                    self.heartbeats_stopped = True
+            return
+        self.accept(answer)
+        if self.run_status in ("FINISHED", "ERRORED", "ABORTED"):
+            with self.lock:
+                self.heartbeats_stopped = True
+
+    def send_end(self, end: Dict[str, Any]) -> bool:
+        """Sends the rank's end; True when it is settled (sent, or refused)."""
+        body = dict(end)
+        body["attempt_id"] = self.attempt_id
+        body["restarts_remaining"] = int(self.config.get("restarts_remaining", 0))
+        detail = body.get("detail")
+        body["detail"] = detail[-50_000:] if isinstance(detail, str) else ""
+        for field in ("cause", "how", "ended_at_ms"):
+            if body.get(field) is None:
+                body.pop(field, None)
+        path = f"/api/train/runs/{self.run_id}/ranks/{self.rank}/end"
+        try:
+            answer = self.call(path, body)
+        except _http.HeadError as err:
+            if err.status == 404:
+                with self.lock:
+                    self.joined = False
+                return False
+            return True
+        self.accept(answer)
+        return True
+
+    # The loop.
+
+    def interval(self) -> float:
+        return max(0.05, min(self.lease_ms / 4000.0, 15.0))
+
+    def run(self) -> None:
+        """Joins, heartbeats and watches until the rank's end is settled."""
+        backoff = 0.5
+        next_beat = 0.0
+        retry_at = 0.0
+        while True:
+            with self.changed:
+                closed, given_up, gone, final, own_end = self.closed, self.given_up, self.gone, self.final, self.own_end
+            if closed or given_up:
+                return
+            if gone:
+                self.release_stderr()
+                if final is not None:
+                    self.finish(final)
+                return
+            if own_end is not None and self.settle(own_end):
+                # The rank reported its own end: nothing is left to watch.
+                return
+            now = time.monotonic()
+            if os.getppid() != self.rank_pid:
+                self.rank_gone(_proc.now_ms(), wait_for_reparent=False)
+                continue
+            if now >= retry_at:
+                try:
+                    if not self.joined:
+                        self.join()
+                        next_beat = time.monotonic() + self.interval()
+                    elif not self.heartbeats_stopped and now >= next_beat:
+                        self.heartbeat()
+                        next_beat = time.monotonic() + self.interval()
+                    backoff = 0.5
+                except _http.Unreachable:
+                    retry_at = time.monotonic() + backoff
+                    backoff = min(backoff * 2, _MAX_BACKOFF)
+                except Exception:  # noqa: BLE001 - keep watching
+                    retry_at = time.monotonic() + backoff
+                    backoff = min(backoff * 2, _MAX_BACKOFF)
+            if time.monotonic() < retry_at:
+                due = retry_at
+            elif self.joined and not self.heartbeats_stopped:
+                due = next_beat
+            else:
+                due = time.monotonic() + _POLL
+            wake = min(max(due - time.monotonic(), 0.01), _POLL)
+            with self.changed:
+                if not (self.gone or self.closed or self.given_up or self.own_end is not None):
+                    self.changed.wait(max(wake, 0.0))
+
+    def settle(self, end: Dict[str, Any]) -> bool:
+        """Sends the live rank's own end (once joined); True when settled."""
+        try:
+            if not self.joined:
+                self.join()
+                if not self.joined:
+                    return self.given_up
+            return self.send_end(end)
+        except _http.Unreachable:
+            # Retried at the next turn; the rank's death settles it at the latest.
+            with self.changed:
+                if not self.gone:
+                    self.changed.wait(1.0)
+            return False
+
+    def finish(self, end: Dict[str, Any]) -> None:
+        """Sends the dead rank's end: a few deadlines at most, then gives up."""
+        until = time.monotonic() + _FINAL_TRIES * self.timeout + 1.0
+        pause = 0.25
+        while time.monotonic() < until:
+            try:
+                if not self.joined:
+                    self.join()
+                    if not self.joined:
+                        return
+                if self.send_end(end):
+                    return
+            except _http.Unreachable:
+                pass
+            except Exception:  # noqa: BLE001
+                return
+            time.sleep(min(pause, max(until - time.monotonic(), 0.0)))
+            pause = min(pause * 2, 1.0)
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def main() -> None:
+    """``python -m trainstate._watch``: the configuration is the first line
+    of stdin."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        try:
+            signal.signal(signum, signal.SIG_IGN)
+        except (OSError, ValueError):
+            pass
+    # Our stdout is the pipe to the rank and nothing else: anything that
+    # prints goes nowhere.
+    out_fd = os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    sys.stdout = open(os.devnull, "w")
+    config = _read_config(0)
+    try:
+        watcher = Watcher(config, out_fd) if config is not None else None
+    except Exception:  # noqa: BLE001 - a configuration we cannot use
+        watcher = None
+    if watcher is None:
+        os._exit(0)
+    reader = threading.Thread(target=watcher.read_rank, args=(0,), name="trainstate-watch-rank", daemon=True)
+    reader.start()
+    try:
+        watcher.run()
+    except BaseException:  # noqa: BLE001 - never print a traceback into the rank's stderr
+        pass
+    watcher.release_stderr()
+    os._exit(0)
+
+
+def _read_config(fd: int) -> Optional[Dict[str, Any]]:
+    line = b""
+    while not line.endswith(b"\n"):
+        try:
+            byte = os.read(fd, 1)
+        except InterruptedError:
+            continue
+        except OSError:
+            return None
+        if not byte:
+            return None
+        line += byte
+    try:
+        config = json.loads(line.decode("utf-8"))
+    except ValueError:
+        return None
+    return config if isinstance(config, dict) else None
+
+
+if __name__ == "__main__":
+    main()
