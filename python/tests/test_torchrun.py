@@ -1,11 +1,23 @@
 """End to end with a real torchrun (CPU torch, gloo) against a real head:
-every rank joins, and the run ends as the job does."""
+every rank joins, and the run ends as the job does. What each test asserts
+is what a person reading the record would conclude.
+
+Most tests use a head at its default lease (60 s), as people run it; the
+`head` fixture's 2 s lease is for the tests that wait for a lease to run
+out (they say so)."""
 
 import importlib.util
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
@@ -19,10 +31,19 @@ if importlib.util.find_spec("torch") is None:
 TRAIN = """
     import os, sys, time
     import trainstate
-    run = trainstate.init()
+    if not os.environ.get("NO_TRAINSTATE"):
+        run = trainstate.init()
     import torch
     import torch.distributed as dist
 
+    rank = int(os.environ["RANK"])
+    if os.environ.get("MARK_DIR"):
+        # Tells the test this rank's pid, and that it is about to meet its peers.
+        with open(os.path.join(os.environ["MARK_DIR"], f"rank{rank}.tmp"), "w") as mark:
+            mark.write(str(os.getpid()))
+        os.rename(os.path.join(os.environ["MARK_DIR"], f"rank{rank}.tmp"), os.path.join(os.environ["MARK_DIR"], f"rank{rank}"))
+    if str(rank) == os.environ.get("HOLD_RANK"):
+        time.sleep(600)  # never meets its peers: killed while they wait in init_process_group
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -44,14 +65,37 @@ TRAIN = """
 """
 
 
-def torchrun(tmp_path, head, name, *args, **env):
+def torchrun(tmp_path, head, name, *args: str, standalone: bool = True, **env: str) -> Tuple[List[str], Dict[str, str]]:
     path = script(tmp_path, TRAIN)
     # --redirects 2 --tee 2: torch 1.13 on Python 3.11 crashes with the default (see TRAPS).
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+        sys.executable, "-m", "torch.distributed.run", *(["--standalone"] if standalone else []), "--nproc_per_node", "2",
         "--redirects", "2", "--tee", "2", "--monitor_interval", "0.2", *args, str(path),
     ]
-    return command, child_env(head.url, name, OMP_NUM_THREADS="1", **env)
+    return command, child_env(head.url if head is not None else None, name, OMP_NUM_THREADS="1", **env)
+
+
+@pytest.fixture(scope="module")
+def default_head():
+    """A head at its default lease (60 s), as people run it."""
+    started = Head([])
+    yield started
+    started.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def ranks_pids(mark_dir: Path, ranks=(0, 1), deadline: float = 120) -> Dict[int, int]:
+    def ready() -> Optional[Dict[int, int]]:
+        if all((mark_dir / f"rank{r}").exists() for r in ranks):
+            return {r: int((mark_dir / f"rank{r}").read_text()) for r in ranks}
+        return None
+
+    return wait_until("every rank started", ready, deadline=deadline)
 
 
 def test_two_ranks_make_one_finished_run_with_every_worker(head, name, tmp_path):
@@ -66,6 +110,9 @@ def test_two_ranks_make_one_finished_run_with_every_worker(head, name, tmp_path)
     assert len({w["node_id"] for w in workers}) == 1
     assert run["controller_actor_id"].startswith("rendezvous:torchrun:")
     assert [a["attempt_id"] for a in run["attempts"]] == ["0"]
+    # Each worker was given its share of the node, not the whole node.
+    node = len(os.sched_getaffinity(0))
+    assert all(w["resources"]["CPU"] == max(node // 2, 1) for w in workers), workers
 
 
 def test_an_exception_on_rank_1_errors_the_run_with_its_traceback(head, name, tmp_path):
@@ -73,14 +120,174 @@ def test_an_exception_on_rank_1_errors_the_run_with_its_traceback(head, name, tm
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
     assert result.returncode != 0
     run = head.run_named(name, "ERRORED")
-    assert run["cause"] == {"kind": "USER_ERROR", "failed_world_rank": 1}
+    cause = run["cause"]
+    assert (cause["kind"], cause["failed_world_rank"], cause["how"]) == ("USER_ERROR", 1, "RAISED")
     assert run["status_detail"].startswith("Rank 1 worker raised an error.")
     assert "ValueError: loss diverged on rank 1" in run["status_detail"]
     assert "Traceback (most recent call last)" in run["status_detail"]
 
 
+def test_two_plain_launches_in_a_row_are_two_finished_runs(default_head, name, tmp_path):
+    # No --standalone and no --rdzv-id: torchrun says TORCHELASTIC_RUN_ID=none
+    # to both launches, on the same master address and port.
+    port = str(free_port())
+    command, env = torchrun(tmp_path, default_head, name, "--master_port", port, standalone=False)
+    for launch in range(2):
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
+        assert result.returncode == 0, (launch, result.stderr[-3000:])
+    runs = wait_until(
+        "two finished runs",
+        lambda: [r for r in default_head.runs_named(name) if r["run_status"] == "FINISHED"] if len(default_head.runs_named(name)) == 2 else None,
+        deadline=30,
+    )
+    assert len(runs) == 2, default_head.runs_named(name)
+    assert runs[0]["controller_actor_id"] != runs[1]["controller_actor_id"]
+    assert all(len(r["workers"]) == 2 for r in runs)
+
+
+def test_a_rank_killed_mid_training_is_named_as_the_cause(default_head, name, tmp_path):
+    head = default_head
+    command, env = torchrun(tmp_path, head, name, STEPS="100000", STEP_SECONDS="0.05", MARK_DIR=str(tmp_path))
+    job = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        pids = ranks_pids(tmp_path)
+        run = head.run_named(name, "RUNNING", deadline=120)
+        assert {w["world_rank"]: w["pid"] for w in run["workers"]} == pids
+        os.kill(pids[1], signal.SIGKILL)
+        killed = time.monotonic()
+        run = head.run_named(name, "ERRORED", deadline=30)
+        assert time.monotonic() - killed < 30
+        assert job.wait(60) != 0
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    cause = run["cause"]
+    assert (cause["failed_world_rank"], cause["how"]) == (1, "KILLED"), run
+    assert "killed by SIGKILL" in run["status_detail"], run["status_detail"]
+
+
+def _held_in_init(command: List[str], env: Dict[str, str], mark_dir: Path) -> Tuple[int, float]:
+    """Runs the job whose rank 1 never meets rank 0 (which waits in
+    init_process_group, holding the GIL), kills rank 1 with SIGKILL, and
+    answers torchrun's exit status and how long it took to exit after."""
+    mark_dir.mkdir()
+    env = {**env, "MARK_DIR": str(mark_dir), "HOLD_RANK": "1"}
+    job = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        pids = ranks_pids(mark_dir)
+        os.kill(pids[1], signal.SIGKILL)
+        killed = time.monotonic()
+        status = job.wait(120)
+        return status, time.monotonic() - killed
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+
+
+def test_a_rank_killed_while_its_peer_waits_in_init_is_named_and_torchrun_is_not_delayed(default_head, name, tmp_path):
+    head = default_head
+    command, env = torchrun(tmp_path, head, name)
+    status, teardown = _held_in_init(command, env, tmp_path / "with")
+    run = head.run_named(name, "ERRORED", deadline=30)
+    cause = run["cause"]
+    assert (cause["failed_world_rank"], cause["how"]) == (1, "KILLED"), run
+    assert "killed by SIGKILL" in run["status_detail"], run["status_detail"]
+
+    plain_command, plain_env = torchrun(tmp_path, None, None, NO_TRAINSTATE="1")
+    plain_status, plain_teardown = _held_in_init(plain_command, plain_env, tmp_path / "without")
+    assert status == plain_status, "torchrun exits as it does without trainstate"
+    assert teardown - plain_teardown < 5, (teardown, plain_teardown)
+
+
+class Statuses:
+    """Every status a run goes through, read from the head's live stream."""
+
+    def __init__(self, head: Head, name: str) -> None:
+        self.seen: List[str] = []
+        self.name = name
+        self.stream = urllib.request.urlopen(head.url + "/api/train/events", timeout=300)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        data: List[str] = []
+        try:
+            for raw in self.stream:
+                line = raw.decode("utf-8").rstrip("\n")
+                if line.startswith("data:"):
+                    data.append(line[5:].strip())
+                elif not line and data:
+                    self._take("\n".join(data))
+                    data = []
+        except Exception:  # noqa: BLE001 - the stream was closed under the reader
+            pass
+
+    def _take(self, text: str) -> None:
+        try:
+            event = json.loads(text)
+        except ValueError:
+            return
+        # A snapshot has train_runs; a change has the run as it now is.
+        runs = event.get("train_runs") or ([event["run"]] if isinstance(event.get("run"), dict) else [])
+        for run in runs:
+            if isinstance(run, dict) and run.get("name") == self.name:
+                status = run.get("status") or run.get("run_status")  # V2's status: RESTARTING is live
+                if status and (not self.seen or self.seen[-1] != status):
+                    self.seen.append(status)
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+def test_a_torchrun_restart_keeps_the_failure_that_caused_it(default_head, name, tmp_path):
+    head = default_head
+    statuses = Statuses(head, name)
+    try:
+        command, env = torchrun(tmp_path, head, name, "--max_restarts", "1", FAIL_RANK="1", FAIL_UNTIL="1")
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+        assert result.returncode == 0, result.stderr[-3000:]
+        run = head.run_named(name, "FINISHED")
+        wait_until("the stream to show the end", lambda: statuses.seen and statuses.seen[-1] == "FINISHED", deadline=10)
+    finally:
+        statuses.close()
+    assert [a["attempt_id"] for a in run["attempts"]] == ["0", "1"]
+    first, second = run["attempts"]
+    assert first["status"] == "ERRORED", first
+    assert first["cause"]["failed_world_rank"] == 1, first
+    assert "ValueError: loss diverged on rank 1" in first["status_detail"]
+    assert "Traceback (most recent call last)" in first["status_detail"]
+    assert first["end_time_ms"] is not None and second["end_time_ms"] is not None
+    assert [w["world_rank"] for w in first["workers"]] == [0, 1]
+    assert {w["pid"] for w in first["workers"]}.isdisjoint(w["pid"] for w in run["workers"])
+    assert "RESTARTING" in statuses.seen, statuses.seen
+    assert statuses.seen.index("RESTARTING") < len(statuses.seen) - 1
+
+
+def test_sigterm_to_torchrun_aborts_the_run_as_a_user_interrupt(default_head, name, tmp_path):
+    head = default_head
+    command, env = torchrun(tmp_path, head, name, STEPS="100000", STEP_SECONDS="0.05")
+    job = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        run = head.run_named(name, "RUNNING", deadline=120)
+        wait_until("both ranks heartbeating", lambda: all(head.get(f"/api/train/runs/{run['id']}").get("rank_last_heartbeat_ms") or [None]), deadline=30)
+        job.send_signal(signal.SIGTERM)
+        job.wait(60)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    run = head.run_named(name, "ABORTED", deadline=30)
+    assert run["cause"]["kind"] == "USER_INTERRUPT", run
+    assert "SIGTERM" in run["status_detail"], run["status_detail"]
+
+
 def test_a_job_killed_outright_is_aborted_after_its_lease(head, name, tmp_path):
-    command, env = torchrun(tmp_path, head, name, STEPS="1000", STEP_SECONDS="0.05")
+    """The whole job, watchers included, killed at once: nobody reports,
+    and the lease ends the run. With the `head` fixture's 2 s lease, not
+    the default 60 s: the outcome is the same, a minute sooner."""
+    command, env = torchrun(tmp_path, head, name, STEPS="100000", STEP_SECONDS="0.05")
     job = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         run = head.run_named(name, "RUNNING", deadline=120)
@@ -91,28 +298,5 @@ def test_a_job_killed_outright_is_aborted_after_its_lease(head, name, tmp_path):
         job.wait()
     # The lease is 2 s and the sweep runs every 0.5 s.
     run = head.run_named(name, "ABORTED", deadline=30)
-    assert run["cause"] == {"kind": "LOST_CONTROLLER"}
-    assert "stopped heartbeating" in run["status_detail"]
-
-
-@pytest.fixture(scope="module")
-def patient_head():
-    """A head whose lease outlasts torchrun's restart of the workers on a
-    busy machine: between the failed attempt and the next one's join,
-    nobody heartbeats."""
-    started = Head(["--lease", "60s"])
-    yield started
-    started.stop()
-
-
-def test_a_torchrun_restart_is_a_second_attempt_of_the_same_run(patient_head, name, tmp_path):
-    head = patient_head
-    command, env = torchrun(tmp_path, head, name, "--max_restarts", "1", FAIL_RANK="1", FAIL_UNTIL="1")
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stderr[-3000:]
-    run = head.run_named(name, "FINISHED")
-    assert [a["attempt_id"] for a in run["attempts"]] == ["0", "1"]
-    first, second = run["attempts"]
-    assert first["end_time_ms"] is not None and second["end_time_ms"] is not None
-    assert [w["world_rank"] for w in first["workers"]] == [0, 1]
-    assert {w["pid"] for w in first["workers"]}.isdisjoint(w["pid"] for w in run["workers"])
+    assert run["cause"]["kind"] == "LOST_CONTROLLER", run
+    assert "lease" in run["status_detail"], run["status_detail"]
