@@ -1,7 +1,6 @@
 """A single-process script reports to a real head: how it ends, and what
 changes when the head is down or slow (nothing but one warning)."""
 
-import os
 import signal
 import socket
 import subprocess
@@ -9,7 +8,7 @@ import sys
 import threading
 import time
 
-from conftest import child_env, run_script, script, wait_until
+from conftest import child_env, run_script, script
 
 from trainstate import _probe
 

@@ -177,7 +177,7 @@ def detect(
     if "SLURM_PROCID" in env and "SLURM_JOB_ID" in env and step is not None:
         # A task of an srun step (a batch script alone is a single process).
         world = _int(env, "SLURM_STEP_NUM_TASKS", _int(env, "SLURM_NTASKS", 1))
-        local_world = _first_count(env.get("SLURM_STEP_TASKS_PER_NODE", "")) or _first_count(
+        local_tasks = _first_count(env.get("SLURM_STEP_TASKS_PER_NODE", "")) or _first_count(
             env.get("SLURM_TASKS_PER_NODE", "")
         )
         slurm_job = env["SLURM_JOB_ID"]
@@ -186,7 +186,7 @@ def detect(
             rank=_int(env, "SLURM_PROCID"),
             local_rank=_int(env, "SLURM_LOCALID", 0),
             world_size=world,
-            local_world_size=local_world or 1,
+            local_world_size=local_tasks or 1,
             node_rank=_int(env, "SLURM_NODEID", 0),
             key=rendezvous_key(key or f"slurm:{slurm_job}.{step}"),
             job_id=job_id or slurm_job,

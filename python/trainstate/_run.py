@@ -340,7 +340,7 @@ class Run:
         if sock is None or os.getpid() != self._pid:
             return False
         data = json.dumps(message, separators=(",", ":")).encode("utf-8") + b"\n"
-        flags = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
+        flags = socket.MSG_DONTWAIT | getattr(socket, "MSG_NOSIGNAL", 0)
         with self._write_lock:
             if self._line_broken:
                 data = b"\n" + data  # ends the line a dropped message left unfinished

@@ -186,7 +186,7 @@ class Watcher:
         if note is not None and how in (None, "EXITED"):
             at_ms = _int(note.get("at_ms")) or seen_ms
             message = note.get("message")
-            if how == "EXITED" and isinstance(message, str) and message and (code >> 8) & 0xFF == _int(note.get("status")):
+            if how == "EXITED" and isinstance(message, str) and message and code is not None and (code >> 8) & 0xFF == _int(note.get("status")):
                 detail = f"{detail}: {message}"
         end: Dict[str, Any] = {"status": status, "detail": detail, "ended_at_ms": at_ms}
         if cause is not None:
@@ -214,7 +214,7 @@ class Watcher:
         if line == self.last_sent or self.out_fd < 0:
             return
         try:
-            self.out.send(line.encode("utf-8") + b"\n", socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+            self.out.send(line.encode("utf-8") + b"\n", socket.MSG_DONTWAIT | getattr(socket, "MSG_NOSIGNAL", 0))
             self.last_sent = line
         except BlockingIOError:
             pass
