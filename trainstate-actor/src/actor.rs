@@ -162,7 +162,10 @@ impl Actor for TrainStateActor {
                 state.before_write()?;
                 state.notice_stall(now);
                 if !state.writer.shared.sweeper.load(Ordering::SeqCst) {
-                    // Another head sharing the store sweeps.
+                    // Another head sharing the store sweeps, and owns the
+                    // rendezvous groups: what this head knew of them goes
+                    // stale, and is forgotten, as by a restart.
+                    state.rendezvous = Rendezvous::default();
                     let _ = reply.send(Ok(Vec::new()));
                     return Ok(());
                 }

@@ -185,6 +185,8 @@ pub struct StateService {
     supervisor: ActorRef<SupervisorMessage>,
     shared: Arc<Shared>,
     writer: Arc<Writer>,
+    /// The shared store, if that is where runs are kept.
+    postgres: Option<crate::config::PostgresConfig>,
 }
 
 impl std::fmt::Debug for StateService {
@@ -209,6 +211,15 @@ impl StateService {
     /// store of its own; with a shared store, for one head at a time.
     pub fn is_sweeper(&self) -> bool {
         self.shared.sweeper.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The PostgreSQL store other heads share, and the flag that is set
+    /// while this head sweeps it; `None` for a store of its own.
+    #[cfg_attr(not(all(feature = "server", feature = "postgres")), allow(dead_code))]
+    pub(crate) fn shared_store(
+        &self,
+    ) -> Option<(&crate::config::PostgresConfig, Arc<std::sync::atomic::AtomicBool>)> {
+        self.postgres.as_ref().map(|config| (config, self.shared.sweeper.clone()))
     }
 
     /// Counters of the store.
@@ -289,6 +300,10 @@ async fn shutdown(supervisor: &ActorRef<SupervisorMessage>) {
 /// that name already runs.
 pub async fn launch_state_actor(config: StateConfig) -> Result<StateService, LaunchError> {
     let name = config.name.clone();
+    let postgres = match &config.store {
+        crate::config::StoreConfig::Postgres(pg) => Some(pg.clone()),
+        _ => None,
+    };
     let (supervisor, _) = Actor::spawn(Some(supervisor_name(&name)), StateSupervisor, config)
         .await
         .map_err(|err| match err {
@@ -299,7 +314,7 @@ pub async fn launch_state_actor(config: StateConfig) -> Result<StateService, Lau
         })?;
     let writer = ready(&supervisor).await?;
     let shared = writer.shared.clone();
-    Ok(StateService { handle: StateHandle::local(name), supervisor, shared, writer })
+    Ok(StateService { handle: StateHandle::local(name), supervisor, shared, writer, postgres })
 }
 
 /// The state actor named `config.name` in this process, launched with

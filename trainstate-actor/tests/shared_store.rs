@@ -379,3 +379,132 @@ async fn a_head_behind_what_the_change_log_keeps_loads_every_run_again() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// POSTs `body` to `path` of the head at `base`, retrying while the answer
+/// is 503 (the heads are still choosing the one that sweeps), as the
+/// Python client does.
+async fn post_retrying(http: &reqwest::Client, base: &str, path: &str, body: Value) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, answer) = crate::contract::send(
+            http,
+            Method::POST,
+            &format!("{base}{path}"),
+            Some(("application/json", serde_json::to_vec(&body).unwrap())),
+            None,
+        )
+        .await;
+        if status == StatusCode::OK {
+            return answer;
+        }
+        assert!(
+            status == StatusCode::SERVICE_UNAVAILABLE && Instant::now() < deadline,
+            "POST {path} through {base}: {status} {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_ranks_whose_requests_reach_different_heads_form_one_group_and_one_run() {
+    let Some(fresh) = Store::Postgres.fresh("rdv").await else { return };
+    let url = fresh.url().unwrap().to_owned();
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = Head::start(dir_a.path(), &["--store", &url, "--lease", "8s"]).unwrap();
+    let b = Head::start(dir_b.path(), &["--store", &url, "--lease", "8s"]).unwrap();
+    let heads = [a.url.clone(), b.url.clone()];
+    let http = reqwest::Client::new();
+    let group = crate::common::workers(2, 1, "rdv-");
+    let join = |rank: usize, timeout_ms: u64| {
+        json!({
+            "world_size": 2,
+            "worker": serde_json::to_value(&group[rank]).unwrap(),
+            "name": "two-heads",
+            "job_id": "7",
+            "join_timeout_ms": timeout_ms,
+        })
+    };
+
+    // Rank 0 joins through A, rank 1 through B: one group, one run.
+    let first =
+        post_retrying(&http, &heads[0], "/api/train/rendezvous/slurm:7.0/join", join(0, 600_000))
+            .await;
+    let second =
+        post_retrying(&http, &heads[1], "/api/train/rendezvous/slurm:7.0/join", join(1, 600_000))
+            .await;
+    let id = first["run_id"].as_str().unwrap().to_owned();
+    assert_eq!(second["run_id"], first["run_id"], "one group: {first} {second}");
+    assert_eq!(second["run_status"], "RUNNING", "{second}");
+
+    // Each rank's heartbeat is taken by either head, never "join again".
+    for (rank, head) in [(0, &heads[1]), (1, &heads[0]), (1, &heads[1])] {
+        let beat = post_retrying(
+            &http,
+            head,
+            &format!("/api/train/runs/{id}/ranks/{rank}/heartbeat"),
+            json!({"attempt_id": "0"}),
+        )
+        .await;
+        assert_eq!(beat["run_status"], "RUNNING", "rank {rank} through {head}: {beat}");
+    }
+
+    // The ranks end through different heads: both ends count, the run is FINISHED.
+    let end = json!({"attempt_id": "0", "status": "FINISHED"});
+    let ended =
+        post_retrying(&http, &heads[0], &format!("/api/train/runs/{id}/ranks/0/end"), end.clone())
+            .await;
+    assert_eq!(ended["ranks_ended"], 1, "{ended}");
+    let ended =
+        post_retrying(&http, &heads[1], &format!("/api/train/runs/{id}/ranks/1/end"), end).await;
+    assert_eq!(
+        (&ended["ranks_ended"], &ended["run_status"]),
+        (&json!(2), &json!("FINISHED")),
+        "{ended}"
+    );
+    for head in &heads {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (status, run) = crate::contract::send(
+                &http,
+                Method::GET,
+                &format!("{head}/api/train/runs/{id}"),
+                None,
+                None,
+            )
+            .await;
+            if status == StatusCode::OK && run["run_status"] == "FINISHED" {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{head} shows {status} {run}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    // A group that never completes is closed, whichever head its ranks reached.
+    for (n, head) in heads.iter().enumerate() {
+        let key = format!("/api/train/rendezvous/slurm:8{n}.0/join");
+        let half = post_retrying(&http, head, &key, join(0, 1_000)).await;
+        let half_id = half["run_id"].as_str().unwrap().to_owned();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (status, run) = crate::contract::send(
+                &http,
+                Method::GET,
+                &format!("{}/api/train/runs/{half_id}", heads[1 - n]),
+                None,
+                None,
+            )
+            .await;
+            if status == StatusCode::OK {
+                assert_eq!(run["run_status"], "ABORTED", "{run}");
+                assert!(
+                    run["status_detail"].as_str().unwrap().contains("did not assemble"),
+                    "{run}"
+                );
+                break;
+            }
+            assert!(Instant::now() < deadline, "the half group through {head} never closed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}

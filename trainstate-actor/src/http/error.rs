@@ -26,6 +26,12 @@ impl ApiError {
         Self { body: ErrorBody::new(ErrorCode::Invalid, message).with_field(field) }
     }
 
+    /// The error another head answered with, as it is.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn from_body(body: ErrorBody) -> Self {
+        Self { body }
+    }
+
     pub(crate) fn not_found(message: impl Into<String>) -> Self {
         Self::new(ErrorCode::NotFound, message)
     }

@@ -10,6 +10,8 @@ mod error;
 mod events;
 mod loading;
 mod metrics;
+#[cfg(feature = "postgres")]
+mod relay;
 mod rendezvous;
 mod routes;
 mod web;
@@ -293,6 +295,10 @@ pub(crate) struct App {
     listen: Option<std::net::SocketAddr>,
     documents: Arc<Documents>,
     shutdown: watch::Receiver<bool>,
+    /// Relays rendezvous requests to the head that owns the groups, on a
+    /// shared store.
+    #[cfg(feature = "postgres")]
+    relay: Option<Arc<relay::RendezvousRelay>>,
 }
 
 /// Serves the API on `listener` until `shutdown` completes; then stops
@@ -436,7 +442,15 @@ fn router(
     shutdown: watch::Receiver<bool>,
     listen: Option<std::net::SocketAddr>,
 ) -> Router {
+    #[cfg(feature = "postgres")]
+    let relay = service.shared_store().and_then(|(pg, sweeper)| {
+        relay::RendezvousRelay::start(pg, sweeper, service.handle())
+            .inspect_err(|err| tracing::error!("the rendezvous relay cannot start: {err}"))
+            .ok()
+    });
     let state = AppState(Arc::new(App {
+        #[cfg(feature = "postgres")]
+        relay,
         handle: service.handle(),
         service,
         subscribers: Arc::new(Semaphore::new(config.max_subscribers)),

@@ -1,26 +1,114 @@
 //! The handlers of the rendezvous routes: joins, rank heartbeats, rank ends.
+//!
+//! Each request becomes a [`RendezvousCall`], checked here and answered by
+//! this head's actor, or, on a shared store whose groups another head owns,
+//! relayed to that head (`relay.rs`).
 
 use axum::Json;
 use axum::extract::{Path, State};
+use serde::{Deserialize, Serialize};
 use trainstate_client::api::{
     JoinRequest, RENDEZVOUS_KEY_PATTERN, RankEndRequest, RankHeartbeatRequest, RendezvousResponse,
     is_rendezvous_key,
 };
-use trainstate_client::{Join, RankEnd};
+use trainstate_client::{Join, RankEnd, StateError, StateHandle};
 use trainstate_schema::RunId;
 
 use super::AppState;
 use super::body::JsonBody;
 use super::error::ApiError;
 
-fn run_and_rank(id: &str, rank: &str) -> Result<(RunId, u32), ApiError> {
-    let id = RunId::parse(id).map_err(|e| ApiError::invalid("id", e.rule().to_string()))?;
+/// One rendezvous request, as its route received it (its path parameters
+/// and its body).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "route", rename_all = "snake_case")]
+pub(crate) enum RendezvousCall {
+    /// `POST /api/rendezvous/{key}/join`.
+    Join {
+        /// The rendezvous key.
+        key: String,
+        /// The join.
+        request: JoinRequest,
+    },
+    /// A rank's heartbeat.
+    Heartbeat {
+        /// The run.
+        id: String,
+        /// The world rank.
+        rank: u32,
+        /// The heartbeat.
+        request: RankHeartbeatRequest,
+    },
+    /// A rank's end.
+    End {
+        /// The run.
+        id: String,
+        /// The world rank.
+        rank: u32,
+        /// The end.
+        request: RankEndRequest,
+    },
+}
+
+impl RendezvousCall {
+    /// Checks the call as the head that receives it would, before it is
+    /// relayed: a bad request is refused by the head the client reached.
+    pub(crate) fn check(&self) -> Result<(), StateError> {
+        match self {
+            Self::Join { key, request } => Join::from_request(key, request.clone()).map(drop),
+            Self::Heartbeat { id, .. } => run_id(id).map(drop),
+            Self::End { id, request, .. } => {
+                run_id(id)?;
+                RankEnd::try_from(request.clone()).map(drop)
+            }
+        }
+    }
+
+    /// Answers the call through the actor of `handle`.
+    pub(crate) async fn apply(
+        self,
+        handle: &StateHandle,
+    ) -> Result<RendezvousResponse, StateError> {
+        match self {
+            Self::Join { key, request } => {
+                handle.join_rendezvous(Join::from_request(&key, request)?).await
+            }
+            Self::Heartbeat { id, rank, request } => {
+                handle.heartbeat_rank(run_id(&id)?, rank, request.attempt_id).await
+            }
+            Self::End { id, rank, request } => {
+                handle.end_rank(run_id(&id)?, rank, RankEnd::try_from(request)?).await
+            }
+        }
+    }
+}
+
+fn run_id(id: &str) -> Result<RunId, StateError> {
+    RunId::parse(id).map_err(|e| StateError::invalid("id", e.rule().to_string()))
+}
+
+fn rank_of(rank: &str) -> Result<u32, ApiError> {
     let digits = !rank.is_empty() && rank.len() <= 5 && rank.bytes().all(|b| b.is_ascii_digit());
-    let rank = digits
+    digits
         .then(|| rank.parse::<u32>().ok())
         .flatten()
-        .ok_or_else(|| ApiError::invalid("rank", "must be a world rank: 0 to 99999"))?;
-    Ok((id, rank))
+        .ok_or_else(|| ApiError::invalid("rank", "must be a world rank: 0 to 99999"))
+}
+
+/// Answers `call` here, or through the head that owns the groups.
+async fn answer(
+    app: &AppState,
+    call: RendezvousCall,
+) -> Result<Json<RendezvousResponse>, ApiError> {
+    call.check()?;
+    #[cfg(feature = "postgres")]
+    if let Some(relay) = app.relay.as_ref().filter(|relay| !relay.owns()) {
+        return match relay.call(&call).await? {
+            super::relay::RelayedAnswer::Ok(response) => Ok(Json(response)),
+            super::relay::RelayedAnswer::Err(body) => Err(ApiError::from_body(body)),
+        };
+    }
+    Ok(Json(call.apply(&app.handle).await?))
 }
 
 pub(crate) async fn join(
@@ -31,8 +119,7 @@ pub(crate) async fn join(
     if !is_rendezvous_key(&key) {
         return Err(ApiError::invalid("key", format!("must match {RENDEZVOUS_KEY_PATTERN}")));
     }
-    let join = Join::from_request(&key, request)?;
-    Ok(Json(app.handle.join_rendezvous(join).await?))
+    answer(&app, RendezvousCall::Join { key, request }).await
 }
 
 pub(crate) async fn heartbeat_rank(
@@ -40,8 +127,8 @@ pub(crate) async fn heartbeat_rank(
     Path((id, rank)): Path<(String, String)>,
     JsonBody(request): JsonBody<RankHeartbeatRequest>,
 ) -> Result<Json<RendezvousResponse>, ApiError> {
-    let (id, rank) = run_and_rank(&id, &rank)?;
-    Ok(Json(app.handle.heartbeat_rank(id, rank, request.attempt_id).await?))
+    let rank = rank_of(&rank)?;
+    answer(&app, RendezvousCall::Heartbeat { id, rank, request }).await
 }
 
 pub(crate) async fn end_rank(
@@ -49,7 +136,6 @@ pub(crate) async fn end_rank(
     Path((id, rank)): Path<(String, String)>,
     JsonBody(request): JsonBody<RankEndRequest>,
 ) -> Result<Json<RendezvousResponse>, ApiError> {
-    let (id, rank) = run_and_rank(&id, &rank)?;
-    let end = RankEnd::try_from(request)?;
-    Ok(Json(app.handle.end_rank(id, rank, end).await?))
+    let rank = rank_of(&rank)?;
+    answer(&app, RendezvousCall::End { id, rank, request }).await
 }

@@ -91,6 +91,15 @@ const MIGRATIONS: &[&str] = &[
         seq BIGINT NOT NULL,
         id TEXT NOT NULL
     );",
+    // 2: the rendezvous calls one head relays to the head that owns the
+    // groups (`http/relay.rs`); transient, so never durable.
+    "CREATE UNLOGGED TABLE trainstate_rendezvous_calls (
+        id BIGSERIAL PRIMARY KEY,
+        call TEXT NOT NULL,
+        answer TEXT,
+        claimed_at TIMESTAMPTZ,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    );",
 ];
 
 /// The schema version this build writes.
