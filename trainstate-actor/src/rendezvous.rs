@@ -39,8 +39,13 @@ use crate::view::View;
 const UNCOMMITTED_GRACE_MS: u64 = 60_000;
 
 /// The most groups that may wait for ranks at once: past it, a join that
-/// would open another is refused as overloaded (memory stays bounded).
+/// would open another is refused, 503 `unavailable` naming the bound.
 pub(crate) const MAX_PENDING_GROUPS: usize = 10_000;
+
+/// The most bytes of workers (as JSON) that waiting groups may hold, all
+/// groups together: past it, a join that would add one is refused, 503
+/// `unavailable` naming the bound. 64 MiB holds 65,536 ranks of 1 KiB.
+pub(crate) const MAX_PENDING_BYTES: usize = 64 << 20;
 
 /// How long after the first failure of an attempt is reported the head
 /// waits for its peers' before it decides the cause, unless every rank has
@@ -85,6 +90,15 @@ enum Step {
 /// A group waits for its ranks under (key, attempt).
 type GroupKey = (String, u32);
 
+/// Why a waiting group is closed.
+#[derive(Clone, Copy)]
+enum Expiry {
+    /// Its join deadline passed.
+    Deadline,
+    /// None of its ranks was heard from for the lease, in ms.
+    Silent(u64),
+}
+
 /// The actor's rendezvous state.
 #[derive(Default)]
 pub(crate) struct Rendezvous {
@@ -103,6 +117,8 @@ pub(crate) struct Rendezvous {
     mono_ms: u64,
     /// Set when a failure window opened: the actor sweeps again after it.
     wakeup: bool,
+    /// The bytes of the workers that waiting groups hold.
+    pending_bytes: usize,
 }
 
 /// A group waiting for its ranks.
@@ -116,6 +132,12 @@ struct Pending {
     started_ms: u64,
     /// When the join deadline began, on the monotonic clock.
     deadline_from_ms: u64,
+    /// When a rank of the group was last heard from, on the monotonic
+    /// clock: a group none of whose ranks is heard from for a lease is
+    /// closed before its join deadline.
+    heard_mono_ms: u64,
+    /// The bytes of its members' workers, as JSON.
+    bytes: usize,
     timeout_ms: u64,
     members: BTreeMap<u32, Member>,
     placement: Placement,
@@ -398,12 +420,17 @@ fn decide(
 
 /// A fingerprint of a worker's identity: what a repeated join must match.
 fn identity_of(worker: &TrainWorkerInfo) -> u64 {
+    identity_and_size(worker).0
+}
+
+/// A worker's identity ([`identity_of`]) and its size as JSON, in bytes.
+fn identity_and_size(worker: &TrainWorkerInfo) -> (u64, usize) {
     let mut draft = worker.clone().into_draft();
     draft.status = trainstate_schema::ActorStatus::Alive;
     let text = serde_json::to_string(&draft).expect("a worker serializes");
     let mut hasher = DefaultHasher::new();
     hasher.write(text.as_bytes());
-    hasher.finish()
+    (hasher.finish(), text.len())
 }
 
 /// The status of a run in the working state; a live run's lease is renewed,
@@ -528,9 +555,31 @@ impl Rendezvous {
         {
             return Ok(step);
         }
-        let identity = identity_of(&join.worker);
+        let joined = self.join_pending(join, &key, runs, admitted, lease_ms, now_ms);
+        if joined.is_err() && self.pending.get(&key).is_some_and(|p| p.members.is_empty()) {
+            // A group opened for a join that was refused does not wait.
+            self.remove_pending(&key);
+        }
+        joined
+    }
+
+    /// A join into the group waiting under `key`.
+    fn join_pending(
+        &mut self,
+        join: Join,
+        key: &GroupKey,
+        runs: &mut Runs,
+        admitted: Result<(), StateError>,
+        lease_ms: u64,
+        now_ms: u64,
+    ) -> Result<Step, StateError> {
+        let key = key.clone();
+        let (identity, bytes) = identity_and_size(&join.worker);
         let rank = join.worker.world_rank();
+        let mono_ms = self.mono_ms;
+        let held = self.pending_bytes;
         let pending = self.pending.get_mut(&key).expect("a group waits under the key");
+        pending.heard_mono_ms = mono_ms;
         if pending.world_size != join.world_size {
             return Err(StateError::Refused {
                 reason: format!(
@@ -555,11 +604,20 @@ impl Rendezvous {
             return Ok(Step::Answer(pending.response(&key, lease_ms)));
         }
         pending.placement.check(&join.worker)?;
+        if held + bytes > MAX_PENDING_BYTES {
+            return Err(StateError::unavailable(format!(
+                "groups waiting for ranks hold {} MiB of workers, the rendezvous's bound of {} MiB: no rank joins until groups complete or close; retry",
+                held >> 20,
+                MAX_PENDING_BYTES >> 20
+            )));
+        }
         if (pending.members.len() as u32) + 1 == pending.world_size {
             // This join completes the group: it will write.
             admitted?;
         }
         pending.placement.add(&join.worker);
+        pending.bytes += bytes;
+        self.pending_bytes += bytes;
         if rank == 0 {
             pending.name = join.name;
             pending.job_id = join.job_id;
@@ -672,7 +730,9 @@ impl Rendezvous {
     /// Refuses to open another group past [`MAX_PENDING_GROUPS`].
     fn check_room(&self) -> Result<(), StateError> {
         if self.pending.len() >= MAX_PENDING_GROUPS {
-            return Err(StateError::Overloaded { in_flight: None });
+            return Err(StateError::unavailable(format!(
+                "{MAX_PENDING_GROUPS} groups are waiting for ranks, the rendezvous's bound: no new group opens until one completes or closes (a group none of whose ranks is heard from for a lease closes); retry"
+            )));
         }
         Ok(())
     }
@@ -690,6 +750,8 @@ impl Rendezvous {
                 job_id: join.job_id.clone(),
                 started_ms: now_ms,
                 deadline_from_ms: self.mono_ms,
+                heard_mono_ms: self.mono_ms,
+                bytes: 0,
                 timeout_ms: join.join_timeout.as_millis() as u64,
                 members: BTreeMap::new(),
                 placement: Placement::default(),
@@ -699,6 +761,7 @@ impl Rendezvous {
 
     fn remove_pending(&mut self, key: &GroupKey) -> Option<Pending> {
         let pending = self.pending.remove(key)?;
+        self.pending_bytes -= pending.bytes;
         self.pending_runs.remove(&(pending.run_id.clone(), key.1.to_string()));
         Some(pending)
     }
@@ -885,6 +948,7 @@ impl Rendezvous {
                 .get_mut(&rank)
                 .ok_or_else(|| StateError::NotFound { id: id.clone() })?;
             member.last_heard_ms = now_ms;
+            pending.heard_mono_ms = self.mono_ms;
             return Ok(Step::Answer(pending.response(&key, lease_ms)));
         }
         let status = touch(runs, id, now_ms)?;
@@ -946,6 +1010,7 @@ impl Rendezvous {
             if member.end.is_none() {
                 member.end = Some((now_ms, end));
             }
+            pending.heard_mono_ms = self.mono_ms;
             return Ok(Step::Answer(pending.response(&key, lease_ms)));
         }
         let status = touch(runs, id, now_ms)?;
@@ -1030,6 +1095,7 @@ impl Rendezvous {
     pub(crate) fn renew_deadlines(&mut self, mono_ms: u64) -> usize {
         for pending in self.pending.values_mut() {
             pending.deadline_from_ms = pending.deadline_from_ms.max(mono_ms);
+            pending.heard_mono_ms = pending.heard_mono_ms.max(mono_ms);
         }
         for group in self.groups.values_mut() {
             group.since_ms = group.since_ms.max(mono_ms);
@@ -1048,17 +1114,25 @@ impl Rendezvous {
     ) {
         self.mono_ms = runs.lease_now(now_ms);
         let mono_ms = self.mono_ms;
-        let expired: Vec<GroupKey> = self
+        let lease_ms = runs.lease_ms();
+        let expired: Vec<(GroupKey, Expiry)> = self
             .pending
             .iter()
-            .filter(|(_, p)| mono_ms.saturating_sub(p.deadline_from_ms) >= p.timeout_ms)
-            .map(|(key, _)| key.clone())
+            .filter_map(|(key, p)| {
+                if mono_ms.saturating_sub(p.deadline_from_ms) >= p.timeout_ms {
+                    Some((key.clone(), Expiry::Deadline))
+                } else if mono_ms.saturating_sub(p.heard_mono_ms) >= lease_ms {
+                    Some((key.clone(), Expiry::Silent(lease_ms)))
+                } else {
+                    None
+                }
+            })
             .collect();
         self.decide_due(runs, now_ms, change);
-        for key in expired {
+        for (key, expiry) in expired {
             let Some(pending) = self.remove_pending(&key) else { continue };
             let id = pending.run_id.clone();
-            match self.close_incomplete(&key, pending, runs, now_ms) {
+            match self.close_incomplete(&key, pending, expiry, runs, now_ms) {
                 Ok(Outcome::Changed(closed)) => {
                     tracing::warn!(run = %id, key = %key.0, "closed a rendezvous group whose ranks did not all join in time");
                     change.ops.extend(closed.ops);
@@ -1088,6 +1162,7 @@ impl Rendezvous {
         &mut self,
         key: &GroupKey,
         pending: Pending,
+        expiry: Expiry,
         runs: &mut Runs,
         now_ms: u64,
     ) -> Result<Outcome<()>, StateError> {
@@ -1095,11 +1170,17 @@ impl Rendezvous {
         let joined = ranks_text(pending.members.keys().copied());
         let missing =
             ranks_text((0..pending.world_size).filter(|r| !pending.members.contains_key(r)));
+        let why = match expiry {
+            Expiry::Deadline => format!("within {}", seconds(pending.timeout_ms)),
+            Expiry::Silent(lease_ms) => format!(
+                "and none of its ranks has been heard from for {} (the lease)",
+                seconds(lease_ms)
+            ),
+        };
         let mut detail = format!(
-            "The worker group of rendezvous key {:?} (attempt {}) did not assemble within {:.1} s: {} of {} ranks joined ({joined}); missing ranks: {missing}.",
+            "The worker group of rendezvous key {:?} (attempt {}) did not assemble {why}: {} of {} ranks joined ({joined}); missing ranks: {missing}.",
             key.0,
             key.1,
-            pending.timeout_ms as f64 / 1000.0,
             pending.members.len(),
             pending.world_size,
         );

@@ -121,6 +121,11 @@ impl Runs {
         self.monotonic_ms = Some(monotonic_ms);
     }
 
+    /// The lease of a live run, in ms.
+    pub(crate) fn lease_ms(&self) -> u64 {
+        self.lease.as_millis() as u64
+    }
+
     /// Now, on the clock leases are decided on: the monotonic reading of
     /// this turn, or `wall_ms` when none was set.
     pub(crate) fn lease_now(&self, wall_ms: u64) -> u64 {

@@ -574,7 +574,10 @@ async fn waiting_groups_are_bounded() {
         state.join_rendezvous(join(&format!("g{i}"), &group, 0)).await.unwrap();
     }
     let err = state.join_rendezvous(join("one-too-many", &group, 0)).await.unwrap_err();
-    assert!(matches!(err, StateError::Overloaded { .. }), "{err}");
+    assert!(
+        matches!(&err, StateError::Unavailable { reason } if reason.contains("10000 groups are waiting")),
+        "a clear 503 naming the bound: {err}"
+    );
     // Groups already waiting still assemble, which makes room again.
     let done = state.join_rendezvous(join("g7", &group, 1)).await.unwrap();
     assert_eq!(done.run_status, Some(RunStatus::Running));
@@ -666,5 +669,79 @@ async fn a_run_starts_when_its_first_rank_started_and_a_new_launch_of_an_ended_k
     assert_ne!(second, id);
     assert_eq!(state.get_run(second).await.unwrap().run_status(), RunStatus::Running);
     assert_eq!(state.get_run(id).await.unwrap().run_status(), RunStatus::Finished);
+    service.shutdown().await;
+}
+
+/// `worker` with 256 resources of ~1 KiB names: about 260 KiB of JSON, legal.
+fn heavy(worker: &TrainWorkerInfo) -> TrainWorkerInfo {
+    let mut draft = worker.clone().into_draft();
+    draft.resources = (0..256).map(|i| (format!("{i:04}{}", "r".repeat(1_000)), 1.0)).collect();
+    draft.validate().unwrap()
+}
+
+#[tokio::test]
+async fn regression_waiting_groups_hold_a_bounded_number_of_bytes_and_say_so_at_the_bound() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let service = launch_state_actor(config("rdv-bytes", &clock)).await.unwrap();
+    let state = service.handle();
+    let group = workers(2_000, 8, "big-");
+    let mut refused = None;
+    for rank in 0..group.len() {
+        let join = Join::new("heavy", 2_000, heavy(&group[rank]), "train", "job-7").unwrap();
+        match state.join_rendezvous(join).await {
+            Ok(_) => {}
+            Err(err) => {
+                refused = Some((rank, err));
+                break;
+            }
+        }
+    }
+    let (rank, err) = refused.expect("joins of ~260 KiB workers are refused past the bound");
+    assert!((200..300).contains(&rank), "about 64 MiB of 260 KiB workers: refused at {rank}");
+    assert!(
+        matches!(&err, StateError::Unavailable { reason } if reason.contains("bound of 64 MiB")),
+        "a clear 503 naming the bound: {err}"
+    );
+    // The bound is for all groups together: another launch waits too.
+    let other = workers(2, 2, "o-");
+    let heavy_join = || Join::new("other", 2, heavy(&other[0]), "train", "job-8").unwrap();
+    let err = state.join_rendezvous(heavy_join()).await.unwrap_err();
+    assert!(err.is_retryable(), "{err}");
+
+    // The held bytes are freed when the group closes.
+    clock.advance_ms(LEASE.as_millis() as u64);
+    state.sweep_leases().await.unwrap();
+    state.join_rendezvous(heavy_join()).await.unwrap();
+    service.shutdown().await;
+}
+
+#[tokio::test]
+async fn regression_a_waiting_group_whose_ranks_fell_silent_closes_after_a_lease_not_a_day() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let service = launch_state_actor(config("rdv-silent", &clock)).await.unwrap();
+    let state = service.handle();
+    let group = workers(2, 2, "q-");
+    let day = Duration::from_secs(86_400);
+    let silent = join("silent", &group, 0).with_join_timeout(day).unwrap();
+    let silent_id = state.join_rendezvous(silent).await.unwrap().run_id;
+    let alive = join("alive", &group, 0).with_join_timeout(day).unwrap();
+    let alive_id = state.join_rendezvous(alive).await.unwrap().run_id;
+
+    // The live group's rank heartbeats while it waits; the other's is gone.
+    for _ in 0..4 {
+        clock.advance_ms(20_000);
+        state.heartbeat_rank(alive_id.clone(), 0, "0").await.unwrap();
+        state.sweep_leases().await.unwrap();
+    }
+    let run = state.get_run(silent_id).await.unwrap();
+    assert_eq!(run.run_status(), RunStatus::Aborted);
+    let detail = run.status_detail();
+    assert!(
+        detail.contains("did not assemble and none of its ranks has been heard from for 60 s"),
+        "{detail}"
+    );
+    assert!(matches!(state.get(alive_id.clone()).await, Err(StateError::NotFound { .. })));
+    let done = state.join_rendezvous(join("alive", &group, 1)).await.unwrap();
+    assert_eq!((done.run_id, done.run_status), (alive_id, Some(RunStatus::Running)));
     service.shutdown().await;
 }
