@@ -53,6 +53,11 @@ pub(crate) struct RunRecord {
 }
 
 impl RunRecord {
+    /// The run's `controller_actor_id`.
+    pub(crate) fn controller_actor_id(&self) -> &str {
+        &self.statics.controller_actor_id
+    }
+
     /// The record of a validated run. The stored JSON never carries
     /// `last_heartbeat_ms`: heartbeats live in memory only.
     ///

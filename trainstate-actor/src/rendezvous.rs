@@ -18,11 +18,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::Hasher;
 use std::sync::{Arc, RwLock};
 
-use serde::Deserialize;
 use trainstate_client::api::RendezvousResponse;
 use trainstate_client::{
-    Join, NewAttempt, RankEnd, RendezvousMessage, Reply, RunDocument, RunQuery, StateError,
-    StatusUpdate,
+    Join, NewAttempt, RankEnd, RendezvousMessage, Reply, RunDocument, StateError, StatusUpdate,
 };
 use trainstate_schema::text::last_chars;
 use trainstate_schema::{
@@ -497,15 +495,6 @@ fn ranks_text(ranks: impl Iterator<Item = u32>) -> String {
     parts.join(", ")
 }
 
-/// The members of a stored run that say whose rendezvous it came from.
-#[derive(Deserialize)]
-struct Head<'a> {
-    #[serde(borrow)]
-    id: std::borrow::Cow<'a, str>,
-    #[serde(borrow)]
-    controller_actor_id: std::borrow::Cow<'a, str>,
-}
-
 impl Rendezvous {
     /// Handles one request. `admitted` says whether a write may be queued
     /// now (it is checked only when the request writes).
@@ -650,7 +639,7 @@ impl Rendezvous {
         lease_ms: u64,
         now_ms: u64,
     ) -> Result<Option<Step>, StateError> {
-        let found = match self.run_of_key(&join.key, &join.job_id, view) {
+        let found = match self.run_of_key(&join.key, view) {
             Some(id) => match touch(runs, &id, now_ms) {
                 Ok(status) => Some((id, status)),
                 Err(StateError::NotFound { .. }) => {
@@ -776,21 +765,15 @@ impl Rendezvous {
     }
 
     /// The run of `key`: the one this actor assembled, else the newest
-    /// stored run of `job_id` whose controller is the key's rendezvous.
-    fn run_of_key(&mut self, key: &str, job_id: &str, view: &RwLock<View>) -> Option<RunId> {
+    /// stored run whose controller is the key's rendezvous.
+    fn run_of_key(&mut self, key: &str, view: &RwLock<View>) -> Option<RunId> {
         if let Some(id) = self.keys.get(key) {
             return Some(id.clone());
         }
-        let controller = controller_of(key);
-        let page = {
+        let id = {
             let view = view.read().unwrap_or_else(|e| e.into_inner());
-            view.list(&RunQuery::all().job_id(job_id), |_| None)
+            view.newest_of_rendezvous(&controller_of(key))?.id.clone()
         };
-        let id = page.runs.iter().find_map(|doc| {
-            let body = doc.body();
-            let head: Head<'_> = serde_json::from_str(&body).ok()?;
-            (head.controller_actor_id == controller).then(|| RunId::parse(&head.id).ok())?
-        })?;
         self.keys.insert(key.to_owned(), id.clone());
         Some(id)
     }

@@ -100,6 +100,9 @@ struct Indexes {
     node_id: HashMap<Box<str>, Set>,
     node_ip: HashMap<Box<str>, Set>,
     cluster: HashMap<Box<str>, Set>,
+    /// The runs of each rendezvous key, by `controller_actor_id`
+    /// (`rendezvous:<key>`): how a join finds the run of its key.
+    rendezvous: HashMap<Box<str>, Set>,
     /// Every run's name, for searches in names.
     names: names::Names,
 }
@@ -128,6 +131,12 @@ fn remove_from(map: &mut HashMap<Box<str>, Set>, name: &str, key: Key) {
     }
 }
 
+/// The `controller_actor_id` of a run the rendezvous assembled.
+fn rendezvous_controller(record: &RunRecord) -> Option<&str> {
+    let controller = record.controller_actor_id();
+    controller.starts_with(crate::rendezvous::CONTROLLER_PREFIX).then_some(controller)
+}
+
 impl Indexes {
     /// Adds `record` under `key`; its name only with `name`.
     fn add(&mut self, key: Key, record: &RunRecord, name: bool) {
@@ -141,6 +150,9 @@ impl Indexes {
         }
         if let Some(cluster) = record.cluster.as_deref() {
             insert_into(&mut self.cluster, cluster, key);
+        }
+        if let Some(controller) = rendezvous_controller(record) {
+            insert_into(&mut self.rendezvous, controller, key);
         }
         if name {
             self.names.add(key, &record.name);
@@ -159,6 +171,9 @@ impl Indexes {
         }
         if let Some(cluster) = record.cluster.as_deref() {
             remove_from(&mut self.cluster, cluster, key);
+        }
+        if let Some(controller) = rendezvous_controller(record) {
+            remove_from(&mut self.rendezvous, controller, key);
         }
         if name {
             self.names.remove(key);
@@ -338,6 +353,14 @@ impl View {
 
     pub(crate) fn get(&self, id: &RunId) -> Option<&Arc<RunRecord>> {
         self.runs.get(id).map(|(_, r)| r)
+    }
+
+    /// The newest run (by start time) whose `controller_actor_id` is
+    /// `controller`, a rendezvous key's: an index lookup, whatever the
+    /// number of runs.
+    pub(crate) fn newest_of_rendezvous(&self, controller: &str) -> Option<&Arc<RunRecord>> {
+        let (_, slot) = self.indexes.rendezvous.get(controller)?.last()?;
+        Some(self.slot(*slot))
     }
 
     fn slot(&self, slot: u32) -> &Arc<RunRecord> {

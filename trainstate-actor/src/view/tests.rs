@@ -227,3 +227,29 @@ fn regression_status_running_lists_every_live_status_from_the_index() {
     assert_eq!(view.list(&query, |_| None).total, live);
     check(&view, &runs, query);
 }
+
+#[test]
+fn regression_a_rendezvous_key_finds_its_run_by_index_among_the_runs_of_its_job() {
+    let record = |id: u64, controller: &str, start: u64| {
+        let draft = TrainRunInfoDraft::new(format!("{id:032x}"), "train", "job", controller, start);
+        RunRecord::new(&draft.validate().expect("a valid run")).expect("a record")
+    };
+    let mut view = View::new(16, 1 << 20);
+    // Thousands of runs of the same job, none of the key's: never read.
+    for i in 0..5_000u64 {
+        view.apply(&StoreOp::Put(record(i + 1, "ctrl", 1_760_000_000_000 + i)));
+    }
+    let key = "rendezvous:torchrun:10.0.0.1-29500.00ff";
+    let older = record(10_001, key, 1_760_000_000_000);
+    let newer = record(10_002, key, 1_760_000_000_100);
+    view.apply(&StoreOp::Put(older.clone()));
+    view.apply(&StoreOp::Put(newer.clone()));
+    assert_eq!(view.newest_of_rendezvous(key).map(|r| &r.id), Some(&newer.id));
+    assert!(view.newest_of_rendezvous("rendezvous:other").is_none());
+    assert!(view.newest_of_rendezvous("ctrl").is_none(), "only rendezvous runs are indexed");
+    // Kept in step with deletes (retention).
+    view.apply(&StoreOp::Delete(newer.id.clone()));
+    assert_eq!(view.newest_of_rendezvous(key).map(|r| &r.id), Some(&older.id));
+    view.apply(&StoreOp::Delete(older.id.clone()));
+    assert!(view.newest_of_rendezvous(key).is_none());
+}
