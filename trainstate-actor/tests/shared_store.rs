@@ -508,3 +508,41 @@ async fn regression_ranks_whose_requests_reach_different_heads_form_one_group_an
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_ranks_go_on_through_the_surviving_head_when_the_other_is_killed() {
+    let Some(fresh) = Store::Postgres.fresh("rdv-kill").await else { return };
+    let url = fresh.url().unwrap().to_owned();
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut a = Head::start(dir_a.path(), &["--store", &url, "--lease", "30s"]).unwrap();
+    let b = Head::start(dir_b.path(), &["--store", &url, "--lease", "30s"]).unwrap();
+    let http = reqwest::Client::new();
+    let group = crate::common::workers(2, 1, "kill-");
+    let join = |rank: usize| {
+        json!({
+            "world_size": 2,
+            "worker": serde_json::to_value(&group[rank]).unwrap(),
+            "name": "survivor",
+            "job_id": "9",
+        })
+    };
+    let key = "/api/train/rendezvous/slurm:9.0/join";
+    let first = post_retrying(&http, &a.url, key, join(0)).await;
+    let second = post_retrying(&http, &b.url, key, join(1)).await;
+    assert_eq!(second["run_status"], "RUNNING", "{second}");
+    let id = first["run_id"].as_str().unwrap().to_owned();
+
+    // Whichever head owned the groups, the survivor owns them now.
+    a.signal("-KILL");
+    a.wait();
+    for rank in 0..2 {
+        let path = format!("/api/train/runs/{id}/ranks/{rank}/heartbeat");
+        let beat = post_retrying(&http, &b.url, &path, json!({"attempt_id": "0"})).await;
+        assert_eq!(beat["run_status"], "RUNNING", "{beat}");
+    }
+    let end = json!({"attempt_id": "0", "status": "FINISHED"});
+    post_retrying(&http, &b.url, &format!("/api/train/runs/{id}/ranks/0/end"), end.clone()).await;
+    let ended =
+        post_retrying(&http, &b.url, &format!("/api/train/runs/{id}/ranks/1/end"), end).await;
+    assert_eq!(ended["run_status"], "FINISHED", "{ended}");
+}

@@ -40,9 +40,12 @@ use crate::config::PostgresConfig;
 /// How long a relaying head waits for the owner's answer.
 pub(crate) const RELAY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How often the owning head looks for calls, and a relaying head for
-/// answers while it waits for some.
-const OWNER_POLL: Duration = Duration::from_millis(40);
+/// The channel on which a relaying head announces a call (`NOTIFY`).
+const CALLS_CHANNEL: &str = "trainstate_rendezvous_calls";
+
+/// How often the owning head looks for calls it was not notified of, and
+/// a relaying head for answers while it waits for some.
+const OWNER_POLL: Duration = Duration::from_secs(1);
 const ANSWER_POLL: Duration = Duration::from_millis(20);
 
 /// A claimed call not answered within this long is claimed again (its
@@ -75,6 +78,8 @@ pub(crate) struct RendezvousRelay {
     waiting: Mutex<HashMap<i64, oneshot::Sender<String>>>,
     /// Wakes the answer poller when a caller starts waiting.
     waiter_added: Notify,
+    /// Wakes the owner when a call is announced.
+    call_announced: Arc<Notify>,
 }
 
 impl RendezvousRelay {
@@ -89,7 +94,7 @@ impl RendezvousRelay {
         let pg_config = tokio_postgres::Config::from_str(&config.url)
             .map_err(|e| format!("not a PostgreSQL URL: {e}"))?;
         let manager = Manager::from_config(
-            pg_config,
+            pg_config.clone(),
             NoTls,
             ManagerConfig { recycling_method: RecyclingMethod::Fast },
         );
@@ -105,7 +110,9 @@ impl RendezvousRelay {
             sweeper,
             waiting: Mutex::default(),
             waiter_added: Notify::new(),
+            call_announced: Arc::new(Notify::new()),
         });
+        tokio::spawn(listen_for_calls(Arc::downgrade(&relay), pg_config));
         tokio::spawn(deliver_answers(Arc::downgrade(&relay)));
         tokio::spawn(answer_calls(Arc::downgrade(&relay), handle));
         Ok(relay)
@@ -128,8 +135,11 @@ impl RendezvousRelay {
             let client = self.pool.get().await.map_err(|e| unavailable("database", &e))?;
             let row = client
                 .query_one(
-                    "INSERT INTO trainstate_rendezvous_calls (call) VALUES ($1) RETURNING id",
-                    &[&text],
+                    "WITH call AS (
+                         INSERT INTO trainstate_rendezvous_calls (call) VALUES ($1) RETURNING id
+                     )
+                     SELECT id, pg_notify($2, '') FROM call",
+                    &[&text, &CALLS_CHANNEL],
                 )
                 .await
                 .map_err(|e| unavailable("database", &e))?;
@@ -155,6 +165,36 @@ impl RendezvousRelay {
                 )))
             }
         }
+    }
+}
+
+/// Keeps a connection that listens for announced calls and wakes the
+/// owner's loop on each (the loop also looks every [`OWNER_POLL`], for a
+/// notification missed while the connection was down).
+async fn listen_for_calls(relay: Weak<RendezvousRelay>, config: tokio_postgres::Config) {
+    use futures_util::StreamExt;
+    loop {
+        let Some(announced) = relay.upgrade().map(|r| r.call_announced.clone()) else { return };
+        if let Ok((client, mut connection)) = config.connect(NoTls).await {
+            let wake = announced.clone();
+            let driver = tokio::spawn(async move {
+                let mut messages =
+                    futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+                while let Some(Ok(message)) = messages.next().await {
+                    if matches!(message, tokio_postgres::AsyncMessage::Notification(_)) {
+                        wake.notify_one();
+                    }
+                }
+            });
+            if client.batch_execute(&format!("LISTEN {CALLS_CHANNEL}")).await.is_ok() {
+                // Wakes now and then to notice that the relay was dropped.
+                while relay.strong_count() > 0 && !driver.is_finished() {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+            driver.abort();
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
@@ -198,14 +238,23 @@ async fn deliver_answers(relay: Weak<RendezvousRelay>) {
 async fn answer_calls(relay: Weak<RendezvousRelay>, handle: StateHandle) {
     let in_flight = Arc::new(Semaphore::new(MAX_CALLS_IN_FLIGHT));
     let mut polls: u64 = 0;
+    // True when the last look claimed as many calls as it could: more may wait.
+    let mut more = false;
     loop {
-        tokio::time::sleep(OWNER_POLL).await;
+        let Some(announced) = relay.upgrade().map(|r| r.call_announced.clone()) else { return };
+        if !more {
+            let _ = tokio::time::timeout(OWNER_POLL, announced.notified()).await;
+        }
+        more = false;
         let Some(this) = relay.upgrade() else { return };
         if !this.owns() {
             continue;
         }
         let room = in_flight.available_permits().min(MAX_CALLS_IN_FLIGHT) as i64;
         if room == 0 {
+            // Every slot is busy: look again as soon as one is free.
+            drop(in_flight.acquire().await);
+            more = true;
             continue;
         }
         let Ok(client) = this.pool.get().await else { continue };
@@ -234,6 +283,7 @@ async fn answer_calls(relay: Weak<RendezvousRelay>, handle: StateHandle) {
             )
             .await;
         let Ok(mut rows) = claimed else { continue };
+        more = rows.len() as i64 == room;
         rows.sort_by_key(|row| row.get::<_, i64>(0));
         for row in rows {
             let id: i64 = row.get(0);
