@@ -1,6 +1,7 @@
 //! The remote transport of `StateHandle`: the head service's HTTP API.
 
 mod rendezvous;
+pub(crate) mod tls;
 
 use std::time::Duration;
 
@@ -49,14 +50,19 @@ impl<'a> Call<'a> {
 }
 
 impl Remote {
-    pub(crate) fn new(base: &str, token: Option<String>) -> Result<Self, StateError> {
+    pub(crate) fn new(
+        base: &str,
+        token: Option<String>,
+        #[cfg(feature = "rustls")] cas: Option<&tls::TrustedCas>,
+    ) -> Result<Self, StateError> {
         let base = base.trim_end_matches('/').to_owned();
         if !(base.starts_with("http://") || base.starts_with("https://")) {
             return Err(StateError::invalid("url", "must start with http:// or https://"));
         }
-        let client = reqwest::Client::builder()
-            .build()
-            .map_err(|e| StateError::unavailable(format!("cannot build an HTTP client: {e}")))?;
+        #[cfg(feature = "rustls")]
+        let client = tls::client(&base, cas)?;
+        #[cfg(not(feature = "rustls"))]
+        let client = tls::client(&base)?;
         Ok(Self { base, token, client })
     }
 
@@ -93,7 +99,7 @@ impl Remote {
                 Err(_) => return Err(StateError::Timeout { after: timeout }),
                 Ok(Ok((status, bytes))) if status.is_success() => return Ok(bytes.to_vec()),
                 Ok(Ok((status, bytes))) => error_of(status, &bytes, call.run_id),
-                Ok(Err(err)) => StateError::unavailable(format!("{}: {err}", self.base)),
+                Ok(Err(err)) => StateError::unavailable(tls::transport_error(&self.base, &err)),
             };
             if !error.is_retryable() || Instant::now() + backoff >= deadline {
                 return Err(error);
