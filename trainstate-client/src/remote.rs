@@ -71,7 +71,8 @@ impl Remote {
     }
 
     /// Sends `call`, retrying with backoff while the head is unreachable or
-    /// busy, until `timeout` has passed.
+    /// busy, until `timeout` has passed. A head whose TLS certificate is not
+    /// trusted is answered at once (`unavailable`, saying so), not retried.
     async fn send(&self, call: Call<'_>, timeout: Duration) -> Result<Vec<u8>, StateError> {
         let deadline = Instant::now() + timeout;
         let mut backoff = FIRST_BACKOFF;
@@ -99,7 +100,13 @@ impl Remote {
                 Err(_) => return Err(StateError::Timeout { after: timeout }),
                 Ok(Ok((status, bytes))) if status.is_success() => return Ok(bytes.to_vec()),
                 Ok(Ok((status, bytes))) => error_of(status, &bytes, call.run_id),
-                Ok(Err(err)) => StateError::unavailable(tls::transport_error(&self.base, &err)),
+                Ok(Err(err)) => {
+                    let (reason, final_now) = tls::transport_error(&self.base, &err);
+                    if final_now {
+                        return Err(StateError::unavailable(reason));
+                    }
+                    StateError::unavailable(reason)
+                }
             };
             if !error.is_retryable() || Instant::now() + backoff >= deadline {
                 return Err(error);

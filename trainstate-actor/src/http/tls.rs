@@ -19,7 +19,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::rustls::crypto::CryptoProvider;
-use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::pem::{self, PemObject};
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
 use tokio_rustls::rustls::sign::CertifiedKey;
@@ -122,21 +122,38 @@ impl ServerTls {
 
 /// Reads and pairs a certificate chain and its key.
 fn load(cert: &Path, key: &Path, provider: &CryptoProvider) -> Result<CertifiedKey, TlsFileError> {
-    let cert_error = |reason: String| TlsFileError::Certificate { path: cert.to_owned(), reason };
+    const NO_CERTIFICATE: &str = "holds no PEM certificate (-----BEGIN CERTIFICATE-----)";
+    const NO_KEY: &str = "holds no PEM private key (-----BEGIN PRIVATE KEY-----, \
+                          or an RSA or EC private key)";
+    let cert_error = |err: pem::Error| TlsFileError::Certificate {
+        path: cert.to_owned(),
+        reason: pem_reason(err, NO_CERTIFICATE),
+    };
     let chain = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| cert_error(e.to_string()))?
+        .map_err(cert_error)?
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| cert_error(e.to_string()))?;
+        .map_err(cert_error)?;
     if chain.is_empty() {
-        return Err(cert_error("holds no PEM certificate (-----BEGIN CERTIFICATE-----)".into()));
+        return Err(cert_error(pem::Error::NoItemsFound));
     }
-    let private = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| TlsFileError::Key { path: key.to_owned(), reason: e.to_string() })?;
+    let private = PrivateKeyDer::from_pem_file(key).map_err(|err| TlsFileError::Key {
+        path: key.to_owned(),
+        reason: pem_reason(err, NO_KEY),
+    })?;
     CertifiedKey::from_der(chain, private, provider).map_err(|e| TlsFileError::Mismatch {
         cert: cert.to_owned(),
         key: key.to_owned(),
         reason: e.to_string(),
     })
+}
+
+/// What is wrong with a PEM file, `missing` saying what it lacks.
+fn pem_reason(err: pem::Error, missing: &str) -> String {
+    match err {
+        pem::Error::NoItemsFound => missing.to_owned(),
+        pem::Error::Io(err) => format!("cannot read it: {err}"),
+        other => format!("not a valid PEM file: {other}"),
+    }
 }
 
 /// The certificate handshakes use now; swapped by [`ServerTls::reload`].

@@ -95,17 +95,21 @@ pub(super) fn client(base: &str) -> Result<reqwest::Client, StateError> {
 }
 
 /// Why a request to `base` failed, with its causes; for an `https://`
-/// head whose certificate is not trusted, what to do about it.
-pub(super) fn transport_error(base: &str, err: &reqwest::Error) -> String {
+/// head whose certificate is not trusted, what to do about it. The flag
+/// says whether retrying within the same call is useless: a certificate
+/// refused now is refused again a moment later (the caller may still try
+/// again later, as after a rotation).
+pub(super) fn transport_error(base: &str, err: &reqwest::Error) -> (String, bool) {
     let text = chain(err);
     #[cfg(feature = "rustls")]
     if untrusted_certificate(err) {
-        return format!(
+        let message = format!(
             "{base}: the head's TLS certificate is not trusted ({text}); trust the CA that \
              signed it (--ca-cert PEM, TRAINSTATE_CA_CERT)"
         );
+        return (message, true);
     }
-    format!("{base}: {text}")
+    (format!("{base}: {text}"), false)
 }
 
 /// `err` and each of its causes, `: `-separated, without repeats.
@@ -128,19 +132,14 @@ fn chain(err: &(dyn std::error::Error + 'static)) -> String {
 fn untrusted_certificate(err: &(dyn std::error::Error + 'static)) -> bool {
     let mut next = Some(err);
     while let Some(cause) = next {
-        // An `io::Error`'s `source` skips the error it wraps: look inside.
-        let inner = cause.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref());
-        for candidate in [Some(cause), inner.map(|e| e as &(dyn std::error::Error + 'static))]
-            .into_iter()
-            .flatten()
-        {
-            if let Some(rustls::Error::InvalidCertificate(_)) =
-                candidate.downcast_ref::<rustls::Error>()
-            {
-                return true;
-            }
+        if let Some(rustls::Error::InvalidCertificate(_)) = cause.downcast_ref::<rustls::Error>() {
+            return true;
         }
-        next = cause.source();
+        // An `io::Error`'s `source` skips the error it wraps: go inside.
+        next = match cause.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => cause.source(),
+        };
     }
     false
 }
