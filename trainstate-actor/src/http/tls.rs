@@ -187,12 +187,12 @@ impl Transport {
     pub(crate) fn io(&self, stream: TcpStream) -> ConnectionIo {
         match &self.tls {
             None => ConnectionIo::Plain(stream),
-            Some(tls) => ConnectionIo::Handshake {
+            Some(tls) => ConnectionIo::Handshake(Box::new(Handshake {
                 peer: stream.peer_addr().ok(),
                 accept: tls.acceptor.accept(stream),
                 deadline: Box::pin(tokio::time::sleep(self.handshake_timeout)),
                 timeout: self.handshake_timeout,
-            },
+            })),
         }
     }
 }
@@ -203,34 +203,38 @@ pub(crate) enum ConnectionIo {
     /// Plain HTTP.
     Plain(TcpStream),
     /// A TLS handshake under way.
-    Handshake {
-        peer: Option<std::net::SocketAddr>,
-        accept: Accept<TcpStream>,
-        deadline: Pin<Box<tokio::time::Sleep>>,
-        timeout: Duration,
-    },
+    Handshake(Box<Handshake>),
     /// TLS, after the handshake.
     Tls(Box<TlsStream<TcpStream>>),
     /// A handshake that failed; the socket is closed.
     Failed,
 }
 
+/// A TLS handshake under way, and its deadline.
+pub(crate) struct Handshake {
+    peer: Option<std::net::SocketAddr>,
+    accept: Accept<TcpStream>,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    timeout: Duration,
+}
+
 impl ConnectionIo {
     /// Drives the handshake, if one is under way, to its end.
     fn poll_handshake(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let Self::Handshake { peer, accept, deadline, timeout } = self else {
+        let Self::Handshake(handshake) = self else {
             return Poll::Ready(Ok(()));
         };
-        let outcome = match Pin::new(accept).poll(cx) {
+        let outcome = match Pin::new(&mut handshake.accept).poll(cx) {
             Poll::Ready(outcome) => outcome,
             Poll::Pending => {
-                ready!(deadline.as_mut().poll(cx));
+                ready!(handshake.deadline.as_mut().poll(cx));
                 Err(io::Error::new(
                     io::ErrorKind::TimedOut,
-                    format!("no TLS handshake within {timeout:?}"),
+                    format!("no TLS handshake within {:?}", handshake.timeout),
                 ))
             }
         };
+        let peer = handshake.peer;
         match outcome {
             Ok(stream) => {
                 *self = Self::Tls(Box::new(stream));
@@ -262,7 +266,7 @@ impl AsyncRead for ConnectionIo {
         match this {
             Self::Plain(stream) => Pin::new(stream).poll_read(cx, buf),
             Self::Tls(stream) => Pin::new(stream.as_mut()).poll_read(cx, buf),
-            Self::Handshake { .. } | Self::Failed => Poll::Ready(Err(failed())),
+            Self::Handshake(_) | Self::Failed => Poll::Ready(Err(failed())),
         }
     }
 }
@@ -278,7 +282,7 @@ impl AsyncWrite for ConnectionIo {
         match this {
             Self::Plain(stream) => Pin::new(stream).poll_write(cx, buf),
             Self::Tls(stream) => Pin::new(stream.as_mut()).poll_write(cx, buf),
-            Self::Handshake { .. } | Self::Failed => Poll::Ready(Err(failed())),
+            Self::Handshake(_) | Self::Failed => Poll::Ready(Err(failed())),
         }
     }
 
@@ -292,7 +296,7 @@ impl AsyncWrite for ConnectionIo {
         match this {
             Self::Plain(stream) => Pin::new(stream).poll_write_vectored(cx, bufs),
             Self::Tls(stream) => Pin::new(stream.as_mut()).poll_write_vectored(cx, bufs),
-            Self::Handshake { .. } | Self::Failed => Poll::Ready(Err(failed())),
+            Self::Handshake(_) | Self::Failed => Poll::Ready(Err(failed())),
         }
     }
 
@@ -306,7 +310,7 @@ impl AsyncWrite for ConnectionIo {
             Self::Plain(stream) => Pin::new(stream).poll_flush(cx),
             Self::Tls(stream) => Pin::new(stream.as_mut()).poll_flush(cx),
             // Nothing of the connection's own was written yet.
-            Self::Handshake { .. } | Self::Failed => Poll::Ready(Ok(())),
+            Self::Handshake(_) | Self::Failed => Poll::Ready(Ok(())),
         }
     }
 
@@ -315,7 +319,7 @@ impl AsyncWrite for ConnectionIo {
             Self::Plain(stream) => Pin::new(stream).poll_shutdown(cx),
             Self::Tls(stream) => Pin::new(stream.as_mut()).poll_shutdown(cx),
             // Closing before the handshake ended: dropping the socket closes it.
-            Self::Handshake { .. } | Self::Failed => Poll::Ready(Ok(())),
+            Self::Handshake(_) | Self::Failed => Poll::Ready(Ok(())),
         }
     }
 }
