@@ -10,6 +10,7 @@ import os
 import queue
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import textwrap
@@ -50,7 +51,8 @@ def wait_until(what: str, condition: Callable[[], Any], deadline: float = 30.0, 
 class Head:
     """A `trainstate serve` child process."""
 
-    def __init__(self, extra: List[str]) -> None:
+    def __init__(self, extra: List[str], ca_cert: Optional[str] = None) -> None:
+        self.context = ssl.create_default_context(cafile=ca_cert) if ca_cert else None
         path = binary()
         if not path.exists():
             raise RuntimeError(f"{path} is missing: build it with `cargo build -p trainstate-actor --bin trainstate`")
@@ -74,7 +76,7 @@ class Head:
         self.url = first[len("listening on ") :].strip()
 
     def get(self, path: str) -> Dict[str, Any]:
-        with urllib.request.urlopen(self.url + path, timeout=5) as response:
+        with urllib.request.urlopen(self.url + path, timeout=5, context=self.context) as response:
             return json.loads(response.read())
 
     def runs_named(self, name: str) -> List[Dict[str, Any]]:

@@ -28,7 +28,7 @@ import sys
 from typing import Mapping, Optional
 from urllib.parse import urlsplit
 
-from . import _launch, _probe, _proc
+from . import _http, _launch, _probe, _proc
 from ._run import TERMINAL, Run, current
 from ._run import _set_current as _set_current
 from ._wire import TrainWorkerInfo
@@ -58,7 +58,9 @@ def init(
 
     - ``url``, ``token``: the head (``http://head:8266``) and its bearer
       token; ``TRAINSTATE_URL`` and ``TRAINSTATE_TOKEN`` when not given.
-      Without a URL the run is not reported (one warning says so).
+      Without a URL the run is not reported (one warning says so). An
+      ``https://`` head is trusted through the system's roots, or through
+      only the CAs of the PEM file ``TRAINSTATE_CA_CERT`` when it is set.
     - ``name``: the run's name; ``TRAINSTATE_RUN_NAME``, else the script's name.
     - ``key``: the rendezvous key every rank of this launch shares;
       ``TRAINSTATE_RUN_KEY``, else derived from the launcher
@@ -111,6 +113,11 @@ def _make(
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"the head URL {url!r} must be http:// or https:// and name a host")
     token = token or env.get("TRAINSTATE_TOKEN") or None
+    ca_cert = env.get("TRAINSTATE_CA_CERT") or None
+    if ca_cert is not None:
+        if parts.scheme != "https":
+            raise ValueError(f"TRAINSTATE_CA_CERT is set, but the head URL {url!r} is not https://; unset one")
+        _http.tls_context(ca_cert)
     launch = _launch.detect(env, key=key, job_id=job_id)
     port = parts.port or (443 if parts.scheme == "https" else 80)
     node_ip, _fallback = _probe.route_to(parts.hostname, port)
@@ -133,6 +140,7 @@ def _make(
     return Run(
         url=url.rstrip("/"),
         token=token,
+        ca_cert=ca_cert,
         launch=launch,
         worker=worker,
         name=run_name[:1024],

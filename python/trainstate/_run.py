@@ -67,6 +67,7 @@ class Run:
         url: Optional[str],
         token: Optional[str],
         launch: Optional[_launch.Launch],
+        ca_cert: Optional[str] = None,
         worker: Optional[TrainWorkerInfo],
         name: str,
         timeout: float,
@@ -76,6 +77,7 @@ class Run:
     ) -> None:
         self._url = url
         self._token = token
+        self._ca_cert = ca_cert
         self._launch = launch
         self._worker = worker
         self._name = name
@@ -266,6 +268,7 @@ class Run:
         config: Dict[str, Any] = {
             "url": self._url,
             "token": self._token,
+            "ca_cert": self._ca_cert,
             "timeout": self._timeout,
             "key": self._launch.key,
             "rank": self._launch.rank,

@@ -60,6 +60,7 @@ class Watcher:
         self.out = socket.socket(fileno=out_fd)
         self.url: str = config["url"]
         self.token: Optional[str] = config.get("token")
+        self.ca_cert: Optional[str] = config.get("ca_cert")
         self.timeout = float(config.get("timeout") or 2.0)
         self.rank = int(config["rank"])
         self.rank_pid = int(config["pid"])
@@ -250,7 +251,7 @@ class Watcher:
 
     def call(self, path: str, body: Any) -> Dict[str, Any]:
         try:
-            return _http.request(self.url, "POST", path, body, self.token, self.timeout)
+            return _http.request(self.url, "POST", path, body, self.token, self.timeout, self.ca_cert)
         except _http.Unreachable as err:
             self.warn_once(
                 f"trainstate: cannot reach the head ({err}); training goes on, and this rank keeps trying in the background"

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use trainstate_client::{StateError, StateHandle};
+use trainstate_client::{StateError, StateHandle, TrustedCas};
 use trainstate_schema::TrainRunInfo;
 
 use crate::StateService;
@@ -42,10 +42,12 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ForwardConfig {
-    /// The hub's base URL, `http://host:port`.
+    /// The hub's base URL, `http://host:port` or `https://host:port`.
     pub hub: String,
     /// The bearer token the hub's writes need.
     pub token: Option<String>,
+    /// The CAs trusted for an `https://` hub, instead of the system's roots.
+    pub cas: Option<TrustedCas>,
     /// This head's cluster name, stamped on runs that lack one.
     pub cluster: String,
 }
@@ -53,7 +55,13 @@ pub struct ForwardConfig {
 impl ForwardConfig {
     /// Forwarding of cluster `cluster`'s runs to the hub at `hub`.
     pub fn new(hub: impl Into<String>, cluster: impl Into<String>) -> Self {
-        Self { hub: hub.into(), token: None, cluster: cluster.into() }
+        Self { hub: hub.into(), token: None, cas: None, cluster: cluster.into() }
+    }
+
+    /// Trusts `cas` (instead of the system's roots) for an `https://` hub.
+    pub fn with_cas(mut self, cas: Option<TrustedCas>) -> Self {
+        self.cas = cas;
+        self
     }
 
     /// Sends `token` to the hub.
@@ -98,13 +106,14 @@ impl Forwarder {
 }
 
 /// Starts forwarding `service`'s runs as `config` says. Fails if the
-/// store keeps no positions (memory only) or the hub's URL is not one.
+/// store keeps no positions (memory only), the hub's URL is not one, or
+/// CAs are given for an `http://` hub.
 pub fn start_forwarding(
     service: &StateService,
     config: ForwardConfig,
 ) -> Result<Forwarder, StateError> {
     trainstate_schema::validate_name("cluster", &config.cluster)?;
-    let hub = StateHandle::connect(&config.hub, config.token.clone())?
+    let hub = StateHandle::connect_with_ca(&config.hub, config.token.clone(), config.cas.as_ref())?
         .with_timeout(Duration::from_secs(30));
     let (stop, stopped) = watch::channel(false);
     let stats = Arc::new(ForwardStats::default());

@@ -99,6 +99,47 @@ fn regression_flags_that_lied_or_crashed_are_refused_before_listening() {
         assert!(refused.contains(expected), "{flags:?}: {refused}");
         assert!(!refused.contains("panicked"), "{flags:?}: {refused}");
     }
+    // TLS: both files or neither, readable, and a key that is the
+    // certificate's; a CA only where it is used, and readable.
+    let (ca, other) = (crate::tls::Ca::new("CA"), crate::tls::Ca::new("other CA"));
+    let pki = crate::tls::Pki::write(dir.path(), "head", &ca);
+    let stranger = crate::tls::Pki::write(dir.path(), "stranger", &other);
+    let missing = dir.path().join("missing.pem");
+    let garbage = dir.path().join("garbage.pem");
+    std::fs::write(&garbage, "not PEM at all\n").unwrap();
+    let [cert, key, ca_pem, missing, garbage, stranger_key] =
+        [&pki.cert, &pki.key, &pki.ca, &missing, &garbage, &stranger.key]
+            .map(|p| p.to_str().unwrap());
+    let tls_cases: &[(&[&str], &str)] = &[
+        (&["--tls-cert", cert], "--tls-key"),
+        (&["--tls-key", key], "--tls-cert"),
+        (&["--tls-cert", missing, "--tls-key", key], "--tls-cert"),
+        (&["--tls-cert", garbage, "--tls-key", key], "--tls-cert"),
+        (&["--tls-cert", key, "--tls-key", key], "--tls-cert"),
+        (&["--tls-cert", cert, "--tls-key", missing], "--tls-key"),
+        (&["--tls-cert", cert, "--tls-key", cert], "--tls-key"),
+        (&["--tls-cert", cert, "--tls-key", stranger_key], "--tls-cert and --tls-key"),
+        (&["--ca-cert", ca_pem], "no --forward-to"),
+        (
+            &["--cluster", "c1", "--forward-to", "https://127.0.0.1:1", "--ca-cert", missing],
+            "--ca-cert",
+        ),
+        (
+            &["--cluster", "c1", "--forward-to", "https://127.0.0.1:1", "--ca-cert", garbage],
+            "--ca-cert",
+        ),
+        (
+            &["--cluster", "c1", "--forward-to", "http://127.0.0.1:1", "--ca-cert", ca_pem],
+            "--ca-cert",
+        ),
+    ];
+    for (flags, expected) in tls_cases {
+        let refused = Head::start(dir.path(), flags)
+            .err()
+            .unwrap_or_else(|| panic!("{flags:?} must be refused before `listening on`"));
+        assert!(refused.contains(expected), "{flags:?}: {refused}");
+        assert!(!refused.contains("panicked"), "{flags:?}: {refused}");
+    }
     // The limits themselves are accepted.
     Head::start(
         dir.path(),

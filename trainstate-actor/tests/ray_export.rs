@@ -29,7 +29,12 @@ struct Head {
 impl Head {
     /// Starts `trainstate serve` on `listen` and waits for its first line.
     fn start(data_dir: &Path, listen: &str) -> Head {
-        let spawned = spawn_serve(data_dir, listen, &[], &[])
+        Self::start_with(data_dir, listen, &[])
+    }
+
+    /// The same, with more `serve` flags.
+    fn start_with(data_dir: &Path, listen: &str, extra: &[&str]) -> Head {
+        let spawned = spawn_serve(data_dir, listen, extra, &[])
             .unwrap_or_else(|(status, log)| panic!("the head does not start ({status}): {log}"));
         let (child, url) = (spawned.child, spawned.url);
         Head { child, url }
@@ -122,6 +127,11 @@ impl Site {
 
     /// The same, on `dir`.
     fn ingester_on(&self, dir: &Path, head: &Head, once: bool) -> Ingester {
+        self.ingester_with(dir, head, once, &[])
+    }
+
+    /// The same, with more flags.
+    fn ingester_with(&self, dir: &Path, head: &Head, once: bool, extra: &[&str]) -> Ingester {
         let log = OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
         let mut command = Command::new(env!("CARGO_BIN_EXE_trainstate"));
         command
@@ -129,8 +139,10 @@ impl Site {
             .arg(dir)
             .args(["--url", &head.url, "--poll-interval", "10ms", "--position-file"])
             .arg(&self.position)
+            .args(extra)
             .env("RUST_LOG", "info")
             .env_remove("TRAINSTATE_TOKEN_FILE")
+            .env_remove("TRAINSTATE_CA_CERT")
             .stdout(Stdio::null())
             .stderr(log);
         if once {
@@ -779,4 +791,32 @@ async fn a_node_s_death_reaches_the_attempt_and_the_driver_job_s_end_ends_the_ru
     );
     assert!(ingester.terminate().success(), "{}", site.log());
     assert_eq!(site.summary()["ended"], "1");
+}
+
+#[tokio::test]
+async fn regression_the_ingester_delivers_to_a_tls_head_with_its_ca() {
+    use crate::tls::{Ca, Pki, client_trusting, path};
+    let site = Site::new();
+    let ca = Ca::new("head CA");
+    let pki = Pki::write(site.data.parent().unwrap(), "head", &ca);
+    let head = Head::start_with(&site.data, "127.0.0.1:0", &pki.serve_flags());
+    assert!(head.url.starts_with("https://"), "{}", head.url);
+    let lines = rays_lines();
+    site.append_lines(&lines);
+    let session = site.events.parent().unwrap().parent().unwrap().to_owned();
+
+    // Without the CA the ingester cannot deliver, and says which flag helps.
+    let mut untrusting = site.ingester_with(&session, &head, false, &[]);
+    eventually("an error naming --ca-cert", || site.log().contains("--ca-cert").then_some(()))
+        .await;
+    assert!(site.log().contains("not trusted"), "{}", site.log());
+    assert!(site.position().is_none_or(|(_, line)| line == 0), "nothing was delivered");
+    assert!(untrusting.terminate().success(), "{}", site.log());
+
+    // With it, every event reaches the head.
+    let mut ingester = site.ingester_with(&session, &head, true, &["--ca-cert", path(&pki.ca)]);
+    assert!(ingester.wait().success(), "{}", site.log());
+    assert_eq!(site.position().unwrap().1, lines.len() as u64);
+    assert_eq!(site.summary()["applied"], lines.len().to_string(), "{}", site.log());
+    assert_rays_answer(&client_trusting(&ca.pem()), &head).await;
 }

@@ -136,12 +136,31 @@ impl StateHandle {
     /// idempotent, so a request is retried with backoff while the head is
     /// unreachable or busy, up to the call's deadline. Subscriptions and
     /// sweeps are local only; over HTTP, use `GET /api/train/events`.
+    ///
+    /// An `https://` URL needs the `rustls` feature, and trusts the
+    /// system's roots; [`StateHandle::connect_with_ca`] trusts given CAs
+    /// instead.
     #[cfg(feature = "http")]
     pub fn connect(url: &str, token: Option<String>) -> Result<Self, StateError> {
-        Ok(Self {
-            inner: Arc::new(Transport::Remote(crate::remote::Remote::new(url, token)?)),
-            timeout: DEFAULT_CALL_TIMEOUT,
-        })
+        #[cfg(feature = "rustls")]
+        let remote = crate::remote::Remote::new(url, token, None)?;
+        #[cfg(not(feature = "rustls"))]
+        let remote = crate::remote::Remote::new(url, token)?;
+        Ok(Self { inner: Arc::new(Transport::Remote(remote)), timeout: DEFAULT_CALL_TIMEOUT })
+    }
+
+    /// [`StateHandle::connect`] to an `https://` head whose certificate
+    /// one of `cas` signed: only they are trusted, not the system's roots.
+    /// With `None`, the same as [`StateHandle::connect`]. CAs given for an
+    /// `http://` URL are refused (`ca_cert`), as they would go unused.
+    #[cfg(feature = "rustls")]
+    pub fn connect_with_ca(
+        url: &str,
+        token: Option<String>,
+        cas: Option<&crate::TrustedCas>,
+    ) -> Result<Self, StateError> {
+        let remote = crate::remote::Remote::new(url, token, cas)?;
+        Ok(Self { inner: Arc::new(Transport::Remote(remote)), timeout: DEFAULT_CALL_TIMEOUT })
     }
 
     /// The same handle with another deadline for each call.

@@ -26,7 +26,11 @@
 //!
 //! - `http` (default): [`StateHandle::connect`], the same API over the head
 //!   service's HTTP API (plain HTTP, with reqwest).
-//! - `rustls`: HTTPS for the remote handle.
+//! - `rustls`: HTTPS for the remote handle (rustls, with the aws-lc-rs
+//!   crypto provider): the system's roots, or only given CAs
+//!   ([`StateHandle::connect_with_ca`], [`TrustedCas`]). Off by default, so
+//!   that a controller reaching its head over plain HTTP builds no TLS
+//!   stack; without it an `https://` URL is refused, naming the feature.
 
 pub mod api;
 mod error;
@@ -51,4 +55,6 @@ pub use protocol::{
     StatusUpdate,
 };
 pub use query::{Cursor, MAX_PAGE_LIMIT, RunPage, RunQuery};
+#[cfg(feature = "rustls")]
+pub use remote::tls::TrustedCas;
 pub use rendezvous::{Join, RankEnd, RendezvousMessage};

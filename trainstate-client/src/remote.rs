@@ -1,6 +1,7 @@
 //! The remote transport of `StateHandle`: the head service's HTTP API.
 
 mod rendezvous;
+pub(crate) mod tls;
 
 use std::time::Duration;
 
@@ -49,14 +50,19 @@ impl<'a> Call<'a> {
 }
 
 impl Remote {
-    pub(crate) fn new(base: &str, token: Option<String>) -> Result<Self, StateError> {
+    pub(crate) fn new(
+        base: &str,
+        token: Option<String>,
+        #[cfg(feature = "rustls")] cas: Option<&tls::TrustedCas>,
+    ) -> Result<Self, StateError> {
         let base = base.trim_end_matches('/').to_owned();
         if !(base.starts_with("http://") || base.starts_with("https://")) {
             return Err(StateError::invalid("url", "must start with http:// or https://"));
         }
-        let client = reqwest::Client::builder()
-            .build()
-            .map_err(|e| StateError::unavailable(format!("cannot build an HTTP client: {e}")))?;
+        #[cfg(feature = "rustls")]
+        let client = tls::client(&base, cas)?;
+        #[cfg(not(feature = "rustls"))]
+        let client = tls::client(&base)?;
         Ok(Self { base, token, client })
     }
 
@@ -65,7 +71,8 @@ impl Remote {
     }
 
     /// Sends `call`, retrying with backoff while the head is unreachable or
-    /// busy, until `timeout` has passed.
+    /// busy, until `timeout` has passed. A head whose TLS certificate is not
+    /// trusted is answered at once (`unavailable`, saying so), not retried.
     async fn send(&self, call: Call<'_>, timeout: Duration) -> Result<Vec<u8>, StateError> {
         let deadline = Instant::now() + timeout;
         let mut backoff = FIRST_BACKOFF;
@@ -93,7 +100,13 @@ impl Remote {
                 Err(_) => return Err(StateError::Timeout { after: timeout }),
                 Ok(Ok((status, bytes))) if status.is_success() => return Ok(bytes.to_vec()),
                 Ok(Ok((status, bytes))) => error_of(status, &bytes, call.run_id),
-                Ok(Err(err)) => StateError::unavailable(format!("{}: {err}", self.base)),
+                Ok(Err(err)) => {
+                    let (reason, final_now) = tls::transport_error(&self.base, &err);
+                    if final_now {
+                        return Err(StateError::unavailable(reason));
+                    }
+                    StateError::unavailable(reason)
+                }
             };
             if !error.is_retryable() || Instant::now() + backoff >= deadline {
                 return Err(error);

@@ -99,6 +99,31 @@ fn postgresql_is_behind_the_actors_feature_and_sqlx_is_nowhere() {
 }
 
 #[test]
+fn tls_is_behind_the_clients_feature_with_one_crypto_provider() {
+    let tree = |args: &[&str]| {
+        let mut all = vec!["tree"];
+        all.extend(args);
+        all.extend(["--prefix", "none", "--format", "{p}"]);
+        String::from_utf8(cargo(&all))
+            .unwrap()
+            .lines()
+            .filter_map(|line| line.split_whitespace().next().map(String::from))
+            .collect::<BTreeSet<String>>()
+    };
+    // A controller reaching its head over plain HTTP builds no TLS stack.
+    let plain = normal_closure("trainstate-client");
+    for tls in ["rustls", "aws-lc-rs", "aws-lc-sys", "ring"] {
+        assert!(!plain.contains(tls), "trainstate-client without `rustls` pulls in {tls}");
+    }
+    let client = tree(&["-e", "normal", "-p", "trainstate-client", "--features", "rustls"]);
+    assert!(client.contains("rustls"), "the `rustls` feature brings rustls");
+    // One crypto provider, aws-lc-rs, for the head, its clients and the tests.
+    let everything = tree(&["-e", "normal,dev", "--workspace", "--all-features"]);
+    assert!(everything.contains("aws-lc-rs"), "aws-lc-rs is the crypto provider");
+    assert!(!everything.contains("ring"), "a second crypto provider, ring, is built");
+}
+
+#[test]
 fn schema_crate_pulls_in_nothing_async_nor_actor_nor_http() {
     let closure = normal_closure("trainstate-schema");
     for forbidden in ["tokio", "ractor", "axum", "hyper", "reqwest", "rusqlite"] {

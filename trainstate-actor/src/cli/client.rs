@@ -34,9 +34,9 @@ pub(crate) fn runs(command: RunsCommand) -> ExitCode {
 
 fn connect(head: &HeadArgs) -> Result<StateHandle, String> {
     let token = head.token_file.as_deref().map(super::read_token_file).transpose()?;
-    StateHandle::connect(&head.url, token)
+    let cas = super::read_ca_cert(head.ca_cert.as_deref())?;
+    super::connect("--url", &head.url, token, head.ca_cert.as_deref(), cas.as_ref())
         .map(|h| h.with_timeout(Duration::from_secs(5)))
-        .map_err(|e| e.to_string())
 }
 
 async fn run_command(command: RunsCommand) -> Result<String, String> {

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use trainstate_actor::ray_export::{IngestConfig, ingest};
-use trainstate_client::StateHandle;
 
 /// How long one write may take, retries to an unreachable head included,
 /// before the ingester says so and sends it again (writes are idempotent).
@@ -30,6 +29,10 @@ pub(super) struct RayExportArgs {
     /// File holding the bearer token the head needs for writes.
     #[arg(long, env = "TRAINSTATE_TOKEN_FILE")]
     token_file: Option<PathBuf>,
+    /// PEM file of the CA(s) that signed the head's certificate, for an
+    /// https:// --url: trusted instead of the system's roots.
+    #[arg(long, env = "TRAINSTATE_CA_CERT")]
+    ca_cert: Option<PathBuf>,
     /// Where the ingester keeps its position across restarts.
     #[arg(
         long,
@@ -69,8 +72,8 @@ fn fail(message: &str) -> ExitCode {
 async fn ray_export(args: RayExportArgs) -> Result<(), String> {
     let shutdown = super::serve::shutdown_signals()?;
     let token = args.token_file.as_deref().map(super::read_token_file).transpose()?;
-    let handle = StateHandle::connect(&args.url, token)
-        .map_err(|e| format!("--url {}: {e}", args.url))?
+    let cas = super::read_ca_cert(args.ca_cert.as_deref())?;
+    let handle = super::connect("--url", &args.url, token, args.ca_cert.as_deref(), cas.as_ref())?
         .with_timeout(CALL_TIMEOUT);
     let config = IngestConfig::new(&args.dir, &args.position_file)
         .with_once(args.once)

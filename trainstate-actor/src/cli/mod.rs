@@ -73,6 +73,17 @@ struct ServeArgs {
     /// File holding the bearer token of the hub's writes.
     #[arg(long, env = "TRAINSTATE_FORWARD_TOKEN_FILE")]
     forward_token_file: Option<PathBuf>,
+    /// PEM file of the CA(s) that signed the hub's certificate, for
+    /// --forward-to https://...: trusted instead of the system's roots.
+    #[arg(long, env = "TRAINSTATE_CA_CERT")]
+    ca_cert: Option<PathBuf>,
+    /// Serve HTTPS with this PEM certificate chain (the server's certificate
+    /// first); needs --tls-key. SIGHUP reads both files again.
+    #[arg(long, env = "TRAINSTATE_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "TRAINSTATE_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// How long a live run stays live without a heartbeat (e.g. 2s, 60s, 5m).
     #[arg(long, env = "TRAINSTATE_LEASE", default_value = "60s", value_parser = duration::parse)]
     lease: Duration,
@@ -168,6 +179,10 @@ struct HeadArgs {
     /// File holding the bearer token (needed when reads are protected).
     #[arg(long, env = "TRAINSTATE_TOKEN_FILE")]
     token_file: Option<PathBuf>,
+    /// PEM file of the CA(s) that signed the head's certificate, for an
+    /// https:// --url: trusted instead of the system's roots.
+    #[arg(long, env = "TRAINSTATE_CA_CERT")]
+    ca_cert: Option<PathBuf>,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -206,6 +221,47 @@ fn read_token_file(path: &std::path::Path) -> Result<String, String> {
     std::fs::read_to_string(path)
         .map(|token| token.trim().to_owned())
         .map_err(|e| format!("cannot read --token-file {}: {e}", path.display()))
+}
+
+/// The CAs in `--ca-cert`'s file, if one is given.
+fn read_ca_cert(
+    path: Option<&std::path::Path>,
+) -> Result<Option<trainstate_client::TrustedCas>, String> {
+    path.map(|path| {
+        trainstate_client::TrustedCas::from_pem_file(path).map_err(|e| ca_cert_error(path, &e))
+    })
+    .transpose()
+}
+
+/// `err`, about the CA file at `path`, as the flag's error.
+fn ca_cert_error(path: &std::path::Path, err: &trainstate_client::StateError) -> String {
+    match err {
+        trainstate_client::StateError::Invalid { message, .. } => {
+            format!("--ca-cert {}: {message}", path.display())
+        }
+        other => format!("--ca-cert {}: {other}", path.display()),
+    }
+}
+
+/// Connects to the head at `url` (named by `flag`), trusting `cas` for an
+/// https:// URL; an error names the flag at fault.
+fn connect(
+    flag: &str,
+    url: &str,
+    token: Option<String>,
+    ca_path: Option<&std::path::Path>,
+    cas: Option<&trainstate_client::TrustedCas>,
+) -> Result<trainstate_client::StateHandle, String> {
+    trainstate_client::StateHandle::connect_with_ca(url, token, cas).map_err(|err| {
+        match (&err, ca_path) {
+            (trainstate_client::StateError::Invalid { field, .. }, Some(path))
+                if field == "ca_cert" =>
+            {
+                ca_cert_error(path, &err)
+            }
+            _ => format!("{flag} {url}: {err}"),
+        }
+    })
 }
 
 pub(crate) fn main() -> ExitCode {

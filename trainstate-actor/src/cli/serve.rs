@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use trainstate_actor::forward::{ForwardConfig, start_forwarding};
-use trainstate_actor::http::{HttpConfig, load_channel, serve_while_loading};
+use trainstate_actor::http::{
+    HttpConfig, ServerTls, TlsFileError, load_channel, serve_while_loading,
+};
 use trainstate_actor::{Retention, StateConfig, Synchronous, launch_state_actor};
 use trainstate_client::api::LinksResponse;
 
@@ -92,14 +94,39 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
                 Some(path) => Some(super::read_token_file(path)?),
                 None => None,
             };
-            // The hub's URL is checked now, before `listening on`;
+            // The hub's URL and CA are checked now, before `listening on`;
             // forwarding itself starts once the runs are loaded.
-            trainstate_client::StateHandle::connect(hub, token.clone())
-                .map_err(|e| format!("--forward-to: {e}"))?;
-            Some(ForwardConfig::new(hub.clone(), cluster.clone()).with_token(token))
+            let cas = super::read_ca_cert(args.ca_cert.as_deref())?;
+            super::connect(
+                "--forward-to",
+                hub,
+                token.clone(),
+                args.ca_cert.as_deref(),
+                cas.as_ref(),
+            )?;
+            Some(ForwardConfig::new(hub.clone(), cluster.clone()).with_token(token).with_cas(cas))
         }
-        (None, _) => None,
+        (None, _) => {
+            if let Some(path) = &args.ca_cert {
+                return Err(format!(
+                    "--ca-cert {}: used only to reach a hub (--forward-to https://...), \
+                     and there is no --forward-to",
+                    path.display()
+                ));
+            }
+            None
+        }
     };
+    // Read before `listening on`, so that a bad file refuses to start.
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            Some(Arc::new(ServerTls::from_pem_files(cert, key).map_err(tls_file_error)?))
+        }
+        (None, None) => None,
+        (Some(_), None) => return Err("--tls-cert needs --tls-key".into()),
+        (None, Some(_)) => return Err("--tls-key needs --tls-cert".into()),
+    };
+    reload_on_sighup(tls.clone())?;
     let postgres = match args.store.as_deref() {
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
             if args.in_memory {
@@ -169,7 +196,8 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
         .with_max_answer_bytes(args.max_answer_bytes)
         .with_any_host(args.insecure)
         .with_cors_origins(args.cors_origins.clone())
-        .with_links(links);
+        .with_links(links)
+        .with_tls(tls.clone());
     // Serving starts before the stored runs are loaded: `/healthz` answers
     // at once (`"loaded": false`) and every other request waits for the load.
     // A signal, or a state actor given up on, stops it.
@@ -185,7 +213,8 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
     let server = tokio::spawn(serve_while_loading(listener, loading, http, stopped(&stop)));
     {
         let mut stdout = std::io::stdout().lock();
-        let _ = writeln!(stdout, "listening on http://{local}");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let _ = writeln!(stdout, "listening on {scheme}://{local}");
         let _ = stdout.flush();
     }
     let store = match &postgres {
@@ -477,6 +506,46 @@ fn refuse_symlink(path: &Path) -> Result<Option<std::fs::Metadata>, String> {
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(err) => Err(format!("cannot inspect {}: {err}", path.display())),
     }
+}
+
+/// `err` as the error of the flag whose file it is about.
+fn tls_file_error(err: TlsFileError) -> String {
+    match &err {
+        TlsFileError::Certificate { .. } => format!("--tls-cert {err}"),
+        TlsFileError::Key { .. } => format!("--tls-key {err}"),
+        _ => format!("--tls-cert and --tls-key: {err}"),
+    }
+}
+
+/// On SIGHUP, reads `--tls-cert` and `--tls-key` again: new handshakes use
+/// the new certificate, open connections go on; a reload that fails keeps
+/// the current certificate and logs why. Without TLS, SIGHUP is logged and
+/// otherwise ignored: it never stops the head. Listened to from before
+/// `listening on`.
+fn reload_on_sighup(tls: Option<Arc<ServerTls>>) -> Result<(), String> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangup =
+        signal(SignalKind::hangup()).map_err(|e| format!("cannot listen for SIGHUP: {e}"))?;
+    tokio::spawn(async move {
+        while hangup.recv().await.is_some() {
+            let Some(tls) = &tls else {
+                tracing::info!("SIGHUP: nothing to reload (no --tls-cert)");
+                continue;
+            };
+            match tls.reload() {
+                Ok(()) => tracing::info!(
+                    cert = %tls.cert_path().display(),
+                    key = %tls.key_path().display(),
+                    "SIGHUP: TLS certificate reloaded; new connections use it"
+                ),
+                Err(err) => tracing::error!(
+                    "SIGHUP: TLS certificate not reloaded, the current one stays: {}",
+                    tls_file_error(err)
+                ),
+            }
+        }
+    });
+    Ok(())
 }
 
 /// SIGINT and SIGTERM, listened to from before the head is ready: a signal

@@ -14,6 +14,7 @@ mod metrics;
 mod relay;
 mod rendezvous;
 mod routes;
+mod tls;
 mod web;
 
 use std::future::Future;
@@ -37,6 +38,7 @@ use self::error::ApiError;
 pub use self::loading::{DEFAULT_LOAD_HOLD, Load, LoadWatch, load_channel};
 use self::loading::{LoadState, Phase};
 use self::metrics::HttpMetrics;
+pub use self::tls::{ServerTls, TlsFileError};
 use crate::StateService;
 
 /// The default limit of a request body: a run of 32,768 workers fits.
@@ -111,6 +113,9 @@ pub struct HttpConfig {
     /// The longest a request waits for the stored runs to be loaded (see
     /// [`serve_while_loading`]); past it, 503 `unavailable`.
     pub load_hold: Duration,
+    /// Serve HTTPS with this certificate and key instead of plain HTTP.
+    /// Each handshake must end within [`HttpConfig::header_read_timeout`].
+    pub tls: Option<Arc<ServerTls>>,
 }
 
 impl Default for HttpConfig {
@@ -130,6 +135,7 @@ impl Default for HttpConfig {
             allow_any_host: false,
             links: trainstate_client::api::LinksResponse::default(),
             load_hold: DEFAULT_LOAD_HOLD,
+            tls: None,
         }
     }
 }
@@ -212,6 +218,13 @@ impl HttpConfig {
     /// Sets the longest a request waits for the stored runs to be loaded.
     pub fn with_load_hold(mut self, hold: Duration) -> Self {
         self.load_hold = hold;
+        self
+    }
+
+    /// Serves HTTPS with `tls` (plain HTTP without). Keep the `Arc` to
+    /// [`ServerTls::reload`] the certificate while serving.
+    pub fn with_tls(mut self, tls: Option<Arc<ServerTls>>) -> Self {
+        self.tls = tls;
         self
     }
 
@@ -346,6 +359,7 @@ pub async fn serve_while_loading(
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(config.header_read_timeout);
     let listen = listener.local_addr().ok();
+    let transport = tls::Transport::new(config.tls.clone(), config.header_read_timeout);
     let (phase_tx, phase) = watch::channel(Phase::Loading);
     let load_state = load.rx.clone();
     let launched = match load.loaded_now() {
@@ -390,7 +404,7 @@ pub async fn serve_while_loading(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let io = TokioIo::new(stream);
+        let io = TokioIo::new(transport.io(stream));
         let ready = phase.borrow().router();
         if let Some(app) = ready {
             let connection =
