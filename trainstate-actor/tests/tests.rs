@@ -22,5 +22,6 @@ mod rendezvous;
 mod shared_store;
 mod singleton;
 mod stores;
+mod tokens;
 mod web;
 mod write_path;
