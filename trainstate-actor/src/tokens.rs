@@ -127,18 +127,17 @@ pub(crate) fn check_request(request: &CreateTokenRequest) -> Result<(), (&'stati
         trainstate_schema::validate_name("cluster", cluster)
             .map_err(|e| ("cluster", e.to_string()))?;
     }
-    if let Some(name) = &request.name {
-        if name.is_empty()
+    if let Some(name) = &request.name
+        && (name.is_empty()
             || name.chars().count() > MAX_TOKEN_NAME_LEN
-            || name.chars().any(char::is_control)
-        {
-            return Err((
-                "name",
-                format!(
-                    "a token's name is 1 to {MAX_TOKEN_NAME_LEN} characters without control characters"
-                ),
-            ));
-        }
+            || name.chars().any(char::is_control))
+    {
+        return Err((
+            "name",
+            format!(
+                "a token's name is 1 to {MAX_TOKEN_NAME_LEN} characters without control characters"
+            ),
+        ));
     }
     Ok(())
 }
