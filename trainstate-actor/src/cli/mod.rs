@@ -77,7 +77,8 @@ struct ServeArgs {
     /// Forward every committed run to the hub at this URL (needs --cluster).
     #[arg(long, env = "TRAINSTATE_FORWARD_TO")]
     forward_to: Option<String>,
-    /// File holding the bearer token of the hub's writes.
+    /// File holding the bearer token of the hub's writes: best one bound to this
+    /// head's cluster (`trainstate token create --scope write --cluster NAME` on the hub).
     #[arg(long, env = "TRAINSTATE_FORWARD_TOKEN_FILE")]
     forward_token_file: Option<PathBuf>,
     /// How long a live run stays live without a heartbeat (e.g. 2s, 60s, 5m).

@@ -73,9 +73,12 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct HttpConfig {
-    /// The bearer token that writes (and, with `protect_reads`, reads) need.
+    /// The head's own bearer token, with every scope. With it, the head
+    /// checks a token on every route but the open ones (reads only with
+    /// `protect_reads`), and serves the token routes (see `http::auth`).
     pub token: Option<String>,
-    /// Reads need the token too. The page then takes it from its URL.
+    /// Reads need a token with the scope `read` too. The page then takes
+    /// it from its URL.
     pub protect_reads: bool,
     /// The largest request body accepted.
     pub max_body_bytes: usize,
@@ -134,7 +137,7 @@ impl Default for HttpConfig {
 }
 
 impl HttpConfig {
-    /// Requires `token` for writes.
+    /// Makes `token` the head's own token (every scope) and checks tokens.
     pub fn with_token(mut self, token: Option<String>) -> Self {
         self.token = token;
         self
