@@ -355,7 +355,33 @@ fn unavailable(reason: String) -> ApiError {
 
 #[cfg(test)]
 mod tests {
-    use super::{Grant, bearer_token, check_cluster};
+    use axum::http::Method;
+    use trainstate_client::routes::{Access, Operation, routes};
+
+    use super::{Auth, Grant, bearer_token, check_cluster};
+
+    #[test]
+    fn each_route_is_checked_by_its_own_access_rule() {
+        let auth = Auth::new(Some("head"), true);
+        for route in routes() {
+            let method = super::method(route.method);
+            assert_eq!(
+                auth.rule(&method, Some(route.path)),
+                (route.access, Some(route.operation)),
+                "{method} {}",
+                route.path
+            );
+        }
+        assert_eq!(auth.rule(&Method::HEAD, Some("/healthz")).0, Access::Open);
+        assert_eq!(auth.rule(&Method::DELETE, Some("/api/tokens/{id}")).0, Access::Admin);
+        assert_eq!(
+            auth.rule(&Method::PUT, Some("/api/train/forwarded/{id}")),
+            (Access::Write, Some(Operation::ForwardRun))
+        );
+        // What no route serves is a read or a write by its method.
+        assert_eq!(auth.rule(&Method::GET, None), (Access::Read, None));
+        assert_eq!(auth.rule(&Method::POST, Some("/healthz")), (Access::Write, None));
+    }
 
     #[test]
     fn bearer_scheme_is_case_insensitive() {
