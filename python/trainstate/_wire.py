@@ -12,6 +12,8 @@ __all__ = [
     "AttemptRequest",
     "AttemptStatus",
     "CauseKind",
+    "CreateTokenRequest",
+    "CreateTokenResponse",
     "Cursor",
     "ErrorBody",
     "ErrorCode",
@@ -49,6 +51,9 @@ __all__ = [
     "StatusChange",
     "StatusFilter",
     "StatusRequest",
+    "TokenInfo",
+    "TokenListResponse",
+    "TokenScope",
     "TrainDatasetInfo",
     "TrainRunInfo",
     "TrainWorkerInfo",
@@ -67,7 +72,7 @@ CauseKind = Literal["USER_ERROR", "SYSTEM_ERROR", "LOST_CONTROLLER", "USER_INTER
 Cursor = str
 """An opaque, versioned position in the listing: pass a page's next_cursor back as cursor."""
 
-ErrorCode = Literal["bad_request", "invalid", "unsupported_media_type", "payload_too_large", "unauthorized", "not_found", "method_not_allowed", "misdirected_request", "conflict", "illegal_transition", "unavailable", "overloaded", "timeout", "too_many_subscribers", "corrupt", "internal"]
+ErrorCode = Literal["bad_request", "invalid", "unsupported_media_type", "payload_too_large", "unauthorized", "forbidden", "not_found", "method_not_allowed", "misdirected_request", "conflict", "illegal_transition", "unavailable", "overloaded", "timeout", "too_many_subscribers", "corrupt", "internal"]
 """The machine-readable code of an error answer. Each has one HTTP status."""
 
 EventKind = Literal["registered", "status_changed", "attempt_started", "evicted", "deleted"]
@@ -94,6 +99,9 @@ RunStatus = Literal["INITIALIZING", "SCHEDULING", "RUNNING", "RESTARTING", "RESI
 StatusFilter = str
 """Comma-separated run statuses, for example RUNNING,ERRORED."""
 
+TokenScope = Literal["read", "write", "admin"]
+"""What a token may do. A token has exactly the scopes it was created with: none implies another."""
+
 
 _AttemptRequestRequired = TypedDict(
     "_AttemptRequestRequired",
@@ -113,6 +121,45 @@ _AttemptRequestOptional = TypedDict(
 
 class AttemptRequest(_AttemptRequestRequired, _AttemptRequestOptional):
     """Body of `POST /api/train/runs/{id}/attempts`: a new worker group."""
+
+
+_CreateTokenRequestRequired = TypedDict(
+    "_CreateTokenRequestRequired",
+    {
+        "scopes": "List[TokenScope]",
+    },
+)
+_CreateTokenRequestOptional = TypedDict(
+    "_CreateTokenRequestOptional",
+    {
+        "cluster": "Optional[str]",
+        "name": "Optional[str]",
+    },
+    total=False,
+)
+
+
+class CreateTokenRequest(_CreateTokenRequestRequired, _CreateTokenRequestOptional):
+    """Body of `POST /api/tokens`: the token to create."""
+
+
+_CreateTokenResponseRequired = TypedDict(
+    "_CreateTokenResponseRequired",
+    {
+        "token": "TokenInfo",
+        "secret": "str",
+    },
+)
+_CreateTokenResponseOptional = TypedDict(
+    "_CreateTokenResponseOptional",
+    {
+    },
+    total=False,
+)
+
+
+class CreateTokenResponse(_CreateTokenResponseRequired, _CreateTokenResponseOptional):
+    """Answer of `POST /api/tokens`: the token and its secret, shown this once."""
 
 
 _ErrorBodyRequired = TypedDict(
@@ -716,6 +763,47 @@ _StatusRequestOptional = TypedDict(
 
 class StatusRequest(_StatusRequestRequired, _StatusRequestOptional):
     """Body of `POST /api/train/runs/{id}/status`."""
+
+
+_TokenInfoRequired = TypedDict(
+    "_TokenInfoRequired",
+    {
+        "id": "str",
+        "scopes": "List[TokenScope]",
+        "created_at_ms": "int",
+    },
+)
+_TokenInfoOptional = TypedDict(
+    "_TokenInfoOptional",
+    {
+        "name": "Optional[str]",
+        "cluster": "Optional[str]",
+        "revoked_at_ms": "Optional[int]",
+    },
+    total=False,
+)
+
+
+class TokenInfo(_TokenInfoRequired, _TokenInfoOptional):
+    """A token as the head lists it: never its secret."""
+
+
+_TokenListResponseRequired = TypedDict(
+    "_TokenListResponseRequired",
+    {
+        "tokens": "List[TokenInfo]",
+    },
+)
+_TokenListResponseOptional = TypedDict(
+    "_TokenListResponseOptional",
+    {
+    },
+    total=False,
+)
+
+
+class TokenListResponse(_TokenListResponseRequired, _TokenListResponseOptional):
+    """Answer of `GET /api/tokens`: every token, revoked ones included, oldest first."""
 
 
 _TrainDatasetInfoRequired = TypedDict(

@@ -61,6 +61,7 @@ mod state;
 mod store;
 mod supervisor;
 mod time_text;
+mod tokens;
 mod view;
 mod writer;
 

@@ -20,6 +20,7 @@ use crate::store::sqlite::SqliteStore;
 use crate::store::{
     ChangedRun, Committed, Followed, JobChanges, Position, RemoteChange, Store, StoreOp,
 };
+use crate::tokens::StoredToken;
 use crate::view::View;
 
 /// The most writes committed in one transaction.
@@ -76,6 +77,18 @@ pub(crate) enum Job {
         at: Position,
         reply: oneshot::Sender<Result<(), String>>,
     },
+    /// Reads or changes the bearer tokens.
+    Tokens(TokenJob),
+}
+
+/// A request about the stored bearer tokens.
+pub(crate) enum TokenJob {
+    /// Every token, oldest first.
+    List(oneshot::Sender<Result<Vec<StoredToken>, String>>),
+    /// Stores a new token, stamped with the writer's time of creation.
+    Insert(Box<StoredToken>, oneshot::Sender<Result<StoredToken, String>>),
+    /// Revokes a token now; answers it (`None`: no such token).
+    Revoke(String, oneshot::Sender<Result<Option<StoredToken>, String>>),
 }
 
 /// The queue of the writer thread, which a shared store's listener also
@@ -224,6 +237,7 @@ impl Writer {
                 };
                 let mut thread = WriterThread {
                     store,
+                    memory_tokens: Vec::new(),
                     shared: thread_shared,
                     clock,
                     last_failure: String::new(),
@@ -300,6 +314,38 @@ impl Writer {
         rx.await.map_err(|_| "the store writer has stopped".to_owned())?
     }
 
+    /// Every stored token, oldest first.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) async fn tokens(&self) -> Result<Vec<StoredToken>, String> {
+        let (reply, rx) = oneshot::channel();
+        self.token_job(TokenJob::List(reply), rx).await
+    }
+
+    /// Stores `token`, stamped with the time of its creation; answers it as stored.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) async fn insert_token(&self, token: StoredToken) -> Result<StoredToken, String> {
+        let (reply, rx) = oneshot::channel();
+        self.token_job(TokenJob::Insert(Box::new(token), reply), rx).await
+    }
+
+    /// Revokes the token `id` now (unless it already is); answers it as stored.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) async fn revoke_token(&self, id: &str) -> Result<Option<StoredToken>, String> {
+        let (reply, rx) = oneshot::channel();
+        self.token_job(TokenJob::Revoke(id.to_owned(), reply), rx).await
+    }
+
+    async fn token_job<T>(
+        &self,
+        job: TokenJob,
+        answer: oneshot::Receiver<Result<T, String>>,
+    ) -> Result<T, String> {
+        if !self.send(Job::Tokens(job)) {
+            return Err("the store writer has stopped".into());
+        }
+        answer.await.map_err(|_| "the store writer has stopped".to_owned())?
+    }
+
     /// Queues a write. Its completion runs after the commit.
     pub(crate) fn submit(&self, job: WriteJob) {
         self.shared.in_flight.fetch_add(1, Ordering::SeqCst);
@@ -365,6 +411,8 @@ fn open(
 
 struct WriterThread {
     store: Option<Box<dyn Store>>,
+    /// The tokens of an in-memory head, which has no store to keep them.
+    memory_tokens: Vec<StoredToken>,
     shared: Arc<Shared>,
     clock: Arc<dyn crate::clock::Clock>,
     /// Why the last failed commit failed, for the writes refused after it.
@@ -412,6 +460,43 @@ impl WriterThread {
                 Some(Job::SaveForwardPosition { target, at, reply }) => {
                     let _ = reply.send(self.with_store(|s| s.save_forward_position(&target, &at)));
                 }
+                Some(Job::Tokens(job)) => self.tokens(job),
+            }
+        }
+    }
+
+    /// Answers a request about the tokens, from the store or, for an
+    /// in-memory head, from memory.
+    fn tokens(&mut self, job: TokenJob) {
+        let now_ms = self.clock.now_ms();
+        let memory = &mut self.memory_tokens;
+        let store = self.store.as_deref_mut();
+        match job {
+            TokenJob::List(reply) => {
+                let _ = reply.send(match store {
+                    Some(store) => store.tokens(),
+                    None => Ok(memory.clone()),
+                });
+            }
+            TokenJob::Insert(token, reply) => {
+                let token = StoredToken { created_at_ms: now_ms, ..*token };
+                let stored = match store {
+                    Some(store) => store.insert_token(&token),
+                    None => {
+                        memory.push(token.clone());
+                        Ok(())
+                    }
+                };
+                let _ = reply.send(stored.map(|()| token));
+            }
+            TokenJob::Revoke(id, reply) => {
+                let _ = reply.send(match store {
+                    Some(store) => store.revoke_token(&id, now_ms),
+                    None => Ok(memory.iter_mut().find(|t| t.id == id).map(|token| {
+                        token.revoked_at_ms.get_or_insert(now_ms);
+                        token.clone()
+                    })),
+                });
             }
         }
     }

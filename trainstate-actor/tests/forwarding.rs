@@ -238,3 +238,61 @@ on_both_stores! {
         assert_eq!(runs_of(&http, &hub_url, Some("c1")).await.len(), 60);
     }
 }
+
+on_both_stores! {
+    multi_thread:
+
+    /// The hub's store is the parameter; the heads keep SQLite.
+    async fn regression_a_head_forwards_with_its_clusters_token_and_another_clusters_token_forwards_nothing(store) {
+        use trainstate_actor::forward::{ForwardConfig, start_forwarding};
+        use trainstate_client::api::TokenScope;
+
+        use crate::tokens::{create, hub};
+
+        let Some(fresh) = store.fresh("bound-forward").await else { return };
+        let hub = hub(&fresh, false).await;
+        let (_, token_a) = create(&hub.url, &[TokenScope::Write], Some("a")).await;
+        let head = |cluster: &str, dir: &std::path::Path| {
+            trainstate_actor::StateConfig::sqlite(dir.join("head.db"))
+                .with_name(crate::common::unique_name(cluster))
+                .with_cluster(Some(cluster.to_owned()))
+        };
+        let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let head_a = Server::start(head("a", dir_a.path()), HttpConfig::default()).await;
+        // Cluster b's head was given a's token by mistake (or stole it).
+        let head_b = Server::start(head("b", dir_b.path()), HttpConfig::default()).await;
+        let run_a = run("of-a", T0);
+        let run_b = run("of-b", T0);
+        head_a.service.handle().register(run_a.clone()).await.unwrap();
+        head_b.service.handle().register(run_b.clone()).await.unwrap();
+        let forward = |service: &trainstate_actor::StateService, cluster: &str| {
+            let config = ForwardConfig::new(hub.url.clone(), cluster.to_owned())
+                .with_token(Some(token_a.clone()));
+            start_forwarding(service, config).unwrap()
+        };
+        let forwarder_a = forward(&head_a.service, "a");
+        let forwarder_b = forward(&head_b.service, "b");
+
+        let http = Client::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let hub_runs = runs_of(&http, &hub.url, None).await;
+            let b_refused = forwarder_b.stats().retries.load(std::sync::atomic::Ordering::Relaxed);
+            if hub_runs.contains_key(run_a.id().as_str()) && b_refused >= 2 {
+                assert_eq!(hub_runs[run_a.id().as_str()]["cluster"], "a");
+                break;
+            }
+            assert!(Instant::now() < deadline, "a's run forwarded and b's refused: {hub_runs:?}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // b's run, refused as forbidden each time, never reached the hub.
+        let hub_runs = runs_of(&http, &hub.url, None).await;
+        assert_eq!(hub_runs.len(), 1, "{hub_runs:?}");
+        assert_eq!(forwarder_b.stats().forwarded.load(std::sync::atomic::Ordering::Relaxed), 0);
+        forwarder_a.stop().await;
+        forwarder_b.stop().await;
+        head_a.stop().await;
+        head_b.stop().await;
+        hub.stop().await;
+    }
+}

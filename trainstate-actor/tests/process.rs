@@ -432,3 +432,62 @@ fn a_link_template_that_names_an_unknown_placeholder_is_refused_before_listening
         .expect("the head refuses to start");
     assert!(refused.contains("--logs-url") && refused.contains("{run}"), "{refused}");
 }
+
+#[test]
+fn the_token_commands_create_list_and_revoke_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let admin_file = dir.path().join("admin.token");
+    std::fs::write(&admin_file, "admin-secret-of-the-head\n").unwrap();
+    let admin_file = admin_file.to_str().unwrap().to_owned();
+    let head =
+        Head::start(&dir.path().join("data"), &["--token-file", &admin_file, "--protect-reads"])
+            .unwrap();
+    let cli =
+        |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_trainstate")).args(args).output().unwrap();
+    let admin = ["--url", head.url.as_str(), "--token-file", admin_file.as_str()];
+
+    // A bad scope is refused by the command line, naming the flag.
+    let refused = cli(&[&["token", "create", "--scope", "owner"][..], &admin].concat());
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8(refused.stderr).unwrap();
+    assert!(stderr.contains("--scope") && stderr.contains("owner"), "{stderr}");
+    // A cluster with a scope other than write is refused by the head, naming the field.
+    let refused =
+        cli(&[&["token", "create", "--scope", "read", "--cluster", "a"][..], &admin].concat());
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8(refused.stderr).unwrap();
+    assert!(stderr.contains("cluster"), "{stderr}");
+
+    let created =
+        cli(&[&["token", "create", "--scope", "read", "--name", "dashboard"][..], &admin].concat());
+    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+    let secret = String::from_utf8(created.stdout).unwrap().trim().to_owned();
+    assert!(secret.starts_with("tsk_"), "{secret}");
+    let read_file = dir.path().join("read.token");
+    std::fs::write(&read_file, &secret).unwrap();
+    let read_file = read_file.to_str().unwrap();
+    let with_read = |args: &[&str]| {
+        cli(&[args, &["--url", head.url.as_str(), "--token-file", read_file][..]].concat())
+    };
+    assert!(with_read(&["runs", "list"]).status.success(), "the new token reads");
+    // It administers nothing.
+    let listed = with_read(&["token", "list"]);
+    assert!(!listed.status.success());
+    assert!(String::from_utf8(listed.stderr).unwrap().contains("forbidden"));
+
+    let listed = cli(&[&["token", "list", "--json"][..], &admin].concat());
+    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let token = &listed["tokens"][0];
+    assert_eq!(
+        (&token["name"], &token["scopes"]),
+        (&serde_json::json!("dashboard"), &serde_json::json!(["read"]))
+    );
+    assert!(!listed.to_string().contains(&secret), "a listing never shows a secret");
+
+    let id = token["id"].as_str().unwrap();
+    let revoked = cli(&[&["token", "revoke", id][..], &admin].concat());
+    assert!(revoked.status.success(), "{}", String::from_utf8_lossy(&revoked.stderr));
+    let refused = with_read(&["runs", "list"]);
+    assert!(!refused.status.success(), "a revoked token reads nothing");
+    assert!(String::from_utf8(refused.stderr).unwrap().contains("unauthorized"));
+}

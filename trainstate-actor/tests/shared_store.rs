@@ -545,4 +545,63 @@ async fn a_runs_ranks_go_on_through_the_surviving_head_when_the_other_is_killed(
     let ended =
         post_retrying(&http, &b.url, &format!("/api/train/runs/{id}/ranks/1/end"), end).await;
     assert_eq!(ended["run_status"], "FINISHED", "{ended}");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_token_revoked_on_one_head_is_refused_by_the_other_within_a_second() {
+    use trainstate_actor::http::HttpConfig;
+    use trainstate_client::api::TokenScope;
+
+    use crate::common::Server;
+    use crate::tokens::{HEAD_TOKEN, create};
+
+    let Some(fresh) = Store::Postgres.fresh("revoke-across").await else { return };
+    let http = || HttpConfig::default().with_token(Some(HEAD_TOKEN.into()));
+    let a = Server::start(fresh.config_named(&unique_name("a")), http()).await;
+    let b = Server::start(fresh.config_named(&unique_name("b")), http()).await;
+    let client = reqwest::Client::new();
+    let (id, secret) = create(&a.url, &[TokenScope::Write], Some("c1")).await;
+    let mut draft = run("forwarded", T0).into_draft();
+    draft.cluster = Some("c1".into());
+    let body = serde_json::to_vec(&draft.validate().unwrap()).unwrap();
+    let path = format!(
+        "/api/train/forwarded/{}",
+        serde_json::from_slice::<Value>(&body).unwrap()["id"].as_str().unwrap()
+    );
+    let forward = |base: String, secret: String| {
+        let (client, body, url) = (client.clone(), body.clone(), format!("{base}{path}"));
+        async move {
+            let response = client
+                .put(url)
+                .bearer_auth(secret)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            response.status()
+        }
+    };
+    // A token created on head A is taken by head B.
+    assert_eq!(forward(b.url.clone(), secret.clone()).await, StatusCode::OK);
+
+    let admin = trainstate_client::StateHandle::connect(&a.url, Some(HEAD_TOKEN.into())).unwrap();
+    admin.revoke_token(&id).await.unwrap();
+    let revoked_at = Instant::now();
+    assert_eq!(forward(a.url.clone(), secret.clone()).await, StatusCode::UNAUTHORIZED, "A at once");
+    // B refuses it within the bound: it reads the tokens every 500 ms.
+    loop {
+        let status = forward(b.url.clone(), secret.clone()).await;
+        if status == StatusCode::UNAUTHORIZED {
+            break;
+        }
+        assert_eq!(status, StatusCode::OK);
+        assert!(
+            revoked_at.elapsed() < Duration::from_secs(1),
+            "head B still takes a token revoked on head A {:?} ago",
+            revoked_at.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    a.stop().await;
+    b.stop().await;
 }

@@ -23,5 +23,6 @@ mod shared_store;
 mod singleton;
 mod stores;
 mod tls;
+mod tokens;
 mod web;
 mod write_path;

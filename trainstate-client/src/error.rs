@@ -81,6 +81,14 @@ pub enum StateError {
         /// The deadline that passed.
         after: Duration,
     },
+    /// The head knows the request's token, but the token may not do this:
+    /// it lacks the route's scope, or it is bound to another cluster.
+    /// Retrying does not help.
+    #[error("forbidden: {reason}")]
+    Forbidden {
+        /// What the head said: the scope or the cluster needed.
+        reason: String,
+    },
     /// A stored run does not parse: the store is damaged, or was written
     /// by a newer version. Retrying does not help.
     #[error("stored run does not parse: {reason}")]
@@ -139,6 +147,7 @@ impl StateError {
             Self::Unavailable { .. } => ErrorCode::Unavailable,
             Self::Overloaded { .. } => ErrorCode::Overloaded,
             Self::Unauthorized { .. } => ErrorCode::Unauthorized,
+            Self::Forbidden { .. } => ErrorCode::Forbidden,
             Self::Timeout { .. } => ErrorCode::Timeout,
             Self::Corrupt { .. } => ErrorCode::Corrupt,
             Self::Unsupported { .. } | Self::Protocol { .. } => ErrorCode::Internal,
@@ -189,6 +198,7 @@ impl StateError {
                 message: body.message,
             },
             ErrorCode::Unauthorized => Self::Unauthorized { reason: body.message },
+            ErrorCode::Forbidden => Self::Forbidden { reason: body.message },
             ErrorCode::Overloaded | ErrorCode::TooManySubscribers => {
                 Self::Overloaded { in_flight: body.in_flight }
             }

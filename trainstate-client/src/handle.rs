@@ -268,6 +268,42 @@ impl StateHandle {
         }
     }
 
+    /// Creates a bearer token on the head service (`POST /api/tokens`; the
+    /// handle's token needs the scope `admin`). The answer holds the secret,
+    /// which the head never shows again. A remote handle's only.
+    #[cfg_attr(not(feature = "http"), allow(unused_variables))]
+    pub async fn create_token(
+        &self,
+        request: &crate::api::CreateTokenRequest,
+    ) -> Result<crate::api::CreateTokenResponse, StateError> {
+        match &*self.inner {
+            #[cfg(feature = "http")]
+            Transport::Remote(remote) => remote.create_token(request, self.timeout).await,
+            Transport::Local(_) => Err(tokens_are_remote()),
+        }
+    }
+
+    /// Every token of the head service (`GET /api/tokens`), without secrets.
+    /// A remote handle's only.
+    pub async fn list_tokens(&self) -> Result<crate::api::TokenListResponse, StateError> {
+        match &*self.inner {
+            #[cfg(feature = "http")]
+            Transport::Remote(remote) => remote.list_tokens(self.timeout).await,
+            Transport::Local(_) => Err(tokens_are_remote()),
+        }
+    }
+
+    /// Revokes a token of the head service (`DELETE /api/tokens/{id}`) and
+    /// answers it as revoked. A remote handle's only.
+    #[cfg_attr(not(feature = "http"), allow(unused_variables))]
+    pub async fn revoke_token(&self, id: &str) -> Result<crate::api::TokenInfo, StateError> {
+        match &*self.inner {
+            #[cfg(feature = "http")]
+            Transport::Remote(remote) => remote.revoke_token(id, self.timeout).await,
+            Transport::Local(_) => Err(tokens_are_remote()),
+        }
+    }
+
     /// Renews a live run's lease and returns it.
     pub async fn heartbeat(&self, id: RunId) -> Result<Duration, StateError> {
         self.call(|reply| StateMessage::Heartbeat { id, reply }).await
@@ -394,5 +430,12 @@ impl Local {
         if cached.as_ref().is_some_and(|a| a.get_id() == stale.get_id()) {
             *cached = None;
         }
+    }
+}
+
+/// The error of token administration on a local handle.
+fn tokens_are_remote() -> StateError {
+    StateError::Unsupported {
+        reason: "tokens are the head service's; connect to it over HTTP".into(),
     }
 }

@@ -18,6 +18,9 @@ use crate::api::{
     RegisterMinimalResponse, RegisterResponse, RendezvousResponse, RunEvent, RunListResponse,
     SnapshotEvent, StatusRequest, VersionResponse,
 };
+use crate::api::{
+    CreateTokenRequest, CreateTokenResponse, TokenInfo, TokenListResponse, TokenScope,
+};
 use crate::routes::{Access, Body, Route, routes};
 
 /// The JSON Schema (2020-12) of every public wire type, by type name, in
@@ -69,6 +72,12 @@ pub fn wire_schemas() -> Vec<(&'static str, Schema)> {
         of::<RankHeartbeatRequest>("RankHeartbeatRequest"),
         of::<RankEndRequest>("RankEndRequest"),
         of::<RendezvousResponse>("RendezvousResponse"),
+        // Token administration.
+        of::<TokenScope>("TokenScope"),
+        of::<CreateTokenRequest>("CreateTokenRequest"),
+        of::<CreateTokenResponse>("CreateTokenResponse"),
+        of::<TokenInfo>("TokenInfo"),
+        of::<TokenListResponse>("TokenListResponse"),
     ]
 }
 
@@ -121,7 +130,7 @@ pub fn document() -> Value {
         "info": {
             "title": "trainstate head service",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": "Run-state tracking for distributed training. Runs serialise as Ray Train's V1 TrainRunInfo plus trainstate's extensions. Every error answer has the shape {\"error\": {\"code\", \"message\", \"field\"}}. When the head has a token, every write needs `Authorization: Bearer <token>` (and reads too when reads are protected; GET requests may pass `access_token` as a query parameter instead).",
+            "description": "Run-state tracking for distributed training. Runs serialise as Ray Train's V1 TrainRunInfo plus trainstate's extensions. Every error answer has the shape {\"error\": {\"code\", \"message\", \"field\"}}. When the head has a token, every route but the open ones needs `Authorization: Bearer <token>` with the scope its `x-trainstate-access` names: `write`, `admin`, and `read` when reads are protected (GET requests may pass `access_token` as a query parameter instead). A valid token without the scope gets 403 `forbidden`; a token bound to a cluster may only forward that cluster's runs.",
             "license": { "name": "MIT OR Apache-2.0", "identifier": "MIT OR Apache-2.0" }
         },
         "components": {
@@ -203,9 +212,10 @@ fn operation(route: &Route, generator: &mut SchemaGenerator) -> Value {
             "content": { "application/json": { "schema": request(generator).to_value() } }
         });
     }
-    if route.access == Access::Write {
+    if matches!(route.access, Access::Write | Access::Admin) {
         operation["security"] = json!([{ "bearer": [] }]);
     }
+    operation["x-trainstate-access"] = route.access.as_str().into();
     operation
 }
 

@@ -11,8 +11,9 @@ use tokio::time::Instant;
 use trainstate_schema::{RunId, TrainRunInfo, ray_v2};
 
 use crate::api::{
-    AttemptRequest, ErrorResponse, HeartbeatResponse, LinksResponse, ListQuery, RayRunListResponse,
-    RegisterResponse, RunListResponse, StatusRequest,
+    AttemptRequest, CreateTokenRequest, CreateTokenResponse, ErrorResponse, HeartbeatResponse,
+    LinksResponse, ListQuery, RayRunListResponse, RegisterResponse, RunListResponse, StatusRequest,
+    TokenInfo, TokenListResponse,
 };
 use crate::error::StateError;
 use crate::protocol::{NewAttempt, Registration, RunDocument, StateMessage, StatusUpdate};
@@ -233,6 +234,36 @@ impl Remote {
 
     pub(crate) async fn links(&self, timeout: Duration) -> Result<LinksResponse, StateError> {
         parse(&self.send(Call::get("/api/links".into(), None, None), timeout).await?)
+    }
+
+    pub(crate) async fn create_token(
+        &self,
+        request: &CreateTokenRequest,
+        timeout: Duration,
+    ) -> Result<CreateTokenResponse, StateError> {
+        parse(&self.send(Call::post("/api/tokens".into(), request, None), timeout).await?)
+    }
+
+    pub(crate) async fn list_tokens(
+        &self,
+        timeout: Duration,
+    ) -> Result<TokenListResponse, StateError> {
+        parse(&self.send(Call::get("/api/tokens".into(), None, None), timeout).await?)
+    }
+
+    pub(crate) async fn revoke_token(
+        &self,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<TokenInfo, StateError> {
+        let call = Call {
+            method: Method::DELETE,
+            path: format!("/api/tokens/{id}"),
+            query: None,
+            body: None,
+            run_id: None,
+        };
+        parse(&self.send(call, timeout).await?)
     }
 
     async fn forward(

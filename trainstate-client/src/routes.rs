@@ -10,6 +10,9 @@ use trainstate_schema::api::{
     RegisterMinimalResponse, RegisterRequest, RegisterResponse, RendezvousResponse, RunEvent,
     RunListResponse, SnapshotEvent, StatusRequest, VersionResponse,
 };
+use trainstate_schema::api::{
+    CreateTokenRequest, CreateTokenResponse, TokenListResponse, TokenScope,
+};
 use trainstate_schema::{TrainRunInfo, ray_v2};
 
 /// One operation of the HTTP API.
@@ -68,6 +71,12 @@ pub enum Operation {
     HeartbeatRank,
     /// `POST /api/train/runs/{id}/ranks/{rank}/end`.
     EndRank,
+    /// `POST /api/tokens`.
+    CreateToken,
+    /// `GET /api/tokens`.
+    ListTokens,
+    /// `DELETE /api/tokens/{id}`.
+    RevokeToken,
 }
 
 /// An HTTP method the API uses.
@@ -166,16 +175,41 @@ pub struct PathParam {
     pub pattern: Option<&'static str>,
 }
 
-/// Who may call a route.
+/// Who may call a route: the scope its bearer token needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Access {
-    /// A write: needs the bearer token when the head has one.
+    /// A write: needs a token with the scope `write` when the head has
+    /// tokens. A token bound to a cluster may only forward that cluster's runs.
     Write,
-    /// A read: needs the token only when reads are protected.
+    /// A read: needs a token with the scope `read` only when reads are protected.
     Read,
+    /// Token administration: needs a token with the scope `admin`.
+    Admin,
     /// Always open (the page, so it can ask for a token, and liveness).
     Open,
+}
+
+impl Access {
+    /// The lower-case name the OpenAPI document gives it (`x-trainstate-access`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Access::Write => "write",
+            Access::Read => "read",
+            Access::Admin => "admin",
+            Access::Open => "open",
+        }
+    }
+
+    /// The scope a token needs for this access; `None` for open routes.
+    pub fn scope(self) -> Option<TokenScope> {
+        match self {
+            Access::Write => Some(TokenScope::Write),
+            Access::Read => Some(TokenScope::Read),
+            Access::Admin => Some(TokenScope::Admin),
+            Access::Open => None,
+        }
+    }
 }
 
 /// One route of the API.
@@ -235,6 +269,7 @@ const RENDEZVOUS_ANSWER: &[Success] = &[Success {
 const WRITE_ERRORS: &[ErrorCode] = &[
     ErrorCode::BadRequest,
     ErrorCode::Unauthorized,
+    ErrorCode::Forbidden,
     ErrorCode::NotFound,
     ErrorCode::Conflict,
     ErrorCode::IllegalTransition,
@@ -251,11 +286,31 @@ const WRITE_ERRORS: &[ErrorCode] = &[
 /// answers slow clients have not read yet hold the budget of answer bytes.
 const LISTING_ERRORS: &[ErrorCode] = &[
     ErrorCode::Unauthorized,
+    ErrorCode::Forbidden,
     ErrorCode::Corrupt,
     ErrorCode::Unavailable,
     ErrorCode::Overloaded,
     ErrorCode::Timeout,
 ];
+
+/// The errors of a read that cannot fail but for its token.
+const READ_ERRORS: &[ErrorCode] = &[ErrorCode::Unauthorized, ErrorCode::Forbidden];
+
+/// The errors of token administration.
+const ADMIN_ERRORS: &[ErrorCode] = &[
+    ErrorCode::BadRequest,
+    ErrorCode::Unauthorized,
+    ErrorCode::Forbidden,
+    ErrorCode::NotFound,
+    ErrorCode::UnsupportedMediaType,
+    ErrorCode::PayloadTooLarge,
+    ErrorCode::Invalid,
+    ErrorCode::Unavailable,
+    ErrorCode::Timeout,
+];
+
+const TOKEN_ID: PathParam =
+    PathParam { name: "id", description: "The token's id.", pattern: Some("^[0-9a-f]{16}$") };
 
 /// The run as the answers of writes and reads carry it.
 const RUN: SchemaFn = schema_of::<TrainRunInfo>;
@@ -270,7 +325,7 @@ fn register_answer(generator: &mut SchemaGenerator) -> Schema {
 
 /// Every route the head serves, in documentation order.
 pub fn routes() -> Vec<Route> {
-    use Access::{Open, Read, Write};
+    use Access::{Admin, Open, Read, Write};
     use HttpMethod::{Delete, Get, Post, Put};
     let route = |operation, operation_id, method, path, summary, access| Route {
         operation,
@@ -298,6 +353,7 @@ pub fn routes() -> Vec<Route> {
                 ErrorCode::BadRequest,
                 ErrorCode::Invalid,
                 ErrorCode::Unauthorized,
+                ErrorCode::Forbidden,
                 ErrorCode::Corrupt,
                 ErrorCode::Unavailable,
                 ErrorCode::Overloaded,
@@ -415,6 +471,7 @@ pub fn routes() -> Vec<Route> {
             errors: &[
                 ErrorCode::Invalid,
                 ErrorCode::Unauthorized,
+                ErrorCode::Forbidden,
                 ErrorCode::NotFound,
                 ErrorCode::Corrupt,
                 ErrorCode::Unavailable,
@@ -549,6 +606,56 @@ pub fn routes() -> Vec<Route> {
             )
         },
         Route {
+            request: Some(schema_of::<CreateTokenRequest>),
+            success: &[Success {
+                status: 201,
+                description: "Created; the secret is in this answer only.",
+                body: Body::Json(schema_of::<CreateTokenResponse>),
+            }],
+            errors: ADMIN_ERRORS,
+            ..route(
+                Operation::CreateToken,
+                "createToken",
+                Post,
+                "/api/tokens",
+                "Create a bearer token with scopes (read, write, admin), optionally bound to one cluster (scope write only: it may then only forward that cluster's runs). The secret is answered once; the head keeps its SHA-256 hash. Not idempotent: each call creates a token.",
+                Admin,
+            )
+        },
+        Route {
+            success: &[Success {
+                status: 200,
+                description: "Every token, oldest first, without secrets.",
+                body: Body::Json(schema_of::<TokenListResponse>),
+            }],
+            errors: ADMIN_ERRORS,
+            ..route(
+                Operation::ListTokens,
+                "listTokens",
+                Get,
+                "/api/tokens",
+                "Every token created (revoked ones with their revocation time); never a secret.",
+                Admin,
+            )
+        },
+        Route {
+            path_params: &[TOKEN_ID],
+            success: &[Success {
+                status: 200,
+                description: "The token, revoked.",
+                body: Body::Json(schema_of::<trainstate_schema::api::TokenInfo>),
+            }],
+            errors: ADMIN_ERRORS,
+            ..route(
+                Operation::RevokeToken,
+                "revokeToken",
+                Delete,
+                "/api/tokens/{id}",
+                "Revoke a token: this head refuses it at once, every head sharing the store within a second. Repeating it answers the token as revoked first.",
+                Admin,
+            )
+        },
+        Route {
             query: Some(inline_schema_of::<EventsQuery>),
             success: &[Success {
                 status: 200,
@@ -563,6 +670,7 @@ pub fn routes() -> Vec<Route> {
                 ErrorCode::BadRequest,
                 ErrorCode::Invalid,
                 ErrorCode::Unauthorized,
+                ErrorCode::Forbidden,
                 ErrorCode::Unavailable,
                 ErrorCode::TooManySubscribers,
             ],
@@ -587,7 +695,7 @@ pub fn routes() -> Vec<Route> {
                 description: "The schema.",
                 body: Body::Document("application/schema+json"),
             }],
-            errors: &[ErrorCode::Unauthorized, ErrorCode::NotFound],
+            errors: &[ErrorCode::Unauthorized, ErrorCode::Forbidden, ErrorCode::NotFound],
             ..route(
                 Operation::GetSchema,
                 "getSchema",
@@ -603,7 +711,7 @@ pub fn routes() -> Vec<Route> {
                 description: "The OpenAPI document.",
                 body: Body::Document("application/json"),
             }],
-            errors: &[ErrorCode::Unauthorized],
+            errors: READ_ERRORS,
             ..route(
                 Operation::GetOpenApi,
                 "getOpenApi",
@@ -619,7 +727,7 @@ pub fn routes() -> Vec<Route> {
                 description: "Versions.",
                 body: Body::Json(schema_of::<VersionResponse>),
             }],
-            errors: &[ErrorCode::Unauthorized],
+            errors: READ_ERRORS,
             ..route(
                 Operation::GetVersion,
                 "getVersion",
@@ -635,7 +743,7 @@ pub fn routes() -> Vec<Route> {
                 description: "The templates; null where none is configured.",
                 body: Body::Json(schema_of::<trainstate_schema::api::LinksResponse>),
             }],
-            errors: &[ErrorCode::Unauthorized],
+            errors: READ_ERRORS,
             ..route(
                 Operation::GetLinks,
                 "getLinks",
@@ -667,7 +775,7 @@ pub fn routes() -> Vec<Route> {
                 description: "Metrics.",
                 body: Body::Text("text/plain"),
             }],
-            errors: &[ErrorCode::Unauthorized],
+            errors: READ_ERRORS,
             ..route(
                 Operation::Metrics,
                 "metrics",

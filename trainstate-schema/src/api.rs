@@ -19,7 +19,9 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use crate::{RunCause, RunId, RunStatus, TrainRunInfo, TrainRunInfoDraft, TrainWorkerInfoDraft};
 
 mod rendezvous;
+mod tokens;
 pub use rendezvous::*;
+pub use tokens::*;
 
 /// Body of `POST /api/train/runs`: the run to register, as a draft so that a
 /// broken rule is reported with its field path.
@@ -675,6 +677,9 @@ pub enum ErrorCode {
     PayloadTooLarge,
     /// A bearer token is missing or wrong (401).
     Unauthorized,
+    /// The bearer token is valid but may not do this: it lacks the route's
+    /// scope, or it is bound to another cluster than the run's (403).
+    Forbidden,
     /// No run has this id, or no route has this path (404).
     NotFound,
     /// The route does not take this method (405).
@@ -704,12 +709,13 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 16] = [
+    pub const ALL: [ErrorCode; 17] = [
         ErrorCode::BadRequest,
         ErrorCode::Invalid,
         ErrorCode::UnsupportedMediaType,
         ErrorCode::PayloadTooLarge,
         ErrorCode::Unauthorized,
+        ErrorCode::Forbidden,
         ErrorCode::NotFound,
         ErrorCode::MethodNotAllowed,
         ErrorCode::MisdirectedRequest,
@@ -731,6 +737,7 @@ impl ErrorCode {
             ErrorCode::UnsupportedMediaType => "unsupported_media_type",
             ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Forbidden => "forbidden",
             ErrorCode::NotFound => "not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::MisdirectedRequest => "misdirected_request",
@@ -750,6 +757,7 @@ impl ErrorCode {
         match self {
             ErrorCode::BadRequest => 400,
             ErrorCode::Unauthorized => 401,
+            ErrorCode::Forbidden => 403,
             ErrorCode::NotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::Conflict | ErrorCode::IllegalTransition => 409,

@@ -32,7 +32,7 @@ pub(crate) fn runs(command: RunsCommand) -> ExitCode {
     }
 }
 
-fn connect(head: &HeadArgs) -> Result<StateHandle, String> {
+pub(super) fn connect(head: &HeadArgs) -> Result<StateHandle, String> {
     let token = head.token_file.as_deref().map(super::read_token_file).transpose()?;
     let cas = super::read_ca_cert(head.ca_cert.as_deref())?;
     super::connect("--url", &head.url, token, head.ca_cert.as_deref(), cas.as_ref())
@@ -100,7 +100,7 @@ async fn run_command(command: RunsCommand) -> Result<String, String> {
     }
 }
 
-fn unreachable_head(url: &str, err: trainstate_client::StateError) -> String {
+pub(super) fn unreachable_head(url: &str, err: trainstate_client::StateError) -> String {
     match err {
         trainstate_client::StateError::Unavailable { reason } => {
             format!("head service at {url} is unreachable: {reason}")
@@ -238,7 +238,7 @@ fn show(run: &TrainRunInfo, links: &LinksResponse) -> Result<String, String> {
 }
 
 /// Left-aligned columns separated by two spaces.
-fn table(rows: &[Vec<String>]) -> String {
+pub(super) fn table(rows: &[Vec<String>]) -> String {
     let columns = rows.first().map_or(0, Vec::len);
     let widths: Vec<usize> = (0..columns)
         .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
@@ -254,7 +254,7 @@ fn table(rows: &[Vec<String>]) -> String {
 }
 
 /// `2026-11-29 18:26:59` from Unix milliseconds.
-fn utc(ms: u64) -> String {
+pub(super) fn utc(ms: u64) -> String {
     let secs = ms / 1000;
     let (days, rest) = (secs / 86_400, secs % 86_400);
     let (hour, minute, second) = (rest / 3600, rest % 3600 / 60, rest % 60);

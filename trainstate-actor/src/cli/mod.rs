@@ -1,5 +1,5 @@
 //! The command line: `serve`, `runs list`, `runs show`, `schema`,
-//! `ingest ray-export`, `backup`.
+//! `ingest ray-export`, `backup`, `token create|list|revoke`.
 //!
 //! Environment variables are read here, at the edge, and nowhere else.
 
@@ -9,6 +9,7 @@ mod demo;
 mod duration;
 mod ingest;
 mod serve;
+mod token;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -42,6 +43,12 @@ enum Command {
     /// (restore: stop the head, put the copy in place as trainstate.db, and
     /// remove trainstate.db-wal and trainstate.db-shm).
     Backup(backup::BackupArgs),
+    /// Create, list and revoke a head service's bearer tokens (needs a token
+    /// with the scope admin in --token-file).
+    Token {
+        #[command(subcommand)]
+        command: token::TokenCommand,
+    },
     /// Apply another system's record of its runs to a head service.
     Ingest {
         #[command(subcommand)]
@@ -70,7 +77,8 @@ struct ServeArgs {
     /// Forward every committed run to the hub at this URL (needs --cluster).
     #[arg(long, env = "TRAINSTATE_FORWARD_TO")]
     forward_to: Option<String>,
-    /// File holding the bearer token of the hub's writes.
+    /// File holding the bearer token of the hub's writes: best one bound to this
+    /// head's cluster (`trainstate token create --scope write --cluster NAME` on the hub).
     #[arg(long, env = "TRAINSTATE_FORWARD_TOKEN_FILE")]
     forward_token_file: Option<PathBuf>,
     /// PEM file of the CA(s) that signed the hub's certificate, for
@@ -97,7 +105,9 @@ struct ServeArgs {
     /// Evict ended runs older than this (e.g. 30d is not accepted; use 720h).
     #[arg(long, env = "TRAINSTATE_MAX_AGE", value_parser = duration::parse)]
     max_age: Option<Duration>,
-    /// File holding the bearer token that writes need.
+    /// File holding the head's own bearer token, which has every scope (read,
+    /// write, admin): with it, the head checks tokens (`trainstate token create`
+    /// makes more, with fewer scopes).
     #[arg(long, env = "TRAINSTATE_TOKEN_FILE")]
     token_file: Option<PathBuf>,
     /// The bearer token itself (prefer --token-file: arguments are visible to other users).
@@ -272,5 +282,6 @@ pub(crate) fn main() -> ExitCode {
         Command::Schema { r#type } => client::schema(r#type.as_deref()),
         Command::Ingest { command } => ingest::run(command),
         Command::Backup(args) => backup::run(args),
+        Command::Token { command } => token::run(command),
     }
 }

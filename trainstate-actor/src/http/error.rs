@@ -36,6 +36,12 @@ impl ApiError {
         Self::new(ErrorCode::NotFound, message)
     }
 
+    /// The same error, blaming `field`.
+    pub(crate) fn with_field(mut self, field: impl Into<String>) -> Self {
+        self.body = self.body.with_field(field);
+        self
+    }
+
     pub(crate) fn unauthorized() -> Self {
         Self::new(
             ErrorCode::Unauthorized,

@@ -5,6 +5,7 @@
 //! axum's own rejections, unknown routes and wrong methods included.
 
 mod answer;
+mod auth;
 mod body;
 mod error;
 mod events;
@@ -22,7 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Query, Request, State};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{HeaderValue, Method, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -76,9 +77,12 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct HttpConfig {
-    /// The bearer token that writes (and, with `protect_reads`, reads) need.
+    /// The head's own bearer token, with every scope. With it, the head
+    /// checks a token on every route but the open ones (reads only with
+    /// `protect_reads`), and serves the token routes (see `http::auth`).
     pub token: Option<String>,
-    /// Reads need the token too. The page then takes it from its URL.
+    /// Reads need a token with the scope `read` too. The page then takes
+    /// it from its URL.
     pub protect_reads: bool,
     /// The largest request body accepted.
     pub max_body_bytes: usize,
@@ -141,7 +145,7 @@ impl Default for HttpConfig {
 }
 
 impl HttpConfig {
-    /// Requires `token` for writes.
+    /// Makes `token` the head's own token (every scope) and checks tokens.
     pub fn with_token(mut self, token: Option<String>) -> Self {
         self.token = token;
         self
@@ -299,6 +303,7 @@ impl std::ops::Deref for AppState {
 
 pub(crate) struct App {
     service: Arc<StateService>,
+    auth: Arc<auth::Auth>,
     handle: StateHandle,
     config: Arc<HttpConfig>,
     metrics: Arc<HttpMetrics>,
@@ -462,9 +467,12 @@ fn router(
             .inspect_err(|err| tracing::error!("the rendezvous relay cannot start: {err}"))
             .ok()
     });
+    let auth = Arc::new(auth::Auth::new(config.token.as_deref(), config.protect_reads));
+    auth::refresh_while_shared(&auth, &service.writer(), shutdown.clone());
     let state = AppState(Arc::new(App {
         #[cfg(feature = "postgres")]
         relay,
+        auth,
         handle: service.handle(),
         service,
         subscribers: Arc::new(Semaphore::new(config.max_subscribers)),
@@ -493,7 +501,7 @@ fn router(
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
         .layer(middleware::from_fn_with_state(state.clone(), bound_bodies))
-        .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        .layer(middleware::from_fn_with_state(state.clone(), auth::authorize))
         .layer(middleware::from_fn_with_state(state.clone(), check_host))
         .layer(middleware::from_fn_with_state(state.clone(), measure));
     if !state.config.cors_origins.is_empty() {
@@ -574,6 +582,9 @@ fn handler(operation: Operation, filter: MethodFilter) -> MethodRouter<AppState>
         Operation::JoinRendezvous => on(filter, rendezvous::join),
         Operation::HeartbeatRank => on(filter, rendezvous::heartbeat_rank),
         Operation::EndRank => on(filter, rendezvous::end_rank),
+        Operation::CreateToken => on(filter, auth::create_token),
+        Operation::ListTokens => on(filter, auth::list_tokens),
+        Operation::RevokeToken => on(filter, auth::revoke_token),
         other => panic!("the route table names {other:?}, which has no handler"),
     }
 }
@@ -694,63 +705,6 @@ fn body_kib(bytes: usize) -> u32 {
     bytes.div_ceil(1024).clamp(1, u32::MAX as usize >> 4) as u32
 }
 
-/// Checks the bearer token: always for writes when a token is set, and for
-/// reads too when reads are protected. The page itself and `/healthz` are
-/// open, so the page can ask for the token.
-async fn authorize(State(app): State<AppState>, request: Request, next: Next) -> Response {
-    let Some(token) = app.config.token.as_deref() else {
-        return next.run(request).await;
-    };
-    let is_read = matches!(*request.method(), Method::GET | Method::HEAD | Method::OPTIONS);
-    let path = request.uri().path();
-    let open = path == "/healthz" || web::is_page(path);
-    if open || (is_read && !app.config.protect_reads) {
-        return next.run(request).await;
-    }
-    let given = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(bearer_token)
-        .map(str::to_owned)
-        .or_else(|| {
-            // A browser's EventSource cannot send headers: reads may carry it in the query.
-            if !is_read {
-                return None;
-            }
-            // Percent-decoded: a browser encodes it (`encodeURIComponent`).
-            Query::<TokenQuery>::try_from_uri(request.uri()).ok()?.0.access_token
-        });
-    match given {
-        Some(given) if constant_time_eq(given.as_bytes(), token.as_bytes()) => {
-            next.run(request).await
-        }
-        _ => ApiError::unauthorized().into_response(),
-    }
-}
-
-/// The credentials of an `Authorization: Bearer <token>` value. The scheme
-/// is case-insensitive (RFC 9110 §11.1), so `bearer` and `BEARER` count too.
-fn bearer_token(value: &str) -> Option<&str> {
-    let (scheme, token) = value.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim_start_matches(' '))
-}
-
-/// The token a read may carry in its query string.
-#[derive(serde::Deserialize)]
-struct TokenQuery {
-    access_token: Option<String>,
-}
-
-/// Compares without an early exit, so timing says nothing about the token.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = a.len() ^ b.len();
-    for i in 0..a.len().max(b.len()) {
-        diff |= usize::from(a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0));
-    }
-    diff == 0
-}
-
 /// Hands the matched route to [`measure`], which runs before routing.
 async fn remember_route(request: Request, next: Next) -> Response {
     let route = request.extensions().get::<MatchedPath>().cloned();
@@ -772,7 +726,7 @@ async fn measure(State(app): State<AppState>, request: Request, next: Next) -> R
 
 #[cfg(test)]
 mod tests {
-    use super::{bearer_token, constant_time_eq, host_names_listener};
+    use super::host_names_listener;
 
     #[test]
     fn hosts_that_name_the_listener() {
@@ -800,22 +754,5 @@ mod tests {
         ] {
             assert!(!host_names_listener(host, listen), "{host}");
         }
-    }
-
-    #[test]
-    fn bearer_scheme_is_case_insensitive() {
-        for value in ["Bearer t0k", "bearer t0k", "BEARER t0k", "bEaReR  t0k"] {
-            assert_eq!(bearer_token(value), Some("t0k"), "{value}");
-        }
-        assert_eq!(bearer_token("Basic t0k"), None);
-        assert_eq!(bearer_token("Bearert0k"), None);
-    }
-
-    #[test]
-    fn constant_time_eq_compares_whole_tokens() {
-        assert!(constant_time_eq(b"secret", b"secret"));
-        assert!(!constant_time_eq(b"secret", b"secreT"));
-        assert!(!constant_time_eq(b"secret", b"secret2"));
-        assert!(!constant_time_eq(b"", b"x"));
     }
 }

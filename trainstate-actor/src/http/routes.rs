@@ -3,7 +3,7 @@
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, StreamExt};
@@ -17,6 +17,7 @@ use trainstate_schema::{NewRun, RunId, TrainRunInfo, ray_v2};
 
 use super::AppState;
 use super::answer::CHUNK_BYTES;
+use super::auth::{Grant, check_cluster};
 use super::body::{JsonBody, QueryParams};
 use super::error::ApiError;
 
@@ -310,12 +311,23 @@ pub(crate) async fn start_attempt(
 
 pub(crate) async fn forward_run(
     State(app): State<AppState>,
+    grant: Option<Extension<Grant>>,
     Path(id): Path<String>,
     JsonBody(run): JsonBody<TrainRunInfo>,
 ) -> Result<Json<RunDocument>, ApiError> {
     let id = run_id(&id)?;
     if *run.id() != id {
         return Err(ApiError::invalid("id", "the run's id differs from the path's".to_owned()));
+    }
+    if let Some(Extension(grant)) = &grant {
+        // The committed view holds every stored run's cluster, which never
+        // changes after registration.
+        let stored: Option<Option<String>> = {
+            let writer = app.service.writer();
+            let view = writer.shared.view.read().unwrap_or_else(|e| e.into_inner());
+            view.get(&id).map(|record| record.cluster.as_deref().map(str::to_owned))
+        };
+        check_cluster(Some(grant), run.cluster(), stored.as_ref().map(Option::as_deref))?;
     }
     Ok(Json(app.handle.forward(run).await?))
 }

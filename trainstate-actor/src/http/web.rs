@@ -7,11 +7,6 @@ const INDEX_HTML: &str = include_str!("../../web/index.html");
 const APP_JS: &str = include_str!("../../web/app.js");
 const STYLE_CSS: &str = include_str!("../../web/style.css");
 
-/// The page's own paths, served without a token so the page can ask for one.
-pub(crate) fn is_page(path: &str) -> bool {
-    matches!(path, "/" | "/app.js" | "/style.css") || path.starts_with("/runs/")
-}
-
 /// `GET /` and `GET /runs/{id}`: the page (it reads the run from its URL).
 pub(crate) async fn page() -> Response {
     asset(INDEX_HTML, "text/html; charset=utf-8")

@@ -983,7 +983,7 @@ fn disposition(error: &StateError) -> Disposition {
         StateError::NotFound { .. } | StateError::Conflict { .. } | StateError::Invalid { .. } => {
             Disposition::Skip
         }
-        StateError::Unauthorized { .. } => Disposition::Fatal,
+        StateError::Unauthorized { .. } | StateError::Forbidden { .. } => Disposition::Fatal,
         _ => Disposition::Retry,
     }
 }

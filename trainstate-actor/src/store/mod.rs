@@ -34,6 +34,7 @@ use trainstate_schema::RunId;
 
 use crate::errors::StoreError;
 use crate::record::RunRecord;
+use crate::tokens::{StoredToken, hash_from_hex, scopes_from_text};
 use crate::writer::PendingEvent;
 
 /// One change to the store.
@@ -138,6 +139,43 @@ pub(crate) trait Store: Send {
 
     /// Makes `at` the durable position of forwarding to `target`.
     fn save_forward_position(&mut self, target: &str, at: &Position) -> Result<(), String>;
+
+    /// Every bearer token, revoked ones included, oldest first.
+    fn tokens(&mut self) -> Result<Vec<StoredToken>, String>;
+
+    /// Stores a new token (its hash, never its secret).
+    fn insert_token(&mut self, token: &StoredToken) -> Result<(), String>;
+
+    /// Marks the token `id` revoked at `at_ms`, unless it already is, and
+    /// answers it as stored after; `None` when no token has this id.
+    fn revoke_token(&mut self, id: &str, at_ms: u64) -> Result<Option<StoredToken>, String>;
+}
+
+/// The columns both stores keep a token in, in this order: id, name,
+/// scopes, cluster, secret_sha256, created_at_ms, revoked_at_ms.
+pub(crate) const TOKEN_COLUMNS: &str =
+    "id, name, scopes, cluster, secret_sha256, created_at_ms, revoked_at_ms";
+
+/// A token from its stored columns (see [`TOKEN_COLUMNS`]).
+pub(crate) fn token_from_columns(
+    id: String,
+    name: Option<String>,
+    scopes: &str,
+    cluster: Option<String>,
+    hash: &str,
+    created_at_ms: i64,
+    revoked_at_ms: Option<i64>,
+) -> Result<StoredToken, String> {
+    let damaged = |e: String| format!("stored token {id}: {e}");
+    Ok(StoredToken {
+        scopes: scopes_from_text(scopes).map_err(damaged)?,
+        hash: hash_from_hex(hash).map_err(damaged)?,
+        id,
+        name,
+        cluster,
+        created_at_ms: created_at_ms.max(0) as u64,
+        revoked_at_ms: revoked_at_ms.map(|t| t.max(0) as u64),
+    })
 }
 
 /// Versions of runs: 64-bit values unique to each record, random across

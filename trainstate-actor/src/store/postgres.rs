@@ -43,11 +43,13 @@ use trainstate_schema::RunId;
 
 use super::load::{Loaded, StoredRow, log_quarantined, parse_rows};
 use super::{
-    ChangedRun, Committed, Followed, JobChanges, Position, RemoteChange, Store, StoreOp, event_kind,
+    ChangedRun, Committed, Followed, JobChanges, Position, RemoteChange, Store, StoreOp,
+    TOKEN_COLUMNS, event_kind, token_from_columns,
 };
 use crate::config::PostgresConfig;
 use crate::errors::StoreError;
 use crate::record::RunRecord;
+use crate::tokens::StoredToken;
 use crate::writer::{Job, JobQueue};
 
 /// The schema migrations, in order; `trainstate_version.version` is the
@@ -99,6 +101,18 @@ const MIGRATIONS: &[&str] = &[
         answer TEXT,
         claimed_at TIMESTAMPTZ,
         created_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    );",
+    // 3: bearer tokens: the SHA-256 hash of each secret (never the secret),
+    // its scopes (`read,write`), the cluster it is bound to, when it was
+    // created and revoked. Every head reads them (see `Store::tokens`).
+    "CREATE TABLE trainstate_tokens (
+        id TEXT PRIMARY KEY,
+        name TEXT,
+        scopes TEXT NOT NULL,
+        cluster TEXT,
+        secret_sha256 TEXT NOT NULL UNIQUE,
+        created_at_ms BIGINT NOT NULL,
+        revoked_at_ms BIGINT
     );",
 ];
 
@@ -730,6 +744,87 @@ impl Store for PgStore {
             Ok(())
         })
     }
+
+    fn tokens(&mut self) -> Result<Vec<StoredToken>, String> {
+        let pool = self.pool.clone();
+        self.block_on("reading the tokens", async move {
+            let client = pool.get().await.map_err(pg)?;
+            let rows = client
+                .query(
+                    &format!(
+                        "SELECT {TOKEN_COLUMNS} FROM trainstate_tokens ORDER BY created_at_ms, id"
+                    ),
+                    &[],
+                )
+                .await
+                .map_err(pg)?;
+            rows.iter().map(token_of_row).collect()
+        })
+    }
+
+    fn insert_token(&mut self, token: &StoredToken) -> Result<(), String> {
+        let pool = self.pool.clone();
+        let token = token.clone();
+        self.block_on("storing a token", async move {
+            let client = pool.get().await.map_err(pg)?;
+            client
+                .execute(
+                    &format!(
+                        "INSERT INTO trainstate_tokens ({TOKEN_COLUMNS})
+                         VALUES ($1, $2, $3, $4, $5, $6, $7)"
+                    ),
+                    &[
+                        &token.id,
+                        &token.name,
+                        &token.scopes_text(),
+                        &token.cluster,
+                        &token.hash_hex(),
+                        &(token.created_at_ms as i64),
+                        &token.revoked_at_ms.map(|t| t as i64),
+                    ],
+                )
+                .await
+                .map_err(pg)?;
+            Ok(())
+        })
+    }
+
+    fn revoke_token(&mut self, id: &str, at_ms: u64) -> Result<Option<StoredToken>, String> {
+        let pool = self.pool.clone();
+        let id = id.to_owned();
+        self.block_on("revoking a token", async move {
+            let client = pool.get().await.map_err(pg)?;
+            client
+                .execute(
+                    "UPDATE trainstate_tokens SET revoked_at_ms = $2
+                     WHERE id = $1 AND revoked_at_ms IS NULL",
+                    &[&id, &(at_ms as i64)],
+                )
+                .await
+                .map_err(pg)?;
+            let row = client
+                .query_opt(
+                    &format!("SELECT {TOKEN_COLUMNS} FROM trainstate_tokens WHERE id = $1"),
+                    &[&id],
+                )
+                .await
+                .map_err(pg)?;
+            row.as_ref().map(token_of_row).transpose()
+        })
+    }
+}
+
+/// A token from its row (see [`TOKEN_COLUMNS`]).
+fn token_of_row(row: &tokio_postgres::Row) -> Result<StoredToken, String> {
+    token_from_columns(
+        row.get(0),
+        row.get(1),
+        row.get::<_, &str>(2),
+        row.get(3),
+        row.get::<_, &str>(4),
+        row.get(5),
+        row.get(6),
+    )
 }
 
 /// One transaction for a group of jobs: takes the next sequence number

@@ -7,10 +7,13 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use trainstate_schema::{ActorStatus, TrainRunInfo};
 
 use super::load::{Loaded, StoredRow, log_quarantined, parse_rows};
-use super::{ChangedRun, Committed, JobChanges, Position, Store, StoreOp};
+use super::{
+    ChangedRun, Committed, JobChanges, Position, Store, StoreOp, TOKEN_COLUMNS, token_from_columns,
+};
 use crate::config::Synchronous;
 use crate::errors::StoreError;
 use crate::record::RunRecord;
+use crate::tokens::StoredToken;
 
 /// One step of the store's schema.
 enum Migration {
@@ -51,6 +54,20 @@ const MIGRATIONS: &[Migration] = &[
     // 3: Ray Train V2's lifecycle: every attempt states its status, the
     // workers of an ended run are DEAD, `run_status` holds the full status.
     Migration::Rewrite(upgrade_to_v2_lifecycle),
+    // 4: bearer tokens: the SHA-256 hash of each secret (never the secret),
+    // its scopes (`read,write`), the cluster it is bound to, when it was
+    // created and revoked.
+    Migration::Sql(
+        "CREATE TABLE tokens (
+        id TEXT PRIMARY KEY NOT NULL,
+        name TEXT,
+        scopes TEXT NOT NULL,
+        cluster TEXT,
+        secret_sha256 TEXT NOT NULL UNIQUE,
+        created_at_ms INTEGER NOT NULL,
+        revoked_at_ms INTEGER
+    ) WITHOUT ROWID;",
+    ),
 ];
 
 /// Rewrites every stored run in today's canonical form: attempts with
@@ -304,6 +321,75 @@ impl Store for SqliteStore {
             )
             .map(drop)
             .map_err(|e| e.to_string())
+    }
+
+    fn tokens(&mut self) -> Result<Vec<StoredToken>, String> {
+        self.select_tokens("", params![])
+    }
+
+    fn insert_token(&mut self, token: &StoredToken) -> Result<(), String> {
+        self.conn
+            .execute(
+                &format!(
+                    "INSERT INTO tokens ({TOKEN_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
+                ),
+                params![
+                    token.id,
+                    token.name,
+                    token.scopes_text(),
+                    token.cluster,
+                    token.hash_hex(),
+                    token.created_at_ms as i64,
+                    token.revoked_at_ms.map(|t| t as i64),
+                ],
+            )
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    fn revoke_token(&mut self, id: &str, at_ms: u64) -> Result<Option<StoredToken>, String> {
+        self.conn
+            .execute(
+                "UPDATE tokens SET revoked_at_ms = ?2 WHERE id = ?1 AND revoked_at_ms IS NULL",
+                params![id, at_ms as i64],
+            )
+            .map_err(|e| e.to_string())?;
+        Ok(self.select_tokens("WHERE id = ?1", params![id])?.pop())
+    }
+}
+
+impl SqliteStore {
+    /// The tokens `filter` (a `WHERE` clause, or nothing) selects, oldest first.
+    fn select_tokens(
+        &self,
+        filter: &str,
+        params: &[&dyn rusqlite::ToSql],
+    ) -> Result<Vec<StoredToken>, String> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {TOKEN_COLUMNS} FROM tokens {filter} ORDER BY created_at_ms, id"
+            ))
+            .map_err(|e| e.to_string())?;
+        let rows = stmt
+            .query_map(params, |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, Option<String>>(1)?,
+                    row.get::<_, String>(2)?,
+                    row.get::<_, Option<String>>(3)?,
+                    row.get::<_, String>(4)?,
+                    row.get::<_, i64>(5)?,
+                    row.get::<_, Option<i64>>(6)?,
+                ))
+            })
+            .map_err(|e| e.to_string())?;
+        rows.map(|row| {
+            let (id, name, scopes, cluster, hash, created, revoked) =
+                row.map_err(|e| e.to_string())?;
+            token_from_columns(id, name, &scopes, cluster, &hash, created, revoked)
+        })
+        .collect()
     }
 }
 
