@@ -594,8 +594,8 @@ impl WriterThread {
                         tracing::error!(
                             error = %due.last_error,
                             failed_writes = due.count,
-                            "store commits fail: writes are answered unavailable, reads go on \
-                             (failed_writes counts those since the last such line; one line per 5s at most)"
+                            "store commit failed; answering writes unavailable, reads go on \
+                             (failed_writes: since the last such line; one line per 5s at most)"
                         );
                     }
                     self.last_failure.clone_from(&err);

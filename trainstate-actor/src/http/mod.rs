@@ -690,6 +690,11 @@ async fn bound_bodies(State(app): State<AppState>, request: Request, next: Next)
         )
         .into_response();
     }
+    let has_body =
+        length.is_some_and(|n| n > 0) || request.headers().contains_key(header::TRANSFER_ENCODING);
+    if !has_body {
+        return next.run(request).await;
+    }
     let (request, charge) = app.bodies.meter(request);
     let response = next.run(request).await;
     let refused = match charge.refusal() {
