@@ -59,7 +59,7 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 /// The default bound on open connections from one client (an IPv4 address
 /// or an IPv6 /64): a node of 8 ranks, each with its own connections and a
 /// watcher's, its controller, a dashboard's event streams and a CLI use
-/// well under it, while eight such clients cannot fill
+/// well under it, while one client holds at most an eighth of
 /// [`DEFAULT_MAX_CONNECTIONS`].
 pub const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: usize = 64;
 
@@ -346,8 +346,9 @@ pub(crate) struct App {
 /// Each connection is HTTP/1.1 with hyper's header-read timeout (which also
 /// bounds a kept-alive connection's idle wait); at most
 /// [`HttpConfig::max_connections`] are open at once, and further clients wait
-/// in the listen backlog until one closes; a client with
-/// [`HttpConfig::max_connections_per_client`] open is closed at once.
+/// in the listen backlog until one closes; a connection from a client that
+/// already has [`HttpConfig::max_connections_per_client`] open is closed at
+/// once.
 pub async fn serve(
     listener: TcpListener,
     service: Arc<StateService>,
