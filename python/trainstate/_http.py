@@ -22,8 +22,8 @@ class HeadError(Exception):
 
     @property
     def retryable(self) -> bool:
-        """True when the same request may succeed later (503)."""
-        return self.status == 503 or self.status >= 500 and self.code in ("", "unavailable")
+        """True when the same request may succeed later (503, or 408: the body stalled)."""
+        return self.status in (503, 408) or self.status >= 500 and self.code in ("", "unavailable")
 
 
 class Unreachable(Exception):

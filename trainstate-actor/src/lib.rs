@@ -54,6 +54,7 @@ pub mod http;
 #[cfg(feature = "server")]
 pub mod links;
 mod log_sample;
+mod log_throttle;
 pub mod ray_export;
 mod record;
 mod rendezvous;

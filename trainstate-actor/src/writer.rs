@@ -15,6 +15,7 @@ use trainstate_schema::RunId;
 
 use crate::config::{StateConfig, StoreConfig};
 use crate::errors::StoreError;
+use crate::log_throttle::LogThrottle;
 use crate::record::RunRecord;
 use crate::store::sqlite::SqliteStore;
 use crate::store::{
@@ -241,6 +242,7 @@ impl Writer {
                     shared: thread_shared,
                     clock,
                     last_failure: String::new(),
+                    failure_log: FailureLog::default(),
                     #[cfg(feature = "fault-injection")]
                     faults,
                 };
@@ -417,8 +419,21 @@ struct WriterThread {
     clock: Arc<dyn crate::clock::Clock>,
     /// Why the last failed commit failed, for the writes refused after it.
     last_failure: String,
+    /// Store failures logged at most once per interval each.
+    failure_log: FailureLog,
     #[cfg(feature = "fault-injection")]
     faults: Arc<crate::faults::Faults>,
+}
+
+/// The store failures the writer logs, each at most one line per
+/// [`crate::log_throttle::LOG_INTERVAL`]: an outage of a shared database
+/// fails every commit, and every read's follow.
+#[derive(Debug, Default)]
+struct FailureLog {
+    commits: LogThrottle,
+    share_heartbeats: LogThrottle,
+    follow: LogThrottle,
+    read_heartbeats: LogThrottle,
 }
 
 impl WriterThread {
@@ -518,10 +533,12 @@ impl WriterThread {
         if let Some(store) = self.store.as_deref_mut().filter(|s| s.is_shared()) {
             let beats: Vec<(RunId, u64)> =
                 shared.beats.lock().unwrap_or_else(|e| e.into_inner()).drain().collect();
+            let log = &mut self.failure_log;
             if !beats.is_empty()
                 && let Err(err) = store.share_heartbeats(&beats)
+                && let Some(due) = log.share_heartbeats.failed(Instant::now(), 1, &err)
             {
-                tracing::warn!(error = %err, "cannot share heartbeats with the other heads");
+                tracing::warn!(error = %due.last_error, failures = due.count, "cannot share heartbeats with the other heads");
             }
             match store.follow() {
                 Ok(Followed::Changes(changes)) => {
@@ -535,7 +552,11 @@ impl WriterThread {
                     shared.view.write().unwrap_or_else(|e| e.into_inner()).replace_all(&records);
                     shared.push_inbox([Absorb::Reload(records)]);
                 }
-                Err(err) => tracing::warn!(error = %err, "cannot follow the other heads' changes"),
+                Err(err) => {
+                    if let Some(due) = log.follow.failed(Instant::now(), 1, &err) {
+                        tracing::warn!(error = %due.last_error, failures = due.count, "cannot follow the other heads' changes");
+                    }
+                }
             }
             if *heartbeats {
                 match store.shared_heartbeats() {
@@ -543,7 +564,9 @@ impl WriterThread {
                         shared.push_inbox(beats.into_iter().map(|(id, at)| Absorb::Heard(id, at)))
                     }
                     Err(err) => {
-                        tracing::warn!(error = %err, "cannot read the other heads' heartbeats")
+                        if let Some(due) = log.read_heartbeats.failed(Instant::now(), 1, &err) {
+                            tracing::warn!(error = %due.last_error, failures = due.count, "cannot read the other heads' heartbeats");
+                        }
                     }
                 }
             }
@@ -640,13 +663,26 @@ impl WriterThread {
                     stats
                         .commit_micros
                         .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+                    let unreported = self.failure_log.commits.recovered();
                     if !shared.writable.swap(true, Ordering::SeqCst) {
-                        tracing::warn!("the store commits again");
+                        tracing::warn!(
+                            failed_writes_not_yet_logged = unreported,
+                            "the store commits again"
+                        );
                     }
                     Ok(committed)
                 }
                 Err(err) => {
-                    tracing::error!(error = %err, writes = batch.len(), "store commit failed; answering these writes unavailable, reads go on");
+                    let writes = batch.len() as u64;
+                    if let Some(due) = self.failure_log.commits.failed(Instant::now(), writes, &err)
+                    {
+                        tracing::error!(
+                            error = %due.last_error,
+                            failed_writes = due.count,
+                            "store commit failed; answering writes unavailable, reads go on \
+                             (failed_writes: since the last such line; one line per 5s at most)"
+                        );
+                    }
                     self.last_failure.clone_from(&err);
                     shared.stats.failures.fetch_add(1, Ordering::Relaxed);
                     shared.writable.store(false, Ordering::SeqCst);

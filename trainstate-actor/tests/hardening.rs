@@ -91,6 +91,9 @@ fn regression_flags_that_lied_or_crashed_are_refused_before_listening() {
         (&["--cors-origin", "*"], "wildcard"),
         (&["--cors-origin", "not an origin"], "--cors-origin"),
         (&["--cors-origin", "https://ok.example,https://x.example/path"], "x.example/path"),
+        (&["--max-connections-per-client", "0"], "--max-connections-per-client"),
+        (&["--body-read-timeout", "0s"], "--body-read-timeout"),
+        (&["--body-read-timeout", "9999999h"], "--body-read-timeout"),
     ];
     for (flags, expected) in cases {
         let refused = Head::start(dir.path(), flags)
@@ -150,7 +153,9 @@ fn regression_flags_that_lied_or_crashed_are_refused_before_listening() {
 
 /// Reads one HTTP/1.1 answer (headers and a `content-length` body) from a
 /// raw socket; `None` if the server closed the connection first.
-async fn read_answer(stream: &mut tokio::net::TcpStream) -> Option<(StatusCode, Vec<u8>)> {
+pub(crate) async fn read_answer(
+    stream: &mut tokio::net::TcpStream,
+) -> Option<(StatusCode, Vec<u8>)> {
     use tokio::io::AsyncReadExt;
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
@@ -257,72 +262,67 @@ async fn regression_a_burst_of_small_registrations_is_not_refused_by_the_body_bo
     server.stop().await;
 }
 
+/// The bytes of bodies received at once are bounded, counted as they
+/// arrive (each body's first 64 KiB aside): two uploads that sent 512 KiB
+/// each past that and stalled spend a budget of 1 MiB; a large write is
+/// then refused with `overloaded`, a small one is served, and the large
+/// one is served again once a stalled upload gives up.
 #[tokio::test]
 async fn regression_concurrent_request_bodies_are_bounded() {
     use tokio::io::AsyncWriteExt;
+    let hour = std::time::Duration::from_secs(3600);
     let http = HttpConfig::default()
-        .with_max_body_bytes_in_flight(2_000_000)
-        .with_request_timeout(std::time::Duration::from_secs(3600));
+        .with_max_body_bytes_in_flight(1 << 20)
+        .with_body_read_timeout(hour)
+        .with_request_timeout(hour);
     let server = server(http).await;
     let url = format!("{}/api/train/runs", server.url);
     let addr = server.url.trim_start_matches("http://").to_owned();
-    // Two uploads of ~1 MB that stall partway, as the 100 stalled uploads
-    // did: together they hold the whole budget of 2 MB.
+    let upload = |sent: usize| {
+        let addr = addr.clone();
+        async move {
+            let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+            stream
+                .write_all(
+                    b"POST /api/train/runs HTTP/1.1\r\nhost: 127.0.0.1\r\n\
+                      content-type: application/json\r\ncontent-length: 4000000\r\n\r\n",
+                )
+                .await
+                .unwrap();
+            stream.write_all(&vec![b' '; sent]).await.unwrap();
+            stream
+        }
+    };
     let mut stalled = Vec::new();
     for _ in 0..2 {
-        let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
-        stream
-            .write_all(
-                b"POST /api/train/runs HTTP/1.1\r\nhost: 127.0.0.1\r\n\
-                  content-type: application/json\r\ncontent-length: 1000000\r\n\r\n{\"run_id\":",
-            )
-            .await
-            .unwrap();
-        stalled.push(stream);
+        stalled.push(upload((64 + 512) << 10).await);
     }
-    let client = Client::new();
-    let post = |i: usize| {
-        let client = client.clone();
-        let url = url.clone();
-        async move {
-            let run = run_with(&RunId::new_v7(), &format!("b{i}"), "job1", T0, 2);
-            crate::contract::send(
-                &client,
-                Method::POST,
-                &url,
-                Some(("application/json", serde_json::to_vec(&run).unwrap())),
-                None,
-            )
-            .await
-        }
-    };
-    // Until the head has taken both stalled bodies in, a third is served;
-    // from then on it is refused.
-    let deadline = std::time::Instant::now() + HANG;
-    let mut i = 0;
-    let refused = loop {
-        i += 1;
-        let (status, body) = post(i).await;
-        if status == StatusCode::SERVICE_UNAVAILABLE {
-            break body;
-        }
-        assert_eq!(status, StatusCode::CREATED, "{body}");
-        assert!(std::time::Instant::now() < deadline, "the bound never applied");
-        tokio::task::yield_now().await;
-    };
+    let budget = "trainstate_http_request_body_budget_bytes";
+    crate::http_bounds::wait_for_metric(&server, budget, 1 << 20, false).await;
+    // A large write is refused as soon as its bytes pass its free 64 KiB.
+    let mut large = upload((64 + 100) << 10).await;
+    let (status, body) = tokio::time::timeout(HANG, read_answer(&mut large))
+        .await
+        .expect("a write past the budget is refused at once")
+        .expect("an answer");
+    check_answer(&Method::POST, &url, status, &body);
+    let refused: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(refused["error"]["code"], "overloaded", "{refused}");
-    // A stalled upload that gives up frees its place.
+    // A small one is served meanwhile.
+    let client = Client::new();
+    let run = run_with(&RunId::new_v7(), "small", "job1", T0, 2);
+    let body = Some(("application/json", serde_json::to_vec(&run).unwrap()));
+    let (status, answer) = crate::contract::send(&client, Method::POST, &url, body, None).await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    // A stalled upload that gives up frees its bytes.
     stalled.pop();
-    loop {
-        i += 1;
-        let (status, body) = post(i).await;
-        if status == StatusCode::CREATED {
-            break;
-        }
-        assert_eq!(body["error"]["code"], "overloaded", "{body}");
-        assert!(std::time::Instant::now() < deadline, "the place was never freed");
-        tokio::task::yield_now().await;
-    }
+    crate::http_bounds::wait_for_metric(&server, budget, 512 << 10, false).await;
+    let large = crate::http_bounds::registration_of(300 << 10);
+    assert!(large.len() > (64 + 100) << 10, "{} bytes", large.len());
+    let (status, answer) =
+        crate::contract::send(&client, Method::POST, &url, Some(("application/json", large)), None)
+            .await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
     drop(stalled);
     server.stop().await;
 }

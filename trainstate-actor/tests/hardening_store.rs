@@ -717,3 +717,81 @@ async fn backup_of_a_running_head_restores_every_acknowledged_run() {
         assert_eq!(without_heartbeat(body), without_heartbeat(run.clone()));
     }
 }
+
+/// The number after `name=` in a log line.
+fn logged_count(line: &str, name: &str) -> u64 {
+    let at = line.find(&format!("{name}=")).unwrap_or_else(|| panic!("no {name} in {line}"));
+    let digits: String =
+        line[at + name.len() + 1..].chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().unwrap_or_else(|_| panic!("no count after {name} in {line}"))
+}
+
+/// Round two, finding 11: a PostgreSQL outage logged one line per failed
+/// write (2,919 in 20 s), each saying only "db error". A database that
+/// refuses every commit (a trigger raises) now gets one line at once and
+/// then at most one per 5 s, with PostgreSQL's message, and the lines
+/// count the failed writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_postgresql_outage_logs_one_line_per_interval_with_the_count() {
+    let Some(url) = crate::stores::postgres_url() else { return };
+    let url = crate::stores::fresh_schema(&url).await;
+    let dir = tempfile::tempdir().unwrap();
+    let head = Head::start(dir.path(), &["--store", &url], &[]).unwrap();
+    let client = Client::new();
+    let (status, body, _) = register(&client, &head.url, "before", 0).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+
+    let db = crate::stores::connect(&url).await;
+    db.batch_execute(
+        "CREATE FUNCTION outage() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN RAISE EXCEPTION 'simulated outage'; END $$; \
+         CREATE TRIGGER outage BEFORE INSERT OR UPDATE OR DELETE ON trainstate_runs \
+         FOR EACH STATEMENT EXECUTE FUNCTION outage();",
+    )
+    .await
+    .unwrap();
+    let started = Instant::now();
+    // Writes fail until a second line has come (one interval on).
+    let failure_lines =
+        |log: &str| log.lines().filter(|l| l.contains("store commit failed")).count();
+    let mut refused = 0;
+    while failure_lines(&head.log()) < 2 {
+        assert!(started.elapsed() < HANG, "no second line: {}", head.log());
+        let (status, body, _) =
+            register(&client, &head.url, &format!("down{refused}"), refused + 1).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        refused += 1;
+    }
+    let elapsed = started.elapsed();
+    db.batch_execute("DROP TRIGGER outage ON trainstate_runs").await.unwrap();
+    // A write decided on the last failure may still be refused; then one commits.
+    let deadline = Instant::now() + HANG;
+    let mut i = 1_000_000;
+    loop {
+        i += 1;
+        let (status, body, _) = register(&client, &head.url, &format!("up{i}"), i).await;
+        if status == StatusCode::CREATED {
+            break;
+        }
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert!(Instant::now() < deadline, "the store never committed again");
+    }
+    let log = head.wait_for_log("the store commits again");
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("store commit failed")).collect();
+    assert!(!lines.is_empty(), "the outage was never logged: {log}");
+    assert!(lines[0].contains("simulated outage"), "PostgreSQL's message: {}", lines[0]);
+    assert!(logged_count(lines[1], "failed_writes") > 1, "the second line counts: {}", lines[1]);
+    // One line at once, then one per 5 s (and one more for a window cut short).
+    let most = 2 + (elapsed.as_secs() / 5) as usize;
+    assert!(lines.len() <= most, "{} lines in {elapsed:?}:\n{}", lines.len(), lines.join("\n"));
+    let recovered = log.lines().find(|l| l.contains("the store commits again")).unwrap();
+    eprintln!(
+        "measured: {refused} writes refused in {elapsed:?}, logged as:\n{}\n{recovered}",
+        lines.join("\n")
+    );
+    let counted = lines.iter().map(|l| logged_count(l, "failed_writes")).sum::<u64>()
+        + logged_count(recovered, "failed_writes_not_yet_logged");
+    // Writes decided on a failure are refused without a commit, and are
+    // not counted as failed commits' writes.
+    assert!((1..=refused).contains(&counted), "{counted} of {refused} refused: {log}");
+}

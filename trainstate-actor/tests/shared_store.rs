@@ -545,6 +545,7 @@ async fn a_runs_ranks_go_on_through_the_surviving_head_when_the_other_is_killed(
     let ended =
         post_retrying(&http, &b.url, &format!("/api/train/runs/{id}/ranks/1/end"), end).await;
     assert_eq!(ended["run_status"], "FINISHED", "{ended}");
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_a_token_revoked_on_one_head_is_refused_by_the_other_within_a_second() {

@@ -11,6 +11,7 @@ mod hardening_events;
 mod hardening_size;
 mod hardening_store;
 mod http_api;
+mod http_bounds;
 mod lifecycle;
 mod listing;
 mod liveness;

@@ -202,7 +202,7 @@ impl StateError {
             ErrorCode::Overloaded | ErrorCode::TooManySubscribers => {
                 Self::Overloaded { in_flight: body.in_flight }
             }
-            ErrorCode::Unavailable | ErrorCode::Timeout => {
+            ErrorCode::Unavailable | ErrorCode::Timeout | ErrorCode::RequestTimeout => {
                 Self::Unavailable { reason: body.message }
             }
             ErrorCode::Corrupt => Self::Corrupt { reason: body.message },

@@ -280,6 +280,7 @@ const WRITE_ERRORS: &[ErrorCode] = &[
     ErrorCode::Unavailable,
     ErrorCode::Overloaded,
     ErrorCode::Timeout,
+    ErrorCode::RequestTimeout,
 ];
 
 /// The errors of an unpaged listing: a read's, and `overloaded` when the

@@ -701,6 +701,9 @@ pub enum ErrorCode {
     Timeout,
     /// Too many event subscribers; retry (503).
     TooManySubscribers,
+    /// The request's body sent nothing for the head's body-read timeout
+    /// and was cut off; nothing was done. Send it again (408).
+    RequestTimeout,
     /// A stored run does not parse: the store is damaged (500).
     Corrupt,
     /// Something the head did not expect (500).
@@ -709,7 +712,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 17] = [
+    pub const ALL: [ErrorCode; 18] = [
         ErrorCode::BadRequest,
         ErrorCode::Invalid,
         ErrorCode::UnsupportedMediaType,
@@ -725,6 +728,7 @@ impl ErrorCode {
         ErrorCode::Overloaded,
         ErrorCode::Timeout,
         ErrorCode::TooManySubscribers,
+        ErrorCode::RequestTimeout,
         ErrorCode::Corrupt,
         ErrorCode::Internal,
     ];
@@ -747,6 +751,7 @@ impl ErrorCode {
             ErrorCode::Overloaded => "overloaded",
             ErrorCode::Timeout => "timeout",
             ErrorCode::TooManySubscribers => "too_many_subscribers",
+            ErrorCode::RequestTimeout => "request_timeout",
             ErrorCode::Corrupt => "corrupt",
             ErrorCode::Internal => "internal",
         }
@@ -760,6 +765,7 @@ impl ErrorCode {
             ErrorCode::Forbidden => 403,
             ErrorCode::NotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
+            ErrorCode::RequestTimeout => 408,
             ErrorCode::Conflict | ErrorCode::IllegalTransition => 409,
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::MisdirectedRequest => 421,
@@ -774,9 +780,10 @@ impl ErrorCode {
     }
 
     /// True when the same request may succeed later: the head was
-    /// unavailable, busy or slow, not the request wrong.
+    /// unavailable, busy or slow, or the request's body stalled on the
+    /// way, not the request wrong.
     pub fn is_retryable(self) -> bool {
-        self.http_status() == 503
+        self.http_status() == 503 || self == ErrorCode::RequestTimeout
     }
 }
 

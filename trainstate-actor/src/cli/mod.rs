@@ -144,10 +144,19 @@ struct ServeArgs {
     /// The most open connections; further clients wait until one closes.
     #[arg(long, env = "TRAINSTATE_MAX_CONNECTIONS", default_value_t = trainstate_actor::http::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
-    /// The most bytes of request bodies received and handled at once (each
-    /// counts its Content-Length); past it, writes get 503 overloaded.
+    /// The most open connections from one client address (an IPv6 /64 counts
+    /// as one); one more is closed at once. Behind a proxy every client is the
+    /// proxy's address: raise it to --max-connections there.
+    #[arg(long, env = "TRAINSTATE_MAX_CONNECTIONS_PER_CLIENT", default_value_t = trainstate_actor::http::DEFAULT_MAX_CONNECTIONS_PER_CLIENT)]
+    max_connections_per_client: usize,
+    /// The most bytes of request bodies received and being handled at once,
+    /// counted as they arrive (each body's first 64 KiB aside); past it, a
+    /// write gets 503 overloaded.
     #[arg(long, env = "TRAINSTATE_MAX_BODY_BYTES_IN_FLIGHT", default_value_t = trainstate_actor::http::DEFAULT_MAX_BODY_BYTES_IN_FLIGHT)]
     max_body_bytes_in_flight: usize,
+    /// How long a request body may send nothing before it is cut off (408).
+    #[arg(long, env = "TRAINSTATE_BODY_READ_TIMEOUT", default_value = "10s", value_parser = duration::parse)]
+    body_read_timeout: Duration,
     /// The most recent events kept for subscribers that resume (and that live
     /// subscribers are served from).
     #[arg(long, env = "TRAINSTATE_EVENT_BACKLOG", default_value_t = trainstate_actor::DEFAULT_EVENT_BACKLOG)]

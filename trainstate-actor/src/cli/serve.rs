@@ -191,7 +191,9 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
         .with_max_subscribers(args.max_subscribers)
         .with_header_read_timeout(args.header_read_timeout)
         .with_max_connections(args.max_connections)
+        .with_max_connections_per_client(args.max_connections_per_client)
         .with_max_body_bytes_in_flight(args.max_body_bytes_in_flight)
+        .with_body_read_timeout(args.body_read_timeout)
         .with_shutdown_grace(args.shutdown_grace)
         .with_max_answer_bytes(args.max_answer_bytes)
         .with_any_host(args.insecure)
@@ -363,6 +365,7 @@ fn check_limits(args: &ServeArgs) -> Result<(), String> {
     for (flag, value) in [
         ("--max-body-bytes", args.max_body_bytes),
         ("--max-connections", args.max_connections),
+        ("--max-connections-per-client", args.max_connections_per_client),
         ("--max-body-bytes-in-flight", args.max_body_bytes_in_flight),
         ("--event-backlog", args.event_backlog),
         ("--max-answer-bytes", args.max_answer_bytes),
@@ -374,8 +377,12 @@ fn check_limits(args: &ServeArgs) -> Result<(), String> {
     if args.max_answer_bytes > u32::MAX as usize {
         return Err(format!("--max-answer-bytes {}: at most {}", args.max_answer_bytes, u32::MAX));
     }
+    if args.body_read_timeout.is_zero() {
+        return Err("--body-read-timeout must be more than 0 (0 would cut off every body)".into());
+    }
     for (flag, value) in [
         ("--header-read-timeout", args.header_read_timeout),
+        ("--body-read-timeout", args.body_read_timeout),
         ("--shutdown-grace", args.shutdown_grace),
     ] {
         if value > MAX_LEASE {

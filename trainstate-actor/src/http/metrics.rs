@@ -71,23 +71,19 @@ impl HttpMetrics {
         self.latency.observe(elapsed.as_secs_f64());
     }
 
-    /// Every metric, as [`CONTENT_TYPE`] text; `streams` is the number of
-    /// open event streams, `answer_bytes` the answer bytes held for clients.
-    pub(crate) fn render(
-        &self,
-        service: &StateService,
-        streams: usize,
-        answer_bytes: usize,
-    ) -> String {
+    /// Every metric, as [`CONTENT_TYPE`] text, with what the HTTP layer
+    /// holds now.
+    pub(crate) fn render(&self, service: &StateService, load: &HttpLoad) -> String {
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_text::encode(&mut out, &self.registry);
-        let _ = prometheus_text::encode(&mut out, &Self::readings(service, streams, answer_bytes));
+        let _ = prometheus_text::encode(&mut out, &Self::readings(service, load));
         out
     }
 
     /// What the service reports at this instant.
-    fn readings(service: &StateService, streams: usize, answer_bytes: usize) -> Registry {
+    fn readings(service: &StateService, load: &HttpLoad) -> Registry {
+        let &HttpLoad { streams, answer_bytes, request_bodies, budgeted_body_bytes } = load;
         let mut registry = Registry::with_prefix(PREFIX);
         let runs = Family::<StatusLabels, Gauge>::default();
         for (status, count) in RunStatus::ALL.iter().zip(service.runs_by_status()) {
@@ -156,6 +152,30 @@ impl HttpMetrics {
             Unit::Bytes,
             ConstGauge::new(answer_bytes as i64),
         );
+        registry.register(
+            "http_request_bodies",
+            "Request bodies being received or handled",
+            ConstGauge::new(request_bodies as i64),
+        );
+        registry.register_with_unit(
+            "http_request_body_budget",
+            "Bytes of request bodies received and charged to --max-body-bytes-in-flight \
+             (each body's first 64 KiB aside), in whole KiB",
+            Unit::Bytes,
+            ConstGauge::new(budgeted_body_bytes as i64),
+        );
         registry
     }
+}
+
+/// What the HTTP layer holds now, read for `/metrics`.
+pub(crate) struct HttpLoad {
+    /// Open event streams.
+    pub(crate) streams: usize,
+    /// Bytes of answers not yet taken by slow clients.
+    pub(crate) answer_bytes: usize,
+    /// Request bodies being received or handled.
+    pub(crate) request_bodies: usize,
+    /// Bytes charged to the body budget.
+    pub(crate) budgeted_body_bytes: usize,
 }

@@ -4,9 +4,11 @@
 //! every error has one shape, `{"error": {"code", "message", "field"}}`,
 //! axum's own rejections, unknown routes and wrong methods included.
 
+mod admission;
 mod answer;
 mod auth;
 mod body;
+mod body_budget;
 mod error;
 mod events;
 mod loading;
@@ -59,10 +61,29 @@ pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The default bound on open connections (well under a 1,024-descriptor limit).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 
-/// The default bound on the bytes of request bodies being received and
-/// handled at once, across all connections: 256 MiB (sixteen bodies at the
-/// default body limit, or tens of thousands of registrations of a few KiB).
+/// The default bound on open connections from one client (an IPv4 address
+/// or an IPv6 /64): a node of 8 ranks, each with its own connections and a
+/// watcher's, its controller, a dashboard's event streams and a CLI use
+/// well under it, while one client holds at most an eighth of
+/// [`DEFAULT_MAX_CONNECTIONS`].
+pub const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: usize = 64;
+
+/// The default time a request body may send nothing before it is cut off
+/// (408): the header-read timeout's value.
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The default bound on the bytes of request bodies received and being
+/// handled at once, across all connections, counting each body's bytes past
+/// its first [`BODY_BYTES_OUTSIDE_BUDGET`] as they arrive: 256 MiB (sixteen
+/// bodies at the default body limit).
 pub const DEFAULT_MAX_BODY_BYTES_IN_FLIGHT: usize = 256 << 20;
+
+/// The first bytes of every request body, which the shared body budget does
+/// not count: a rank heartbeat, a status change or an ordinary registration
+/// never waits on (nor is refused by) the budget that large uploads share.
+/// At most [`HttpConfig::max_connections`] times this (32 MiB by default)
+/// is held outside the budget.
+pub const BODY_BYTES_OUTSIDE_BUDGET: usize = 64 * 1024;
 
 /// The default bound on the bytes of large answers (listings, event-stream
 /// snapshots) produced and not yet taken by their clients' sockets, across
@@ -97,10 +118,17 @@ pub struct HttpConfig {
     pub header_read_timeout: Duration,
     /// The most open connections; further ones wait in the listen backlog.
     pub max_connections: usize,
-    /// The most bytes of request bodies received and handled at once (each
-    /// body counts its `Content-Length`, a chunked one the body limit);
-    /// past it, 503 `overloaded`.
+    /// The most open connections from one client (an IPv4 address, or an
+    /// IPv6 /64); one more is closed at once.
+    pub max_connections_per_client: usize,
+    /// The most bytes of request bodies received and being handled at once,
+    /// counting each body's bytes past its first
+    /// [`BODY_BYTES_OUTSIDE_BUDGET`] as they arrive; a body that would pass
+    /// it gets 503 `overloaded`.
     pub max_body_bytes_in_flight: usize,
+    /// How long a request body may send nothing before it is cut off with
+    /// 408 `request_timeout` (its bytes released).
+    pub body_read_timeout: Duration,
     /// How long connections get to finish once shutdown begins.
     pub shutdown_grace: Duration,
     /// The most bytes of listings and event-stream snapshots produced and
@@ -133,7 +161,9 @@ impl Default for HttpConfig {
             cors_origins: Vec::new(),
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_client: DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
             max_body_bytes_in_flight: DEFAULT_MAX_BODY_BYTES_IN_FLIGHT,
+            body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             max_answer_bytes: DEFAULT_MAX_ANSWER_BYTES,
             allow_any_host: false,
@@ -194,10 +224,22 @@ impl HttpConfig {
         self
     }
 
+    /// Sets the bound on open connections from one client.
+    pub fn with_max_connections_per_client(mut self, max: usize) -> Self {
+        self.max_connections_per_client = max;
+        self
+    }
+
     /// Sets the bound on the bytes of request bodies received and handled
     /// at once.
     pub fn with_max_body_bytes_in_flight(mut self, max: usize) -> Self {
         self.max_body_bytes_in_flight = max;
+        self
+    }
+
+    /// Sets how long a request body may send nothing before it is cut off.
+    pub fn with_body_read_timeout(mut self, timeout: Duration) -> Self {
+        self.body_read_timeout = timeout;
         self
     }
 
@@ -308,7 +350,7 @@ pub(crate) struct App {
     config: Arc<HttpConfig>,
     metrics: Arc<HttpMetrics>,
     subscribers: Arc<Semaphore>,
-    bodies: Arc<Semaphore>,
+    bodies: body_budget::BodyBudget,
     budget: answer::AnswerBudget,
     listen: Option<std::net::SocketAddr>,
     documents: Arc<Documents>,
@@ -328,7 +370,9 @@ pub(crate) struct App {
 /// Each connection is HTTP/1.1 with hyper's header-read timeout (which also
 /// bounds a kept-alive connection's idle wait); at most
 /// [`HttpConfig::max_connections`] are open at once, and further clients wait
-/// in the listen backlog until one closes.
+/// in the listen backlog until one closes; a connection from a client that
+/// already has [`HttpConfig::max_connections_per_client`] open is closed at
+/// once.
 pub async fn serve(
     listener: TcpListener,
     service: Arc<StateService>,
@@ -360,7 +404,8 @@ pub async fn serve_while_loading(
     let (stop, stopping) = watch::channel(false);
     let grace = config.shutdown_grace;
     let hold = config.load_hold;
-    let connections = Arc::new(Semaphore::new(config.max_connections.max(1)));
+    let admission =
+        admission::Admission::new(config.max_connections, config.max_connections_per_client);
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(config.header_read_timeout);
     let listen = listener.local_addr().ok();
@@ -389,15 +434,13 @@ pub async fn serve_while_loading(
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         while tasks.try_join_next().is_some() {}
-        let permit = tokio::select! {
-            permit = connections.clone().acquire_owned() => {
-                permit.expect("the connection semaphore is never closed")
-            }
+        let place = tokio::select! {
+            place = admission.place() => place,
             () = &mut shutdown => break,
         };
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(err) => {
                     // Out of descriptors, or the peer gave up: wait a moment
                     // (as hyper and axum do) instead of spinning.
@@ -408,6 +451,8 @@ pub async fn serve_while_loading(
             },
             () = &mut shutdown => break,
         };
+        // A client over its own limit is closed at once (`stream` dropped).
+        let Some(admitted) = place.admit(peer.ip()) else { continue };
         let _ = stream.set_nodelay(true);
         let io = TokioIo::new(transport.io(stream));
         let ready = phase.borrow().router();
@@ -416,7 +461,7 @@ pub async fn serve_while_loading(
                 graceful.watch(http.serve_connection(io, TowerToHyperService::new(app)));
             tasks.spawn(async move {
                 let _ = connection.await;
-                drop(permit);
+                drop(admitted);
             });
         } else {
             // Opened while the runs load: each request waits for the router.
@@ -427,7 +472,7 @@ pub async fn serve_while_loading(
             let connection = graceful.watch(http.serve_connection(io, held));
             tasks.spawn(async move {
                 let _ = connection.await;
-                drop(permit);
+                drop(admitted);
             });
         }
     }
@@ -476,7 +521,10 @@ fn router(
         handle: service.handle(),
         service,
         subscribers: Arc::new(Semaphore::new(config.max_subscribers)),
-        bodies: Arc::new(Semaphore::new(body_kib(config.max_body_bytes_in_flight) as usize)),
+        bodies: body_budget::BodyBudget::new(
+            config.max_body_bytes_in_flight,
+            config.body_read_timeout,
+        ),
         budget: answer::AnswerBudget::new(config.max_answer_bytes),
         listen,
         metrics: Arc::default(),
@@ -659,17 +707,19 @@ fn host_names_listener(host: &str, listen: Option<std::net::SocketAddr>) -> bool
 }
 
 /// Refuses an announced body over the limit at once (413, before a byte of
-/// it is read), and bounds the bytes of bodies received at once (503
-/// `overloaded` past [`HttpConfig::max_body_bytes_in_flight`]); the bytes
-/// are held until the answer is ready. A body counts its `Content-Length`
-/// (a chunked one, the body limit), in KiB.
+/// it is read), and meters the body as it arrives (see [`body_budget`]): a
+/// body whose next bytes would pass [`HttpConfig::max_body_bytes_in_flight`]
+/// gets 503 `overloaded`, one that sends nothing for
+/// [`HttpConfig::body_read_timeout`] gets 408 `request_timeout`; either
+/// closes the connection (the rest of the body is not read), and nothing
+/// was done for the request.
 async fn bound_bodies(State(app): State<AppState>, request: Request, next: Next) -> Response {
     if matches!(*request.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
         // Reads take no body; whatever is sent is never read.
         return next.run(request).await;
     }
-    let headers = request.headers();
-    let length = headers
+    let length = request
+        .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
@@ -680,29 +730,35 @@ async fn bound_bodies(State(app): State<AppState>, request: Request, next: Next)
         )
         .into_response();
     }
-    let has_body = length.is_some_and(|n| n > 0) || headers.contains_key(header::TRANSFER_ENCODING);
+    let has_body =
+        length.is_some_and(|n| n > 0) || request.headers().contains_key(header::TRANSFER_ENCODING);
     if !has_body {
         return next.run(request).await;
     }
-    let budget = body_kib(app.config.max_body_bytes_in_flight);
-    let cost = body_kib(length.map_or(app.config.max_body_bytes, |n| n as usize)).min(budget);
-    let Ok(_permit) = app.bodies.clone().try_acquire_many_owned(cost) else {
-        return ApiError::new(
+    let (request, charge) = app.bodies.meter(request);
+    let response = next.run(request).await;
+    let refused = match charge.refusal() {
+        None => return response,
+        Some(body_budget::Refusal::Overloaded) => ApiError::new(
             ErrorCode::Overloaded,
             format!(
-                "{} bytes of request bodies are being received; retry",
-                app.config.max_body_bytes_in_flight
+                "{} bytes of request bodies are being received (each body's first {} bytes \
+                 aside); nothing was done; retry",
+                app.config.max_body_bytes_in_flight, BODY_BYTES_OUTSIDE_BUDGET
             ),
-        )
-        .into_response();
+        ),
+        Some(body_budget::Refusal::Idle) => ApiError::new(
+            ErrorCode::RequestTimeout,
+            format!(
+                "the body sent nothing for {:?} (the body-read timeout); nothing was done; \
+                 send the request again",
+                app.config.body_read_timeout
+            ),
+        ),
     };
-    next.run(request).await
-}
-
-/// `bytes` in whole KiB, at least 1: the unit of the body budget (a
-/// semaphore's permits fit in a `u32`).
-fn body_kib(bytes: usize) -> u32 {
-    bytes.div_ceil(1024).clamp(1, u32::MAX as usize >> 4) as u32
+    let mut response = refused.into_response();
+    response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
 }
 
 /// Hands the matched route to [`measure`], which runs before routing.

@@ -385,11 +385,13 @@ pub(crate) async fn healthz(State(app): State<AppState>) -> Result<Json<HealthRe
 }
 
 pub(crate) async fn metrics(State(app): State<AppState>) -> Response {
-    let text = app.metrics.render(
-        &app.service,
-        app.config.max_subscribers - app.subscribers.available_permits(),
-        app.budget.in_use(),
-    );
+    let load = super::metrics::HttpLoad {
+        streams: app.config.max_subscribers - app.subscribers.available_permits(),
+        answer_bytes: app.budget.in_use(),
+        request_bodies: app.bodies.bodies(),
+        budgeted_body_bytes: app.bodies.charged_bytes(),
+    };
+    let text = app.metrics.render(&app.service, &load);
     let mut response = text.into_response();
     response
         .headers_mut()

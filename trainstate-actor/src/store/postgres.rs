@@ -138,8 +138,20 @@ const SWEEP_LOCK: &str =
 
 type PgError = String;
 
-fn pg(err: impl std::fmt::Display) -> PgError {
-    err.to_string()
+/// An error with its causes: tokio-postgres says only "db error" and keeps
+/// PostgreSQL's own message in its source.
+fn pg(err: impl std::error::Error) -> PgError {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+        source = source.and_then(std::error::Error::source);
+    }
+    text
 }
 
 /// A store in a PostgreSQL database that other heads may share.
