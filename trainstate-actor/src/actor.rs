@@ -89,6 +89,7 @@ impl Actor for TrainStateActor {
     ) -> Result<(), ActorProcessingErr> {
         let now = state.config.clock.now_ms();
         state.runs.set_monotonic(state.config.clock.monotonic_ms());
+        state.runs.set_wall(now);
         state.catch_up(now);
         match message {
             StateMessage::Register { run, reply } => {
@@ -394,13 +395,15 @@ impl ActorState {
 
 /// When a write's change happened: the time its writer gave (`at_ms`,
 /// checked like every time a client writes: a time in seconds or
-/// nanoseconds is refused), or now. The state machine takes it as the
+/// nanoseconds, or one more than a day ahead of the head's clock, is
+/// refused), or now. The state machine takes it as the
 /// write's time: what the run's status history records, and the end it
 /// stamps on a run that ends without one.
 fn written_at(at_ms: Option<u64>, now_ms: u64) -> Result<u64, StateError> {
     match at_ms {
         Some(at) => {
             trainstate_schema::validate_time("at_ms", at)?;
+            crate::state::not_ahead_of("at_ms", at, now_ms)?;
             Ok(at)
         }
         None => Ok(now_ms),

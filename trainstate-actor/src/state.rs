@@ -28,6 +28,11 @@ mod remote;
 #[cfg(test)]
 mod tests;
 
+/// How far ahead of the head's clock a time a client writes may be: a
+/// day, for clocks that disagree; more is a clock far off, or a time in
+/// the wrong unit, and would sort and age the run wrongly for years.
+pub(crate) const MAX_AHEAD_OF_CLOCK_MS: u64 = 24 * 60 * 60 * 1000;
+
 pub(crate) use remote::is_foreign;
 
 /// The result of a request: either nothing to write (a repeat), or a change
@@ -71,6 +76,9 @@ pub(crate) struct Runs {
     shared_read_mono_ms: Option<u64>,
     /// The bytes of JSON of every run in `by_id`, for retention by bytes.
     bytes: u64,
+    /// The wall clock's reading of the actor's current turn; `None` until
+    /// set (pure-state tests), when the times given to each call stand in.
+    wall_ms: Option<u64>,
 }
 
 impl Runs {
@@ -105,6 +113,7 @@ impl Runs {
             shared_heard: HashMap::new(),
             shared_read_mono_ms: None,
             bytes: 0,
+            wall_ms: None,
         };
         for record in records {
             runs.put(record, now_ms);
@@ -119,6 +128,25 @@ impl Runs {
     /// and shown.
     pub(crate) fn set_monotonic(&mut self, monotonic_ms: u64) {
         self.monotonic_ms = Some(monotonic_ms);
+    }
+
+    /// Sets the wall clock's reading of this turn: what a time a client
+    /// writes may be at most [`MAX_AHEAD_OF_CLOCK_MS`] ahead of.
+    pub(crate) fn set_wall(&mut self, wall_ms: u64) {
+        self.wall_ms = Some(wall_ms);
+    }
+
+    /// Refuses a time a client writes (`path`, Unix ms) more than
+    /// [`MAX_AHEAD_OF_CLOCK_MS`] ahead of the head's clock (this turn's
+    /// reading, or `now_ms` when none was set).
+    pub(crate) fn not_ahead(
+        &self,
+        path: &str,
+        time_ms: u64,
+        now_ms: u64,
+    ) -> Result<(), StateError> {
+        let now = self.wall_ms.unwrap_or(now_ms);
+        not_ahead_of(path, time_ms, now)
     }
 
     /// Now, on the clock leases are decided on: the monotonic reading of
@@ -146,6 +174,26 @@ impl Runs {
         self.by_id.len()
     }
 
+    /// How many runs are live (not ended).
+    pub(crate) fn live(&self) -> usize {
+        self.by_id.len() - self.ended.len()
+    }
+
+    /// Refuses a new live run past the bound on live runs
+    /// ([`Retention::max_live_runs`]), whatever its source: live runs are
+    /// never evicted, so they are bounded here, at admission. A run already
+    /// known, or one that arrives ended, is not refused.
+    fn refuse_if_live_runs_full(&self, record: &RunRecord) -> Result<(), StateError> {
+        if record.status.is_terminal() || self.by_id.contains_key(&record.id) {
+            return Ok(());
+        }
+        let max = self.retention.max_live_runs;
+        if self.live() >= max {
+            return Err(StateError::TooManyLiveRuns { max: max as u64 });
+        }
+        Ok(())
+    }
+
     fn put(&mut self, record: Arc<RunRecord>, last_heard_ms: u64) {
         if record.status.is_terminal() {
             self.ended.insert((record.start_time_ms, record.id.clone()));
@@ -160,6 +208,11 @@ impl Runs {
             self.by_id.insert(id, Entry { record, last_heard_ms, lease_from_ms })
         {
             self.bytes -= record_bytes(&previous.record);
+            let now_live = !self.by_id[&previous.record.id].record.status.is_terminal();
+            if previous.record.status.is_terminal() && now_live {
+                // Another head's version may be behind ours: keep `ended` exact.
+                self.ended.remove(&(previous.record.start_time_ms, previous.record.id.clone()));
+            }
             remote::note_base(&self.by_id[&previous.record.id].record, &previous.record);
         }
     }
@@ -193,6 +246,7 @@ impl Runs {
         new: NewRun,
         now_ms: u64,
     ) -> Result<Outcome<Registration>, StateError> {
+        self.registered_times_not_ahead(new.run(), now_ms)?;
         let lease_from_ms = self.lease_now(now_ms);
         if let Some(entry) = self.by_id.get_mut(new.run().id()) {
             // Compared with what the record keeps: the stored JSON is not parsed.
@@ -217,6 +271,7 @@ impl Runs {
         }
 
         let record = self.recorded(new.into_run(now_ms), now_ms)?;
+        self.refuse_if_live_runs_full(&record)?;
         self.refuse_if_evicted_at_once(&record)?;
         let id = record.id.clone();
         self.put(record.clone(), now_ms);
@@ -254,6 +309,7 @@ impl Runs {
             validate_client_cause("cause", update.cause, failed, run.workers().len())?;
             if let Some(end) = update.end_time_ms {
                 validate_time("end_time_ms", end)?;
+                self.not_ahead("end_time_ms", end, now_ms)?;
                 let current_start = run.attempts().last().map(|a| a.start_time_ms());
                 if current_start.is_some_and(|start| end < start) {
                     return Err(
@@ -377,6 +433,7 @@ impl Runs {
         now_ms: u64,
     ) -> Result<Outcome<RunDocument>, StateError> {
         validate_time("start_time_ms", attempt.start_time_ms)?;
+        self.not_ahead("start_time_ms", attempt.start_time_ms, now_ms)?;
         let record = self.entry(id)?.record.clone();
         let run = record.run()?;
         if let Some(existing) = run.attempts().iter().find(|a| a.attempt_id() == attempt.attempt_id)
@@ -423,6 +480,52 @@ impl Runs {
         Ok(Outcome::Changed(self.replace(draft, EventKind::AttemptStarted, now_ms)?))
     }
 
+    /// Checks the times of a Ray Train V2 write (Unix ns): plausible once in
+    /// milliseconds, like every time a client writes, and not far ahead of
+    /// the head's clock.
+    fn ray_times(
+        &self,
+        start_time_ns: u64,
+        end_time_ns: Option<u64>,
+        now_ms: u64,
+    ) -> Result<(), StateError> {
+        let start = ray_v2::ns_to_ms(start_time_ns);
+        validate_time("start_time_ns", start)?;
+        self.not_ahead("start_time_ns", start, now_ms)?;
+        if let Some(end) = end_time_ns.map(ray_v2::ns_to_ms) {
+            validate_time("end_time_ns", end)?;
+            self.not_ahead("end_time_ns", end, now_ms)?;
+        }
+        Ok(())
+    }
+
+    /// Refuses a registration any of whose times is far ahead of the
+    /// head's clock (see [`Runs::not_ahead`]).
+    fn registered_times_not_ahead(
+        &self,
+        run: &TrainRunInfo,
+        now_ms: u64,
+    ) -> Result<(), StateError> {
+        self.not_ahead("start_time_ms", run.start_time_ms(), now_ms)?;
+        if let Some(end) = run.end_time_ms() {
+            self.not_ahead("end_time_ms", end, now_ms)?;
+        }
+        for (i, attempt) in run.attempts().iter().enumerate() {
+            self.not_ahead(
+                &format!("attempts[{i}].start_time_ms"),
+                attempt.start_time_ms(),
+                now_ms,
+            )?;
+            if let Some(end) = attempt.end_time_ms() {
+                self.not_ahead(&format!("attempts[{i}].end_time_ms"), end, now_ms)?;
+            }
+        }
+        for (i, change) in run.status_history().iter().enumerate() {
+            self.not_ahead(&format!("status_history[{i}].at_ms"), change.at_ms, now_ms)?;
+        }
+        Ok(())
+    }
+
     /// Creates or updates a run from Ray Train V2's whole run document.
     pub(crate) fn upsert_ray_run(
         &mut self,
@@ -430,12 +533,13 @@ impl Runs {
         now_ms: u64,
     ) -> Result<Outcome<RunDocument>, StateError> {
         let id = RunId::parse(&v2.id)?;
-        ray_times(v2.start_time_ns, v2.end_time_ns)?;
+        self.ray_times(v2.start_time_ns, v2.end_time_ns, now_ms)?;
         let Some(entry) = self.by_id.get(&id) else {
             let mut draft = v2.to_draft();
             draft.cause = ray_cause(v2.status == RunStatus::Errored, &draft.status_detail);
             let record =
                 self.recorded(NewRun::from_ray(draft.validate()?).into_run(now_ms), now_ms)?;
+            self.refuse_if_live_runs_full(&record)?;
             self.refuse_if_evicted_at_once(&record)?;
             self.put(record.clone(), now_ms);
             let mut change = Change {
@@ -511,7 +615,7 @@ impl Runs {
         now_ms: u64,
     ) -> Result<Outcome<RunDocument>, StateError> {
         let id = RunId::parse(&v2.run_id)?;
-        ray_times(v2.start_time_ns, v2.end_time_ns)?;
+        self.ray_times(v2.start_time_ns, v2.end_time_ns, now_ms)?;
         let record = self.entry(&id)?.record.clone();
         let stored = record.run()?;
         let run_status = stored.status();
@@ -536,6 +640,26 @@ impl Runs {
         let kind = match draft.attempts.iter().position(|a| a.attempt_id == v2.attempt_id) {
             Some(i) => {
                 let existing = &mut draft.attempts[i];
+                // An attempt of an ended run is final, like the run: only
+                // the head's own lost-controller abort gives way to the
+                // controller's late report.
+                if let Some(ended) = existing.status.filter(|s| {
+                    s.is_terminal() && run_status.is_terminal() && !record.lost_controller
+                }) {
+                    // (Back to live is an illegal transition, below.)
+                    if ended != v2.status && v2.status.is_terminal() {
+                        return Err(StateError::Conflict {
+                            id: id.clone(),
+                            reason: format!(
+                                "attempt {:?} of this ended run ended {}; an ended run's attempts \
+                                 are final, so its status cannot become {}; nothing was written",
+                                v2.attempt_id,
+                                ended.as_str(),
+                                v2.status.as_str()
+                            ),
+                        });
+                    }
+                }
                 if existing.start_time_ms != start_time_ms {
                     return Err(StateError::Conflict {
                         id: id.clone(),
@@ -797,11 +921,21 @@ fn record_bytes(record: &RunRecord) -> u64 {
 
 /// Stamps the end of a run, and of its current attempt: at `end_time_ms`
 /// if the caller gave one, else now, but never before the run's start.
-/// Checks the times of a Ray Train V2 write (Unix ns): plausible once in
-/// milliseconds, like every time a client writes.
-fn ray_times(start_time_ns: u64, end_time_ns: Option<u64>) -> Result<(), ValidationError> {
-    validate_time("start_time_ns", ray_v2::ns_to_ms(start_time_ns))?;
-    end_time_ns.map_or(Ok(()), |end| validate_time("end_time_ns", ray_v2::ns_to_ms(end)))
+/// Refuses `time_ms` (at `path`) when it is more than
+/// [`MAX_AHEAD_OF_CLOCK_MS`] ahead of `now_ms`, the head's clock.
+pub(crate) fn not_ahead_of(path: &str, time_ms: u64, now_ms: u64) -> Result<(), StateError> {
+    if time_ms.saturating_sub(now_ms) <= MAX_AHEAD_OF_CLOCK_MS {
+        return Ok(());
+    }
+    Err(StateError::invalid(
+        path,
+        format!(
+            "{} is more than a day ahead of the head's clock ({}); a time a client writes may \
+             be at most 1 day ahead (is the writer's clock wrong, or the time in another unit?)",
+            crate::time_text::iso_ms(time_ms),
+            crate::time_text::iso_ms(now_ms)
+        ),
+    ))
 }
 
 /// The cause of a run or attempt Ray Train V2 reports `errored`: a user
