@@ -15,7 +15,7 @@ use trainstate_schema::limits::{MAX_ATTEMPT_HISTORY_BYTES, MAX_STATUS_DETAIL_LEN
 use trainstate_schema::text::{errored_status_detail, last_chars};
 use trainstate_schema::{
     ActorStatus, AttemptStatus, CauseKind, NewRun, Rule, RunAttemptDraft, RunCause, RunId,
-    RunStatus, TrainRunInfo, TrainRunInfoDraft, TrainWorkerInfoDraft, ValidationError, ray_v2,
+    RunStatus, TrainRunInfo, TrainRunInfoDraft, TrainWorkerInfoDraft, ValidationError,
     validate_client_cause, validate_time,
 };
 
@@ -24,6 +24,7 @@ use crate::record::RunRecord;
 use crate::store::StoreOp;
 use crate::writer::PendingEvent;
 
+mod ray;
 mod remote;
 #[cfg(test)]
 mod tests;
@@ -33,6 +34,7 @@ mod tests;
 /// the wrong unit, and would sort and age the run wrongly for years.
 pub(crate) const MAX_AHEAD_OF_CLOCK_MS: u64 = 24 * 60 * 60 * 1000;
 
+pub(crate) use ray::{PreparedRayWrite, RayWrite, prepare as prepare_ray_write};
 pub(crate) use remote::is_foreign;
 
 /// The result of a request: either nothing to write (a repeat), or a change
@@ -40,6 +42,18 @@ pub(crate) use remote::is_foreign;
 pub(crate) enum Outcome<T> {
     Unchanged(T),
     Changed(Change<T>),
+}
+
+impl<T> Outcome<T> {
+    /// The same outcome, with its answer mapped by `f`.
+    pub(crate) fn map<U>(self, f: impl FnOnce(T) -> U) -> Outcome<U> {
+        match self {
+            Self::Unchanged(answer) => Outcome::Unchanged(f(answer)),
+            Self::Changed(Change { ops, events, answer }) => {
+                Outcome::Changed(Change { ops, events, answer: f(answer) })
+            }
+        }
+    }
 }
 
 /// Writes to commit, events to announce after, and the answer.
@@ -480,25 +494,6 @@ impl Runs {
         Ok(Outcome::Changed(self.replace(draft, EventKind::AttemptStarted, now_ms)?))
     }
 
-    /// Checks the times of a Ray Train V2 write (Unix ns): plausible once in
-    /// milliseconds, like every time a client writes, and not far ahead of
-    /// the head's clock.
-    fn ray_times(
-        &self,
-        start_time_ns: u64,
-        end_time_ns: Option<u64>,
-        now_ms: u64,
-    ) -> Result<(), StateError> {
-        let start = ray_v2::ns_to_ms(start_time_ns);
-        validate_time("start_time_ns", start)?;
-        self.not_ahead("start_time_ns", start, now_ms)?;
-        if let Some(end) = end_time_ns.map(ray_v2::ns_to_ms) {
-            validate_time("end_time_ns", end)?;
-            self.not_ahead("end_time_ns", end, now_ms)?;
-        }
-        Ok(())
-    }
-
     /// Refuses a registration any of whose times is far ahead of the
     /// head's clock (see [`Runs::not_ahead`]).
     fn registered_times_not_ahead(
@@ -524,202 +519,6 @@ impl Runs {
             self.not_ahead(&format!("status_history[{i}].at_ms"), change.at_ms, now_ms)?;
         }
         Ok(())
-    }
-
-    /// Creates or updates a run from Ray Train V2's whole run document.
-    pub(crate) fn upsert_ray_run(
-        &mut self,
-        v2: ray_v2::TrainRun,
-        now_ms: u64,
-    ) -> Result<Outcome<RunDocument>, StateError> {
-        let id = RunId::parse(&v2.id)?;
-        self.ray_times(v2.start_time_ns, v2.end_time_ns, now_ms)?;
-        let Some(entry) = self.by_id.get(&id) else {
-            let mut draft = v2.to_draft();
-            draft.cause = ray_cause(v2.status == RunStatus::Errored, &draft.status_detail);
-            let record =
-                self.recorded(NewRun::from_ray(draft.validate()?).into_run(now_ms), now_ms)?;
-            self.refuse_if_live_runs_full(&record)?;
-            self.refuse_if_evicted_at_once(&record)?;
-            self.put(record.clone(), now_ms);
-            let mut change = Change {
-                ops: vec![StoreOp::Put(record.clone())],
-                events: vec![PendingEvent {
-                    kind: EventKind::Registered,
-                    run_id: id,
-                    record: Some(record.clone()),
-                }],
-                answer: self.document(&record),
-            };
-            self.evict_over_capacity(&mut change.ops, &mut change.events);
-            return Ok(Outcome::Changed(change));
-        };
-        let record = entry.record.clone();
-        let stored = record.run()?;
-        let conflict = |field: &str| StateError::Conflict {
-            id: id.clone(),
-            reason: format!(
-                "stored with a different {field}; a run's static metadata never changes"
-            ),
-        };
-        if stored.name() != v2.name {
-            return Err(conflict("name"));
-        }
-        if stored.job_id() != v2.job_id {
-            return Err(conflict("job_id"));
-        }
-        if stored.controller_actor_id() != v2.controller_actor_id {
-            return Err(conflict("controller_actor_id"));
-        }
-        if stored.start_time_ms() != ray_v2::ns_to_ms(v2.start_time_ns) {
-            return Err(conflict("start_time_ns"));
-        }
-        let (from, to) = (stored.status(), v2.status);
-        if from.is_terminal() && !(record.lost_controller && to.is_terminal()) {
-            return if from == to {
-                Ok(Outcome::Unchanged(self.document(&record)))
-            } else {
-                Err(StateError::IllegalTransition {
-                    id: id.clone(),
-                    from,
-                    to,
-                    reason: "a terminal status is final".into(),
-                })
-            };
-        }
-        let mut draft = stored.clone().into_draft();
-        v2.apply_to(&mut draft);
-        draft.cause = ray_cause(to == RunStatus::Errored, &draft.status_detail);
-        if to.is_terminal() {
-            let given = draft.end_time_ms;
-            end_run(&mut draft, given, now_ms);
-        }
-        // Bounded before comparing, so that a repeat changes nothing.
-        bound_attempt_history(&mut draft, MAX_ATTEMPT_HISTORY_BYTES);
-        let changed = draft.validate()?;
-        if changed == stored {
-            return Ok(Outcome::Unchanged(self.document(&record)));
-        }
-        Ok(Outcome::Changed(self.replace(
-            changed.into_draft(),
-            EventKind::StatusChanged,
-            now_ms,
-        )?))
-    }
-
-    /// Creates or updates an attempt of a run from Ray Train V2's whole
-    /// attempt document.
-    pub(crate) fn upsert_ray_attempt(
-        &mut self,
-        v2: ray_v2::TrainRunAttempt,
-        now_ms: u64,
-    ) -> Result<Outcome<RunDocument>, StateError> {
-        let id = RunId::parse(&v2.run_id)?;
-        self.ray_times(v2.start_time_ns, v2.end_time_ns, now_ms)?;
-        let record = self.entry(&id)?.record.clone();
-        let stored = record.run()?;
-        let run_status = stored.status();
-        let illegal = |reason: &str| StateError::IllegalTransition {
-            id: id.clone(),
-            from: run_status,
-            to: run_status,
-            reason: reason.to_owned(),
-        };
-        let start_time_ms = ray_v2::ns_to_ms(v2.start_time_ns);
-        let end_time_ms = v2.end_time_ns.map(ray_v2::ns_to_ms);
-        let detail = v2.status_detail.clone().unwrap_or_default();
-        let cause = ray_cause(v2.status == AttemptStatus::Errored, &detail);
-        let mut workers = v2.worker_drafts();
-        if v2.status.is_terminal() {
-            for worker in &mut workers {
-                worker.status = ActorStatus::Dead;
-            }
-        }
-        let mut draft = stored.clone().into_draft();
-        let last = draft.attempts.len().checked_sub(1);
-        let kind = match draft.attempts.iter().position(|a| a.attempt_id == v2.attempt_id) {
-            Some(i) => {
-                let existing = &mut draft.attempts[i];
-                // An attempt of an ended run is final, like the run: only
-                // the head's own lost-controller abort gives way to the
-                // controller's late report.
-                if let Some(ended) = existing.status.filter(|s| {
-                    s.is_terminal() && run_status.is_terminal() && !record.lost_controller
-                }) {
-                    // (Back to live is an illegal transition, below.)
-                    if ended != v2.status && v2.status.is_terminal() {
-                        return Err(StateError::Conflict {
-                            id: id.clone(),
-                            reason: format!(
-                                "attempt {:?} of this ended run ended {}; an ended run's attempts \
-                                 are final, so its status cannot become {}; nothing was written",
-                                v2.attempt_id,
-                                ended.as_str(),
-                                v2.status.as_str()
-                            ),
-                        });
-                    }
-                }
-                if existing.start_time_ms != start_time_ms {
-                    return Err(StateError::Conflict {
-                        id: id.clone(),
-                        reason: format!(
-                            "attempt {:?} already exists with another start time",
-                            v2.attempt_id
-                        ),
-                    });
-                }
-                let was_terminal = existing.status.is_some_and(|s| s.is_terminal());
-                if was_terminal && !v2.status.is_terminal() {
-                    return Err(illegal("a terminal attempt never moves back to live"));
-                }
-                existing.status = Some(v2.status);
-                existing.status_detail = detail;
-                existing.cause = cause;
-                existing.end_time_ms = end_time_ms;
-                if Some(i) == last {
-                    if !workers.is_empty() || v2.status.is_terminal() {
-                        draft.workers = if workers.is_empty() {
-                            std::mem::take(&mut draft.workers)
-                        } else {
-                            workers
-                        };
-                    }
-                    if v2.status.is_terminal() {
-                        for worker in &mut draft.workers {
-                            worker.status = ActorStatus::Dead;
-                        }
-                    }
-                } else if !workers.is_empty() {
-                    existing.workers = Some(workers);
-                    existing.dropped_workers = None;
-                }
-                EventKind::StatusChanged
-            }
-            None => {
-                // An ended run may still learn of its attempts, once they
-                // have ended too (Ray's documents may arrive run first).
-                if run_status.is_terminal() && !v2.status.is_terminal() {
-                    return Err(illegal("an ended run starts no new live attempts"));
-                }
-                let next = RunAttemptDraft {
-                    end_time_ms,
-                    status: Some(v2.status),
-                    status_detail: detail,
-                    cause,
-                    ..RunAttemptDraft::new(v2.attempt_id.clone(), start_time_ms)
-                };
-                replace_current_attempt(&mut draft, next, workers);
-                EventKind::AttemptStarted
-            }
-        };
-        // Bounded before comparing, so that a repeat changes nothing.
-        bound_attempt_history(&mut draft, MAX_ATTEMPT_HISTORY_BYTES);
-        let changed = draft.validate()?;
-        if changed == stored {
-            return Ok(Outcome::Unchanged(self.document(&record)));
-        }
-        Ok(Outcome::Changed(self.replace(changed.into_draft(), kind, now_ms)?))
     }
 
     /// Validates a changed run, makes it the run's latest version, and
@@ -754,12 +553,8 @@ impl Runs {
     /// change and registration passes here on its way to the store, so
     /// every status change is recorded, whichever transition made it.
     fn recorded(&self, run: TrainRunInfo, at_ms: u64) -> Result<Arc<RunRecord>, StateError> {
-        let before = match self.by_id.get(run.id()) {
-            Some(entry) => Some(entry.record.status),
-            None => run.status_history().last().map(|change| change.status),
-        };
-        let run = if before == Some(run.status()) { run } else { run.with_status_recorded(at_ms) };
-        RunRecord::new(&run)
+        let before = self.by_id.get(run.id()).map(|entry| entry.record.status);
+        recorded_after(before, run, at_ms)
     }
 
     /// Renews a live run's lease.
@@ -914,6 +709,18 @@ impl Runs {
     }
 }
 
+/// The record of a new version of a run whose version before had status
+/// `before` (`None`: a new run), decided at `at_ms`: see [`Runs::recorded`].
+fn recorded_after(
+    before: Option<RunStatus>,
+    run: TrainRunInfo,
+    at_ms: u64,
+) -> Result<Arc<RunRecord>, StateError> {
+    let before = before.or_else(|| run.status_history().last().map(|change| change.status));
+    let run = if before == Some(run.status()) { run } else { run.with_status_recorded(at_ms) };
+    RunRecord::new(&run)
+}
+
 /// The bytes a run counts for retention: its stored JSON.
 fn record_bytes(record: &RunRecord) -> u64 {
     record.json().approximate_len() as u64
@@ -994,7 +801,7 @@ pub(crate) fn bound_attempt_history(draft: &mut TrainRunInfoDraft, max_bytes: us
 }
 
 /// How many bytes `value` takes as JSON, counted without keeping them.
-fn json_len(value: &impl serde::Serialize) -> usize {
+pub(crate) fn json_len(value: &impl serde::Serialize) -> usize {
     struct Count(usize);
     impl std::io::Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {

@@ -185,6 +185,11 @@ pub struct StateService {
     supervisor: ActorRef<SupervisorMessage>,
     shared: Arc<Shared>,
     writer: Arc<Writer>,
+    /// The actor's clock, for work done for it off its turn.
+    clock: Arc<dyn crate::clock::Clock>,
+    /// Test-only fault hooks, for work done off the actor's turn.
+    #[cfg(feature = "fault-injection")]
+    faults: Arc<crate::faults::Faults>,
 }
 
 impl std::fmt::Debug for StateService {
@@ -197,6 +202,18 @@ impl StateService {
     /// A handle to the actor.
     pub fn handle(&self) -> StateHandle {
         self.handle.clone()
+    }
+
+    /// The actor's clock: what work done for it off its turn reads.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) fn clock(&self) -> &Arc<dyn crate::clock::Clock> {
+        &self.clock
+    }
+
+    /// Test-only fault hooks.
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn faults(&self) -> &Arc<crate::faults::Faults> {
+        &self.faults
     }
 
     /// The store writer (forwarding reads through it).
@@ -289,6 +306,9 @@ async fn shutdown(supervisor: &ActorRef<SupervisorMessage>) {
 /// that name already runs.
 pub async fn launch_state_actor(config: StateConfig) -> Result<StateService, LaunchError> {
     let name = config.name.clone();
+    let clock = config.clock.clone();
+    #[cfg(feature = "fault-injection")]
+    let faults = config.faults.clone();
     let (supervisor, _) = Actor::spawn(Some(supervisor_name(&name)), StateSupervisor, config)
         .await
         .map_err(|err| match err {
@@ -299,7 +319,15 @@ pub async fn launch_state_actor(config: StateConfig) -> Result<StateService, Lau
         })?;
     let writer = ready(&supervisor).await?;
     let shared = writer.shared.clone();
-    Ok(StateService { handle: StateHandle::local(name), supervisor, shared, writer })
+    Ok(StateService {
+        handle: StateHandle::local(name),
+        supervisor,
+        shared,
+        writer,
+        clock,
+        #[cfg(feature = "fault-injection")]
+        faults,
+    })
 }
 
 /// The state actor named `config.name` in this process, launched with

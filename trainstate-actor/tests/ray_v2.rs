@@ -643,3 +643,120 @@ async fn regression_a_time_more_than_a_day_ahead_of_the_heads_clock_is_refused_n
     assert_eq!(listed["total"], 2, "only the two runs within the day were stored: {listed}");
     server.stop().await;
 }
+
+/// A V2 attempt document of `n` workers, eight to a node (about 200 bytes
+/// each).
+fn big_attempt(run_id: &str, attempt_id: &str, n: u32) -> Value {
+    let workers: Vec<Value> = (0..n)
+        .map(|rank| {
+            json!({
+                "world_rank": rank, "local_rank": rank % 8, "node_rank": rank / 8,
+                "actor_id": format!("actor{rank:06}"), "node_id": format!("node{:05}", rank / 8),
+                "node_ip": format!("10.{}.{}.{}", rank / 8 / 62500, rank / 8 / 250 % 250, rank / 8 % 250 + 1),
+                "pid": 1000 + rank, "gpu_ids": [rank % 8], "status": "ALIVE",
+                "resources": {"resources": {"CPU": 1.0, "GPU": 1.0}},
+            })
+        })
+        .collect();
+    json!({
+        "run_id": run_id, "attempt_id": attempt_id, "status": "RUNNING",
+        "start_time_ns": T0 * 1_000_000 + 1_000_000, "workers": workers,
+    })
+}
+
+/// Round two, finding 9: V2 bodies were converted and validated inside
+/// the actor, so `/healthz` waited seconds behind four 13 MiB bodies. Each
+/// is now converted and validated off the actor's turn: with four bodies
+/// of about 4 MiB held in their preparation, `/healthz`, a small
+/// registration and a small V2 write to one of their runs are answered
+/// before any of the large writes completes; released, the large writes
+/// are stored whole, the one whose run changed meanwhile prepared again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_large_v2_writes_are_prepared_off_the_actors_turn() {
+    use std::time::Duration;
+    let config = StateConfig::in_memory().with_name(unique_name("v2-off-turn"));
+    let faults = config.faults.clone();
+    let server = Server::start(config, HttpConfig::default()).await;
+    let client = Client::new();
+    let ids: Vec<String> = (0..4).map(|_| RunId::new_v7().to_string()).collect();
+    let run_doc = |id: &str, status: &str| {
+        json!({"id": id, "name": "big", "job_id": "01000000", "controller_actor_id": "c0ffee",
+               "status": status, "start_time_ns": T0 * 1_000_000})
+    };
+    let run_url = |id: &str| format!("{}/api/train/v2/runs/{id}", server.url);
+    for id in &ids {
+        let (status, answer) =
+            send(&client, Method::PUT, &run_url(id), body(&run_doc(id, "SCHEDULING")), None).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+    }
+
+    faults.hold_ray_preparations();
+    let large: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let doc = serde_json::to_vec(&big_attempt(id, "a1", 20_000)).unwrap();
+            assert!(doc.len() > 4 << 20, "several MiB: {}", doc.len());
+            let request = client
+                .put(format!("{}/attempts/a1", run_url(id)))
+                .header("content-type", "application/json")
+                .body(doc);
+            tokio::spawn(async move { request.send().await.unwrap().status() })
+        })
+        .collect();
+    crate::common::wait_until("four preparations held", Duration::from_secs(120), || {
+        faults.ray_preparations_waiting() == 4
+    })
+    .await;
+
+    let (status, answer) =
+        send(&client, Method::GET, &format!("{}/healthz", server.url), None, None).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let small = run_with(&RunId::new_v7(), "small", "job1", T0, 2);
+    let (status, answer) = send(
+        &client,
+        Method::POST,
+        &format!("{}/api/train/runs", server.url),
+        body(&crate::common::json(&small)),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    // A write changes a run whose large write is being prepared: that
+    // preparation is stale, and is made again on the run's new version.
+    let (status, answer) = send(
+        &client,
+        Method::POST,
+        &format!("{}/api/train/runs/{}/status", server.url, ids[0]),
+        body(&json!({"status": "RUNNING"})),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert!(large.iter().all(|write| !write.is_finished()), "no large write completed yet");
+    faults.release_ray_preparations();
+
+    for write in large {
+        assert_eq!(write.await.unwrap(), StatusCode::OK);
+    }
+    for id in &ids {
+        let (_, stored) =
+            send(&client, Method::GET, &format!("{}/api/train/runs/{id}", server.url), None, None)
+                .await;
+        assert_eq!(stored["workers"].as_array().unwrap().len(), 20_000, "stored whole");
+        assert_eq!(stored["attempts"][0]["attempt_id"], "a1");
+    }
+    let (_, changed) = send(
+        &client,
+        Method::GET,
+        &format!("{}/api/train/runs/{}", server.url, ids[0]),
+        None,
+        None,
+    )
+    .await;
+    assert!(
+        changed.get("status").is_none(),
+        "the change made meanwhile is kept: {}",
+        changed["status"]
+    );
+    server.stop().await;
+}
