@@ -34,7 +34,9 @@ mod tests;
 /// the wrong unit, and would sort and age the run wrongly for years.
 pub(crate) const MAX_AHEAD_OF_CLOCK_MS: u64 = 24 * 60 * 60 * 1000;
 
-pub(crate) use ray::{PreparedRayWrite, RayWrite, prepare as prepare_ray_write};
+#[cfg(feature = "server")]
+pub(crate) use ray::prepare as prepare_ray_write;
+pub(crate) use ray::{PreparedRayWrite, RayWrite};
 pub(crate) use remote::is_foreign;
 
 /// The result of a request: either nothing to write (a repeat), or a change
