@@ -192,7 +192,7 @@ impl Runs {
 
     /// How many runs are live (not ended).
     pub(crate) fn live(&self) -> usize {
-        self.by_id.len() - self.ended.len()
+        self.by_id.len().saturating_sub(self.ended.len())
     }
 
     /// Refuses a new live run past the bound on live runs

@@ -212,6 +212,7 @@ impl StateService {
 
     /// Test-only fault hooks.
     #[cfg(feature = "fault-injection")]
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
     pub(crate) fn faults(&self) -> &Arc<crate::faults::Faults> {
         &self.faults
     }
