@@ -11,7 +11,7 @@ use trainstate_schema::RunId;
 
 use crate::config::StateConfig;
 use crate::rendezvous::{Reaction, Rendezvous};
-use crate::state::{Outcome, Runs, is_foreign};
+use crate::state::{Outcome, PreparedRayWrite, RayWrite, Runs, is_foreign};
 use crate::writer::{WriteJob, Writer};
 
 /// The state actor. One per process, registered under the configured name
@@ -89,6 +89,7 @@ impl Actor for TrainStateActor {
     ) -> Result<(), ActorProcessingErr> {
         let now = state.config.clock.now_ms();
         state.runs.set_monotonic(state.config.clock.monotonic_ms());
+        state.runs.set_wall(now);
         state.catch_up(now);
         match message {
             StateMessage::Register { run, reply } => {
@@ -133,7 +134,7 @@ impl Actor for TrainStateActor {
                 let outcome = state
                     .admit()
                     .and_then(|()| written_at(at_ms, now))
-                    .and_then(|at| state.runs.upsert_ray_run(*run, at));
+                    .and_then(|at| state.runs.upsert_ray(&RayWrite::Run(run), at, now));
                 state.write(outcome, reply);
             }
             StateMessage::UpsertRayAttempt { attempt, at_ms, reply } => {
@@ -141,8 +142,26 @@ impl Actor for TrainStateActor {
                 let outcome = state
                     .admit()
                     .and_then(|()| written_at(at_ms, now))
-                    .and_then(|at| state.runs.upsert_ray_attempt(*attempt, at));
+                    .and_then(|at| state.runs.upsert_ray(&RayWrite::Attempt(attempt), at, now));
                 state.write(outcome, reply);
+            }
+            StateMessage::UpsertRayPrepared { prepared, reply, .. } => {
+                state.before_write()?;
+                // Decided off this turn; only whether the run is still the
+                // version it was decided on is checked here.
+                let Some(prepared) = prepared.into_inner::<PreparedRayWrite>() else {
+                    let _ = reply.send(Err(StateError::unavailable("not a prepared V2 write")));
+                    return Ok(());
+                };
+                match state.admit().map(|()| state.runs.apply_prepared(prepared)) {
+                    Err(err) => {
+                        let _ = reply.send(Err(err));
+                    }
+                    Ok(None) => {
+                        let _ = reply.send(Ok(None));
+                    }
+                    Ok(Some(outcome)) => state.write(outcome.map(|o| o.map(Some)), reply),
+                }
             }
             StateMessage::Delete { id, reply } => {
                 state.before_write()?;
@@ -397,13 +416,15 @@ impl ActorState {
 
 /// When a write's change happened: the time its writer gave (`at_ms`,
 /// checked like every time a client writes: a time in seconds or
-/// nanoseconds is refused), or now. The state machine takes it as the
+/// nanoseconds, or one more than a day ahead of the head's clock, is
+/// refused), or now. The state machine takes it as the
 /// write's time: what the run's status history records, and the end it
 /// stamps on a run that ends without one.
-fn written_at(at_ms: Option<u64>, now_ms: u64) -> Result<u64, StateError> {
+pub(crate) fn written_at(at_ms: Option<u64>, now_ms: u64) -> Result<u64, StateError> {
     match at_ms {
         Some(at) => {
             trainstate_schema::validate_time("at_ms", at)?;
+            crate::state::not_ahead_of("at_ms", at, now_ms)?;
             Ok(at)
         }
         None => Ok(now_ms),

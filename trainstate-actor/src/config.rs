@@ -270,7 +270,9 @@ pub enum Synchronous {
 
 /// Which runs are kept: at most a number of runs and of bytes, and
 /// optionally not past an age. Only ended runs are evicted, the oldest
-/// (by start time) first; a live run is never evicted.
+/// (by start time) first; a live run is never evicted, so live runs are
+/// bounded at admission instead: a new live run past `max_live_runs` is
+/// refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Retention {
@@ -281,13 +283,30 @@ pub struct Retention {
     /// The most bytes of JSON the runs kept may take together. When
     /// exceeded, the oldest ended runs are evicted, as for `max_runs`.
     pub max_bytes: u64,
+    /// The most live (not ended) runs, of every source: a registration,
+    /// a run Ray Train V2 creates, a run the rendezvous forms or one
+    /// forwarded to a hub past it is refused (`overloaded`) and nothing is
+    /// stored. Defaults to `max_runs`, so the runs kept never outnumber it.
+    pub max_live_runs: usize,
 }
 
 impl Retention {
-    /// Keeps at most `max_runs` runs, of any age, and at most
-    /// [`DEFAULT_MAX_RETAINED_BYTES`] bytes of them.
+    /// Keeps at most `max_runs` runs, of any age, at most
+    /// [`DEFAULT_MAX_RETAINED_BYTES`] bytes of them, and at most
+    /// `max_runs` live runs.
     pub fn max_runs(max_runs: usize) -> Self {
-        Self { max_runs, max_age: None, max_bytes: DEFAULT_MAX_RETAINED_BYTES }
+        Self {
+            max_runs,
+            max_age: None,
+            max_bytes: DEFAULT_MAX_RETAINED_BYTES,
+            max_live_runs: max_runs,
+        }
+    }
+
+    /// Keeps at most `max_live_runs` live runs (instead of `max_runs`).
+    pub fn with_max_live_runs(mut self, max_live_runs: usize) -> Self {
+        self.max_live_runs = max_live_runs;
+        self
     }
 
     /// Keeps at most `max_bytes` bytes of runs' JSON (live runs are kept

@@ -2,7 +2,7 @@
 //! integration tests and child processes can use them.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
@@ -15,6 +15,9 @@ pub struct Faults {
     writer_held: Mutex<bool>,
     writer_released: Condvar,
     load_released_by: Mutex<Option<PathBuf>>,
+    ray_preparations_held: Mutex<bool>,
+    ray_preparations_released: Condvar,
+    ray_preparations_waiting: AtomicUsize,
 }
 
 impl Faults {
@@ -42,6 +45,33 @@ impl Faults {
     pub fn release_writer(&self) {
         *self.writer_held.lock().unwrap() = false;
         self.writer_released.notify_all();
+    }
+
+    /// Every Ray Train V2 write the HTTP handlers prepare off the actor's
+    /// turn waits, in its preparation, until released.
+    pub fn hold_ray_preparations(&self) {
+        *self.ray_preparations_held.lock().unwrap() = true;
+    }
+
+    /// Lets held V2 preparations go on.
+    pub fn release_ray_preparations(&self) {
+        *self.ray_preparations_held.lock().unwrap() = false;
+        self.ray_preparations_released.notify_all();
+    }
+
+    /// How many V2 preparations wait, held.
+    pub fn ray_preparations_waiting(&self) -> usize {
+        self.ray_preparations_waiting.load(Ordering::SeqCst)
+    }
+
+    /// Waits while V2 preparations are held (a blocking thread's wait).
+    pub(crate) fn wait_while_ray_preparations_held(&self) {
+        let mut held = self.ray_preparations_held.lock().unwrap();
+        self.ray_preparations_waiting.fetch_add(1, Ordering::SeqCst);
+        while *held {
+            held = self.ray_preparations_released.wait(held).unwrap();
+        }
+        self.ray_preparations_waiting.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// The state actor's load of the stored runs waits, before it reads a

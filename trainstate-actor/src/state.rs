@@ -15,7 +15,7 @@ use trainstate_schema::limits::{MAX_ATTEMPT_HISTORY_BYTES, MAX_STATUS_DETAIL_LEN
 use trainstate_schema::text::{errored_status_detail, last_chars};
 use trainstate_schema::{
     ActorStatus, AttemptStatus, CauseKind, NewRun, Rule, RunAttemptDraft, RunCause, RunId,
-    RunStatus, TrainRunInfo, TrainRunInfoDraft, TrainWorkerInfoDraft, ValidationError, ray_v2,
+    RunStatus, TrainRunInfo, TrainRunInfoDraft, TrainWorkerInfoDraft, ValidationError,
     validate_client_cause, validate_time,
 };
 
@@ -24,10 +24,19 @@ use crate::record::RunRecord;
 use crate::store::StoreOp;
 use crate::writer::PendingEvent;
 
+mod ray;
 mod remote;
 #[cfg(test)]
 mod tests;
 
+/// How far ahead of the head's clock a time a client writes may be: a
+/// day, for clocks that disagree; more is a clock far off, or a time in
+/// the wrong unit, and would sort and age the run wrongly for years.
+pub(crate) const MAX_AHEAD_OF_CLOCK_MS: u64 = 24 * 60 * 60 * 1000;
+
+#[cfg(feature = "server")]
+pub(crate) use ray::prepare as prepare_ray_write;
+pub(crate) use ray::{PreparedRayWrite, RayWrite};
 pub(crate) use remote::is_foreign;
 
 /// The result of a request: either nothing to write (a repeat), or a change
@@ -35,6 +44,18 @@ pub(crate) use remote::is_foreign;
 pub(crate) enum Outcome<T> {
     Unchanged(T),
     Changed(Change<T>),
+}
+
+impl<T> Outcome<T> {
+    /// The same outcome, with its answer mapped by `f`.
+    pub(crate) fn map<U>(self, f: impl FnOnce(T) -> U) -> Outcome<U> {
+        match self {
+            Self::Unchanged(answer) => Outcome::Unchanged(f(answer)),
+            Self::Changed(Change { ops, events, answer }) => {
+                Outcome::Changed(Change { ops, events, answer: f(answer) })
+            }
+        }
+    }
 }
 
 /// Writes to commit, events to announce after, and the answer.
@@ -71,6 +92,9 @@ pub(crate) struct Runs {
     shared_read_mono_ms: Option<u64>,
     /// The bytes of JSON of every run in `by_id`, for retention by bytes.
     bytes: u64,
+    /// The wall clock's reading of the actor's current turn; `None` until
+    /// set (pure-state tests), when the times given to each call stand in.
+    wall_ms: Option<u64>,
 }
 
 impl Runs {
@@ -105,6 +129,7 @@ impl Runs {
             shared_heard: HashMap::new(),
             shared_read_mono_ms: None,
             bytes: 0,
+            wall_ms: None,
         };
         for record in records {
             runs.put(record, now_ms);
@@ -124,6 +149,25 @@ impl Runs {
     /// The lease of a live run, in ms.
     pub(crate) fn lease_ms(&self) -> u64 {
         self.lease.as_millis() as u64
+    }
+
+    /// Sets the wall clock's reading of this turn: what a time a client
+    /// writes may be at most [`MAX_AHEAD_OF_CLOCK_MS`] ahead of.
+    pub(crate) fn set_wall(&mut self, wall_ms: u64) {
+        self.wall_ms = Some(wall_ms);
+    }
+
+    /// Refuses a time a client writes (`path`, Unix ms) more than
+    /// [`MAX_AHEAD_OF_CLOCK_MS`] ahead of the head's clock (this turn's
+    /// reading, or `now_ms` when none was set).
+    pub(crate) fn not_ahead(
+        &self,
+        path: &str,
+        time_ms: u64,
+        now_ms: u64,
+    ) -> Result<(), StateError> {
+        let now = self.wall_ms.unwrap_or(now_ms);
+        not_ahead_of(path, time_ms, now)
     }
 
     /// Now, on the clock leases are decided on: the monotonic reading of
@@ -151,6 +195,26 @@ impl Runs {
         self.by_id.len()
     }
 
+    /// How many runs are live (not ended).
+    pub(crate) fn live(&self) -> usize {
+        self.by_id.len().saturating_sub(self.ended.len())
+    }
+
+    /// Refuses a new live run past the bound on live runs
+    /// ([`Retention::max_live_runs`]), whatever its source: live runs are
+    /// never evicted, so they are bounded here, at admission. A run already
+    /// known, or one that arrives ended, is not refused.
+    fn refuse_if_live_runs_full(&self, record: &RunRecord) -> Result<(), StateError> {
+        if record.status.is_terminal() || self.by_id.contains_key(&record.id) {
+            return Ok(());
+        }
+        let max = self.retention.max_live_runs;
+        if self.live() >= max {
+            return Err(StateError::TooManyLiveRuns { max: max as u64 });
+        }
+        Ok(())
+    }
+
     fn put(&mut self, record: Arc<RunRecord>, last_heard_ms: u64) {
         if record.status.is_terminal() {
             self.ended.insert((record.start_time_ms, record.id.clone()));
@@ -165,6 +229,11 @@ impl Runs {
             self.by_id.insert(id, Entry { record, last_heard_ms, lease_from_ms })
         {
             self.bytes -= record_bytes(&previous.record);
+            let now_live = !self.by_id[&previous.record.id].record.status.is_terminal();
+            if previous.record.status.is_terminal() && now_live {
+                // Another head's version may be behind ours: keep `ended` exact.
+                self.ended.remove(&(previous.record.start_time_ms, previous.record.id.clone()));
+            }
             remote::note_base(&self.by_id[&previous.record.id].record, &previous.record);
         }
     }
@@ -198,6 +267,7 @@ impl Runs {
         new: NewRun,
         now_ms: u64,
     ) -> Result<Outcome<Registration>, StateError> {
+        self.registered_times_not_ahead(new.run(), now_ms)?;
         let lease_from_ms = self.lease_now(now_ms);
         if let Some(entry) = self.by_id.get_mut(new.run().id()) {
             // Compared with what the record keeps: the stored JSON is not parsed.
@@ -222,6 +292,7 @@ impl Runs {
         }
 
         let record = self.recorded(new.into_run(now_ms), now_ms)?;
+        self.refuse_if_live_runs_full(&record)?;
         self.refuse_if_evicted_at_once(&record)?;
         let id = record.id.clone();
         self.put(record.clone(), now_ms);
@@ -259,6 +330,7 @@ impl Runs {
             validate_client_cause("cause", update.cause, failed, run.workers().len())?;
             if let Some(end) = update.end_time_ms {
                 validate_time("end_time_ms", end)?;
+                self.not_ahead("end_time_ms", end, now_ms)?;
                 let current_start = run.attempts().last().map(|a| a.start_time_ms());
                 if current_start.is_some_and(|start| end < start) {
                     return Err(
@@ -382,6 +454,7 @@ impl Runs {
         now_ms: u64,
     ) -> Result<Outcome<RunDocument>, StateError> {
         validate_time("start_time_ms", attempt.start_time_ms)?;
+        self.not_ahead("start_time_ms", attempt.start_time_ms, now_ms)?;
         let record = self.entry(id)?.record.clone();
         let run = record.run()?;
         if let Some(existing) = run.attempts().iter().find(|a| a.attempt_id() == attempt.attempt_id)
@@ -428,179 +501,31 @@ impl Runs {
         Ok(Outcome::Changed(self.replace(draft, EventKind::AttemptStarted, now_ms)?))
     }
 
-    /// Creates or updates a run from Ray Train V2's whole run document.
-    pub(crate) fn upsert_ray_run(
-        &mut self,
-        v2: ray_v2::TrainRun,
+    /// Refuses a registration any of whose times is far ahead of the
+    /// head's clock (see [`Runs::not_ahead`]).
+    fn registered_times_not_ahead(
+        &self,
+        run: &TrainRunInfo,
         now_ms: u64,
-    ) -> Result<Outcome<RunDocument>, StateError> {
-        let id = RunId::parse(&v2.id)?;
-        ray_times(v2.start_time_ns, v2.end_time_ns)?;
-        let Some(entry) = self.by_id.get(&id) else {
-            let mut draft = v2.to_draft();
-            draft.cause = ray_cause(v2.status == RunStatus::Errored, &draft.status_detail);
-            let record =
-                self.recorded(NewRun::from_ray(draft.validate()?).into_run(now_ms), now_ms)?;
-            self.refuse_if_evicted_at_once(&record)?;
-            self.put(record.clone(), now_ms);
-            let mut change = Change {
-                ops: vec![StoreOp::Put(record.clone())],
-                events: vec![PendingEvent {
-                    kind: EventKind::Registered,
-                    run_id: id,
-                    record: Some(record.clone()),
-                }],
-                answer: self.document(&record),
-            };
-            self.evict_over_capacity(&mut change.ops, &mut change.events);
-            return Ok(Outcome::Changed(change));
-        };
-        let record = entry.record.clone();
-        let stored = record.run()?;
-        let conflict = |field: &str| StateError::Conflict {
-            id: id.clone(),
-            reason: format!(
-                "stored with a different {field}; a run's static metadata never changes"
-            ),
-        };
-        if stored.name() != v2.name {
-            return Err(conflict("name"));
+    ) -> Result<(), StateError> {
+        self.not_ahead("start_time_ms", run.start_time_ms(), now_ms)?;
+        if let Some(end) = run.end_time_ms() {
+            self.not_ahead("end_time_ms", end, now_ms)?;
         }
-        if stored.job_id() != v2.job_id {
-            return Err(conflict("job_id"));
-        }
-        if stored.controller_actor_id() != v2.controller_actor_id {
-            return Err(conflict("controller_actor_id"));
-        }
-        if stored.start_time_ms() != ray_v2::ns_to_ms(v2.start_time_ns) {
-            return Err(conflict("start_time_ns"));
-        }
-        let (from, to) = (stored.status(), v2.status);
-        if from.is_terminal() && !(record.lost_controller && to.is_terminal()) {
-            return if from == to {
-                Ok(Outcome::Unchanged(self.document(&record)))
-            } else {
-                Err(StateError::IllegalTransition {
-                    id: id.clone(),
-                    from,
-                    to,
-                    reason: "a terminal status is final".into(),
-                })
-            };
-        }
-        let mut draft = stored.clone().into_draft();
-        v2.apply_to(&mut draft);
-        draft.cause = ray_cause(to == RunStatus::Errored, &draft.status_detail);
-        if to.is_terminal() {
-            let given = draft.end_time_ms;
-            end_run(&mut draft, given, now_ms);
-        }
-        // Bounded before comparing, so that a repeat changes nothing.
-        bound_attempt_history(&mut draft, MAX_ATTEMPT_HISTORY_BYTES);
-        let changed = draft.validate()?;
-        if changed == stored {
-            return Ok(Outcome::Unchanged(self.document(&record)));
-        }
-        Ok(Outcome::Changed(self.replace(
-            changed.into_draft(),
-            EventKind::StatusChanged,
-            now_ms,
-        )?))
-    }
-
-    /// Creates or updates an attempt of a run from Ray Train V2's whole
-    /// attempt document.
-    pub(crate) fn upsert_ray_attempt(
-        &mut self,
-        v2: ray_v2::TrainRunAttempt,
-        now_ms: u64,
-    ) -> Result<Outcome<RunDocument>, StateError> {
-        let id = RunId::parse(&v2.run_id)?;
-        ray_times(v2.start_time_ns, v2.end_time_ns)?;
-        let record = self.entry(&id)?.record.clone();
-        let stored = record.run()?;
-        let run_status = stored.status();
-        let illegal = |reason: &str| StateError::IllegalTransition {
-            id: id.clone(),
-            from: run_status,
-            to: run_status,
-            reason: reason.to_owned(),
-        };
-        let start_time_ms = ray_v2::ns_to_ms(v2.start_time_ns);
-        let end_time_ms = v2.end_time_ns.map(ray_v2::ns_to_ms);
-        let detail = v2.status_detail.clone().unwrap_or_default();
-        let cause = ray_cause(v2.status == AttemptStatus::Errored, &detail);
-        let mut workers = v2.worker_drafts();
-        if v2.status.is_terminal() {
-            for worker in &mut workers {
-                worker.status = ActorStatus::Dead;
+        for (i, attempt) in run.attempts().iter().enumerate() {
+            self.not_ahead(
+                &format!("attempts[{i}].start_time_ms"),
+                attempt.start_time_ms(),
+                now_ms,
+            )?;
+            if let Some(end) = attempt.end_time_ms() {
+                self.not_ahead(&format!("attempts[{i}].end_time_ms"), end, now_ms)?;
             }
         }
-        let mut draft = stored.clone().into_draft();
-        let last = draft.attempts.len().checked_sub(1);
-        let kind = match draft.attempts.iter().position(|a| a.attempt_id == v2.attempt_id) {
-            Some(i) => {
-                let existing = &mut draft.attempts[i];
-                if existing.start_time_ms != start_time_ms {
-                    return Err(StateError::Conflict {
-                        id: id.clone(),
-                        reason: format!(
-                            "attempt {:?} already exists with another start time",
-                            v2.attempt_id
-                        ),
-                    });
-                }
-                let was_terminal = existing.status.is_some_and(|s| s.is_terminal());
-                if was_terminal && !v2.status.is_terminal() {
-                    return Err(illegal("a terminal attempt never moves back to live"));
-                }
-                existing.status = Some(v2.status);
-                existing.status_detail = detail;
-                existing.cause = cause;
-                existing.end_time_ms = end_time_ms;
-                if Some(i) == last {
-                    if !workers.is_empty() || v2.status.is_terminal() {
-                        draft.workers = if workers.is_empty() {
-                            std::mem::take(&mut draft.workers)
-                        } else {
-                            workers
-                        };
-                    }
-                    if v2.status.is_terminal() {
-                        for worker in &mut draft.workers {
-                            worker.status = ActorStatus::Dead;
-                        }
-                    }
-                } else if !workers.is_empty() {
-                    existing.workers = Some(workers);
-                    existing.dropped_workers = None;
-                }
-                EventKind::StatusChanged
-            }
-            None => {
-                // An ended run may still learn of its attempts, once they
-                // have ended too (Ray's documents may arrive run first).
-                if run_status.is_terminal() && !v2.status.is_terminal() {
-                    return Err(illegal("an ended run starts no new live attempts"));
-                }
-                let next = RunAttemptDraft {
-                    end_time_ms,
-                    status: Some(v2.status),
-                    status_detail: detail,
-                    cause,
-                    ..RunAttemptDraft::new(v2.attempt_id.clone(), start_time_ms)
-                };
-                replace_current_attempt(&mut draft, next, workers);
-                EventKind::AttemptStarted
-            }
-        };
-        // Bounded before comparing, so that a repeat changes nothing.
-        bound_attempt_history(&mut draft, MAX_ATTEMPT_HISTORY_BYTES);
-        let changed = draft.validate()?;
-        if changed == stored {
-            return Ok(Outcome::Unchanged(self.document(&record)));
+        for (i, change) in run.status_history().iter().enumerate() {
+            self.not_ahead(&format!("status_history[{i}].at_ms"), change.at_ms, now_ms)?;
         }
-        Ok(Outcome::Changed(self.replace(changed.into_draft(), kind, now_ms)?))
+        Ok(())
     }
 
     /// Validates a changed run, makes it the run's latest version, and
@@ -635,12 +560,8 @@ impl Runs {
     /// change and registration passes here on its way to the store, so
     /// every status change is recorded, whichever transition made it.
     fn recorded(&self, run: TrainRunInfo, at_ms: u64) -> Result<Arc<RunRecord>, StateError> {
-        let before = match self.by_id.get(run.id()) {
-            Some(entry) => Some(entry.record.status),
-            None => run.status_history().last().map(|change| change.status),
-        };
-        let run = if before == Some(run.status()) { run } else { run.with_status_recorded(at_ms) };
-        RunRecord::new(&run)
+        let before = self.by_id.get(run.id()).map(|entry| entry.record.status);
+        recorded_after(before, run, at_ms)
     }
 
     /// Renews a live run's lease.
@@ -795,6 +716,18 @@ impl Runs {
     }
 }
 
+/// The record of a new version of a run whose version before had status
+/// `before` (`None`: a new run), decided at `at_ms`: see [`Runs::recorded`].
+fn recorded_after(
+    before: Option<RunStatus>,
+    run: TrainRunInfo,
+    at_ms: u64,
+) -> Result<Arc<RunRecord>, StateError> {
+    let before = before.or_else(|| run.status_history().last().map(|change| change.status));
+    let run = if before == Some(run.status()) { run } else { run.with_status_recorded(at_ms) };
+    RunRecord::new(&run)
+}
+
 /// The bytes a run counts for retention: its stored JSON.
 fn record_bytes(record: &RunRecord) -> u64 {
     record.json().approximate_len() as u64
@@ -802,11 +735,21 @@ fn record_bytes(record: &RunRecord) -> u64 {
 
 /// Stamps the end of a run, and of its current attempt: at `end_time_ms`
 /// if the caller gave one, else now, but never before the run's start.
-/// Checks the times of a Ray Train V2 write (Unix ns): plausible once in
-/// milliseconds, like every time a client writes.
-fn ray_times(start_time_ns: u64, end_time_ns: Option<u64>) -> Result<(), ValidationError> {
-    validate_time("start_time_ns", ray_v2::ns_to_ms(start_time_ns))?;
-    end_time_ns.map_or(Ok(()), |end| validate_time("end_time_ns", ray_v2::ns_to_ms(end)))
+/// Refuses `time_ms` (at `path`) when it is more than
+/// [`MAX_AHEAD_OF_CLOCK_MS`] ahead of `now_ms`, the head's clock.
+pub(crate) fn not_ahead_of(path: &str, time_ms: u64, now_ms: u64) -> Result<(), StateError> {
+    if time_ms.saturating_sub(now_ms) <= MAX_AHEAD_OF_CLOCK_MS {
+        return Ok(());
+    }
+    Err(StateError::invalid(
+        path,
+        format!(
+            "{} is more than a day ahead of the head's clock ({}); a time a client writes may \
+             be at most 1 day ahead (is the writer's clock wrong, or the time in another unit?)",
+            crate::time_text::iso_ms(time_ms),
+            crate::time_text::iso_ms(now_ms)
+        ),
+    ))
 }
 
 /// The cause of a run or attempt Ray Train V2 reports `errored`: a user
@@ -865,7 +808,7 @@ pub(crate) fn bound_attempt_history(draft: &mut TrainRunInfoDraft, max_bytes: us
 }
 
 /// How many bytes `value` takes as JSON, counted without keeping them.
-fn json_len(value: &impl serde::Serialize) -> usize {
+pub(crate) fn json_len(value: &impl serde::Serialize) -> usize {
     struct Count(usize);
     impl std::io::Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {

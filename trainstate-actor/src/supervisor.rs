@@ -187,6 +187,11 @@ pub struct StateService {
     writer: Arc<Writer>,
     /// The shared store, if that is where runs are kept.
     postgres: Option<crate::config::PostgresConfig>,
+    /// The actor's clock, for work done for it off its turn.
+    clock: Arc<dyn crate::clock::Clock>,
+    /// Test-only fault hooks, for work done off the actor's turn.
+    #[cfg(feature = "fault-injection")]
+    faults: Arc<crate::faults::Faults>,
 }
 
 impl std::fmt::Debug for StateService {
@@ -199,6 +204,19 @@ impl StateService {
     /// A handle to the actor.
     pub fn handle(&self) -> StateHandle {
         self.handle.clone()
+    }
+
+    /// The actor's clock: what work done for it off its turn reads.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) fn clock(&self) -> &Arc<dyn crate::clock::Clock> {
+        &self.clock
+    }
+
+    /// Test-only fault hooks.
+    #[cfg(feature = "fault-injection")]
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) fn faults(&self) -> &Arc<crate::faults::Faults> {
+        &self.faults
     }
 
     /// The store writer (forwarding reads through it).
@@ -304,6 +322,9 @@ pub async fn launch_state_actor(config: StateConfig) -> Result<StateService, Lau
         crate::config::StoreConfig::Postgres(pg) => Some(pg.clone()),
         _ => None,
     };
+    let clock = config.clock.clone();
+    #[cfg(feature = "fault-injection")]
+    let faults = config.faults.clone();
     let (supervisor, _) = Actor::spawn(Some(supervisor_name(&name)), StateSupervisor, config)
         .await
         .map_err(|err| match err {
@@ -314,7 +335,16 @@ pub async fn launch_state_actor(config: StateConfig) -> Result<StateService, Lau
         })?;
     let writer = ready(&supervisor).await?;
     let shared = writer.shared.clone();
-    Ok(StateService { handle: StateHandle::local(name), supervisor, shared, writer, postgres })
+    Ok(StateService {
+        handle: StateHandle::local(name),
+        supervisor,
+        shared,
+        writer,
+        postgres,
+        clock,
+        #[cfg(feature = "fault-injection")]
+        faults,
+    })
 }
 
 /// The state actor named `config.name` in this process, launched with

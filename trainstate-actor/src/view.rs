@@ -17,29 +17,46 @@ use crate::store::StoreOp;
 
 mod names;
 
-/// The sequence number a new view starts at: its epoch. An event id from an
-/// earlier process, or an earlier view of this one (an actor restart), is
-/// then below every id this view hands out and is answered with a
-/// snapshot, instead of being taken for one of this view's events when
-/// numbers restarted at 1.
+/// The bits of an event id that count the events of one stream; the bits
+/// above them name the stream.
+const COUNTER_BITS: u32 = 26;
+
+/// The bits of an event id: below 2^53, every id is exact as a JavaScript
+/// number.
+const ID_BITS: u32 = 53;
+
+/// The first id of a new stream: its name in the high bits, the count 0.
 ///
-/// It is the Unix time in microseconds, so a later process starts above
-/// every id an earlier one handed out unless that one published more than
-/// one event per microsecond of its life (ids stay below 2^53, exact in
-/// JavaScript, until 2255); within one process each view starts 2^32 above
-/// the previous one even if the clock stepped back. The wall clock, not
-/// the injected one: only distinctness matters here, never a duration.
-fn epoch() -> u64 {
+/// Every view (a process, an actor restart, a reload of the store) starts
+/// a stream of its own, named at random, so that an event id handed out by
+/// another head, an earlier process or an earlier view of this one names
+/// another stream and is answered with a snapshot, however close together
+/// the heads started; within a stream, ids count up by one. Its
+/// 27 bits make two streams share a name with a chance of one in 134
+/// million; within one process a new stream never takes the previous name.
+/// The randomness is std's per-process hash keys (seeded from the
+/// operating system), mixed with the time and the process id: only
+/// distinctness matters here, never secrecy.
+fn new_stream() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
     static LAST: AtomicU64 = AtomicU64::new(0);
-    let now_us = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
-    let mut last = LAST.load(Ordering::SeqCst);
+    let streams = 1u64 << (ID_BITS - COUNTER_BITS);
     loop {
-        let next = if last == 0 { now_us } else { now_us.max(last + (1 << 32)) };
-        match LAST.compare_exchange(last, next, Ordering::SeqCst, Ordering::SeqCst) {
-            Ok(_) => return next,
-            Err(seen) => last = seen,
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u128(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+        hasher.write_u32(std::process::id());
+        // Never stream 0, never the previous stream of this process.
+        let name = hasher.finish() % (streams - 1) + 1;
+        let first = name << COUNTER_BITS;
+        if LAST.swap(first, Ordering::SeqCst) != first {
+            return first;
         }
     }
+}
+
+/// The stream an event id belongs to.
+fn stream_of(id: u64) -> u64 {
+    id >> COUNTER_BITS
 }
 
 /// The bytes an event is counted for in the backlog: its run's JSON (the
@@ -256,7 +273,7 @@ pub(crate) struct View {
 
 impl View {
     pub(crate) fn new(backlog_cap: usize, backlog_max_bytes: usize) -> Self {
-        let last_seq = epoch();
+        let last_seq = new_stream();
         Self {
             runs: HashMap::new(),
             slots: Vec::new(),
@@ -276,8 +293,8 @@ impl View {
     /// Replaces every run (after loading the store). The runs may have
     /// changed without events (another head's changes after a reload, a
     /// store loaded again after an actor restart), so no event before this
-    /// point can be resumed from: the backlog is forgotten and one sequence
-    /// number is skipped, which sends every follower a fresh snapshot.
+    /// point can be resumed from: the backlog is forgotten and a new stream
+    /// starts, which sends every follower a fresh snapshot.
     pub(crate) fn replace_all(&mut self, records: &[Arc<RunRecord>]) {
         self.runs.clear();
         self.slots.clear();
@@ -287,11 +304,30 @@ impl View {
         for record in records {
             self.put(record.clone());
         }
-        self.backlog.clear();
-        self.backlog_bytes = 0;
-        self.last_seq += 1;
+        self.start_stream();
         self.changed();
         self.notify.send_replace(self.last_seq);
+    }
+
+    /// Starts a new stream of event ids ([`new_stream`]): the events kept
+    /// belong to the old one and are forgotten.
+    fn start_stream(&mut self) {
+        self.backlog.clear();
+        self.backlog_bytes = 0;
+        self.last_seq = new_stream();
+    }
+
+    /// The id of the next event: the next in this stream, or the first of
+    /// a new stream once this one has counted all it can (2^26 events),
+    /// which sends every follower a fresh snapshot.
+    fn next_seq(&mut self) -> u64 {
+        if (self.last_seq + 1) >> COUNTER_BITS == self.last_seq >> COUNTER_BITS {
+            self.last_seq += 1;
+        } else {
+            self.start_stream();
+            self.changed();
+        }
+        self.last_seq
     }
 
     /// Forgets the shared snapshot: the runs changed.
@@ -552,8 +588,8 @@ impl View {
         run_id: RunId,
         record: Option<&Arc<RunRecord>>,
     ) {
-        self.last_seq += 1;
-        let event = StateEvent::new(self.last_seq, kind, run_id, record.map(|r| r.document(None)));
+        let seq = self.next_seq();
+        let event = StateEvent::new(seq, kind, run_id, record.map(|r| r.document(None)));
         self.backlog_bytes += event_bytes(&event);
         self.backlog.push_back(event.clone());
         // The newest event always stays: followers read it from here.
@@ -578,9 +614,9 @@ impl View {
     }
 
     /// True when the events after `after` are all still kept (`after` is
-    /// one of this view's sequence numbers, not in the future).
+    /// an id of this view's stream, not in the future).
     fn resumable(&self, after: u64) -> bool {
-        if after > self.last_seq {
+        if stream_of(after) != stream_of(self.last_seq) || after > self.last_seq {
             return false;
         }
         let oldest_kept = self.backlog.front().map_or(self.last_seq + 1, |e| e.seq);
@@ -619,7 +655,7 @@ impl View {
     /// Up to `max` events after `after`, oldest first (none when nothing
     /// is newer); [`Lagged`] when some of them are no longer kept.
     pub(crate) fn events_after(&self, after: u64, max: usize) -> Result<Vec<StateEvent>, Lagged> {
-        if after >= self.last_seq {
+        if after == self.last_seq {
             return Ok(Vec::new());
         }
         if !self.resumable(after) {

@@ -94,6 +94,9 @@ fn regression_flags_that_lied_or_crashed_are_refused_before_listening() {
         (&["--max-connections-per-client", "0"], "--max-connections-per-client"),
         (&["--body-read-timeout", "0s"], "--body-read-timeout"),
         (&["--body-read-timeout", "9999999h"], "--body-read-timeout"),
+        // Round two: the live bound is at least 1 and at most --max-runs.
+        (&["--max-live-runs", "0"], "--max-live-runs must be at least 1"),
+        (&["--max-runs", "10", "--max-live-runs", "11"], "at most --max-runs (10)"),
     ];
     for (flags, expected) in cases {
         let refused = Head::start(dir.path(), flags)
@@ -146,7 +149,18 @@ fn regression_flags_that_lied_or_crashed_are_refused_before_listening() {
     // The limits themselves are accepted.
     Head::start(
         dir.path(),
-        &["--lease", "1s", "--max-age", "876000h", "--cors-origin", "http://127.0.0.1:3000"],
+        &[
+            "--lease",
+            "1s",
+            "--max-age",
+            "876000h",
+            "--cors-origin",
+            "http://127.0.0.1:3000",
+            "--max-runs",
+            "20",
+            "--max-live-runs",
+            "20",
+        ],
     )
     .expect("flags at their limits start");
 }

@@ -212,7 +212,7 @@ async fn regression_an_event_id_from_an_earlier_head_is_answered_with_a_snapshot
         state.register(run(&format!("b{i}"), T0 + i)).await.unwrap();
     }
     let now = state.subscribe(None).await.unwrap().last_seq;
-    assert!(old_id < now, "ids of a later head are above every id of an earlier one");
+    assert_ne!(old_id >> 26, now >> 26, "a later head names another stream");
     let resumed = state.subscribe(Some(old_id)).await.unwrap();
     assert!(resumed.backlog.is_none(), "an id from another head must be answered with a snapshot");
     // This head's own ids still resume without a gap.

@@ -122,9 +122,12 @@ on_both_stores! {
             .collect();
         assert_eq!(evicted, [runs[1].id().clone(), runs[3].id().clone()]);
 
-        // Only live runs left over the cap: nothing more is evicted.
-        state.register(run("r7", T0 + 7)).await.unwrap();
-        assert_eq!(state.list(RunQuery::all()).await.unwrap().total, 6);
+        // Only live runs left, as many as the cap: a live run is never
+        // evicted, so a sixth is refused (the live bound defaults to the
+        // cap) and nothing is stored.
+        let err = state.register(run("r7", T0 + 7)).await.unwrap_err();
+        assert!(matches!(err, trainstate_client::StateError::TooManyLiveRuns { max: 5 }), "{err}");
+        assert_eq!(state.list(RunQuery::all()).await.unwrap().total, 5);
         service.shutdown().await;
     }
 
@@ -174,4 +177,138 @@ on_both_stores! {
         assert_eq!(stored.end_time_ms(), Some(T0 + 600_000), "the end is never before the start");
         service.shutdown().await;
     }
+}
+
+/// Round two, finding 7: live runs were never evicted nor bounded. With
+/// `--max-live-runs 20` (here `Retention::with_max_live_runs`), the 21st
+/// live run is refused from every source (a registration, a run Ray
+/// Train V2 creates, a run forwarded to a hub) with 503 `overloaded`
+/// naming the bound and the flag, and nothing is stored; an ended run
+/// still registers, and a run that ends frees a place.
+#[tokio::test]
+async fn regression_live_runs_past_the_bound_are_refused_naming_the_flag_until_one_ends() {
+    use reqwest::{Client, Method, StatusCode};
+    use serde_json::json;
+    use trainstate_actor::http::HttpConfig;
+
+    use crate::common::{Server, json, unique_name};
+    use crate::contract::send;
+
+    let clock = Arc::new(ManualClock::new(T0));
+    let config = StateConfig::in_memory()
+        .with_name(unique_name("live-bound"))
+        .with_clock(clock.clone())
+        .with_cluster(Some("hub".to_owned()))
+        .with_retention(Retention::max_runs(100).with_max_live_runs(20));
+    let server = Server::start(config, HttpConfig::default()).await;
+    let client = Client::new();
+    let body =
+        |value: &serde_json::Value| Some(("application/json", serde_json::to_vec(value).unwrap()));
+    let runs_url = format!("{}/api/train/runs", server.url);
+    let state = server.service.handle();
+
+    let live: Vec<_> = (0..19).map(|i| run(&format!("live{i}"), T0 + i)).collect();
+    for r in &live {
+        let (status, answer) = send(&client, Method::POST, &runs_url, body(&json(r)), None).await;
+        assert_eq!(status, StatusCode::CREATED, "{answer}");
+    }
+    let v2 = |id: &str| {
+        json!({"id": id, "name": "v2", "job_id": "01000000", "controller_actor_id": "c0ffee",
+               "status": "RUNNING", "start_time_ns": T0 * 1_000_000})
+    };
+    let v2_url = |id: &str| format!("{}/api/train/v2/runs/{id}", server.url);
+    let first_v2 = trainstate_schema::RunId::new_v7().to_string();
+    let (status, answer) =
+        send(&client, Method::PUT, &v2_url(&first_v2), body(&v2(&first_v2)), None).await;
+    assert_eq!(status, StatusCode::OK, "the 20th live run: {answer}");
+
+    let refused = |status: StatusCode, answer: &serde_json::Value| {
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
+        assert_eq!(answer["error"]["code"], "overloaded", "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("at most 20 live runs") && message.contains("--max-live-runs"),
+            "{message}"
+        );
+    };
+    let extra = run("extra", T0 + 100);
+    let (status, answer) = send(&client, Method::POST, &runs_url, body(&json(&extra)), None).await;
+    refused(status, &answer);
+    let second_v2 = trainstate_schema::RunId::new_v7().to_string();
+    let (status, answer) =
+        send(&client, Method::PUT, &v2_url(&second_v2), body(&v2(&second_v2)), None).await;
+    refused(status, &answer);
+    let mut forwarded = run("forwarded", T0 + 200).into_draft();
+    forwarded.cluster = Some("edge".to_owned());
+    let err = state.forward(forwarded.validate().unwrap()).await.unwrap_err();
+    assert!(matches!(err, trainstate_client::StateError::TooManyLiveRuns { max: 20 }), "{err}");
+    for id in [extra.id().to_string(), second_v2.clone()] {
+        let (status, _) = send(&client, Method::GET, &format!("{runs_url}/{id}"), None, None).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "nothing was stored for {id}");
+    }
+    // A run registered as ended takes no live place.
+    let mut ended = json(&run("ended", T0 + 300));
+    ended["run_status"] = "FINISHED".into();
+    if ended.get("status").is_some() {
+        ended["status"] = "FINISHED".into();
+    }
+    let (status, answer) = send(&client, Method::POST, &runs_url, body(&ended), None).await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+
+    // A run that ends frees a place.
+    let status_url = format!("{runs_url}/{}/status", live[0].id());
+    let (status, answer) =
+        send(&client, Method::POST, &status_url, body(&json!({"status": "FINISHED"})), None).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let (status, answer) = send(&client, Method::POST, &runs_url, body(&json(&extra)), None).await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    let (status, answer) =
+        send(&client, Method::PUT, &v2_url(&second_v2), body(&v2(&second_v2)), None).await;
+    refused(status, &answer);
+    server.stop().await;
+}
+
+/// Round two, finding 7: a run registered with `"heartbeats": false` was
+/// never swept. No client may opt out of its lease: the field is accepted
+/// but ignored, and such a run that never heartbeats is aborted
+/// `LOST_CONTROLLER` once its lease passes.
+#[tokio::test]
+async fn regression_a_registration_saying_heartbeats_false_is_still_aborted_after_its_lease() {
+    use reqwest::{Client, Method, StatusCode};
+
+    use crate::common::{Server, json, unique_name};
+    use crate::contract::send;
+
+    let clock = Arc::new(ManualClock::new(T0));
+    let config = StateConfig::in_memory()
+        .with_name(unique_name("opt-out"))
+        .with_clock(clock.clone())
+        .with_lease(LEASE)
+        .with_sweep_interval(Duration::from_secs(3600));
+    let server = Server::start(config, trainstate_actor::http::HttpConfig::default()).await;
+    let client = Client::new();
+    let silent = run("opted-out", T0);
+    let mut doc = json(&silent);
+    doc["heartbeats"] = false.into();
+    let url = format!("{}/api/train/runs", server.url);
+    let (status, answer) = send(
+        &client,
+        Method::POST,
+        &url,
+        Some(("application/json", serde_json::to_vec(&doc).unwrap())),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    assert!(answer["run"].get("heartbeats").is_none(), "the run is leased: {answer}");
+
+    let state = server.service.handle();
+    clock.advance_ms(LEASE.as_millis() as u64 / 2);
+    assert!(state.sweep_leases().await.unwrap().is_empty(), "its lease has not passed yet");
+    clock.advance_ms(LEASE.as_millis() as u64);
+    assert_eq!(state.sweep_leases().await.unwrap(), [silent.id().clone()]);
+    let stored = state.get_run(silent.id().clone()).await.unwrap();
+    assert_eq!(stored.run_status(), RunStatus::Aborted);
+    assert_eq!(stored.cause().unwrap().kind, CauseKind::LostController);
+    server.stop().await;
 }

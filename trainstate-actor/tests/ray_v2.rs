@@ -531,3 +531,232 @@ async fn the_time_a_writer_gives_is_the_time_the_history_records() {
     assert_eq!(history[1]["detail"], "stopped");
     server.stop().await;
 }
+
+/// Round two, finding 5: a V2 write rewrote an ended run's attempt from
+/// FINISHED to ERRORED, and the run's workers with it. An attempt of an
+/// ended run is final like the run: a change of its status is refused
+/// (409, naming the attempt and the field) and changes nothing, while the
+/// identical document again is a no-op.
+#[tokio::test]
+async fn regression_an_attempt_of_an_ended_run_is_final_and_its_repeat_a_no_op() {
+    let server = server().await;
+    let client = Client::new();
+    let dashboard = fixture("ray-v2/dashboard-v2-runs.json");
+    write_like_ray(&client, &server.url, &dashboard).await;
+    let run = &dashboard["train_runs"][1];
+    let id = run["id"].as_str().unwrap();
+    let run_url = format!("{}/api/train/runs/{id}", server.url);
+    let (_, before) = send(&client, Method::GET, &run_url, None, None).await;
+    assert!(before["end_time_ms"].is_u64(), "the run has ended: {before}");
+    let attempt = run["attempts"].as_array().unwrap().last().unwrap();
+    let attempt_id = attempt["attempt_id"].as_str().unwrap();
+    let url = format!("{}/api/train/v2/runs/{id}/attempts/{attempt_id}", server.url);
+    let ended = attempt["status"].as_str().unwrap();
+    let other = if ended == "ERRORED" { "FINISHED" } else { "ERRORED" };
+
+    let mut rewritten = v2_attempt(attempt, other, true, true);
+    rewritten["status_detail"] = "[Rank 0 Error Snippet]: rewritten".into();
+    let (status, refused) = send(&client, Method::PUT, &url, body(&rewritten), None).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{refused}");
+    assert_eq!(refused["error"]["code"], "conflict");
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(message.contains(&format!("attempt {attempt_id:?}")), "{message}");
+    assert!(message.contains("status") && message.contains(ended), "{message}");
+    let (_, after) = send(&client, Method::GET, &run_url, None, None).await;
+    assert_eq!(after, before, "the refused write changed nothing, workers included");
+
+    let (status, again) =
+        send(&client, Method::PUT, &url, body(&v2_attempt(attempt, ended, true, true)), None).await;
+    assert_eq!((status, &again), (StatusCode::OK, &before), "an identical repeat is a no-op");
+    server.stop().await;
+}
+
+/// Round two, finding 5: a start time in 2199 was accepted. A time more
+/// than a day ahead of the head's clock (here injected) is refused, naming
+/// the field, on V1 and V2 writes alike; a time within the day is kept.
+#[tokio::test]
+async fn regression_a_time_more_than_a_day_ahead_of_the_heads_clock_is_refused_naming_the_field() {
+    use std::sync::Arc;
+    let clock = Arc::new(trainstate_actor::ManualClock::new(T0));
+    let config = StateConfig::in_memory().with_name(unique_name("ahead")).with_clock(clock);
+    let server = Server::start(config, HttpConfig::default()).await;
+    let client = Client::new();
+    const DAY_MS: u64 = 24 * 3600 * 1000;
+    let refused_naming = |status: StatusCode, answer: &Value, field: &str| {
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+        assert_eq!(answer["error"]["field"], field, "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains("ahead of the head's clock"), "{message}");
+    };
+    let runs_url = format!("{}/api/train/runs", server.url);
+
+    // V1: a registration starting in two days, then within the day.
+    let far = run_with(&RunId::new_v7(), "far", "job1", T0 + 2 * DAY_MS, 2);
+    let (status, answer) =
+        send(&client, Method::POST, &runs_url, body(&crate::common::json(&far)), None).await;
+    refused_naming(status, &answer, "start_time_ms");
+    let near = run_with(&RunId::new_v7(), "near", "job1", T0 + DAY_MS - 1, 2);
+    let (status, answer) =
+        send(&client, Method::POST, &runs_url, body(&crate::common::json(&near)), None).await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    // A status change with an end (or a time of change) in 2199.
+    let status_url = format!("{runs_url}/{}/status", near.id());
+    let in_2199 = 7_226_582_400_000_u64;
+    for (doc, field) in [
+        (json!({"status": "FINISHED", "end_time_ms": in_2199}), "end_time_ms"),
+        (json!({"status": "FINISHED", "at_ms": in_2199}), "at_ms"),
+    ] {
+        let (status, answer) = send(&client, Method::POST, &status_url, body(&doc), None).await;
+        refused_naming(status, &answer, field);
+    }
+    let attempt = json!({"attempt_id": "1", "start_time_ms": in_2199, "workers": []});
+    let (status, answer) = send(
+        &client,
+        Method::POST,
+        &format!("{runs_url}/{}/attempts", near.id()),
+        body(&attempt),
+        None,
+    )
+    .await;
+    refused_naming(status, &answer, "start_time_ms");
+
+    // V2: a run starting in 2199, an attempt ending then.
+    let dashboard = fixture("ray-v2/dashboard-v2-runs.json");
+    let mut run = v2_run(&dashboard["train_runs"][0], "RUNNING", false);
+    let id = run["id"].as_str().unwrap().to_owned();
+    run["start_time_ns"] = json!(in_2199 * 1_000_000);
+    let v2_url = format!("{}/api/train/v2/runs/{id}", server.url);
+    let (status, answer) = send(&client, Method::PUT, &v2_url, body(&run), None).await;
+    refused_naming(status, &answer, "start_time_ns");
+    run["start_time_ns"] = json!(T0 * 1_000_000);
+    let (status, answer) = send(&client, Method::PUT, &v2_url, body(&run), None).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let attempt = json!({
+        "run_id": id, "attempt_id": "a1", "status": "FINISHED",
+        "start_time_ns": T0 * 1_000_000, "end_time_ns": in_2199 * 1_000_000,
+    });
+    let (status, answer) =
+        send(&client, Method::PUT, &format!("{v2_url}/attempts/a1"), body(&attempt), None).await;
+    refused_naming(status, &answer, "end_time_ns");
+
+    let (_, listed) = send(&client, Method::GET, &runs_url, None, None).await;
+    assert_eq!(listed["total"], 2, "only the two runs within the day were stored: {listed}");
+    server.stop().await;
+}
+
+/// A V2 attempt document of `n` workers, eight to a node (about 200 bytes
+/// each).
+fn big_attempt(run_id: &str, attempt_id: &str, n: u32) -> Value {
+    let workers: Vec<Value> = (0..n)
+        .map(|rank| {
+            json!({
+                "world_rank": rank, "local_rank": rank % 8, "node_rank": rank / 8,
+                "actor_id": format!("actor{rank:06}"), "node_id": format!("node{:05}", rank / 8),
+                "node_ip": format!("10.{}.{}.{}", rank / 8 / 62500, rank / 8 / 250 % 250, rank / 8 % 250 + 1),
+                "pid": 1000 + rank, "gpu_ids": [rank % 8], "status": "ALIVE",
+                "resources": {"resources": {"CPU": 1.0, "GPU": 1.0}},
+            })
+        })
+        .collect();
+    json!({
+        "run_id": run_id, "attempt_id": attempt_id, "status": "RUNNING",
+        "start_time_ns": T0 * 1_000_000 + 1_000_000, "workers": workers,
+    })
+}
+
+/// Round two, finding 9: V2 bodies were converted and validated inside
+/// the actor, so `/healthz` waited seconds behind four 13 MiB bodies. Each
+/// is now converted and validated off the actor's turn: with four bodies
+/// of about 4 MiB held in their preparation, `/healthz`, a small
+/// registration and a small V2 write to one of their runs are answered
+/// before any of the large writes completes; released, the large writes
+/// are stored whole, the one whose run changed meanwhile prepared again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_large_v2_writes_are_prepared_off_the_actors_turn() {
+    use std::time::Duration;
+    let config = StateConfig::in_memory().with_name(unique_name("v2-off-turn"));
+    let faults = config.faults.clone();
+    let server = Server::start(config, HttpConfig::default()).await;
+    let client = Client::new();
+    let ids: Vec<String> = (0..4).map(|_| RunId::new_v7().to_string()).collect();
+    let run_doc = |id: &str, status: &str| {
+        json!({"id": id, "name": "big", "job_id": "01000000", "controller_actor_id": "c0ffee",
+               "status": status, "start_time_ns": T0 * 1_000_000})
+    };
+    let run_url = |id: &str| format!("{}/api/train/v2/runs/{id}", server.url);
+    for id in &ids {
+        let (status, answer) =
+            send(&client, Method::PUT, &run_url(id), body(&run_doc(id, "SCHEDULING")), None).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+    }
+
+    faults.hold_ray_preparations();
+    let large: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let doc = serde_json::to_vec(&big_attempt(id, "a1", 20_000)).unwrap();
+            assert!(doc.len() > 4 << 20, "several MiB: {}", doc.len());
+            let request = client
+                .put(format!("{}/attempts/a1", run_url(id)))
+                .header("content-type", "application/json")
+                .body(doc);
+            tokio::spawn(async move { request.send().await.unwrap().status() })
+        })
+        .collect();
+    crate::common::wait_until("four preparations held", Duration::from_secs(120), || {
+        faults.ray_preparations_waiting() == 4
+    })
+    .await;
+
+    let (status, answer) =
+        send(&client, Method::GET, &format!("{}/healthz", server.url), None, None).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let small = run_with(&RunId::new_v7(), "small", "job1", T0, 2);
+    let (status, answer) = send(
+        &client,
+        Method::POST,
+        &format!("{}/api/train/runs", server.url),
+        body(&crate::common::json(&small)),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    // A write changes a run whose large write is being prepared: that
+    // preparation is stale, and is made again on the run's new version.
+    let (status, answer) = send(
+        &client,
+        Method::POST,
+        &format!("{}/api/train/runs/{}/status", server.url, ids[0]),
+        body(&json!({"status": "RUNNING"})),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert!(large.iter().all(|write| !write.is_finished()), "no large write completed yet");
+    faults.release_ray_preparations();
+
+    for write in large {
+        assert_eq!(write.await.unwrap(), StatusCode::OK);
+    }
+    for id in &ids {
+        let (_, stored) =
+            send(&client, Method::GET, &format!("{}/api/train/runs/{id}", server.url), None, None)
+                .await;
+        assert_eq!(stored["workers"].as_array().unwrap().len(), 20_000, "stored whole");
+        assert_eq!(stored["attempts"][0]["attempt_id"], "a1");
+    }
+    let (_, changed) = send(
+        &client,
+        Method::GET,
+        &format!("{}/api/train/runs/{}", server.url, ids[0]),
+        None,
+        None,
+    )
+    .await;
+    assert!(
+        changed.get("status").is_none(),
+        "the change made meanwhile is kept: {}",
+        changed["status"]
+    );
+    server.stop().await;
+}

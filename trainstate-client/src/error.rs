@@ -64,6 +64,16 @@ pub enum StateError {
         /// Writes in flight when the request was refused, when known.
         in_flight: Option<u64>,
     },
+    /// A new live run past the head's bound on live runs (`--max-live-runs`):
+    /// nothing was stored. Retryable: a place frees when a live run ends.
+    #[error(
+        "the head keeps at most {max} live runs (--max-live-runs, TRAINSTATE_MAX_LIVE_RUNS) and \
+         has that many; a new live run is refused until one ends, and nothing was stored"
+    )]
+    TooManyLiveRuns {
+        /// The bound.
+        max: u64,
+    },
     /// The head refused the request's credentials (remote handles only).
     #[error("unauthorized: {reason}")]
     Unauthorized {
@@ -145,7 +155,7 @@ impl StateError {
             Self::IllegalTransition { .. } => ErrorCode::IllegalTransition,
             Self::Invalid { .. } => ErrorCode::Invalid,
             Self::Unavailable { .. } => ErrorCode::Unavailable,
-            Self::Overloaded { .. } => ErrorCode::Overloaded,
+            Self::Overloaded { .. } | Self::TooManyLiveRuns { .. } => ErrorCode::Overloaded,
             Self::Unauthorized { .. } => ErrorCode::Unauthorized,
             Self::Forbidden { .. } => ErrorCode::Forbidden,
             Self::Timeout { .. } => ErrorCode::Timeout,

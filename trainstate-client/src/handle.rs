@@ -12,8 +12,8 @@ use trainstate_schema::{NewRun, RunId, TrainRunInfo, ray_v2};
 use crate::error::StateError;
 use crate::events::Subscription;
 use crate::protocol::{
-    DEFAULT_STATE_ACTOR_NAME, NewAttempt, Registration, Reply, RunDocument, StateMessage,
-    StatusUpdate,
+    DEFAULT_STATE_ACTOR_NAME, NewAttempt, PreparedChange, Registration, Reply, RunDocument,
+    StateMessage, StatusUpdate,
 };
 use crate::query::{RunPage, RunQuery};
 
@@ -55,6 +55,10 @@ fn document_bytes(message: &StateMessage) -> u64 {
             serde_json::to_writer(&mut count, attempt)
         }
         StateMessage::Forward { run, .. } => serde_json::to_writer(&mut count, run),
+        StateMessage::UpsertRayPrepared { bytes, .. } => {
+            count.0 = *bytes;
+            Ok(())
+        }
         _ => Ok(()),
     };
     count.0
@@ -254,6 +258,17 @@ impl StateHandle {
     ) -> Result<RunDocument, StateError> {
         let attempt = Box::new(attempt);
         self.call(|reply| StateMessage::UpsertRayAttempt { attempt, at_ms, reply }).await
+    }
+
+    /// Sends a Ray Train V2 write prepared off the actor's turn; see
+    /// [`StateMessage::UpsertRayPrepared`]. `None`: the run changed since
+    /// it was prepared. A local handle's only.
+    pub async fn upsert_ray_prepared(
+        &self,
+        prepared: PreparedChange,
+        bytes: u64,
+    ) -> Result<Option<RunDocument>, StateError> {
+        self.call(|reply| StateMessage::UpsertRayPrepared { prepared, bytes, reply }).await
     }
 
     /// The link templates the head service serves (`GET /api/links`): a

@@ -51,8 +51,8 @@ pub use handle::{
     get_state_actor_named,
 };
 pub use protocol::{
-    DEFAULT_STATE_ACTOR_NAME, NewAttempt, Registration, Reply, RunDocument, RunJson, StateMessage,
-    StatusUpdate,
+    DEFAULT_STATE_ACTOR_NAME, NewAttempt, PreparedChange, Registration, Reply, RunDocument,
+    RunJson, StateMessage, StatusUpdate,
 };
 pub use query::{Cursor, MAX_PAGE_LIMIT, RunPage, RunQuery};
 #[cfg(feature = "rustls")]

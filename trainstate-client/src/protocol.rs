@@ -25,6 +25,29 @@ pub const DEFAULT_STATE_ACTOR_NAME: &str = "trainstate.state_actor";
 /// The reply port of every request: the answer or a typed error.
 pub type Reply<T> = RpcReplyPort<Result<T, StateError>>;
 
+/// A change prepared for the state actor outside its turn, by the process
+/// that runs it: opaque to everyone else (see
+/// [`StateMessage::UpsertRayPrepared`]).
+pub struct PreparedChange(Box<dyn std::any::Any + Send>);
+
+impl PreparedChange {
+    /// Wraps a prepared change.
+    pub fn new<T: std::any::Any + Send>(change: T) -> Self {
+        Self(Box::new(change))
+    }
+
+    /// The prepared change, if it is a `T`.
+    pub fn into_inner<T: std::any::Any>(self) -> Option<T> {
+        self.0.downcast().ok().map(|change| *change)
+    }
+}
+
+impl std::fmt::Debug for PreparedChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PreparedChange")
+    }
+}
+
 /// A request to the state actor. Writes are answered only once committed.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -79,6 +102,21 @@ pub enum StateMessage {
         at_ms: Option<u64>,
         /// The stored run after the change.
         reply: Reply<RunDocument>,
+    },
+    /// A Ray Train V2 write prepared off the actor's turn, by the process
+    /// that runs the actor (its HTTP handlers: the document parsed,
+    /// converted and validated against the committed version of its run).
+    /// The actor takes it only if the run has not changed since; otherwise
+    /// it answers `None`, and the write is prepared again.
+    UpsertRayPrepared {
+        /// The prepared write: opaque outside the actor's crate.
+        prepared: PreparedChange,
+        /// The size of the document it came from, in bytes (its deadline
+        /// grows with it, as for every document).
+        bytes: u64,
+        /// The stored run after the change; `None` when it was prepared on
+        /// a version of the run that is no longer the current one.
+        reply: Reply<Option<RunDocument>>,
     },
     /// Renews a live run's lease.
     Heartbeat {

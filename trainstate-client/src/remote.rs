@@ -159,6 +159,9 @@ impl Remote {
             StateMessage::SweepLeases { reply } => {
                 let _ = reply.send(Err(local_only("lease sweeps")));
             }
+            StateMessage::UpsertRayPrepared { reply, .. } => {
+                let _ = reply.send(Err(local_only("prepared writes")));
+            }
             StateMessage::Rendezvous(message) => self.rendezvous(message, timeout).await,
         }
     }

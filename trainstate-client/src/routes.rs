@@ -389,7 +389,7 @@ pub fn routes() -> Vec<Route> {
                 "registerRun",
                 Post,
                 "/api/train/runs",
-                "Register a run. Repeating it with identical static metadata is a no-op (200); with different metadata, 409. An ended run that retention would evict at once (the most runs are kept, and it started before every ended run kept) is refused with 409 and not stored.",
+                "Register a run. Repeating it with identical static metadata is a no-op (200); with different metadata, 409. An ended run that retention would evict at once (the most runs are kept, and it started before every ended run kept) is refused with 409 and not stored. A new live run past the head's bound on live runs (--max-live-runs) is refused with 503 overloaded and not stored.",
                 Write,
             )
         },
@@ -440,7 +440,7 @@ pub fn routes() -> Vec<Route> {
                 "upsertRayRun",
                 Put,
                 "/api/train/v2/runs/{id}",
-                "Create or update a run from Ray Train V2's whole TrainRun (its id must be the path's). Idempotent; a terminal run never moves back to live; static metadata never changes. A new ended run that retention would evict at once is refused with 409 and not stored.",
+                "Create or update a run from Ray Train V2's whole TrainRun (its id must be the path's). Idempotent; a terminal run never moves back to live; static metadata never changes. A new ended run that retention would evict at once is refused with 409 and not stored. A new live run past the head's bound on live runs (--max-live-runs) is refused with 503 overloaded and not stored.",
                 Write,
             )
         },
@@ -462,7 +462,7 @@ pub fn routes() -> Vec<Route> {
                 "upsertRayAttempt",
                 Put,
                 "/api/train/v2/runs/{id}/attempts/{attempt_id}",
-                "Create or update an attempt from Ray Train V2's whole TrainRunAttempt (run_id and attempt_id must be the path's). Idempotent; a terminal attempt never moves back to live; a new attempt ends the one before it.",
+                "Create or update an attempt from Ray Train V2's whole TrainRunAttempt (run_id and attempt_id must be the path's). Idempotent; a terminal attempt never moves back to live, and an ended run's attempt never changes its status (409); a new attempt ends the one before it.",
                 Write,
             )
         },
@@ -602,7 +602,7 @@ pub fn routes() -> Vec<Route> {
                 "forwardRun",
                 Put,
                 "/api/train/forwarded/{id}",
-                "Store a run forwarded by the head of another cluster (`trainstate serve --forward-to`), as it is: the write of a hub. It must name its cluster. Repeating it is a no-op; a run never goes back to an earlier state, and its static metadata and cluster never change (409).",
+                "Store a run forwarded by the head of another cluster (`trainstate serve --forward-to`), as it is: the write of a hub. It must name its cluster. Repeating it is a no-op; a run never goes back to an earlier state, and its static metadata and cluster never change (409). A new live run past the head's bound on live runs (--max-live-runs) is refused with 503 overloaded and not stored.",
                 Write,
             )
         },
@@ -681,7 +681,7 @@ pub fn routes() -> Vec<Route> {
                 "runEvents",
                 Get,
                 "/api/train/events",
-                "Server-Sent Events: every run, then every committed change. Reconnect with Last-Event-ID (or last_event_id) to resume without gaps; when the head no longer keeps those events (or the id is another process's) it sends a fresh snapshot instead. A subscriber that falls behind gets a fresh snapshot at S, then only events above S: ids always increase.",
+                "Server-Sent Events: every run, then every committed change. Reconnect with Last-Event-ID (or last_event_id) to resume without gaps; when the head no longer keeps those events (or the id is another head's or another process's: each names its own stream, at random, in the id's high bits) it sends a fresh snapshot instead. A subscriber that falls behind gets a fresh snapshot at S, then only events above S: within a stream, ids always increase.",
                 Read,
             )
         },

@@ -109,7 +109,10 @@ async fn heartbeats_bring_back_a_live_run_an_in_memory_head_lost() {
     let config = head_on(&clock, "heartbeat-amnesia", Duration::from_millis(150));
     let memory = || config.clone();
     let service = launch_state_actor(memory()).await.unwrap();
-    let manager = TrainRunStateManager::new(Some(service.handle()), quick());
+    // The manager writes times by the same clock as the head's: the head
+    // refuses a time more than a day ahead of its own.
+    let config = quick().with_clock(clock.for_manager());
+    let manager = TrainRunStateManager::new(Some(service.handle()), config);
     let id = manager
         .register_train_run("quiet", "job", "controller", &FakeGroup::new(2, 2), [], None)
         .await

@@ -342,7 +342,9 @@ impl fmt::Display for EventKind {
 #[cfg_attr(feature = "schemars", schemars(rename = "RunEvent"))]
 #[non_exhaustive]
 pub struct RunEvent<R = TrainRunInfo> {
-    /// Position in the stream; also the SSE event id.
+    /// Position in the stream; also the SSE event id: the stream's name,
+    /// random per head and process, in its high 27 bits, a count in its low 26
+    /// (below 2^53, exact in JavaScript).
     pub seq: u64,
     /// What happened.
     pub kind: EventKind,
@@ -386,7 +388,8 @@ impl<R> SnapshotEvent<R> {
 #[non_exhaustive]
 pub struct EventsQuery {
     /// Resume after this event id (as the `Last-Event-ID` header does, which
-    /// wins when both are given).
+    /// wins when both are given). An id of another stream (another head, an
+    /// earlier process) gets a snapshot.
     #[serde(default)]
     pub last_event_id: Option<u64>,
 }

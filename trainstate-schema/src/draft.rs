@@ -273,8 +273,10 @@ pub struct TrainRunInfoDraft {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_settings: Option<JsonValue>,
     /// Extension: false for a run whose reporter does not heartbeat (Ray Train V2's
-    /// controller, through its writes or its export events). The head does not abort
-    /// such a run for a lost controller; its reporter ends it. Absent: true.
+    /// controller, through its writes or its export events), set by the head. The head
+    /// does not abort such a run for a lost controller; its reporter ends it (Ray's
+    /// death events through the ingester). A registration's value is ignored: no client
+    /// may opt out of its lease. Absent: true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heartbeats: Option<bool>,
     /// Extension: the name of the cluster the run ran on, set by the head it

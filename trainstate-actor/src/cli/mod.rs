@@ -98,6 +98,10 @@ struct ServeArgs {
     /// The most runs kept; the oldest ended runs are evicted first.
     #[arg(long, env = "TRAINSTATE_MAX_RUNS", default_value_t = trainstate_actor::DEFAULT_MAX_RUNS)]
     max_runs: usize,
+    /// The most live (not ended) runs, of every source; a new live run past it is
+    /// refused (503 overloaded) until one ends. Default: --max-runs; at most --max-runs.
+    #[arg(long, env = "TRAINSTATE_MAX_LIVE_RUNS")]
+    max_live_runs: Option<usize>,
     /// The most bytes of JSON of the runs kept (in memory and in the store);
     /// the oldest ended runs are evicted first. Live runs are never evicted.
     #[arg(long, env = "TRAINSTATE_MAX_RETAINED_BYTES", default_value_t = trainstate_actor::DEFAULT_MAX_RETAINED_BYTES)]

@@ -164,7 +164,9 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
         Some(lock)
     };
     config = config.with_cluster(args.cluster.clone());
-    let mut retention = Retention::max_runs(args.max_runs).with_max_bytes(args.max_retained_bytes);
+    let mut retention = Retention::max_runs(args.max_runs)
+        .with_max_bytes(args.max_retained_bytes)
+        .with_max_live_runs(args.max_live_runs.unwrap_or(args.max_runs));
     if let Some(age) = args.max_age {
         retention = retention.with_max_age(age);
     }
@@ -372,6 +374,18 @@ fn check_limits(args: &ServeArgs) -> Result<(), String> {
     ] {
         if value == 0 {
             return Err(format!("{flag} must be at least 1"));
+        }
+    }
+    if let Some(live) = args.max_live_runs {
+        if live == 0 {
+            return Err("--max-live-runs must be at least 1".into());
+        }
+        if live > args.max_runs {
+            return Err(format!(
+                "--max-live-runs {live}: at most --max-runs ({}): live runs are never evicted, \
+                 so more of them than --max-runs would keep more runs than it allows",
+                args.max_runs
+            ));
         }
     }
     if args.max_answer_bytes > u32::MAX as usize {

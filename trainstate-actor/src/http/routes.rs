@@ -7,12 +7,16 @@ use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, StreamExt};
+use std::sync::Arc;
 use trainstate_client::api::{
     AttemptRequest, Cursor, ErrorCode, HealthResponse, HeartbeatResponse, LinksResponse, ListQuery,
     RayWriteQuery, RegisterMinimalResponse, RegisterRequest, RegisterResponse, StatusRequest,
     VersionResponse,
 };
-use trainstate_client::{NewAttempt, RunDocument, RunQuery, StateError, StateHandle};
+
+use trainstate_client::{
+    NewAttempt, PreparedChange, RunDocument, RunQuery, StateError, StateHandle,
+};
 use trainstate_schema::{NewRun, RunId, TrainRunInfo, ray_v2};
 
 use super::AppState;
@@ -20,6 +24,7 @@ use super::answer::CHUNK_BYTES;
 use super::auth::{Grant, check_cluster};
 use super::body::{JsonBody, QueryParams};
 use super::error::ApiError;
+use crate::state::{RayWrite, json_len};
 
 fn run_id(text: &str) -> Result<RunId, ApiError> {
     RunId::parse(text).map_err(|e| ApiError::invalid("id", e.rule().to_string()))
@@ -217,7 +222,7 @@ pub(crate) async fn upsert_ray_run(
     if run.id != id {
         return Err(ApiError::invalid("id", "must be the run id of the path"));
     }
-    Ok(Json(app.handle.upsert_ray_run_at(run, query.at_ms).await?))
+    Ok(Json(ray_write(&app, RayWrite::Run(Box::new(run)), query.at_ms).await?))
 }
 
 pub(crate) async fn upsert_ray_attempt(
@@ -232,7 +237,61 @@ pub(crate) async fn upsert_ray_attempt(
     if attempt.attempt_id != attempt_id {
         return Err(ApiError::invalid("attempt_id", "must be the attempt id of the path"));
     }
-    Ok(Json(app.handle.upsert_ray_attempt_at(attempt, query.at_ms).await?))
+    Ok(Json(ray_write(&app, RayWrite::Attempt(Box::new(attempt)), query.at_ms).await?))
+}
+
+/// How many times a V2 write is prepared before the actor is left to
+/// decide it in its turn: each time, the run changed in between.
+const RAY_PREPARATIONS: usize = 3;
+
+/// A Ray Train V2 write, converted and validated off the actor's turn:
+/// on a blocking thread, against the committed version of its run. The
+/// actor only checks that the run is still that version and applies it;
+/// if the run changed in between, the write is prepared again, and after
+/// [`RAY_PREPARATIONS`] tries the actor decides it itself.
+async fn ray_write(
+    app: &AppState,
+    write: RayWrite,
+    at_ms: Option<u64>,
+) -> Result<RunDocument, StateError> {
+    let id = write.run_id()?;
+    let write = Arc::new(write);
+    for _ in 0..RAY_PREPARATIONS {
+        let base = {
+            let shared = &app.service.writer().shared;
+            let view = shared.view.read().unwrap_or_else(|e| e.into_inner());
+            view.get(&id).cloned()
+        };
+        let now = app.service.clock().now_ms();
+        let at = crate::actor::written_at(at_ms, now)?;
+        #[cfg(feature = "fault-injection")]
+        let faults = app.service.faults().clone();
+        let (prepared, bytes) = tokio::task::spawn_blocking({
+            let write = write.clone();
+            move || {
+                #[cfg(feature = "fault-injection")]
+                faults.wait_while_ray_preparations_held();
+                let bytes = match &*write {
+                    RayWrite::Run(run) => json_len(run),
+                    RayWrite::Attempt(attempt) => json_len(attempt),
+                };
+                crate::state::prepare_ray_write(base, &write, at, now).map(|p| (p, bytes))
+            }
+        })
+        .await
+        .map_err(|e| StateError::unavailable(format!("preparing the write failed: {e}")))??;
+        let prepared = PreparedChange::new(prepared);
+        if let Some(stored) = app.handle.upsert_ray_prepared(prepared, bytes as u64).await? {
+            return Ok(stored);
+        }
+    }
+    // Changed under every preparation: the actor decides it in its turn.
+    // (Every preparation has returned its share of the write.)
+    match Arc::try_unwrap(write) {
+        Ok(RayWrite::Run(run)) => app.handle.upsert_ray_run_at(*run, at_ms).await,
+        Ok(RayWrite::Attempt(attempt)) => app.handle.upsert_ray_attempt_at(*attempt, at_ms).await,
+        Err(_) => Err(StateError::unavailable("the write is still being prepared")),
+    }
 }
 
 pub(crate) async fn get_run(

@@ -256,6 +256,7 @@ impl Runs {
             }
         };
         if kind == EventKind::Registered {
+            self.refuse_if_live_runs_full(&record)?;
             self.refuse_if_evicted_at_once(&record)?;
         }
         self.put(record.clone(), NEVER_SWEPT);

@@ -253,3 +253,29 @@ fn regression_a_rendezvous_key_finds_its_run_by_index_among_the_runs_of_its_job(
     view.apply(&StoreOp::Delete(older.id.clone()));
     assert!(view.newest_of_rendezvous(key).is_none());
 }
+
+/// Round two, finding 4: views started at the same instant (heads started
+/// back to back) name different streams, so an id of one, even at the
+/// same count, is never resumed by another: it gets a snapshot. Within a
+/// stream, ids count up by one and resume exactly.
+#[test]
+fn regression_an_id_of_another_view_is_never_resumed_whatever_the_start_times() {
+    let (events, _) = tokio::sync::broadcast::channel(16);
+    let mut views: Vec<View> = (0..64).map(|_| View::new(16, 1 << 20)).collect();
+    let firsts: std::collections::HashSet<u64> = views.iter().map(|v| v.last_seq).collect();
+    assert_eq!(firsts.len(), views.len(), "every view names its own stream");
+    for view in &mut views {
+        for i in 0..3 {
+            view.publish(&events, EventKind::Deleted, RunId::new_v7(), None);
+            assert_eq!(view.last_seq & ((1 << COUNTER_BITS) - 1), i + 1);
+        }
+        assert!(view.last_seq < 1 << ID_BITS, "ids are exact JavaScript numbers");
+    }
+    let (a, b) = (&views[0], &views[1]);
+    for after in [b.last_seq - 1, b.last_seq, a.last_seq - 1] {
+        let resumed_by_a = matches!(a.follow(Some(after)).0, Start::After(_));
+        assert_eq!(resumed_by_a, after == a.last_seq - 1, "id {after:#x}");
+    }
+    assert!(a.events_after(b.last_seq - 1, 10).is_err(), "another stream's id has lagged");
+    assert_eq!(a.events_after(a.last_seq - 2, 10).unwrap().len(), 2);
+}

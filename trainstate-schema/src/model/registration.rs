@@ -14,6 +14,9 @@ use crate::status::{AttemptStatus, RunStatus};
 ///   [`NewRun::FIRST_ATTEMPT_ID`] and the run's start, unless the run lists
 ///   its attempts;
 /// - the heartbeat time is dropped (the state actor keeps it in memory);
+/// - the run heartbeats: a registration's `"heartbeats": false` is ignored,
+///   since no client may opt out of its lease (only a run Ray Train V2
+///   writes, [`NewRun::from_ray`], is ended by its reporter instead);
 /// - a run registered as ended gets an end time if it has none (the time of
 ///   the registration, never before the run's start), and its current
 ///   attempt ends with it.
@@ -54,6 +57,7 @@ impl NewRun {
     /// if it lists none, and drops its heartbeat time.
     pub fn new(mut run: TrainRunInfo) -> Self {
         run.last_heartbeat_ms = None;
+        run.heartbeats = true;
         if run.attempts.is_empty() {
             // One attempt, a valid id, starting with the run, no workers of
             // its own, not ended: valid for any valid run.
