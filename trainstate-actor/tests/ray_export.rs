@@ -80,6 +80,11 @@ impl Site {
         self.events.join(EVENTS_FILE)
     }
 
+    /// The session directory the ingester is given.
+    fn session(&self) -> &Path {
+        self.events.parent().unwrap().parent().unwrap()
+    }
+
     /// Appends to Ray's file the way Ray's logger does: one write a line.
     fn append(&self, text: &str) {
         let mut file = OpenOptions::new().create(true).append(true).open(self.file()).unwrap();
@@ -122,12 +127,17 @@ impl Site {
 
     /// The same, on `dir`.
     fn ingester_on(&self, dir: &Path, head: &Head, once: bool) -> Ingester {
+        self.ingester_at(dir, &head.url, once)
+    }
+
+    /// The same, given `url` as the head's.
+    fn ingester_at(&self, dir: &Path, url: &str, once: bool) -> Ingester {
         let log = OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
         let mut command = Command::new(env!("CARGO_BIN_EXE_trainstate"));
         command
             .args(["ingest", "ray-export"])
             .arg(dir)
-            .args(["--url", &head.url, "--poll-interval", "10ms", "--position-file"])
+            .args(["--url", url, "--poll-interval", "10ms", "--position-file"])
             .arg(&self.position)
             .env("RUST_LOG", "info")
             .env_remove("TRAINSTATE_TOKEN_FILE")
@@ -779,4 +789,136 @@ async fn a_node_s_death_reaches_the_attempt_and_the_driver_job_s_end_ends_the_ru
     );
     assert!(ingester.terminate().success(), "{}", site.log());
     assert_eq!(site.summary()["ended"], "1");
+}
+
+/// A server in front of the head that passes `GET …/api/version` on (the
+/// head's own answer, fetched once) and answers every other request as a
+/// misconfigured proxy does: 404 with a page of its own. It counts the
+/// writes it refused.
+struct MisroutingProxy {
+    url: String,
+    writes: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl MisroutingProxy {
+    async fn start(head: &Head) -> MisroutingProxy {
+        use std::io::{BufRead, BufReader};
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let version = Client::new()
+            .get(format!("{}/api/version", head.url))
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let writes = std::sync::Arc::new(AtomicU64::new(0));
+        let counted = writes.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut request_line = String::new();
+                if reader.read_line(&mut request_line).is_err() {
+                    continue;
+                }
+                let mut length = 0_usize;
+                loop {
+                    let mut header = String::new();
+                    if reader.read_line(&mut header).unwrap_or(0) == 0 || header == "\r\n" {
+                        break;
+                    }
+                    if let Some((name, value)) = header.split_once(':')
+                        && name.eq_ignore_ascii_case("content-length")
+                    {
+                        length = value.trim().parse().unwrap();
+                    }
+                }
+                // The body is read whole, so that closing is not a reset.
+                let mut body = vec![0_u8; length];
+                let _ = reader.read_exact(&mut body);
+                let (status, content_type, answer): (&str, &str, &[u8]) =
+                    if request_line.starts_with("GET ") && request_line.contains("/api/version ") {
+                        ("200 OK", "application/json", &version)
+                    } else {
+                        if request_line.starts_with("PUT ") {
+                            counted.fetch_add(1, Ordering::SeqCst);
+                        }
+                        ("404 Not Found", "text/html", b"<html><body>404 Not Found</body></html>")
+                    };
+                let head = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    answer.len()
+                );
+                let _ = stream.write_all(head.as_bytes());
+                let _ = stream.write_all(answer);
+            }
+        });
+        MisroutingProxy { url, writes }
+    }
+
+    fn writes(&self) -> u64 {
+        self.writes.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Finding 3 of round two: with a path in `--url` (a proxy's prefix, a
+/// typo) the head answered every write "no such route", read as "run not
+/// found", and the ingester skipped all 8 events and saved its position.
+/// Now the ingester checks the URL first and refuses it naming `--url`,
+/// having read nothing; restarted with the right URL, it applies all 8.
+#[tokio::test]
+async fn regression_an_ingester_given_a_url_with_a_path_applies_nothing_and_then_all_eight() {
+    let site = Site::new();
+    let head = Head::start(&site.data, "127.0.0.1:0");
+    let client = Client::new();
+    site.append_lines(&rays_lines()[..8]);
+
+    let mut wrong = site.ingester_at(site.session(), &format!("{}/prefix", head.url), false);
+    let status = wrong.wait();
+    let log = site.log();
+    assert!(!status.success(), "a URL that is no head's is refused: {log}");
+    assert!(log.contains("--url") && log.contains("no route"), "says why, naming the flag: {log}");
+    assert_eq!(site.position(), None, "nothing read: {log}");
+    assert!(runs_by_name(&client, &head).await.is_empty(), "nothing applied");
+
+    let mut right = site.ingester(&head, true);
+    assert!(right.wait().success(), "{}", site.log());
+    let summary = site.summary();
+    assert_eq!((&*summary["applied"], &*summary["rejected"]), ("8", "0"), "{summary:?}");
+    assert_eq!(site.position().unwrap().1, 8);
+    assert!(!runs_by_name(&client, &head).await.is_empty());
+}
+
+/// Finding 3 of round two, after the start: a URL that answers as a head
+/// at first and then reaches no route for the writes (a proxy in front of
+/// it) never costs an event: each is sent again, the position stays
+/// before it, and an ingester with the head's own URL applies them all.
+#[tokio::test]
+async fn regression_a_write_that_reaches_no_route_is_sent_again_and_never_skipped() {
+    let site = Site::new();
+    let head = Head::start(&site.data, "127.0.0.1:0");
+    let client = Client::new();
+    let proxy = MisroutingProxy::start(&head).await;
+    site.append_lines(&rays_lines()[..8]);
+
+    let mut misrouted = site.ingester_at(site.session(), &format!("{}/prefix", proxy.url), false);
+    eventually("the same event sent three times", || (proxy.writes() >= 3).then_some(())).await;
+    assert!(site.log().contains("the head's URL reaches no route"), "{}", site.log());
+    assert!(misrouted.terminate().success(), "{}", site.log());
+    let summary = site.summary();
+    assert_eq!(
+        (&*summary["applied"], &*summary["rejected"], &*summary["stale"]),
+        ("0", "0", "0"),
+        "{summary:?}"
+    );
+    assert_eq!(site.position(), Some((0, 0)), "the position never passes an event not applied");
+    assert!(runs_by_name(&client, &head).await.is_empty(), "nothing applied");
+
+    let mut right = site.ingester(&head, true);
+    assert!(right.wait().success(), "{}", site.log());
+    assert_eq!(site.summary()["applied"], "8");
+    assert_eq!(site.position().unwrap().1, 8);
 }

@@ -675,8 +675,12 @@ pub enum ErrorCode {
     PayloadTooLarge,
     /// A bearer token is missing or wrong (401).
     Unauthorized,
-    /// No run has this id, or no route has this path (404).
+    /// No run has this id, or no other thing the route names exists
+    /// (404).
     NotFound,
+    /// No route has this path: the URL is wrong (a path before `/api`, a
+    /// typo), not the thing it names missing. Never "run not found" (404).
+    NoSuchRoute,
     /// The route does not take this method (405).
     MethodNotAllowed,
     /// The `Host` header names no address of this head, which serves only
@@ -704,13 +708,14 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 16] = [
+    pub const ALL: [ErrorCode; 17] = [
         ErrorCode::BadRequest,
         ErrorCode::Invalid,
         ErrorCode::UnsupportedMediaType,
         ErrorCode::PayloadTooLarge,
         ErrorCode::Unauthorized,
         ErrorCode::NotFound,
+        ErrorCode::NoSuchRoute,
         ErrorCode::MethodNotAllowed,
         ErrorCode::MisdirectedRequest,
         ErrorCode::Conflict,
@@ -732,6 +737,7 @@ impl ErrorCode {
             ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::NotFound => "not_found",
+            ErrorCode::NoSuchRoute => "no_such_route",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::MisdirectedRequest => "misdirected_request",
             ErrorCode::Conflict => "conflict",
@@ -750,7 +756,7 @@ impl ErrorCode {
         match self {
             ErrorCode::BadRequest => 400,
             ErrorCode::Unauthorized => 401,
-            ErrorCode::NotFound => 404,
+            ErrorCode::NotFound | ErrorCode::NoSuchRoute => 404,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::Conflict | ErrorCode::IllegalTransition => 409,
             ErrorCode::PayloadTooLarge => 413,

@@ -190,6 +190,20 @@ pub enum IngestError {
         #[source]
         source: std::io::Error,
     },
+    /// The URL answers, but not as a trainstate head: `GET /api/version`
+    /// reached no route of one (a path before `/api`, a typo, a proxy that
+    /// does not pass the API on) or answered what a head does not. Nothing
+    /// was read or applied.
+    #[error(
+        "{url} is not the address of a trainstate head: {reason}. Give the head's own address \
+         (e.g. http://HEAD:8266, no path); no event was read"
+    )]
+    NotAHead {
+        /// The URL the ingester was given.
+        url: String,
+        /// What answered, and what it said.
+        reason: String,
+    },
     /// The head refuses the ingester's credentials: no event could be
     /// applied, so none is skipped.
     #[error("the head refuses the ingester's credentials ({reason}); check the token")]
@@ -228,6 +242,15 @@ pub async fn ingest(
     for p in positions.files.values() {
         tracing::info!(file = %p.path.display(), offset = p.offset, line = p.line, "resuming");
     }
+    tokio::pin!(shutdown);
+    let checked = tokio::select! {
+        checked = check_head(handle, config) => checked?,
+        () = &mut shutdown => false,
+    };
+    if !checked {
+        // Told to stop before the head answered: nothing was read.
+        return Ok(IngestReport { positions: file_positions(positions), ..Default::default() });
+    }
     let (stop, stopped) = watch::channel(false);
     let mut ingester = Ingester {
         handle,
@@ -244,7 +267,6 @@ pub async fn ingest(
     let result = {
         let run = ingester.run();
         tokio::pin!(run);
-        tokio::pin!(shutdown);
         tokio::select! {
             result = &mut run => result,
             () = &mut shutdown => {
@@ -254,13 +276,54 @@ pub async fn ingest(
         }
     };
     let mut report = ingester.report;
-    report.positions = ingester
-        .positions
+    report.positions = file_positions(ingester.positions);
+    result.map(|()| report)
+}
+
+fn file_positions(positions: Positions) -> Vec<FilePosition> {
+    positions
         .files
         .into_values()
         .map(|p| FilePosition { file: p.path, offset: p.offset, line: p.line })
-        .collect();
-    result.map(|()| report)
+        .collect()
+}
+
+/// Checks, before any event is read, that the handle's URL is a trainstate
+/// head's: `GET /api/version` answers as one. A head that is down, busy or
+/// still starting is asked again with backoff, as long as it takes (the
+/// ingester waits for its head, as it always has); true once it answers.
+/// A URL that answers, but not as a head (a route miss, a proxy's page,
+/// another server), is refused: no event could ever be applied through it.
+async fn check_head(handle: &StateHandle, config: &IngestConfig) -> Result<bool, IngestError> {
+    let mut backoff = config.first_backoff;
+    let mut failures = 0_u32;
+    loop {
+        match handle.head_version().await {
+            Ok(version) => {
+                tracing::info!(head = handle.name(), version = %version.version, "the head answers");
+                return Ok(true);
+            }
+            // A handle of this process's own actor: nothing to check.
+            Err(StateError::Unsupported { .. }) => return Ok(true),
+            Err(StateError::Unauthorized { reason }) => {
+                return Err(IngestError::Unauthorized { reason });
+            }
+            Err(error @ (StateError::NoSuchRoute { .. } | StateError::Protocol { .. })) => {
+                return Err(IngestError::NotAHead {
+                    url: handle.name().to_owned(),
+                    reason: error.to_string(),
+                });
+            }
+            Err(error) => {
+                if failures.is_power_of_two() || failures == 0 {
+                    tracing::warn!(head = handle.name(), %error, retry_in = ?backoff, "the head does not answer yet: asking again");
+                }
+                failures = failures.saturating_add(1);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(config.max_backoff);
+            }
+        }
+    }
 }
 
 /// Holds `<position file>.lock` (an OS lock, released however the process
@@ -810,7 +873,7 @@ impl Ingester<'_> {
                     Disposition::Fatal => {
                         return Err(IngestError::Unauthorized { reason: error.to_string() });
                     }
-                    Disposition::Retry => {
+                    Disposition::Retry | Disposition::Misdirected => {
                         tracing::warn!(%error, retry_in = ?backoff, "cannot list the head's live runs now");
                         if !self.wait(backoff).await {
                             return Ok(Flow::Stop);
@@ -940,6 +1003,26 @@ impl Ingester<'_> {
                     self.report.rejected += 1;
                     return Ok(Flow::Continue);
                 }
+                Disposition::Misdirected => {
+                    // At the first few, then about once a minute at most.
+                    if failures.is_power_of_two() || failures.is_multiple_of(12) {
+                        tracing::error!(
+                            file = %file.display(),
+                            line = line.number,
+                            offset = line.start,
+                            head = self.handle.name(),
+                            %error,
+                            retry_in = ?backoff,
+                            "the head's URL reaches no route: the event is kept and sent again, \
+                             never skipped; fix the URL (--url) or the proxy and restart"
+                        );
+                    }
+                    failures = failures.saturating_add(1);
+                    if !self.wait(backoff).await {
+                        return Ok(Flow::Stop);
+                    }
+                    backoff = (backoff * 2).min(self.config.max_backoff);
+                }
                 Disposition::Retry => {
                     if failures == 0 || failures.is_power_of_two() {
                         tracing::warn!(
@@ -965,6 +1048,10 @@ impl Ingester<'_> {
 enum Disposition {
     /// Send the event again later.
     Retry,
+    /// The URL reaches no route of a head (a proxy's prefix, a typo, a
+    /// head without the route): nothing is known of the event, so it is
+    /// sent again later, never skipped.
+    Misdirected,
     /// The head refuses the event itself: skip it.
     Skip,
     /// The head has a later state of the run: skip the event.
@@ -975,10 +1062,12 @@ enum Disposition {
 
 /// What to do about an event the head did not take. Only what the event
 /// itself is refused for is skipped; anything the head may take later
-/// (down, busy, slow, failing, not serving the route yet) is retried, so
-/// no event is skipped for the head's sake.
+/// (down, busy, slow, failing, not serving the route yet, a URL that
+/// reaches no route) is retried, so no event is skipped for the head's
+/// sake or the URL's.
 fn disposition(error: &StateError) -> Disposition {
     match error {
+        StateError::NoSuchRoute { .. } => Disposition::Misdirected,
         StateError::IllegalTransition { .. } => Disposition::Stale,
         StateError::NotFound { .. } | StateError::Conflict { .. } | StateError::Invalid { .. } => {
             Disposition::Skip
