@@ -922,3 +922,74 @@ async fn regression_a_write_that_reaches_no_route_is_sent_again_and_never_skippe
     assert_eq!(site.summary()["applied"], "8");
     assert_eq!(site.position().unwrap().1, 8);
 }
+
+/// Finding 11 of round two (the position's temporary file): a symlink
+/// planted at `<position file>.tmp` was followed, and the position written
+/// into its target. Now it is removed and a new file created in its place:
+/// the targets of a planted link, existing or dangling, are untouched.
+#[tokio::test]
+async fn regression_a_planted_position_tmp_symlink_is_replaced_and_never_followed() {
+    let site = Site::new();
+    let head = Head::start(&site.data, "127.0.0.1:0");
+    site.append_lines(&rays_lines()[..4]);
+    let dir = site.position.parent().unwrap();
+    std::fs::create_dir_all(dir).unwrap();
+    let tmp = dir.join("position.json.tmp");
+    let victim = dir.join("victim");
+    std::fs::write(&victim, "precious\n").unwrap();
+    std::os::unix::fs::symlink(&victim, &tmp).unwrap();
+
+    let mut ingester = site.ingester(&head, true);
+    assert!(ingester.wait().success(), "{}", site.log());
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n", "the target untouched");
+    assert_eq!(site.position().unwrap().1, 4, "the position is saved all the same");
+
+    // A dangling link: its target is not created.
+    let absent = dir.join("absent");
+    std::os::unix::fs::symlink(&absent, &tmp).unwrap();
+    site.append_lines(&rays_lines()[4..8]);
+    let mut ingester = site.ingester(&head, true);
+    assert!(ingester.wait().success(), "{}", site.log());
+    assert!(std::fs::symlink_metadata(&absent).is_err(), "the dangling link's target not created");
+    assert_eq!(site.position().unwrap().1, 8);
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+}
+
+/// Finding 11 of round two (the lock file): the ingester opened
+/// `<position file>.lock` through a dangling symlink, creating its target.
+/// Now a symlinked lock file (dangling or not) is refused, naming it, and
+/// nothing is read; its target is neither created nor changed.
+#[tokio::test]
+async fn regression_a_symlinked_lock_file_is_refused_and_its_target_never_created() {
+    let site = Site::new();
+    let head = Head::start(&site.data, "127.0.0.1:0");
+    site.append_lines(&rays_lines()[..4]);
+    let dir = site.position.parent().unwrap();
+    std::fs::create_dir_all(dir).unwrap();
+    let lock = dir.join("position.json.lock");
+    let absent = dir.join("absent");
+    std::os::unix::fs::symlink(&absent, &lock).unwrap();
+
+    let mut ingester = site.ingester(&head, true);
+    assert!(!ingester.wait().success(), "{}", site.log());
+    let log = site.log();
+    assert!(log.contains("position.json.lock is a symlink"), "names the lock file: {log}");
+    assert!(std::fs::symlink_metadata(&absent).is_err(), "the link's target not created");
+    assert_eq!(site.position(), None, "nothing read");
+
+    // A link to an existing file: refused too, the file unchanged.
+    let victim = dir.join("victim");
+    std::fs::write(&victim, "precious\n").unwrap();
+    std::fs::remove_file(&lock).unwrap();
+    std::os::unix::fs::symlink(&victim, &lock).unwrap();
+    let mut ingester = site.ingester(&head, true);
+    assert!(!ingester.wait().success(), "{}", site.log());
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+
+    // Once the link is gone, the ingester makes its own lock file.
+    std::fs::remove_file(&lock).unwrap();
+    let mut ingester = site.ingester(&head, true);
+    assert!(ingester.wait().success(), "{}", site.log());
+    assert!(std::fs::symlink_metadata(&lock).unwrap().is_file());
+    assert_eq!(site.position().unwrap().1, 4);
+}

@@ -2,7 +2,7 @@
 //! head, in order, from a durable position.
 
 use std::collections::{HashMap, VecDeque};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -13,7 +13,7 @@ use trainstate_schema::text::first_chars;
 use trainstate_schema::{AttemptStatus, CauseKind, RunId, RunStatus, ray_v2};
 
 use super::decode::{Death, Decoded, ExportEvent, NodeDeath, decode_line};
-use super::position::{Check, FileId, Line, Position, Positions, read_lines};
+use super::position::{Check, FileId, Line, Position, Positions, open_lock_file, read_lines};
 
 /// The file Ray appends its Train run and attempt events to, in
 /// `<session>/logs/export_events/`. Ray's `RotatingFileHandler` renames it
@@ -331,13 +331,10 @@ async fn check_head(handle: &StateHandle, config: &IngestConfig) -> Result<bool,
 fn lock(position_file: &Path) -> Result<File, IngestError> {
     let mut path = position_file.as_os_str().to_owned();
     path.push(".lock");
-    let file =
-        OpenOptions::new().write(true).create(true).truncate(false).open(&path).map_err(|e| {
-            IngestError::Position {
-                path: position_file.to_owned(),
-                reason: format!("cannot open its lock file: {e}"),
-            }
-        })?;
+    let file = open_lock_file(Path::new(&path)).map_err(|reason| IngestError::Position {
+        path: position_file.to_owned(),
+        reason: format!("its lock file: {reason}"),
+    })?;
     file.try_lock().map_err(|_| IngestError::Locked { path: position_file.to_owned() })?;
     Ok(file)
 }

@@ -72,12 +72,21 @@ impl Positions {
 
     /// Writes the positions to `path` atomically and durably: a temporary
     /// file, fsync, rename over the old one, fsync of the directory.
+    ///
+    /// The temporary file (`<path>.tmp`) is always a new file: whatever is
+    /// under its name (a stale one, or a symlink someone planted) is
+    /// removed first, never followed, and it is created exclusively, so a
+    /// symlink planted in between fails the write instead of redirecting it.
     pub(crate) fn save(&self, path: &Path) -> std::io::Result<()> {
         let mut tmp = path.as_os_str().to_owned();
         tmp.push(".tmp");
         let tmp = PathBuf::from(tmp);
         {
-            let mut file = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+            match std::fs::remove_file(&tmp) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+            let mut file = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
             let mut json = serde_json::to_vec_pretty(self).expect("positions serialize");
             json.push(b'\n');
             file.write_all(&json)?;
@@ -90,6 +99,45 @@ impl Positions {
         };
         File::open(dir)?.sync_all()
     }
+}
+
+/// Opens `path` for an OS lock: an existing regular file, or a new one.
+/// A symlink (dangling or not) or anything but a regular file is refused
+/// and never followed: a new file is created exclusively (which fails on
+/// a symlink instead of creating its target), and an existing one, once
+/// opened, must be the file the path names (device and inode) before it is
+/// used. The error says what is wrong with the path.
+pub(crate) fn open_lock_file(path: &Path) -> Result<File, String> {
+    let refuse = |what: &str| {
+        format!(
+            "{} {what}; refusing it (remove it: the ingester creates its own lock file)",
+            path.display()
+        )
+    };
+    let named = match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_symlink() => return Err(refuse("is a symlink")),
+        Ok(meta) if !meta.is_file() => return Err(refuse("is not a regular file")),
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return OpenOptions::new().write(true).create_new(true).open(path).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::AlreadyExists {
+                    refuse("appeared while it was being created")
+                } else {
+                    format!("cannot create {}: {e}", path.display())
+                }
+            });
+        }
+        Err(e) => return Err(format!("cannot inspect {}: {e}", path.display())),
+    };
+    let file = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let opened = file.metadata().map_err(|e| format!("cannot inspect {}: {e}", path.display()))?;
+    if (opened.dev(), opened.ino()) != (named.dev(), named.ino()) {
+        return Err(refuse("changed while it was being opened"));
+    }
+    Ok(file)
 }
 
 /// Where an ingester is in one export event file.
