@@ -993,3 +993,57 @@ async fn regression_a_symlinked_lock_file_is_refused_and_its_target_never_create
     assert!(std::fs::symlink_metadata(&lock).unwrap().is_file());
     assert_eq!(site.position().unwrap().1, 4);
 }
+
+/// Finding 11 of round two (the unended line): a last line without its
+/// line break was read again from its start on every poll; one of 17 MiB
+/// (over the 16 MiB limit) cost 17 MiB of reading every 10 ms. Now it is
+/// read on as it grows, each byte once (the ingester's count of bytes read
+/// equals the files' sizes after many polls), said once to be over the
+/// limit, and skipped when it ends, naming its line and offset.
+#[tokio::test]
+async fn regression_an_unended_line_over_the_limit_is_read_once_and_skipped_when_it_ends() {
+    const LIMIT: usize = 16 << 20;
+    let site = Site::new();
+    let head = Head::start(&site.data, "127.0.0.1:0");
+    let lines = rays_lines();
+    site.append_lines(&lines[..4]);
+    let mut ingester = site.ingester(&head, false);
+    site.wait_for_line(4).await;
+    let long_at = site.file_len();
+    site.append(&"x".repeat(LIMIT + (1 << 20)));
+    eventually("the long line said to be over the limit", || {
+        site.log().contains("not ended yet").then_some(())
+    })
+    .await;
+    // Each blank line appended to the node events file is read in a round
+    // of its own, and every round polls Ray's Train file first.
+    let node_file = site.events.join("event_EXPORT_NODE.log");
+    for k in 1..=5 {
+        OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&node_file)
+            .unwrap()
+            .write_all(b"\n")
+            .unwrap();
+        eventually("a round of polls", || {
+            (site.position_in("event_EXPORT_NODE.log") == Some((k, k))).then_some(())
+        })
+        .await;
+    }
+    site.append("\n");
+    site.append_lines(&lines[4..8]);
+    site.wait_for_line(9).await;
+    assert!(ingester.terminate().success(), "{}", site.log());
+
+    let log = site.log();
+    let said: Vec<_> = log.lines().filter(|l| l.contains("not ended yet")).collect();
+    assert_eq!(said.len(), 1, "said once: {log}");
+    let skipped = log.lines().find(|l| l.contains("skipping a line longer than")).expect("skipped");
+    let skipped = fields(skipped);
+    assert_eq!((&*skipped["line"], skipped["offset"].clone()), ("5", long_at.to_string()));
+    let summary = site.summary();
+    assert_eq!((&*summary["applied"], &*summary["malformed"]), ("8", "1"), "{summary:?}");
+    let files = site.file_len() + std::fs::metadata(&node_file).unwrap().len();
+    assert_eq!(summary["line_bytes_read"], files.to_string(), "each byte read once");
+}

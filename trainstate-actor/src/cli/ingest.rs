@@ -102,6 +102,7 @@ async fn ray_export(args: RayExportArgs) -> Result<(), String> {
         other = report.other,
         deaths = report.deaths,
         ended = report.ended,
+        line_bytes_read = report.line_bytes_read,
         "stopped"
     );
     Ok(())

@@ -13,7 +13,9 @@ use trainstate_schema::text::first_chars;
 use trainstate_schema::{AttemptStatus, CauseKind, RunId, RunStatus, ray_v2};
 
 use super::decode::{Death, Decoded, ExportEvent, NodeDeath, decode_line};
-use super::position::{Check, FileId, Line, Position, Positions, open_lock_file, read_lines};
+use super::position::{
+    Check, FileId, Line, LinesRead, PartialLine, Position, Positions, open_lock_file, read_lines,
+};
 
 /// The file Ray appends its Train run and attempt events to, in
 /// `<session>/logs/export_events/`. Ray's `RotatingFileHandler` renames it
@@ -144,6 +146,10 @@ pub struct IngestReport {
     /// Live runs the ingester ended (`ABORTED`) because Ray reports their
     /// controller or their driver job dead.
     pub ended: u64,
+    /// Bytes of lines read from the export files. Each byte is read once
+    /// however often a file is polled: a last line without its line break
+    /// yet is read on as it grows, never again from its start.
+    pub line_bytes_read: u64,
     /// Where the ingester is in each file it has read.
     pub positions: Vec<FilePosition>,
 }
@@ -263,6 +269,7 @@ pub async fn ingest(
         attempts: VecDeque::new(),
         dead_nodes: HashMap::new(),
         dead_order: VecDeque::new(),
+        partials: HashMap::new(),
     };
     let result = {
         let run = ingester.run();
@@ -361,8 +368,9 @@ enum Polled {
 enum Step {
     /// No file yet.
     Missing,
-    /// The file the position is in; its lines from there (maybe none).
-    Lines { lines: Vec<Line>, position: Position },
+    /// The file the position is in; its lines from there (maybe none),
+    /// and its last line if it has no line break yet.
+    Lines { lines: Vec<Line>, position: Position, partial: Option<PartialLine>, bytes_read: u64 },
     /// Another file than the position's (or no position yet): `new` is its
     /// start, `old` where the position's file is now, if it still exists.
     Replaced { new: Position, old: Option<PathBuf> },
@@ -388,6 +396,9 @@ struct Ingester<'a> {
     dead_nodes: HashMap<String, (String, NodeDeath)>,
     /// `dead_nodes`' ids, oldest first, to bound it.
     dead_order: VecDeque<String>,
+    /// The last line of each followed name without its line break yet, as
+    /// far as it has been read.
+    partials: HashMap<&'static str, PartialLine>,
 }
 
 /// A live run, as far as deaths are concerned.
@@ -484,10 +495,13 @@ impl Ingester<'_> {
     async fn poll(&mut self, name: &'static str) -> Result<Polled, IngestError> {
         let path = self.config.events_dir().join(name);
         let position = self.positions.files.get(name).cloned();
+        let announced;
         let step = {
+            let partial = self.partials.remove(name);
+            announced = partial.as_ref().filter(|p| p.is_oversized()).map(PartialLine::start);
             let (at, from) = (path.clone(), position.clone());
             let (max_lines, max_bytes) = (self.config.max_batch_lines, self.config.max_line_bytes);
-            blocking(move || step(&at, from.as_ref(), max_lines, max_bytes))
+            blocking(move || step(&at, from.as_ref(), partial, max_lines, max_bytes))
                 .await
                 .map_err(|source| IngestError::Read { path: path.clone(), source })?
         };
@@ -542,14 +556,43 @@ impl Ingester<'_> {
                 self.save(name, new).await?;
                 Ok(Polled::Busy)
             }
-            Step::Lines { lines, .. } if lines.is_empty() => Ok(Polled::Idle),
-            Step::Lines { lines, position } => {
+            Step::Lines { lines, position, partial, bytes_read } => {
+                self.report.line_bytes_read += bytes_read;
+                if let Some(partial) = partial {
+                    self.keep_partial(name, &path, partial, announced);
+                }
+                if lines.is_empty() {
+                    return Ok(Polled::Idle);
+                }
                 match self.apply_lines(name, &path, position, lines).await? {
                     Flow::Continue => Ok(Polled::Busy),
                     Flow::Stop => Ok(Polled::Stop),
                 }
             }
         }
+    }
+
+    /// Keeps the last line of `name`'s file, which has no line break yet,
+    /// for the next poll; says once when it has grown past the limit
+    /// (`announced`: the start of the line already said to be).
+    fn keep_partial(
+        &mut self,
+        name: &'static str,
+        path: &Path,
+        partial: PartialLine,
+        announced: Option<u64>,
+    ) {
+        if partial.is_oversized() && announced != Some(partial.start()) {
+            tracing::warn!(
+                file = %path.display(),
+                line = partial.number(),
+                offset = partial.start(),
+                "a line longer than {} bytes, not ended yet: it is read on as it grows, \
+                 never held, and skipped once it ends",
+                self.config.max_line_bytes
+            );
+        }
+        self.partials.insert(name, partial);
     }
 
     /// Reads the rest of a file that is no longer under the followed name
@@ -565,18 +608,21 @@ impl Ingester<'_> {
                 let (old, from) = (old.to_owned(), position.clone());
                 let (max_lines, max_bytes) =
                     (self.config.max_batch_lines, self.config.max_line_bytes);
-                blocking(move || -> std::io::Result<Option<Vec<Line>>> {
+                blocking(move || -> std::io::Result<Option<LinesRead>> {
                     let mut file = File::open(&old)?;
                     let (id, len) = FileId::of(&file)?;
                     if from.check(&mut file, id, len)? != Check::Same {
                         return Ok(None);
                     }
-                    read_lines(&mut file, &from, max_lines, max_bytes, true).map(Some)
+                    read_lines(&mut file, &from, max_lines, max_bytes, true, None).map(Some)
                 })
                 .await
             };
             let lines = match lines {
-                Ok(Some(lines)) if !lines.is_empty() => lines,
+                Ok(Some(read)) if !read.lines.is_empty() => {
+                    self.report.line_bytes_read += read.bytes_read;
+                    read.lines
+                }
                 Ok(_) => return Ok(Flow::Continue),
                 Err(err) => {
                     tracing::warn!(file = %old.display(), error = %err, "the previous file cannot be read any more");
@@ -1078,6 +1124,7 @@ fn disposition(error: &StateError) -> Disposition {
 fn step(
     path: &Path,
     position: Option<&Position>,
+    partial: Option<PartialLine>,
     max_lines: usize,
     max_line_bytes: usize,
 ) -> std::io::Result<Step> {
@@ -1099,10 +1146,15 @@ fn step(
         Check::Replaced => return Ok(Step::Replaced { new: start(), old: find_old(position) }),
         check => return Ok(Step::Rewound { check, new: start() }),
     }
-    let lines = read_lines(&mut file, position, max_lines, max_line_bytes, false)?;
+    let read = read_lines(&mut file, position, max_lines, max_line_bytes, false, partial)?;
     let mut position = position.clone();
     position.extend_fingerprint(&mut file, len)?;
-    Ok(Step::Lines { lines, position })
+    Ok(Step::Lines {
+        lines: read.lines,
+        position,
+        partial: read.partial,
+        bytes_read: read.bytes_read,
+    })
 }
 
 /// Where the file `position` is in is now, if it still exists: under its
