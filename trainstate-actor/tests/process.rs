@@ -424,6 +424,59 @@ fn runs_show_lists_attempts_with_statuses_and_fills_the_link_templates() {
     );
 }
 
+/// Finding 11 of round two (links): `--logs-url https://logs{run_name}/`
+/// was accepted, and a run named `.evil.example` linked to
+/// `https://logs.evil.example/`. Now a placeholder in the scheme, host or
+/// port is refused before `listening on`, naming the flag, and a run's
+/// values, percent-encoded in the path, query or fragment, never change
+/// the link's host.
+#[test]
+fn regression_a_link_template_keeps_every_link_on_the_configured_host() {
+    let dir = tempfile::tempdir().unwrap();
+    for (flag, template) in [
+        ("--logs-url", "https://logs{run_name}/x"),
+        ("--logs-url", "https://{run_id}@logs.example/x"),
+        ("--metrics-url", "https://grafana.example:{pid}/x"),
+    ] {
+        let refused = Head::start(dir.path(), &[flag, template]).err().expect("refused");
+        assert!(refused.contains(flag) && refused.contains("host or port"), "{refused}");
+        assert!(!refused.contains("listening on"), "{refused}");
+    }
+    let head = Head::start(
+        dir.path(),
+        &[
+            "--logs-url",
+            "https://logs.example/{run_name}/{node_ip}",
+            "--metrics-url",
+            "https://grafana.example/d?run={run_name}#{run_name}",
+        ],
+    )
+    .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let remote = trainstate_client::StateHandle::connect(&head.url, None).unwrap();
+    let run = run_with(&RunId::new_v7(), ".evil.example", "job-links", T0, 2);
+    runtime.block_on(remote.register(run.clone())).unwrap();
+    let shown = Command::new(env!("CARGO_BIN_EXE_trainstate"))
+        .args(["runs", "show", run.id().as_str(), "--url", &head.url])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(shown.stdout).unwrap();
+    assert!(shown.status.success(), "{text}");
+    let links: Vec<reqwest::Url> = text
+        .split_whitespace()
+        .filter(|word| word.starts_with("https://"))
+        .map(|word| reqwest::Url::parse(word).unwrap())
+        .collect();
+    assert!(links.len() >= 3, "the metrics link and a logs link per worker: {text}");
+    for link in &links {
+        assert!(
+            matches!(link.host_str(), Some("logs.example" | "grafana.example")),
+            "{link} in {text}"
+        );
+        assert!(link.as_str().contains(".evil.example"), "the name is in the link: {link}");
+    }
+}
+
 #[test]
 fn a_link_template_that_names_an_unknown_placeholder_is_refused_before_listening() {
     let dir = tempfile::tempdir().unwrap();
