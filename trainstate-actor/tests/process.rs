@@ -377,6 +377,40 @@ fn regression_sigterm_right_after_ready_shuts_down_cleanly() {
     assert!(status.success(), "{status}");
 }
 
+/// Finding 3 of round two, for the manager: with a path in its URL, the
+/// head's "no such route" read as "run not found", so the manager's
+/// registration was refused for good and later writes registered the run
+/// again and again. Now a route miss is kept and retried as an unreachable
+/// head is: the registration and the end are pending, nothing is dropped,
+/// and nothing reaches the head.
+#[tokio::test]
+async fn regression_a_manager_whose_url_reaches_no_route_keeps_its_writes() {
+    use trainstate_manager::{Delivery, ManagerConfig, RunRegistration, TrainRunStateManager};
+
+    let dir = tempfile::tempdir().unwrap();
+    let head = Head::start(dir.path(), &[]).unwrap();
+    let misrouted =
+        trainstate_client::StateHandle::connect(&format!("{}/prefix", head.url), None).unwrap();
+    let config = ManagerConfig::default().with_call_timeout(Duration::from_millis(500));
+    let manager = TrainRunStateManager::new(Some(misrouted), config);
+    let group = FixedGroup(crate::common::workers(2, 2, ""));
+    let registration =
+        manager.register_train_run("misrouted", "job-m", "controller-m", &group, [], None).await;
+    let Ok(RunRegistration::Pending(id)) = registration else {
+        panic!("the registration is kept, not refused: {registration:?}")
+    };
+    let delivery = manager.finished(&id).await.unwrap();
+    assert!(matches!(delivery, Delivery::Pending), "{delivery:?}");
+    assert_eq!(manager.pending_writes(), 2, "both writes kept, in order");
+
+    let state = trainstate_client::StateHandle::connect(&head.url, None).unwrap();
+    assert!(
+        matches!(state.get_run(id).await, Err(trainstate_client::StateError::NotFound { .. })),
+        "nothing reached the head"
+    );
+    assert_eq!(manager.shutdown(Duration::from_millis(200)).await, 2, "nothing dropped");
+}
+
 #[test]
 fn runs_show_lists_attempts_with_statuses_and_fills_the_link_templates() {
     let dir = tempfile::tempdir().unwrap();
