@@ -233,15 +233,15 @@ impl trainstate_manager::WorkerGroup for FixedGroup {
 /// restarted after a kill binds a free port of its own: the killed head's
 /// port may be in TIME_WAIT or taken by another process meanwhile (an
 /// outgoing connection of a test running alongside, say).
-struct Relay {
-    url: String,
+pub(crate) struct Relay {
+    pub(crate) url: String,
     upstream: Arc<std::sync::Mutex<String>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Relay {
     /// Relays to the head at `head_url` (`http://host:port`).
-    async fn start(head_url: &str) -> Relay {
+    pub(crate) async fn start(head_url: &str) -> Relay {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let upstream = Arc::new(std::sync::Mutex::new(String::new()));
@@ -264,7 +264,7 @@ impl Relay {
     }
 
     /// Relays new connections to the head at `head_url`.
-    fn point_to(&self, head_url: &str) {
+    pub(crate) fn point_to(&self, head_url: &str) {
         let address = head_url.strip_prefix("http://").expect("an http:// head URL");
         *self.upstream.lock().unwrap() = address.to_owned();
     }

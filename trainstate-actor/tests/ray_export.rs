@@ -1047,3 +1047,27 @@ async fn regression_an_unended_line_over_the_limit_is_read_once_and_skipped_when
     let files = site.file_len() + std::fs::metadata(&node_file).unwrap().len();
     assert_eq!(summary["line_bytes_read"], files.to_string(), "each byte read once");
 }
+
+/// Finding 3 of round two, the other side of the URL check: a head that is
+/// down when the ingester starts is still waited for (asked again with
+/// backoff), not taken for a wrong URL; once it answers, every event is
+/// applied.
+#[tokio::test]
+async fn regression_an_ingester_started_before_its_head_waits_for_it_and_applies_every_event() {
+    let site = Site::new();
+    // A relay to a port nothing listens on: connections close at once.
+    let relay = crate::process::Relay::start("http://127.0.0.1:1").await;
+    site.append_lines(&rays_lines()[..8]);
+    let mut ingester = site.ingester_at(site.session(), &relay.url, false);
+    eventually("the ingester waiting for its head", || {
+        site.log().contains("the head does not answer yet").then_some(())
+    })
+    .await;
+    assert_eq!(site.position(), None, "nothing read before the head answers");
+
+    let head = Head::start(&site.data, "127.0.0.1:0");
+    relay.point_to(&head.url);
+    site.wait_for_line(8).await;
+    assert!(ingester.terminate().success(), "{}", site.log());
+    assert_eq!(site.summary()["applied"], "8");
+}
