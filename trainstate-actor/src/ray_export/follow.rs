@@ -200,10 +200,7 @@ pub enum IngestError {
     /// reached no route of one (a path before `/api`, a typo, a proxy that
     /// does not pass the API on) or answered what a head does not. Nothing
     /// was read or applied.
-    #[error(
-        "{url} is not the address of a trainstate head: {reason}. Give the head's own address \
-         (e.g. http://HEAD:8266, no path); no event was read"
-    )]
+    #[error("{url} is not the address of a trainstate head; no event was read: {reason}")]
     NotAHead {
         /// The URL the ingester was given.
         url: String,
