@@ -299,6 +299,10 @@ fn file_positions(positions: Positions) -> Vec<FilePosition> {
 /// A URL that answers, but not as a head (a route miss, a proxy's page,
 /// another server), is refused: no event could ever be applied through it.
 async fn check_head(handle: &StateHandle, config: &IngestConfig) -> Result<bool, IngestError> {
+    if !handle.is_remote() {
+        // A handle of this process's own actor: no URL to check.
+        return Ok(true);
+    }
     let mut backoff = config.first_backoff;
     let mut failures = 0_u32;
     loop {
@@ -307,12 +311,14 @@ async fn check_head(handle: &StateHandle, config: &IngestConfig) -> Result<bool,
                 tracing::info!(head = handle.name(), version = %version.version, "the head answers");
                 return Ok(true);
             }
-            // A handle of this process's own actor: nothing to check.
-            Err(StateError::Unsupported { .. }) => return Ok(true),
             Err(StateError::Unauthorized { reason }) => {
                 return Err(IngestError::Unauthorized { reason });
             }
-            Err(error @ (StateError::NoSuchRoute { .. } | StateError::Protocol { .. })) => {
+            Err(
+                error @ (StateError::NoSuchRoute { .. }
+                | StateError::Protocol { .. }
+                | StateError::Unsupported { .. }),
+            ) => {
                 return Err(IngestError::NotAHead {
                     url: handle.name().to_owned(),
                     reason: error.to_string(),
