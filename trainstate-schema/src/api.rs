@@ -675,8 +675,8 @@ pub enum ErrorCode {
     PayloadTooLarge,
     /// A bearer token is missing or wrong (401).
     Unauthorized,
-    /// No run has this id, or no other thing the route names exists
-    /// (404).
+    /// What the route names does not exist: no run has this id, no wire
+    /// type has this name (404).
     NotFound,
     /// No route has this path: the URL is wrong (a path before `/api`, a
     /// typo), not the thing it names missing. Never "run not found" (404).

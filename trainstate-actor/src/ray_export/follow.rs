@@ -284,6 +284,7 @@ pub async fn ingest(
     result.map(|()| report)
 }
 
+/// Where the ingester is in each file, as its report says it.
 fn file_positions(positions: Positions) -> Vec<FilePosition> {
     positions
         .files
