@@ -72,7 +72,7 @@ CauseKind = Literal["USER_ERROR", "SYSTEM_ERROR", "LOST_CONTROLLER", "USER_INTER
 Cursor = str
 """An opaque, versioned position in the listing: pass a page's next_cursor back as cursor."""
 
-ErrorCode = Literal["bad_request", "invalid", "unsupported_media_type", "payload_too_large", "unauthorized", "forbidden", "not_found", "method_not_allowed", "misdirected_request", "conflict", "illegal_transition", "unavailable", "overloaded", "timeout", "too_many_subscribers", "request_timeout", "corrupt", "internal"]
+ErrorCode = Literal["bad_request", "invalid", "unsupported_media_type", "payload_too_large", "unauthorized", "forbidden", "not_found", "no_such_route", "method_not_allowed", "misdirected_request", "conflict", "illegal_transition", "unavailable", "overloaded", "timeout", "too_many_subscribers", "request_timeout", "corrupt", "internal"]
 """The machine-readable code of an error answer. Each has one HTTP status."""
 
 EventKind = Literal["registered", "status_changed", "attempt_started", "evicted", "deleted"]

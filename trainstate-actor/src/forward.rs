@@ -35,6 +35,10 @@ const BATCH: usize = 256;
 /// How often forwarding looks for changes when it was told of none.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
 
+/// How long one send of a run may take by default (tries to an
+/// unreachable hub included).
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The longest wait between two tries to reach the hub.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -50,17 +54,32 @@ pub struct ForwardConfig {
     pub cas: Option<TrustedCas>,
     /// This head's cluster name, stamped on runs that lack one.
     pub cluster: String,
+    /// How long one send of a run may take, tries to an unreachable hub
+    /// included, before it counts as a failure and is tried again.
+    pub call_timeout: Duration,
 }
 
 impl ForwardConfig {
     /// Forwarding of cluster `cluster`'s runs to the hub at `hub`.
     pub fn new(hub: impl Into<String>, cluster: impl Into<String>) -> Self {
-        Self { hub: hub.into(), token: None, cas: None, cluster: cluster.into() }
+        Self {
+            hub: hub.into(),
+            token: None,
+            cas: None,
+            cluster: cluster.into(),
+            call_timeout: CALL_TIMEOUT,
+        }
     }
 
     /// Trusts `cas` (instead of the system's roots) for an `https://` hub.
     pub fn with_cas(mut self, cas: Option<TrustedCas>) -> Self {
         self.cas = cas;
+        self
+    }
+
+    /// The same, with another deadline for one send of a run.
+    pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
         self
     }
 
@@ -82,6 +101,13 @@ pub struct ForwardStats {
     pub retries: AtomicU64,
     /// The sequence number of the store's commit forwarded up to.
     pub position: AtomicU64,
+    /// Runs read from the store to forward and not yet accepted (or
+    /// refused) by the hub: the rest of the batch being sent, so at most
+    /// one batch (256); more changes may wait in the store behind it.
+    pub pending: AtomicU64,
+    /// When the hub last accepted a run, in Unix milliseconds of the
+    /// service's clock; 0 until it first does.
+    pub last_success_ms: AtomicU64,
 }
 
 /// Forwarding in progress; stop it with [`Forwarder::stop`].
@@ -114,9 +140,11 @@ pub fn start_forwarding(
 ) -> Result<Forwarder, StateError> {
     trainstate_schema::validate_name("cluster", &config.cluster)?;
     let hub = StateHandle::connect_with_ca(&config.hub, config.token.clone(), config.cas.as_ref())?
-        .with_timeout(Duration::from_secs(30));
+        .with_timeout(config.call_timeout);
     let (stop, stopped) = watch::channel(false);
     let stats = Arc::new(ForwardStats::default());
+    *service.writer().shared.forwarding.lock().unwrap_or_else(|e| e.into_inner()) =
+        Some(stats.clone());
     let forwarding = Forwarding {
         writer: service.writer(),
         hub,
@@ -184,6 +212,7 @@ impl Forwarding {
                 }
                 continue;
             }
+            self.stats.pending.store(batch.len() as u64, Ordering::Relaxed);
             for changed in batch {
                 match self.stamped(&changed.json) {
                     Ok(run) => {
@@ -198,6 +227,7 @@ impl Forwarding {
                     }
                 }
                 position = changed.at;
+                self.stats.pending.fetch_sub(1, Ordering::Relaxed);
             }
             self.save(&position).await;
         }
@@ -222,6 +252,8 @@ impl Forwarding {
             match self.hub.forward(run.clone()).await {
                 Ok(_) => {
                     self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
+                    let now = self.writer.shared.clock.now_ms();
+                    self.stats.last_success_ms.store(now, Ordering::Relaxed);
                     return true;
                 }
                 Err(

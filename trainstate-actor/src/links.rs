@@ -5,12 +5,17 @@
 use trainstate_client::api::{RUN_LINK_PLACEHOLDERS, WORKER_LINK_PLACEHOLDERS};
 use trainstate_schema::{TrainRunInfo, TrainWorkerInfo};
 
-/// Checks a template: an `http://` or `https://` URL whose placeholders
-/// are all known. The error says what is wrong, for the flag's message.
+/// Checks a template: an `http://` or `https://` URL with a host, whose
+/// placeholders are all known and stand only in its path, query or
+/// fragment, never in its scheme, host or port: a run's values (a run
+/// named `.evil.example`) can then never send the link to another site.
+/// The error says what is wrong, for the flag's message.
 pub fn check_template(template: &str) -> Result<(), String> {
-    if !(template.starts_with("http://") || template.starts_with("https://")) {
+    let Some(after_scheme) =
+        template.strip_prefix("http://").or_else(|| template.strip_prefix("https://"))
+    else {
         return Err(format!("{template:?} must start with http:// or https://"));
-    }
+    };
     for name in placeholders(template)? {
         let known =
             RUN_LINK_PLACEHOLDERS.contains(&name) || WORKER_LINK_PLACEHOLDERS.contains(&name);
@@ -25,6 +30,20 @@ pub fn check_template(template: &str) -> Result<(), String> {
                     .join(", ")
             ));
         }
+    }
+    let authority =
+        &after_scheme[..after_scheme.find(['/', '?', '#']).unwrap_or(after_scheme.len())];
+    if authority.contains(['{', '}']) {
+        return Err(format!(
+            "{template:?} has a placeholder in its host or port ({authority:?}); placeholders \
+             may stand only in the path, query or fragment, so that a run's values cannot send \
+             the link to another site"
+        ));
+    }
+    let sample = fill_with(template, |_| "x".to_owned());
+    let url = url::Url::parse(&sample).map_err(|e| format!("{template:?} is not a URL: {e}"))?;
+    if authority.is_empty() || url.host_str().is_none_or(str::is_empty) {
+        return Err(format!("{template:?} names no host"));
     }
     Ok(())
 }
@@ -55,13 +74,20 @@ pub fn fill(template: &str, run: &TrainRunInfo, worker: Option<&TrainWorkerInfo>
             _ => String::new(),
         }
     };
+    fill_with(template, value)
+}
+
+/// The template with each placeholder replaced by `value` of its name,
+/// encoded as one URL component (a space is %20, as in a browser; `/`,
+/// `?`, `#`, `@` and `:` are encoded too), so that no value changes the
+/// URL's structure.
+fn fill_with(template: &str, value: impl Fn(&str) -> String) -> String {
     let mut out = String::with_capacity(template.len() + 32);
     let mut rest = template;
     while let Some(open) = rest.find('{') {
         out.push_str(&rest[..open]);
         let Some(close) = rest[open..].find('}') else { break };
         let name = &rest[open + 1..open + close];
-        // Encoded as one URL component (a space is %20, as in a browser).
         let encoded: String = form_urlencoded::byte_serialize(value(name).as_bytes()).collect();
         out.push_str(&encoded.replace('+', "%20"));
         rest = &rest[open + close + 1..];
@@ -95,6 +121,13 @@ mod tests {
             ("ftp://logs/{run_id}", false),
             ("https://logs/{run}", false),
             ("https://logs/{run_id", false),
+            ("https://logs{run_name}/x", false),
+            ("https://{run_name}.example/x", false),
+            ("https://logs.example:{pid}/x", false),
+            ("https://{run_id}@logs.example/x", false),
+            ("https://logs.example#{run_id}", true),
+            ("https://logs.example?run={run_id}", true),
+            ("https:///{run_id}", false),
         ];
         for (template, ok) in cases {
             assert_eq!(check_template(template).is_ok(), ok, "{template}");

@@ -155,6 +155,14 @@ pub(crate) struct Shared {
     inbox_pending: AtomicBool,
     /// Heartbeats received here and not yet shared with other heads.
     beats: Mutex<HashMap<RunId, u64>>,
+    /// The service's clock, for what is stamped outside the writer thread
+    /// (forwarding's last success).
+    #[cfg_attr(not(feature = "forward"), allow(dead_code))]
+    pub(crate) clock: Arc<dyn crate::clock::Clock>,
+    /// The counters of this head's forwarding to a hub, once it forwards:
+    /// what `/metrics` shows of it.
+    #[cfg(feature = "forward")]
+    pub(crate) forwarding: Mutex<Option<Arc<crate::forward::ForwardStats>>>,
 }
 
 impl Shared {
@@ -211,6 +219,9 @@ impl Writer {
             inbox: Mutex::default(),
             inbox_pending: AtomicBool::new(false),
             beats: Mutex::default(),
+            clock: config.clock.clone(),
+            #[cfg(feature = "forward")]
+            forwarding: Mutex::default(),
         });
         // The store is opened (and dropped) on the writer thread: a
         // PostgreSQL store runs a runtime of its own, which must not be

@@ -296,3 +296,88 @@ on_both_stores! {
         hub.stop().await;
     }
 }
+
+/// One reading of the head's `/metrics`.
+async fn metric(http: &Client, base: &str, name: &str) -> f64 {
+    let text = http.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no metric {name} in {text}"))
+}
+
+/// Waits until the head's `/metrics` `name` satisfies `condition`.
+async fn wait_for_metric(
+    http: &Client,
+    base: &str,
+    name: &str,
+    condition: impl Fn(f64) -> bool,
+) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let value = metric(http, base, name).await;
+        if condition(value) {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting on {name} (now {value})");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Finding 11 of round two (forwarding): a head that forwards showed
+/// nothing of it on `/metrics`, so a hub that stopped taking runs went
+/// unnoticed. Now `trainstate_forward_pending` (runs read and not yet
+/// accepted), `…_sent_total`, `…_failures_total` and
+/// `…_last_success_timestamp_seconds` say how forwarding goes: while the
+/// hub cannot take writes (its store writer held), runs wait and failures
+/// grow; once it can, they are sent and nothing waits.
+#[tokio::test(flavor = "multi_thread")]
+async fn regression_forwarding_shows_pending_sent_failures_and_last_success_on_metrics() {
+    use trainstate_actor::forward::{ForwardConfig, start_forwarding};
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(trainstate_actor::Faults::default());
+    let hub_config = trainstate_actor::StateConfig::sqlite(dir.path().join("hub.db"))
+        .with_name(format!("hub-{}", RunId::new_v7()))
+        .with_cluster(Some("hub".into()))
+        .with_faults(faults.clone());
+    let hub = Server::start(hub_config, HttpConfig::default()).await;
+    let head_config = trainstate_actor::StateConfig::sqlite(dir.path().join("head.db"))
+        .with_name(format!("head-{}", RunId::new_v7()))
+        .with_cluster(Some("c1".into()));
+    let head = Server::start(head_config, HttpConfig::default()).await;
+    let forward =
+        ForwardConfig::new(hub.url.clone(), "c1").with_call_timeout(Duration::from_millis(300));
+    let forwarder = start_forwarding(&head.service, forward).unwrap();
+    let http = Client::new();
+    let (sent, pending, failures, last) = (
+        "trainstate_forward_sent_total",
+        "trainstate_forward_pending",
+        "trainstate_forward_failures_total",
+        "trainstate_forward_last_success_timestamp_seconds",
+    );
+
+    write_runs(&http, &head.url, 0, 3).await;
+    wait_until_forwarded(&http, &head.url, &hub.url).await;
+    let sent_before = wait_for_metric(&http, &head.url, sent, |v| v >= 3.0).await;
+    assert_eq!(metric(&http, &head.url, pending).await, 0.0);
+    assert_eq!(metric(&http, &head.url, failures).await, 0.0);
+    let last_before = metric(&http, &head.url, last).await;
+    assert!(last_before > 1.0e9, "a Unix time in seconds: {last_before}");
+
+    // The hub stops taking writes: runs wait, failures grow.
+    faults.hold_writer();
+    write_runs(&http, &head.url, 3, 2).await;
+    wait_for_metric(&http, &head.url, failures, |v| v >= 2.0).await;
+    assert!(metric(&http, &head.url, pending).await >= 1.0);
+    assert_eq!(metric(&http, &head.url, last).await, last_before, "no success while down");
+
+    // Back: everything is sent and nothing waits.
+    faults.release_writer();
+    wait_until_forwarded(&http, &head.url, &hub.url).await;
+    wait_for_metric(&http, &head.url, pending, |v| v == 0.0).await;
+    assert!(metric(&http, &head.url, sent).await >= sent_before + 2.0);
+    assert!(metric(&http, &head.url, last).await >= last_before);
+
+    forwarder.stop().await;
+    head.stop().await;
+    hub.stop().await;
+}

@@ -591,7 +591,7 @@ async fn hostile_requests_get_the_right_status_and_store_nothing() {
             "/api/train/nothing".into(),
             None,
             StatusCode::NOT_FOUND,
-            "not_found",
+            "no_such_route",
             None,
         ),
     ];

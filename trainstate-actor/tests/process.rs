@@ -233,15 +233,15 @@ impl trainstate_manager::WorkerGroup for FixedGroup {
 /// restarted after a kill binds a free port of its own: the killed head's
 /// port may be in TIME_WAIT or taken by another process meanwhile (an
 /// outgoing connection of a test running alongside, say).
-struct Relay {
-    url: String,
+pub(crate) struct Relay {
+    pub(crate) url: String,
     upstream: Arc<std::sync::Mutex<String>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Relay {
     /// Relays to the head at `head_url` (`http://host:port`).
-    async fn start(head_url: &str) -> Relay {
+    pub(crate) async fn start(head_url: &str) -> Relay {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let upstream = Arc::new(std::sync::Mutex::new(String::new()));
@@ -264,7 +264,7 @@ impl Relay {
     }
 
     /// Relays new connections to the head at `head_url`.
-    fn point_to(&self, head_url: &str) {
+    pub(crate) fn point_to(&self, head_url: &str) {
         let address = head_url.strip_prefix("http://").expect("an http:// head URL");
         *self.upstream.lock().unwrap() = address.to_owned();
     }
@@ -377,6 +377,40 @@ fn regression_sigterm_right_after_ready_shuts_down_cleanly() {
     assert!(status.success(), "{status}");
 }
 
+/// Finding 3 of round two, for the manager: with a path in its URL, the
+/// head's "no such route" read as "run not found", so the manager's
+/// registration was refused for good and later writes registered the run
+/// again and again. Now a route miss is kept and retried as an unreachable
+/// head is: the registration and the end are pending, nothing is dropped,
+/// and nothing reaches the head.
+#[tokio::test]
+async fn regression_a_manager_whose_url_reaches_no_route_keeps_its_writes() {
+    use trainstate_manager::{Delivery, ManagerConfig, RunRegistration, TrainRunStateManager};
+
+    let dir = tempfile::tempdir().unwrap();
+    let head = Head::start(dir.path(), &[]).unwrap();
+    let misrouted =
+        trainstate_client::StateHandle::connect(&format!("{}/prefix", head.url), None).unwrap();
+    let config = ManagerConfig::default().with_call_timeout(Duration::from_millis(500));
+    let manager = TrainRunStateManager::new(Some(misrouted), config);
+    let group = FixedGroup(crate::common::workers(2, 2, ""));
+    let registration =
+        manager.register_train_run("misrouted", "job-m", "controller-m", &group, [], None).await;
+    let Ok(RunRegistration::Pending(id)) = registration else {
+        panic!("the registration is kept, not refused: {registration:?}")
+    };
+    let delivery = manager.finished(&id).await.unwrap();
+    assert!(matches!(delivery, Delivery::Pending), "{delivery:?}");
+    assert_eq!(manager.pending_writes(), 2, "both writes kept, in order");
+
+    let state = trainstate_client::StateHandle::connect(&head.url, None).unwrap();
+    assert!(
+        matches!(state.get_run(id).await, Err(trainstate_client::StateError::NotFound { .. })),
+        "nothing reached the head"
+    );
+    assert_eq!(manager.shutdown(Duration::from_millis(200)).await, 2, "nothing dropped");
+}
+
 #[test]
 fn runs_show_lists_attempts_with_statuses_and_fills_the_link_templates() {
     let dir = tempfile::tempdir().unwrap();
@@ -422,6 +456,59 @@ fn runs_show_lists_attempts_with_statuses_and_fills_the_link_templates() {
             && attempts[1].contains("USER_ERROR (rank 1)"),
         "{text}"
     );
+}
+
+/// Finding 11 of round two (links): `--logs-url https://logs{run_name}/`
+/// was accepted, and a run named `.evil.example` linked to
+/// `https://logs.evil.example/`. Now a placeholder in the scheme, host or
+/// port is refused before `listening on`, naming the flag, and a run's
+/// values, percent-encoded in the path, query or fragment, never change
+/// the link's host.
+#[test]
+fn regression_a_link_template_keeps_every_link_on_the_configured_host() {
+    let dir = tempfile::tempdir().unwrap();
+    for (flag, template) in [
+        ("--logs-url", "https://logs{run_name}/x"),
+        ("--logs-url", "https://{run_id}@logs.example/x"),
+        ("--metrics-url", "https://grafana.example:{pid}/x"),
+    ] {
+        let refused = Head::start(dir.path(), &[flag, template]).err().expect("refused");
+        assert!(refused.contains(flag) && refused.contains("host or port"), "{refused}");
+        assert!(!refused.contains("listening on"), "{refused}");
+    }
+    let head = Head::start(
+        dir.path(),
+        &[
+            "--logs-url",
+            "https://logs.example/{run_name}/{node_ip}",
+            "--metrics-url",
+            "https://grafana.example/d?run={run_name}#{run_name}",
+        ],
+    )
+    .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let remote = trainstate_client::StateHandle::connect(&head.url, None).unwrap();
+    let run = run_with(&RunId::new_v7(), ".evil.example", "job-links", T0, 2);
+    runtime.block_on(remote.register(run.clone())).unwrap();
+    let shown = Command::new(env!("CARGO_BIN_EXE_trainstate"))
+        .args(["runs", "show", run.id().as_str(), "--url", &head.url])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(shown.stdout).unwrap();
+    assert!(shown.status.success(), "{text}");
+    let links: Vec<reqwest::Url> = text
+        .split_whitespace()
+        .filter(|word| word.starts_with("https://"))
+        .map(|word| reqwest::Url::parse(word).unwrap())
+        .collect();
+    assert!(links.len() >= 3, "the metrics link and a logs link per worker: {text}");
+    for link in &links {
+        assert!(
+            matches!(link.host_str(), Some("logs.example" | "grafana.example")),
+            "{link} in {text}"
+        );
+        assert!(link.as_str().contains(".evil.example"), "the name is in the link: {link}");
+    }
 }
 
 #[test]

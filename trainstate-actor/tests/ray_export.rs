@@ -85,6 +85,11 @@ impl Site {
         self.events.join(EVENTS_FILE)
     }
 
+    /// The session directory the ingester is given.
+    fn session(&self) -> &Path {
+        self.events.parent().unwrap().parent().unwrap()
+    }
+
     /// Appends to Ray's file the way Ray's logger does: one write a line.
     fn append(&self, text: &str) {
         let mut file = OpenOptions::new().create(true).append(true).open(self.file()).unwrap();
@@ -127,17 +132,22 @@ impl Site {
 
     /// The same, on `dir`.
     fn ingester_on(&self, dir: &Path, head: &Head, once: bool) -> Ingester {
-        self.ingester_with(dir, head, once, &[])
+        self.ingester_at(dir, &head.url, once, &[])
     }
 
     /// The same, with more flags.
     fn ingester_with(&self, dir: &Path, head: &Head, once: bool, extra: &[&str]) -> Ingester {
+        self.ingester_at(dir, &head.url, once, extra)
+    }
+
+    /// The same, given `url` as the head's, with more flags.
+    fn ingester_at(&self, dir: &Path, url: &str, once: bool, extra: &[&str]) -> Ingester {
         let log = OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
         let mut command = Command::new(env!("CARGO_BIN_EXE_trainstate"));
         command
             .args(["ingest", "ray-export"])
             .arg(dir)
-            .args(["--url", &head.url, "--poll-interval", "10ms", "--position-file"])
+            .args(["--url", url, "--poll-interval", "10ms", "--position-file"])
             .arg(&self.position)
             .args(extra)
             .env("RUST_LOG", "info")
@@ -819,4 +829,285 @@ async fn regression_the_ingester_delivers_to_a_tls_head_with_its_ca() {
     assert_eq!(site.position().unwrap().1, lines.len() as u64);
     assert_eq!(site.summary()["applied"], lines.len().to_string(), "{}", site.log());
     assert_rays_answer(&client_trusting(&ca.pem()), &head).await;
+}
+
+/// A server in front of the head that passes `GET …/api/version` on (the
+/// head's own answer, fetched once) and answers every other request as a
+/// misconfigured proxy does: 404 with a page of its own. It counts the
+/// writes it refused.
+struct MisroutingProxy {
+    url: String,
+    writes: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl MisroutingProxy {
+    async fn start(head: &Head) -> MisroutingProxy {
+        use std::io::{BufRead, BufReader};
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let version = Client::new()
+            .get(format!("{}/api/version", head.url))
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let writes = std::sync::Arc::new(AtomicU64::new(0));
+        let counted = writes.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut request_line = String::new();
+                if reader.read_line(&mut request_line).is_err() {
+                    continue;
+                }
+                let mut length = 0_usize;
+                loop {
+                    let mut header = String::new();
+                    if reader.read_line(&mut header).unwrap_or(0) == 0 || header == "\r\n" {
+                        break;
+                    }
+                    if let Some((name, value)) = header.split_once(':')
+                        && name.eq_ignore_ascii_case("content-length")
+                    {
+                        length = value.trim().parse().unwrap();
+                    }
+                }
+                // The body is read whole, so that closing is not a reset.
+                let mut body = vec![0_u8; length];
+                let _ = reader.read_exact(&mut body);
+                let (status, content_type, answer): (&str, &str, &[u8]) =
+                    if request_line.starts_with("GET ") && request_line.contains("/api/version ") {
+                        ("200 OK", "application/json", &version)
+                    } else {
+                        if request_line.starts_with("PUT ") {
+                            counted.fetch_add(1, Ordering::SeqCst);
+                        }
+                        ("404 Not Found", "text/html", b"<html><body>404 Not Found</body></html>")
+                    };
+                let head = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    answer.len()
+                );
+                let _ = stream.write_all(head.as_bytes());
+                let _ = stream.write_all(answer);
+            }
+        });
+        MisroutingProxy { url, writes }
+    }
+
+    fn writes(&self) -> u64 {
+        self.writes.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Finding 3 of round two: with a path in `--url` (a proxy's prefix, a
+/// typo) the head answered every write "no such route", read as "run not
+/// found", and the ingester skipped all 8 events and saved its position.
+/// Now the ingester checks the URL first and refuses it naming `--url`,
+/// having read nothing; restarted with the right URL, it applies all 8.
+#[tokio::test]
+async fn regression_an_ingester_given_a_url_with_a_path_applies_nothing_and_then_all_eight() {
+    let site = Site::new();
+    let head = Head::start(&site.data, "127.0.0.1:0");
+    let client = Client::new();
+    site.append_lines(&rays_lines()[..8]);
+
+    let mut wrong = site.ingester_at(site.session(), &format!("{}/prefix", head.url), false, &[]);
+    let status = wrong.wait();
+    let log = site.log();
+    assert!(!status.success(), "a URL that is no head's is refused: {log}");
+    assert!(log.contains("--url") && log.contains("no route"), "says why, naming the flag: {log}");
+    assert_eq!(site.position(), None, "nothing read: {log}");
+    assert!(runs_by_name(&client, &head).await.is_empty(), "nothing applied");
+
+    let mut right = site.ingester(&head, true);
+    assert!(right.wait().success(), "{}", site.log());
+    let summary = site.summary();
+    assert_eq!((&*summary["applied"], &*summary["rejected"]), ("8", "0"), "{summary:?}");
+    assert_eq!(site.position().unwrap().1, 8);
+    assert!(!runs_by_name(&client, &head).await.is_empty());
+}
+
+/// Finding 3 of round two, after the start: a URL that answers as a head
+/// at first and then reaches no route for the writes (a proxy in front of
+/// it) never costs an event: each is sent again, the position stays
+/// before it, and an ingester with the head's own URL applies them all.
+#[tokio::test]
+async fn regression_a_write_that_reaches_no_route_is_sent_again_and_never_skipped() {
+    let site = Site::new();
+    let head = Head::start(&site.data, "127.0.0.1:0");
+    let client = Client::new();
+    let proxy = MisroutingProxy::start(&head).await;
+    site.append_lines(&rays_lines()[..8]);
+
+    let mut misrouted = site.ingester_at(site.session(), &format!("{}/prefix", proxy.url), false, &[]);
+    eventually("the same event sent three times", || (proxy.writes() >= 3).then_some(())).await;
+    assert!(site.log().contains("the head's URL reaches no route"), "{}", site.log());
+    assert!(misrouted.terminate().success(), "{}", site.log());
+    let summary = site.summary();
+    assert_eq!(
+        (&*summary["applied"], &*summary["rejected"], &*summary["stale"]),
+        ("0", "0", "0"),
+        "{summary:?}"
+    );
+    assert_eq!(site.position(), Some((0, 0)), "the position never passes an event not applied");
+    assert!(runs_by_name(&client, &head).await.is_empty(), "nothing applied");
+
+    let mut right = site.ingester(&head, true);
+    assert!(right.wait().success(), "{}", site.log());
+    assert_eq!(site.summary()["applied"], "8");
+    assert_eq!(site.position().unwrap().1, 8);
+}
+
+/// Finding 11 of round two (the position's temporary file): a symlink
+/// planted at `<position file>.tmp` was followed, and the position written
+/// into its target. Now it is removed and a new file created in its place:
+/// the targets of a planted link, existing or dangling, are untouched.
+#[tokio::test]
+async fn regression_a_planted_position_tmp_symlink_is_replaced_and_never_followed() {
+    let site = Site::new();
+    let head = Head::start(&site.data, "127.0.0.1:0");
+    site.append_lines(&rays_lines()[..4]);
+    let dir = site.position.parent().unwrap();
+    std::fs::create_dir_all(dir).unwrap();
+    let tmp = dir.join("position.json.tmp");
+    let victim = dir.join("victim");
+    std::fs::write(&victim, "precious\n").unwrap();
+    std::os::unix::fs::symlink(&victim, &tmp).unwrap();
+
+    let mut ingester = site.ingester(&head, true);
+    assert!(ingester.wait().success(), "{}", site.log());
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n", "the target untouched");
+    assert_eq!(site.position().unwrap().1, 4, "the position is saved all the same");
+
+    // A dangling link: its target is not created.
+    let absent = dir.join("absent");
+    std::os::unix::fs::symlink(&absent, &tmp).unwrap();
+    site.append_lines(&rays_lines()[4..8]);
+    let mut ingester = site.ingester(&head, true);
+    assert!(ingester.wait().success(), "{}", site.log());
+    assert!(std::fs::symlink_metadata(&absent).is_err(), "the dangling link's target not created");
+    assert_eq!(site.position().unwrap().1, 8);
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+}
+
+/// Finding 11 of round two (the lock file): the ingester opened
+/// `<position file>.lock` through a dangling symlink, creating its target.
+/// Now a symlinked lock file (dangling or not) is refused, naming it, and
+/// nothing is read; its target is neither created nor changed.
+#[tokio::test]
+async fn regression_a_symlinked_lock_file_is_refused_and_its_target_never_created() {
+    let site = Site::new();
+    let head = Head::start(&site.data, "127.0.0.1:0");
+    site.append_lines(&rays_lines()[..4]);
+    let dir = site.position.parent().unwrap();
+    std::fs::create_dir_all(dir).unwrap();
+    let lock = dir.join("position.json.lock");
+    let absent = dir.join("absent");
+    std::os::unix::fs::symlink(&absent, &lock).unwrap();
+
+    let mut ingester = site.ingester(&head, true);
+    assert!(!ingester.wait().success(), "{}", site.log());
+    let log = site.log();
+    assert!(log.contains("position.json.lock is a symlink"), "names the lock file: {log}");
+    assert!(std::fs::symlink_metadata(&absent).is_err(), "the link's target not created");
+    assert_eq!(site.position(), None, "nothing read");
+
+    // A link to an existing file: refused too, the file unchanged.
+    let victim = dir.join("victim");
+    std::fs::write(&victim, "precious\n").unwrap();
+    std::fs::remove_file(&lock).unwrap();
+    std::os::unix::fs::symlink(&victim, &lock).unwrap();
+    let mut ingester = site.ingester(&head, true);
+    assert!(!ingester.wait().success(), "{}", site.log());
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+
+    // Once the link is gone, the ingester makes its own lock file.
+    std::fs::remove_file(&lock).unwrap();
+    let mut ingester = site.ingester(&head, true);
+    assert!(ingester.wait().success(), "{}", site.log());
+    assert!(std::fs::symlink_metadata(&lock).unwrap().is_file());
+    assert_eq!(site.position().unwrap().1, 4);
+}
+
+/// Finding 11 of round two (the unended line): a last line without its
+/// line break was read again from its start on every poll; one of 17 MiB
+/// (over the 16 MiB limit) cost 17 MiB of reading every 10 ms. Now it is
+/// read on as it grows, each byte once (the ingester's count of bytes read
+/// equals the files' sizes after many polls), said once to be over the
+/// limit, and skipped when it ends, naming its line and offset.
+#[tokio::test]
+async fn regression_an_unended_line_over_the_limit_is_read_once_and_skipped_when_it_ends() {
+    const LIMIT: usize = 16 << 20;
+    let site = Site::new();
+    let head = Head::start(&site.data, "127.0.0.1:0");
+    let lines = rays_lines();
+    site.append_lines(&lines[..4]);
+    let mut ingester = site.ingester(&head, false);
+    site.wait_for_line(4).await;
+    let long_at = site.file_len();
+    site.append(&"x".repeat(LIMIT + (1 << 20)));
+    eventually("the long line said to be over the limit", || {
+        site.log().contains("not ended yet").then_some(())
+    })
+    .await;
+    // Each blank line appended to the node events file is read in a round
+    // of its own, and every round polls Ray's Train file first.
+    let node_file = site.events.join("event_EXPORT_NODE.log");
+    for k in 1..=5 {
+        OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&node_file)
+            .unwrap()
+            .write_all(b"\n")
+            .unwrap();
+        eventually("a round of polls", || {
+            (site.position_in("event_EXPORT_NODE.log") == Some((k, k))).then_some(())
+        })
+        .await;
+    }
+    site.append("\n");
+    site.append_lines(&lines[4..8]);
+    site.wait_for_line(9).await;
+    assert!(ingester.terminate().success(), "{}", site.log());
+
+    let log = site.log();
+    let said: Vec<_> = log.lines().filter(|l| l.contains("not ended yet")).collect();
+    assert_eq!(said.len(), 1, "said once: {log}");
+    let skipped = log.lines().find(|l| l.contains("skipping a line longer than")).expect("skipped");
+    let skipped = fields(skipped);
+    assert_eq!((&*skipped["line"], skipped["offset"].clone()), ("5", long_at.to_string()));
+    let summary = site.summary();
+    assert_eq!((&*summary["applied"], &*summary["malformed"]), ("8", "1"), "{summary:?}");
+    let files = site.file_len() + std::fs::metadata(&node_file).unwrap().len();
+    assert_eq!(summary["line_bytes_read"], files.to_string(), "each byte read once");
+}
+
+/// Finding 3 of round two, the other side of the URL check: a head that is
+/// down when the ingester starts is still waited for (asked again with
+/// backoff), not taken for a wrong URL; once it answers, every event is
+/// applied.
+#[tokio::test]
+async fn regression_an_ingester_started_before_its_head_waits_for_it_and_applies_every_event() {
+    let site = Site::new();
+    // A relay to a port nothing listens on: connections close at once.
+    let relay = crate::process::Relay::start("http://127.0.0.1:1").await;
+    site.append_lines(&rays_lines()[..8]);
+    let mut ingester = site.ingester_at(site.session(), &relay.url, false, &[]);
+    eventually("the ingester waiting for its head", || {
+        site.log().contains("the head does not answer yet").then_some(())
+    })
+    .await;
+    assert_eq!(site.position(), None, "nothing read before the head answers");
+
+    let head = Head::start(&site.data, "127.0.0.1:0");
+    relay.point_to(&head.url);
+    site.wait_for_line(8).await;
+    assert!(ingester.terminate().success(), "{}", site.log());
+    assert_eq!(site.summary()["applied"], "8");
 }

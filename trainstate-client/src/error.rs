@@ -5,6 +5,10 @@ use std::time::Duration;
 use trainstate_schema::api::{ErrorBody, ErrorCode};
 use trainstate_schema::{RunId, RunStatus, ValidationError};
 
+/// How heads before [`ErrorCode::NoSuchRoute`] began the message of a
+/// route miss, which they answered with `not_found`.
+const LEGACY_ROUTE_MISS: &str = "no such route;";
+
 /// Why a request to the state actor failed. Each variant maps to one
 /// [`ErrorCode`] of the HTTP API, and so to one HTTP status.
 ///
@@ -121,6 +125,20 @@ pub enum StateError {
         /// What is not supported, and what to use instead.
         reason: String,
     },
+    /// The URL reaches no route of a trainstate head: the head answered
+    /// `no_such_route`, or something else (a proxy's page, another server)
+    /// answered 404. The client's URL is wrong (a path before `/api`, a
+    /// typo, a proxy that does not pass the API on), so nothing is known of
+    /// the run the request was about: this is never "run not found". A
+    /// retry does not help until the URL or the proxy is fixed.
+    #[error(
+        "the URL reaches no route of a trainstate head ({reason}); give the head's own address \
+         (scheme, host and port, no path), or fix the proxy in front of it"
+    )]
+    NoSuchRoute {
+        /// What answered, and what it said.
+        reason: String,
+    },
     /// The head answered something this client cannot read: not a
     /// trainstate head, or an incompatible version.
     #[error("unexpected answer from the head: {reason}")]
@@ -151,6 +169,7 @@ impl StateError {
     pub fn code(&self) -> ErrorCode {
         match self {
             Self::NotFound { .. } => ErrorCode::NotFound,
+            Self::NoSuchRoute { .. } => ErrorCode::NoSuchRoute,
             Self::Conflict { .. } | Self::Refused { .. } => ErrorCode::Conflict,
             Self::IllegalTransition { .. } => ErrorCode::IllegalTransition,
             Self::Invalid { .. } => ErrorCode::Invalid,
@@ -184,6 +203,12 @@ impl StateError {
             reason: format!("a {} error answer without {what}: {}", body.code, body.message),
         };
         match body.code {
+            ErrorCode::NoSuchRoute => Self::NoSuchRoute { reason: body.message },
+            // Heads before `no_such_route` answered a route miss with
+            // `not_found` and this message.
+            ErrorCode::NotFound if body.message.starts_with(LEGACY_ROUTE_MISS) => {
+                Self::NoSuchRoute { reason: body.message }
+            }
             ErrorCode::NotFound => match run_id {
                 Some(id) => Self::NotFound { id: id.clone() },
                 None => Self::Unsupported { reason: body.message },
@@ -224,5 +249,26 @@ impl StateError {
 impl From<ValidationError> for StateError {
     fn from(err: ValidationError) -> Self {
         Self::Invalid { field: err.field().to_owned(), message: err.rule().to_string() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_route_miss_is_never_run_not_found() {
+        let id = RunId::parse("run-1").unwrap();
+        let miss = ErrorBody::new(ErrorCode::NoSuchRoute, "no such route: PUT /prefix/api");
+        assert!(matches!(
+            StateError::from_error_body(miss, Some(&id)),
+            StateError::NoSuchRoute { .. }
+        ));
+        let legacy = ErrorBody::new(ErrorCode::NotFound, "no such route; see /openapi.json");
+        let legacy = StateError::from_error_body(legacy, Some(&id));
+        assert!(matches!(legacy, StateError::NoSuchRoute { .. }), "{legacy}");
+        assert!(!legacy.is_retryable());
+        let missing = ErrorBody::new(ErrorCode::NotFound, "run run-1 not found");
+        assert_eq!(StateError::from_error_body(missing, Some(&id)), StateError::NotFound { id });
     }
 }

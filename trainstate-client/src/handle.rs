@@ -319,6 +319,20 @@ impl StateHandle {
         }
     }
 
+    /// What the head service says it is (`GET /api/version`): a remote
+    /// handle's only. An answer that is not a trainstate head's is an
+    /// error ([`StateError::NoSuchRoute`] for a 404, else
+    /// [`StateError::Protocol`]), so this checks that the URL is a head's.
+    pub async fn head_version(&self) -> Result<crate::api::VersionResponse, StateError> {
+        match &*self.inner {
+            #[cfg(feature = "http")]
+            Transport::Remote(remote) => remote.version(self.timeout).await,
+            Transport::Local(_) => Err(StateError::Unsupported {
+                reason: "a local handle has no head service; connect to it over HTTP".into(),
+            }),
+        }
+    }
+
     /// Renews a live run's lease and returns it.
     pub async fn heartbeat(&self, id: RunId) -> Result<Duration, StateError> {
         self.call(|reply| StateMessage::Heartbeat { id, reply }).await

@@ -13,7 +13,7 @@ use trainstate_schema::{RunId, TrainRunInfo, ray_v2};
 use crate::api::{
     AttemptRequest, CreateTokenRequest, CreateTokenResponse, ErrorResponse, HeartbeatResponse,
     LinksResponse, ListQuery, RayRunListResponse, RegisterResponse, RunListResponse, StatusRequest,
-    TokenInfo, TokenListResponse,
+    TokenInfo, TokenListResponse, VersionResponse,
 };
 use crate::error::StateError;
 use crate::protocol::{NewAttempt, Registration, RunDocument, StateMessage, StatusUpdate};
@@ -269,6 +269,17 @@ impl Remote {
         parse(&self.send(call, timeout).await?)
     }
 
+    pub(crate) async fn version(&self, timeout: Duration) -> Result<VersionResponse, StateError> {
+        let bytes = self.send(Call::get("/api/version".into(), None, None), timeout).await?;
+        serde_json::from_slice(&bytes).map_err(|_| StateError::Protocol {
+            reason: format!(
+                "GET {}/api/version answered what is not a trainstate head's version: {}",
+                self.base,
+                excerpt(&bytes)
+            ),
+        })
+    }
+
     async fn forward(
         &self,
         run: &TrainRunInfo,
@@ -352,11 +363,24 @@ fn error_of(status: StatusCode, bytes: &[u8], run_id: Option<&RunId>) -> StateEr
     match serde_json::from_slice::<ErrorResponse>(bytes) {
         Ok(answer) => StateError::from_error_body(answer.error, run_id),
         // Not the API's error shape: a proxy or another server answered.
+        // A 404 of theirs says the URL is wrong, not that a run is missing.
+        Err(_) if status == StatusCode::NOT_FOUND => StateError::NoSuchRoute {
+            reason: format!("{status} that is not a trainstate error answer: {}", excerpt(bytes)),
+        },
         Err(_) if status.is_server_error() => {
             StateError::unavailable(format!("the head answered {status}"))
         }
         Err(_) => StateError::Protocol { reason: format!("the head answered {status}") },
     }
+}
+
+/// The start of an answer that is not ours, for a message: its first
+/// characters, on one line.
+fn excerpt(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(400)]);
+    let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let line = trainstate_schema::text::first_chars(&line, 120);
+    if line.is_empty() { "an empty body".to_owned() } else { format!("{line:?}") }
 }
 
 /// The query of a Ray Train V2 write that says when its change happened

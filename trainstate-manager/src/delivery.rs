@@ -372,7 +372,10 @@ impl Shared {
                     (self.config.min_backoff * (1 << exponent)).min(self.config.max_backoff);
                 track.retry_at = (track.rewinds > 1).then(|| Instant::now() + delay);
             }
-            Err(err) if err.is_retryable() => {
+            // A URL that reaches no route of a head (a proxy's prefix, a
+            // typo) says nothing of the run: kept and retried like an
+            // unreachable head, never taken for "run not found".
+            Err(err) if err.is_retryable() || matches!(err, StateError::NoSuchRoute { .. }) => {
                 if track.failures == 0 {
                     tracing::warn!(run = %id, write = %what, error = %err, "the state actor is unreachable; the write is kept and retried");
                 } else {

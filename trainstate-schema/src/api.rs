@@ -683,8 +683,12 @@ pub enum ErrorCode {
     /// The bearer token is valid but may not do this: it lacks the route's
     /// scope, or it is bound to another cluster than the run's (403).
     Forbidden,
-    /// No run has this id, or no route has this path (404).
+    /// What the route names does not exist: no run has this id, no wire
+    /// type has this name (404).
     NotFound,
+    /// No route has this path: the URL is wrong (a path before `/api`, a
+    /// typo), not the thing it names missing. Never "run not found" (404).
+    NoSuchRoute,
     /// The route does not take this method (405).
     MethodNotAllowed,
     /// The `Host` header names no address of this head, which serves only
@@ -715,7 +719,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 18] = [
+    pub const ALL: [ErrorCode; 19] = [
         ErrorCode::BadRequest,
         ErrorCode::Invalid,
         ErrorCode::UnsupportedMediaType,
@@ -723,6 +727,7 @@ impl ErrorCode {
         ErrorCode::Unauthorized,
         ErrorCode::Forbidden,
         ErrorCode::NotFound,
+        ErrorCode::NoSuchRoute,
         ErrorCode::MethodNotAllowed,
         ErrorCode::MisdirectedRequest,
         ErrorCode::Conflict,
@@ -746,6 +751,7 @@ impl ErrorCode {
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::Forbidden => "forbidden",
             ErrorCode::NotFound => "not_found",
+            ErrorCode::NoSuchRoute => "no_such_route",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::MisdirectedRequest => "misdirected_request",
             ErrorCode::Conflict => "conflict",
@@ -766,7 +772,7 @@ impl ErrorCode {
             ErrorCode::BadRequest => 400,
             ErrorCode::Unauthorized => 401,
             ErrorCode::Forbidden => 403,
-            ErrorCode::NotFound => 404,
+            ErrorCode::NotFound | ErrorCode::NoSuchRoute => 404,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::RequestTimeout => 408,
             ErrorCode::Conflict | ErrorCode::IllegalTransition => 409,

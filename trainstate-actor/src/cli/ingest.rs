@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use trainstate_actor::ray_export::{IngestConfig, ingest};
+use trainstate_actor::ray_export::{IngestConfig, IngestError, ingest};
 
 /// How long one write may take, retries to an unreachable head included,
 /// before the ingester says so and sends it again (writes are idempotent).
@@ -85,7 +85,10 @@ async fn ray_export(args: RayExportArgs) -> Result<(), String> {
         once = args.once,
         "ingesting Ray's export events"
     );
-    let report = ingest(&handle, &config, shutdown).await.map_err(|e| e.to_string())?;
+    let report = ingest(&handle, &config, shutdown).await.map_err(|e| match e {
+        IngestError::NotAHead { .. } => format!("--url: {e}"),
+        e => e.to_string(),
+    })?;
     for position in &report.positions {
         tracing::info!(
             file = %position.file.display(),
@@ -102,6 +105,7 @@ async fn ray_export(args: RayExportArgs) -> Result<(), String> {
         other = report.other,
         deaths = report.deaths,
         ended = report.ended,
+        line_bytes_read = report.line_bytes_read,
         "stopped"
     );
     Ok(())

@@ -129,7 +129,8 @@ struct ServeArgs {
     cors_origins: Vec<String>,
     /// URL template of a run's or a worker's logs, shown as links on the page and by
     /// `runs show`: placeholders {run_id}, {run_name}, {job_id}, {attempt_id},
-    /// {start_ms}, {end_ms}, and per worker {rank}, {node_id}, {node_ip}, {pid}.
+    /// {start_ms}, {end_ms}, and per worker {rank}, {node_id}, {node_ip}, {pid}, in
+    /// the path, query or fragment only (never the host or port), filled percent-encoded.
     #[arg(long, env = "TRAINSTATE_LOGS_URL")]
     logs_url: Option<String>,
     /// URL template of a run's or a worker's metrics dashboard (placeholders as --logs-url).

@@ -164,7 +164,51 @@ impl HttpMetrics {
             Unit::Bytes,
             ConstGauge::new(budgeted_body_bytes as i64),
         );
+        #[cfg(feature = "forward")]
+        Self::forwarding(&mut registry, service);
         registry
+    }
+
+    /// Forwarding to a hub, when this head forwards (`--forward-to`).
+    #[cfg(feature = "forward")]
+    fn forwarding(registry: &mut Registry, service: &StateService) {
+        let shared = &service.writer().shared;
+        let Some(stats) = shared.forwarding.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        else {
+            return;
+        };
+        let read = |counter: &std::sync::atomic::AtomicU64| counter.load(Ordering::Relaxed);
+        registry.register(
+            "forward_pending",
+            "Runs read to forward and not yet accepted by the hub (at most one batch, 256)",
+            ConstGauge::new(read(&stats.pending) as i64),
+        );
+        registry.register(
+            "forward_sent",
+            "Runs the hub accepted",
+            ConstCounter::new(read(&stats.forwarded)),
+        );
+        registry.register(
+            "forward_refused",
+            "Runs the hub refused for good (conflicting or invalid); skipped",
+            ConstCounter::new(read(&stats.refused)),
+        );
+        registry.register(
+            "forward_failures",
+            "Sends that found the hub unreachable, busy or misaddressed; each is tried again",
+            ConstCounter::new(read(&stats.retries)),
+        );
+        registry.register(
+            "forward_position",
+            "The sequence number of the store's commit forwarded up to",
+            ConstGauge::new(read(&stats.position) as i64),
+        );
+        registry.register_with_unit(
+            "forward_last_success_timestamp",
+            "When the hub last accepted a run, in Unix seconds; 0 until it first does",
+            Unit::Seconds,
+            ConstGauge::new(read(&stats.last_success_ms) as f64 / 1000.0),
+        );
     }
 }
 

@@ -545,7 +545,7 @@ fn router(
     let mut app = timed
         .merge(untimed)
         .route_layer(middleware::from_fn(remember_route))
-        .fallback(routes::not_found)
+        .fallback(routes::no_such_route)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
         .layer(middleware::from_fn_with_state(state.clone(), bound_bodies))

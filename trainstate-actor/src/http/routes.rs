@@ -458,8 +458,18 @@ pub(crate) async fn metrics(State(app): State<AppState>) -> Response {
     response
 }
 
-pub(crate) async fn not_found() -> ApiError {
-    ApiError::not_found("no such route; see /openapi.json")
+/// The answer to a path no route has: `no_such_route`, never `not_found`,
+/// so that a client whose URL is wrong (a path before `/api`, a typo) is
+/// never told that a run does not exist.
+pub(crate) async fn no_such_route(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        trainstate_client::api::ErrorCode::NoSuchRoute,
+        format!(
+            "no such route: {method} {}; the head serves its API under /api at the root of its \
+             address (see /openapi.json)",
+            trainstate_schema::text::first_chars(uri.path(), 256)
+        ),
+    )
 }
 
 pub(crate) async fn method_not_allowed() -> ApiError {

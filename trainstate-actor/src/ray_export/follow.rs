@@ -2,7 +2,7 @@
 //! head, in order, from a durable position.
 
 use std::collections::{HashMap, VecDeque};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -13,7 +13,9 @@ use trainstate_schema::text::first_chars;
 use trainstate_schema::{AttemptStatus, CauseKind, RunId, RunStatus, ray_v2};
 
 use super::decode::{Death, Decoded, ExportEvent, NodeDeath, decode_line};
-use super::position::{Check, FileId, Line, Position, Positions, read_lines};
+use super::position::{
+    Check, FileId, Line, LinesRead, PartialLine, Position, Positions, open_lock_file, read_lines,
+};
 
 /// The file Ray appends its Train run and attempt events to, in
 /// `<session>/logs/export_events/`. Ray's `RotatingFileHandler` renames it
@@ -144,6 +146,10 @@ pub struct IngestReport {
     /// Live runs the ingester ended (`ABORTED`) because Ray reports their
     /// controller or their driver job dead.
     pub ended: u64,
+    /// Bytes of lines read from the export files. Each byte is read once
+    /// however often a file is polled: a last line without its line break
+    /// yet is read on as it grows, never again from its start.
+    pub line_bytes_read: u64,
     /// Where the ingester is in each file it has read.
     pub positions: Vec<FilePosition>,
 }
@@ -190,6 +196,17 @@ pub enum IngestError {
         #[source]
         source: std::io::Error,
     },
+    /// The URL answers, but not as a trainstate head: `GET /api/version`
+    /// reached no route of one (a path before `/api`, a typo, a proxy that
+    /// does not pass the API on) or answered what a head does not. Nothing
+    /// was read or applied.
+    #[error("{url} is not the address of a trainstate head; no event was read: {reason}")]
+    NotAHead {
+        /// The URL the ingester was given.
+        url: String,
+        /// What answered, and what it said.
+        reason: String,
+    },
     /// The head refuses the ingester's credentials: no event could be
     /// applied, so none is skipped.
     #[error("the head refuses the ingester's credentials ({reason}); check the token")]
@@ -228,6 +245,15 @@ pub async fn ingest(
     for p in positions.files.values() {
         tracing::info!(file = %p.path.display(), offset = p.offset, line = p.line, "resuming");
     }
+    tokio::pin!(shutdown);
+    let checked = tokio::select! {
+        checked = check_head(handle, config) => checked?,
+        () = &mut shutdown => false,
+    };
+    if !checked {
+        // Told to stop before the head answered: nothing was read.
+        return Ok(IngestReport { positions: file_positions(positions), ..Default::default() });
+    }
     let (stop, stopped) = watch::channel(false);
     let mut ingester = Ingester {
         handle,
@@ -240,11 +266,11 @@ pub async fn ingest(
         attempts: VecDeque::new(),
         dead_nodes: HashMap::new(),
         dead_order: VecDeque::new(),
+        partials: HashMap::new(),
     };
     let result = {
         let run = ingester.run();
         tokio::pin!(run);
-        tokio::pin!(shutdown);
         tokio::select! {
             result = &mut run => result,
             () = &mut shutdown => {
@@ -254,13 +280,61 @@ pub async fn ingest(
         }
     };
     let mut report = ingester.report;
-    report.positions = ingester
-        .positions
+    report.positions = file_positions(ingester.positions);
+    result.map(|()| report)
+}
+
+/// Where the ingester is in each file, as its report says it.
+fn file_positions(positions: Positions) -> Vec<FilePosition> {
+    positions
         .files
         .into_values()
         .map(|p| FilePosition { file: p.path, offset: p.offset, line: p.line })
-        .collect();
-    result.map(|()| report)
+        .collect()
+}
+
+/// Checks, before any event is read, that the handle's URL is a trainstate
+/// head's: `GET /api/version` answers as one. A head that is down, busy or
+/// still starting is asked again with backoff, as long as it takes (the
+/// ingester waits for its head, as it always has); true once it answers.
+/// A URL that answers, but not as a head (a route miss, a proxy's page,
+/// another server), is refused: no event could ever be applied through it.
+async fn check_head(handle: &StateHandle, config: &IngestConfig) -> Result<bool, IngestError> {
+    if !handle.is_remote() {
+        // A handle of this process's own actor: no URL to check.
+        return Ok(true);
+    }
+    let mut backoff = config.first_backoff;
+    let mut failures = 0_u32;
+    loop {
+        match handle.head_version().await {
+            Ok(version) => {
+                tracing::info!(head = handle.name(), version = %version.version, "the head answers");
+                return Ok(true);
+            }
+            Err(StateError::Unauthorized { reason }) => {
+                return Err(IngestError::Unauthorized { reason });
+            }
+            Err(
+                error @ (StateError::NoSuchRoute { .. }
+                | StateError::Protocol { .. }
+                | StateError::Unsupported { .. }),
+            ) => {
+                return Err(IngestError::NotAHead {
+                    url: handle.name().to_owned(),
+                    reason: error.to_string(),
+                });
+            }
+            Err(error) => {
+                if failures.is_power_of_two() || failures == 0 {
+                    tracing::warn!(head = handle.name(), %error, retry_in = ?backoff, "the head does not answer yet: asking again");
+                }
+                failures = failures.saturating_add(1);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(config.max_backoff);
+            }
+        }
+    }
 }
 
 /// Holds `<position file>.lock` (an OS lock, released however the process
@@ -268,13 +342,10 @@ pub async fn ingest(
 fn lock(position_file: &Path) -> Result<File, IngestError> {
     let mut path = position_file.as_os_str().to_owned();
     path.push(".lock");
-    let file =
-        OpenOptions::new().write(true).create(true).truncate(false).open(&path).map_err(|e| {
-            IngestError::Position {
-                path: position_file.to_owned(),
-                reason: format!("cannot open its lock file: {e}"),
-            }
-        })?;
+    let file = open_lock_file(Path::new(&path)).map_err(|reason| IngestError::Position {
+        path: position_file.to_owned(),
+        reason: format!("its lock file: {reason}"),
+    })?;
     file.try_lock().map_err(|_| IngestError::Locked { path: position_file.to_owned() })?;
     Ok(file)
 }
@@ -301,8 +372,9 @@ enum Polled {
 enum Step {
     /// No file yet.
     Missing,
-    /// The file the position is in; its lines from there (maybe none).
-    Lines { lines: Vec<Line>, position: Position },
+    /// The file the position is in; its lines from there (maybe none),
+    /// and its last line if it has no line break yet.
+    Lines { lines: Vec<Line>, position: Position, partial: Option<PartialLine>, bytes_read: u64 },
     /// Another file than the position's (or no position yet): `new` is its
     /// start, `old` where the position's file is now, if it still exists.
     Replaced { new: Position, old: Option<PathBuf> },
@@ -328,6 +400,9 @@ struct Ingester<'a> {
     dead_nodes: HashMap<String, (String, NodeDeath)>,
     /// `dead_nodes`' ids, oldest first, to bound it.
     dead_order: VecDeque<String>,
+    /// The last line of each followed name without its line break yet, as
+    /// far as it has been read.
+    partials: HashMap<&'static str, PartialLine>,
 }
 
 /// A live run, as far as deaths are concerned.
@@ -424,10 +499,13 @@ impl Ingester<'_> {
     async fn poll(&mut self, name: &'static str) -> Result<Polled, IngestError> {
         let path = self.config.events_dir().join(name);
         let position = self.positions.files.get(name).cloned();
+        let announced;
         let step = {
+            let partial = self.partials.remove(name);
+            announced = partial.as_ref().filter(|p| p.is_oversized()).map(PartialLine::start);
             let (at, from) = (path.clone(), position.clone());
             let (max_lines, max_bytes) = (self.config.max_batch_lines, self.config.max_line_bytes);
-            blocking(move || step(&at, from.as_ref(), max_lines, max_bytes))
+            blocking(move || step(&at, from.as_ref(), partial, max_lines, max_bytes))
                 .await
                 .map_err(|source| IngestError::Read { path: path.clone(), source })?
         };
@@ -482,14 +560,43 @@ impl Ingester<'_> {
                 self.save(name, new).await?;
                 Ok(Polled::Busy)
             }
-            Step::Lines { lines, .. } if lines.is_empty() => Ok(Polled::Idle),
-            Step::Lines { lines, position } => {
+            Step::Lines { lines, position, partial, bytes_read } => {
+                self.report.line_bytes_read += bytes_read;
+                if let Some(partial) = partial {
+                    self.keep_partial(name, &path, partial, announced);
+                }
+                if lines.is_empty() {
+                    return Ok(Polled::Idle);
+                }
                 match self.apply_lines(name, &path, position, lines).await? {
                     Flow::Continue => Ok(Polled::Busy),
                     Flow::Stop => Ok(Polled::Stop),
                 }
             }
         }
+    }
+
+    /// Keeps the last line of `name`'s file, which has no line break yet,
+    /// for the next poll; says once when it has grown past the limit
+    /// (`announced`: the start of the line already said to be).
+    fn keep_partial(
+        &mut self,
+        name: &'static str,
+        path: &Path,
+        partial: PartialLine,
+        announced: Option<u64>,
+    ) {
+        if partial.is_oversized() && announced != Some(partial.start()) {
+            tracing::warn!(
+                file = %path.display(),
+                line = partial.number(),
+                offset = partial.start(),
+                "a line longer than {} bytes, not ended yet: it is read on as it grows, \
+                 never held, and skipped once it ends",
+                self.config.max_line_bytes
+            );
+        }
+        self.partials.insert(name, partial);
     }
 
     /// Reads the rest of a file that is no longer under the followed name
@@ -505,18 +612,21 @@ impl Ingester<'_> {
                 let (old, from) = (old.to_owned(), position.clone());
                 let (max_lines, max_bytes) =
                     (self.config.max_batch_lines, self.config.max_line_bytes);
-                blocking(move || -> std::io::Result<Option<Vec<Line>>> {
+                blocking(move || -> std::io::Result<Option<LinesRead>> {
                     let mut file = File::open(&old)?;
                     let (id, len) = FileId::of(&file)?;
                     if from.check(&mut file, id, len)? != Check::Same {
                         return Ok(None);
                     }
-                    read_lines(&mut file, &from, max_lines, max_bytes, true).map(Some)
+                    read_lines(&mut file, &from, max_lines, max_bytes, true, None).map(Some)
                 })
                 .await
             };
             let lines = match lines {
-                Ok(Some(lines)) if !lines.is_empty() => lines,
+                Ok(Some(read)) if !read.lines.is_empty() => {
+                    self.report.line_bytes_read += read.bytes_read;
+                    read.lines
+                }
                 Ok(_) => return Ok(Flow::Continue),
                 Err(err) => {
                     tracing::warn!(file = %old.display(), error = %err, "the previous file cannot be read any more");
@@ -810,7 +920,7 @@ impl Ingester<'_> {
                     Disposition::Fatal => {
                         return Err(IngestError::Unauthorized { reason: error.to_string() });
                     }
-                    Disposition::Retry => {
+                    Disposition::Retry | Disposition::Misdirected => {
                         tracing::warn!(%error, retry_in = ?backoff, "cannot list the head's live runs now");
                         if !self.wait(backoff).await {
                             return Ok(Flow::Stop);
@@ -940,6 +1050,26 @@ impl Ingester<'_> {
                     self.report.rejected += 1;
                     return Ok(Flow::Continue);
                 }
+                Disposition::Misdirected => {
+                    // At the first few, then about once a minute at most.
+                    if failures.is_power_of_two() || failures.is_multiple_of(12) {
+                        tracing::error!(
+                            file = %file.display(),
+                            line = line.number,
+                            offset = line.start,
+                            head = self.handle.name(),
+                            %error,
+                            retry_in = ?backoff,
+                            "the head's URL reaches no route: the event is kept and sent again, \
+                             never skipped; fix the URL (--url) or the proxy and restart"
+                        );
+                    }
+                    failures = failures.saturating_add(1);
+                    if !self.wait(backoff).await {
+                        return Ok(Flow::Stop);
+                    }
+                    backoff = (backoff * 2).min(self.config.max_backoff);
+                }
                 Disposition::Retry => {
                     if failures == 0 || failures.is_power_of_two() {
                         tracing::warn!(
@@ -965,6 +1095,10 @@ impl Ingester<'_> {
 enum Disposition {
     /// Send the event again later.
     Retry,
+    /// The URL reaches no route of a head (a proxy's prefix, a typo, a
+    /// head without the route): nothing is known of the event, so it is
+    /// sent again later, never skipped.
+    Misdirected,
     /// The head refuses the event itself: skip it.
     Skip,
     /// The head has a later state of the run: skip the event.
@@ -975,10 +1109,12 @@ enum Disposition {
 
 /// What to do about an event the head did not take. Only what the event
 /// itself is refused for is skipped; anything the head may take later
-/// (down, busy, slow, failing, not serving the route yet) is retried, so
-/// no event is skipped for the head's sake.
+/// (down, busy, slow, failing, not serving the route yet, a URL that
+/// reaches no route) is retried, so no event is skipped for the head's
+/// sake or the URL's.
 fn disposition(error: &StateError) -> Disposition {
     match error {
+        StateError::NoSuchRoute { .. } => Disposition::Misdirected,
         StateError::IllegalTransition { .. } => Disposition::Stale,
         StateError::NotFound { .. } | StateError::Conflict { .. } | StateError::Invalid { .. } => {
             Disposition::Skip
@@ -992,6 +1128,7 @@ fn disposition(error: &StateError) -> Disposition {
 fn step(
     path: &Path,
     position: Option<&Position>,
+    partial: Option<PartialLine>,
     max_lines: usize,
     max_line_bytes: usize,
 ) -> std::io::Result<Step> {
@@ -1013,10 +1150,15 @@ fn step(
         Check::Replaced => return Ok(Step::Replaced { new: start(), old: find_old(position) }),
         check => return Ok(Step::Rewound { check, new: start() }),
     }
-    let lines = read_lines(&mut file, position, max_lines, max_line_bytes, false)?;
+    let read = read_lines(&mut file, position, max_lines, max_line_bytes, false, partial)?;
     let mut position = position.clone();
     position.extend_fingerprint(&mut file, len)?;
-    Ok(Step::Lines { lines, position })
+    Ok(Step::Lines {
+        lines: read.lines,
+        position,
+        partial: read.partial,
+        bytes_read: read.bytes_read,
+    })
 }
 
 /// Where the file `position` is in is now, if it still exists: under its

@@ -72,12 +72,21 @@ impl Positions {
 
     /// Writes the positions to `path` atomically and durably: a temporary
     /// file, fsync, rename over the old one, fsync of the directory.
+    ///
+    /// The temporary file (`<path>.tmp`) is always a new file: whatever is
+    /// under its name (a stale one, or a symlink someone planted) is
+    /// removed first, never followed, and it is created exclusively, so a
+    /// symlink planted in between fails the write instead of redirecting it.
     pub(crate) fn save(&self, path: &Path) -> std::io::Result<()> {
         let mut tmp = path.as_os_str().to_owned();
         tmp.push(".tmp");
         let tmp = PathBuf::from(tmp);
         {
-            let mut file = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+            match std::fs::remove_file(&tmp) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+            let mut file = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
             let mut json = serde_json::to_vec_pretty(self).expect("positions serialize");
             json.push(b'\n');
             file.write_all(&json)?;
@@ -90,6 +99,45 @@ impl Positions {
         };
         File::open(dir)?.sync_all()
     }
+}
+
+/// Opens `path` for an OS lock: an existing regular file, or a new one.
+/// A symlink (dangling or not) or anything but a regular file is refused
+/// and never followed: a new file is created exclusively (which fails on
+/// a symlink instead of creating its target), and an existing one, once
+/// opened, must be the file the path names (device and inode) before it is
+/// used. The error says what is wrong with the path.
+pub(crate) fn open_lock_file(path: &Path) -> Result<File, String> {
+    let refuse = |what: &str| {
+        format!(
+            "{} {what}; refusing it (remove it: the ingester creates its own lock file)",
+            path.display()
+        )
+    };
+    let named = match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_symlink() => return Err(refuse("is a symlink")),
+        Ok(meta) if !meta.is_file() => return Err(refuse("is not a regular file")),
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return OpenOptions::new().write(true).create_new(true).open(path).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::AlreadyExists {
+                    refuse("appeared while it was being created")
+                } else {
+                    format!("cannot create {}: {e}", path.display())
+                }
+            });
+        }
+        Err(e) => return Err(format!("cannot inspect {}: {e}", path.display())),
+    };
+    let file = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let opened = file.metadata().map_err(|e| format!("cannot inspect {}: {e}", path.display()))?;
+    if (opened.dev(), opened.ino()) != (named.dev(), named.ino()) {
+        return Err(refuse("changed while it was being opened"));
+    }
+    Ok(file)
 }
 
 /// Where an ingester is in one export event file.
@@ -190,24 +238,78 @@ pub(crate) struct Line {
 /// The most bytes of lines one read returns (beyond its first line).
 const MAX_BATCH_BYTES: u64 = 4 << 20;
 
+/// A last line without its line break yet, as far as it has been read:
+/// kept between reads, so that the next read of the file reads only what
+/// was appended after it, never the line again.
+#[derive(Debug, Clone)]
+pub(crate) struct PartialLine {
+    /// The file it is in.
+    id: FileId,
+    /// The byte offset of its start.
+    start: u64,
+    /// Its number, from 1.
+    number: u64,
+    /// How many of its bytes have been read.
+    read: u64,
+    /// Its bytes so far; `None` once longer than the limit (it is skipped
+    /// when it ends, and never held whole).
+    bytes: Option<Vec<u8>>,
+}
+
+impl PartialLine {
+    /// Its number, from 1.
+    pub(crate) fn number(&self) -> u64 {
+        self.number
+    }
+
+    /// The byte offset of its start.
+    pub(crate) fn start(&self) -> u64 {
+        self.start
+    }
+
+    /// True once it is longer than the limit.
+    pub(crate) fn is_oversized(&self) -> bool {
+        self.bytes.is_none()
+    }
+}
+
+/// What one read of a file found.
+#[derive(Debug, Default)]
+pub(crate) struct LinesRead {
+    /// The complete lines read, in order.
+    pub(crate) lines: Vec<Line>,
+    /// The last line, when it has no line break yet (and the read was not
+    /// told to take it), to give to the next read.
+    pub(crate) partial: Option<PartialLine>,
+    /// How many bytes this read took from the file.
+    pub(crate) bytes_read: u64,
+}
+
 /// Reads up to `max_lines` complete lines from `file` at `position`.
 /// A last line without its line break is left for later (Ray may be
-/// writing it), unless `take_partial` (a file Ray no longer writes).
+/// writing it), unless `take_partial` (a file Ray no longer writes): it is
+/// returned as `partial`, and when given back to the next read of the same
+/// file at the same position, that read goes on from where this one
+/// stopped, so a line is read once however long it stays unended.
 pub(crate) fn read_lines(
     file: &mut File,
     position: &Position,
     max_lines: usize,
     max_line_bytes: usize,
     take_partial: bool,
-) -> std::io::Result<Vec<Line>> {
-    file.seek(SeekFrom::Start(position.offset))?;
+    partial: Option<PartialLine>,
+) -> std::io::Result<LinesRead> {
+    let mut carried = partial.filter(|p| p.id == position.id && p.start == position.offset);
+    let resume_at = position.offset + carried.as_ref().map_or(0, |p| p.read);
+    file.seek(SeekFrom::Start(resume_at))?;
     let mut reader = BufReader::with_capacity(64 * 1024, file);
-    let mut lines = Vec::new();
+    let mut read = LinesRead::default();
     let (mut offset, mut number) = (position.offset, position.line);
-    while lines.len() < max_lines {
-        let mut bytes = Vec::new();
-        let mut consumed = 0_u64;
-        let mut oversized = false;
+    while read.lines.len() < max_lines {
+        let (mut bytes, mut consumed) = match carried.take() {
+            Some(partial) => (partial.bytes, partial.read),
+            None => (Some(Vec::new()), 0),
+        };
         let complete = loop {
             let available = reader.fill_buf()?;
             if available.is_empty() {
@@ -217,39 +319,46 @@ pub(crate) fn read_lines(
                 Some(i) => (&available[..=i], true),
                 None => (available, false),
             };
-            if !oversized {
-                bytes.extend_from_slice(chunk);
-                if bytes.len() > max_line_bytes + 1 {
-                    oversized = true;
-                    bytes = Vec::new();
+            if let Some(kept) = &mut bytes {
+                kept.extend_from_slice(chunk);
+                if kept.len() > max_line_bytes + 1 {
+                    bytes = None;
                 }
             }
             let n = chunk.len();
             reader.consume(n);
             consumed += n as u64;
+            read.bytes_read += n as u64;
             if found {
                 break true;
             }
         };
-        if consumed == 0 || (!complete && !take_partial) {
+        if consumed == 0 {
             break;
         }
-        if bytes.last() == Some(&b'\n') {
-            bytes.pop();
+        if !complete && !take_partial {
+            read.partial = Some(PartialLine {
+                id: position.id,
+                start: offset,
+                number: number + 1,
+                read: consumed,
+                bytes,
+            });
+            break;
+        }
+        if let Some(kept) = &mut bytes
+            && kept.last() == Some(&b'\n')
+        {
+            kept.pop();
         }
         number += 1;
-        lines.push(Line {
-            number,
-            start: offset,
-            end: offset + consumed,
-            bytes: (!oversized).then_some(bytes),
-        });
+        read.lines.push(Line { number, start: offset, end: offset + consumed, bytes });
         offset += consumed;
         if !complete || offset - position.offset >= MAX_BATCH_BYTES {
             break;
         }
     }
-    Ok(lines)
+    Ok(read)
 }
 
 #[cfg(test)]
@@ -267,8 +376,9 @@ mod tests {
         let mut file = File::open(&path).unwrap();
         let (id, _) = FileId::of(&file).unwrap();
         let position = Position::start(path, id);
-        read_lines(&mut file, &position, max_lines, 8, take_partial)
+        read_lines(&mut file, &position, max_lines, 8, take_partial, None)
             .unwrap()
+            .lines
             .into_iter()
             .map(|l| (l.number, l.start, l.end, l.bytes.map(|b| String::from_utf8(b).unwrap())))
             .collect()
@@ -293,6 +403,39 @@ mod tests {
             lines_of(b"0123456789abc\nok\n", 10, false),
             [(1, 0, 14, None), (2, 14, 17, some("ok"))]
         );
+    }
+
+    #[test]
+    fn an_unended_line_is_read_on_from_where_the_last_read_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"ok\n0123").unwrap();
+        let mut file = File::open(&path).unwrap();
+        let (id, _) = FileId::of(&file).unwrap();
+        let mut position = Position::start(path.clone(), id);
+        let first = read_lines(&mut file, &position, 10, 8, false, None).unwrap();
+        assert_eq!((first.lines.len(), first.bytes_read), (1, 7));
+        position.offset = 3;
+        position.line = 1;
+        let partial = first.partial.unwrap();
+        assert_eq!((partial.number(), partial.start(), partial.is_oversized()), (2, 3, false));
+        // Nothing appended: nothing read.
+        let again = read_lines(&mut file, &position, 10, 8, false, Some(partial)).unwrap();
+        assert_eq!((again.lines.len(), again.bytes_read), (0, 0));
+        // Appended past the limit (8 bytes), then ended: only the new bytes.
+        std::fs::OpenOptions::new().append(true).open(&path).unwrap().write_all(b"456789").unwrap();
+        let over = read_lines(&mut file, &position, 10, 8, false, again.partial).unwrap();
+        assert_eq!(over.bytes_read, 6);
+        assert!(over.partial.as_ref().unwrap().is_oversized());
+        std::fs::OpenOptions::new().append(true).open(&path).unwrap().write_all(b"\nab\n").unwrap();
+        let ended = read_lines(&mut file, &position, 10, 8, false, over.partial).unwrap();
+        assert_eq!(ended.bytes_read, 4);
+        let got: Vec<_> =
+            ended.lines.iter().map(|l| (l.number, l.start, l.end, l.bytes.clone())).collect();
+        assert_eq!(got, [(2, 3, 14, None), (3, 14, 17, Some(b"ab".to_vec()))]);
+        // A partial line of another position is not taken up.
+        let stale = read_lines(&mut file, &Position::start(path, id), 1, 8, false, None).unwrap();
+        assert_eq!(stale.bytes_read, 3);
     }
 
     #[test]
