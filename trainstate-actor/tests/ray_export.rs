@@ -944,7 +944,8 @@ async fn regression_a_write_that_reaches_no_route_is_sent_again_and_never_skippe
     let proxy = MisroutingProxy::start(&head).await;
     site.append_lines(&rays_lines()[..8]);
 
-    let mut misrouted = site.ingester_at(site.session(), &format!("{}/prefix", proxy.url), false, &[]);
+    let mut misrouted =
+        site.ingester_at(site.session(), &format!("{}/prefix", proxy.url), false, &[]);
     eventually("the same event sent three times", || (proxy.writes() >= 3).then_some(())).await;
     assert!(site.log().contains("the head's URL reaches no route"), "{}", site.log());
     assert!(misrouted.terminate().success(), "{}", site.log());

@@ -686,8 +686,8 @@ async fn regression_waiting_groups_hold_a_bounded_number_of_bytes_and_say_so_at_
     let state = service.handle();
     let group = workers(2_000, 8, "big-");
     let mut refused = None;
-    for rank in 0..group.len() {
-        let join = Join::new("heavy", 2_000, heavy(&group[rank]), "train", "job-7").unwrap();
+    for (rank, worker) in group.iter().enumerate() {
+        let join = Join::new("heavy", 2_000, heavy(worker), "train", "job-7").unwrap();
         match state.join_rendezvous(join).await {
             Ok(_) => {}
             Err(err) => {

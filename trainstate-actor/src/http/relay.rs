@@ -259,7 +259,7 @@ async fn answer_calls(relay: Weak<RendezvousRelay>, handle: StateHandle) {
         }
         let Ok(client) = this.pool.get().await else { continue };
         polls += 1;
-        if polls % 256 == 0 {
+        if polls.is_multiple_of(256) {
             let _ = client
                 .execute(
                     "DELETE FROM trainstate_rendezvous_calls
