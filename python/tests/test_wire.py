@@ -6,7 +6,7 @@ import typing
 from pathlib import Path
 
 import trainstate
-from trainstate import _wire
+from trainstate import types
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 
@@ -18,7 +18,7 @@ def test_every_object_schema_has_a_typed_dict_with_its_keys():
         name = path.name[: -len(".schema.json")]
         if "properties" not in schema:
             continue
-        typed = getattr(_wire, name)
+        typed = getattr(types, name)
         hints = typing.get_type_hints(typed)
         assert set(hints) == set(schema["properties"]), name
         assert typed.__required_keys__ == frozenset(schema.get("required", [])), name
@@ -27,12 +27,12 @@ def test_every_object_schema_has_a_typed_dict_with_its_keys():
 
 
 def test_enumerations_are_literals_of_the_wire_spellings():
-    assert typing.get_args(_wire.RunStatus)[:8] == (
+    assert typing.get_args(types.RunStatus)[:8] == (
         "INITIALIZING", "SCHEDULING", "RUNNING", "RESTARTING", "RESIZING",
         "FINISHED", "ERRORED", "ABORTED",
     )
-    assert typing.get_args(_wire.AttemptStatus) == ("PENDING", "RUNNING", "FINISHED", "ERRORED", "ABORTED")
-    assert "USER_INTERRUPT" in typing.get_args(_wire.CauseKind)
+    assert typing.get_args(types.AttemptStatus) == ("PENDING", "RUNNING", "FINISHED", "ERRORED", "ABORTED")
+    assert "USER_INTERRUPT" in typing.get_args(types.CauseKind)
 
 
 def test_the_package_is_typed():
@@ -57,9 +57,9 @@ def test_a_registration_preferring_return_minimal_answers_without_the_run(head, 
         )
         with urllib.request.urlopen(req, timeout=10) as response:
             assert response.headers["Preference-Applied"] == "return=minimal"
-            answer: _wire.RegisterMinimalResponse = json.loads(response.read())
+            answer: types.RegisterMinimalResponse = json.loads(response.read())
             answers.append((response.status, answer))
-    required = _wire.RegisterMinimalResponse.__required_keys__
+    required = types.RegisterMinimalResponse.__required_keys__
     for status, answer in answers:
         assert set(answer) == required, answer
         assert answer["run_id"] == run_id

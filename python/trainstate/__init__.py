@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 from . import _http, _launch, _probe, _proc
 from ._run import TERMINAL, Run, current
 from ._run import _set_current as _set_current
-from ._wire import TrainWorkerInfo
+from .types import TrainWorkerInfo
 
 __all__ = ["Run", "TERMINAL", "current", "fail", "finish", "init", "__version__"]
 

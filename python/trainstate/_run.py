@@ -26,7 +26,7 @@ from types import TracebackType
 from typing import Any, Callable, Dict, Optional, Tuple, Type
 
 from . import _launch, _proc
-from ._wire import TrainWorkerInfo
+from .types import TrainWorkerInfo
 
 logger = logging.getLogger("trainstate")
 

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use schemars::Schema;
 use trainstate_client::openapi::to_document_text as pretty;
 
-use crate::{python, schema_doc};
+use crate::{contract, page, python, schema_doc};
 
 /// One generated file: its path relative to the workspace root, and its text.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,7 +56,16 @@ pub fn generated_files() -> Vec<GeneratedFile> {
         path: "docs/schema.md".into(),
         contents: schema_doc::render(&schemas),
     });
-    files.push(GeneratedFile { path: python::PATH.into(), contents: python::render(&schemas) });
+    files.push(GeneratedFile {
+        path: python::TYPES_PATH.into(),
+        contents: python::render_types(&schemas),
+    });
+    let contract = contract::contract(&schemas);
+    files.push(GeneratedFile {
+        path: python::CONTRACT_PATH.into(),
+        contents: python::render_contract(&contract),
+    });
+    files.push(GeneratedFile { path: page::PATH.into(), contents: page::render(&contract) });
     files
 }
 

@@ -1,5 +1,6 @@
-//! Code generation for trainstate: the committed JSON Schemas, schema docs
-//! and the Python package's wire types.
+//! Code generation for trainstate: the committed JSON Schemas, schema docs,
+//! the Python package's wire types and contract, and the web page's
+//! contract.
 //!
 //! Every generated file is a pure function of the Rust types, so the same
 //! generator writes the files (`cargo xtask codegen`), checks them
@@ -7,6 +8,8 @@
 //! when a committed file is stale.
 
 mod codegen;
+mod contract;
+mod page;
 mod python;
 mod schema_doc;
 

@@ -19,7 +19,7 @@ fn every_wire_type_has_a_schema_and_a_doc_section() {
 #[test]
 fn the_python_package_has_a_type_for_every_wire_type() {
     let files = xtask::generated_files();
-    let module = files.iter().find(|f| f.path == "python/trainstate/_wire.py").unwrap();
+    let module = files.iter().find(|f| f.path == "python/trainstate/types.py").unwrap();
     for name in
         ["TrainRunInfo", "TrainWorkerInfo", "JoinRequest", "RankEndRequest", "RendezvousResponse"]
     {
@@ -29,4 +29,42 @@ fn the_python_package_has_a_type_for_every_wire_type() {
         assert!(module.contents.contains(&format!("\n{name} = Literal[")), "{name}");
     }
     assert!(module.contents.contains("\"RUNNING\", \"FINISHED\", \"ERRORED\", \"ABORTED\""));
+}
+
+#[test]
+fn python_and_the_page_get_every_route_and_rusts_retry_rule() {
+    use trainstate_schema::api::ErrorCode;
+
+    let files = xtask::generated_files();
+    let file = |path: &str| &files.iter().find(|f| f.path == path).unwrap().contents;
+    let (python, page) =
+        (file("python/trainstate/_contract.py"), file("trainstate-actor/web/contract.js"));
+    for route in trainstate_client::routes::routes() {
+        let method = route.method.as_lower_str().to_ascii_uppercase();
+        assert!(
+            python.contains(&format!(" = Route({method:?}, {:?})\n", route.path)),
+            "{}",
+            route.path
+        );
+        assert!(
+            page.contains(&format!("\"{}\": {{", route.operation_id)),
+            "{}",
+            route.operation_id
+        );
+    }
+    let retryable: Vec<String> = ErrorCode::ALL
+        .into_iter()
+        .filter(|code| code.is_retryable())
+        .map(|code| format!("{:?}", code.as_str()))
+        .collect();
+    assert!(
+        python.contains(&format!("frozenset(({}))", retryable.join(", "))),
+        "Python retries after exactly the codes Rust retries after"
+    );
+    assert!(
+        page.contains(&format!(
+            "\"retryableErrorCodes\": [\n    {}\n  ]",
+            retryable.join(",\n    ")
+        ))
+    );
 }
