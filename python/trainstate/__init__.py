@@ -29,6 +29,7 @@ from typing import Mapping, Optional
 from urllib.parse import urlsplit
 
 from . import _http, _launch, _probe, _proc
+from ._contract import MAX_NAME_LEN
 from ._run import TERMINAL, Run, current
 from ._run import _set_current as _set_current
 from .types import TrainWorkerInfo
@@ -125,7 +126,7 @@ def _make(
     pid = os.getpid()
     node = _probe.node_id()
     worker: TrainWorkerInfo = {
-        "actor_id": f"{launch.launcher}:{pid}@{_probe.hostname()}"[:1024],
+        "actor_id": f"{launch.launcher}:{pid}@{_probe.hostname()}"[:MAX_NAME_LEN],
         "world_rank": launch.rank,
         "local_rank": launch.local_rank,
         "node_rank": launch.node_rank,
@@ -143,7 +144,7 @@ def _make(
         ca_cert=ca_cert,
         launch=launch,
         worker=worker,
-        name=run_name[:1024],
+        name=run_name[:MAX_NAME_LEN],
         timeout=timeout,
         join_timeout=join_timeout,
         process_start_ms=_proc.start_ms(pid) or _proc.now_ms(),

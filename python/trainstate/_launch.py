@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Tuple
 
 from . import _probe, _proc
+from ._contract import MAX_RENDEZVOUS_KEY_LEN, RENDEZVOUS_KEY_PATTERN
 
-_KEY_CHARS = re.compile(r"[^A-Za-z0-9._:-]")
-_MAX_KEY = 256
+_KEY = re.compile(RENDEZVOUS_KEY_PATTERN)
+"""The head's pattern of a whole key: a single character matches it when
+the character may appear in a key."""
 
 
 @dataclass(frozen=True)
@@ -43,10 +45,10 @@ def rendezvous_key(text: str) -> str:
     """``text`` as a rendezvous key: characters outside ``A-Za-z0-9._:-``
     become ``-``; a key longer than 256 characters is shortened with a hash
     of the whole, so every rank derives the same key."""
-    key = _KEY_CHARS.sub("-", text) or "-"
-    if len(key) > _MAX_KEY:
+    key = "".join(c if _KEY.fullmatch(c) else "-" for c in text) or "-"
+    if len(key) > MAX_RENDEZVOUS_KEY_LEN:
         digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
-        key = key[: _MAX_KEY - 33] + "." + digest
+        key = key[: MAX_RENDEZVOUS_KEY_LEN - 33] + "." + digest
     return key
 
 

@@ -20,8 +20,7 @@ import os
 import socket
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-MAX_GPUS_PER_WORKER = 1024
-_MAX_NAME = 1024
+from ._contract import MAX_GPUS_PER_WORKER, MAX_NAME_LEN
 
 
 def fnv1a64(data: bytes) -> int:
@@ -35,7 +34,7 @@ def fnv1a64(data: bytes) -> int:
 def valid_name(text: str) -> bool:
     """The schema's name rule: non-empty, at most 1,024 characters, no
     control characters."""
-    return 0 < len(text) <= _MAX_NAME and not any(
+    return 0 < len(text) <= MAX_NAME_LEN and not any(
         ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in text
     )
 
@@ -113,7 +112,7 @@ def cpu_count() -> int:
     """The CPUs this process may use: its affinity, bounded by a cgroup CPU
     quota, as Rust's ``available_parallelism``."""
     try:
-        count = len(os.sched_getaffinity(0))  # type: ignore[attr-defined]
+        count = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         count = os.cpu_count() or 1
     quota = _cgroup_quota()
@@ -146,7 +145,7 @@ def worker_cpus(
     from this process."""
     if affinity is None:
         try:
-            affinity = len(os.sched_getaffinity(0))  # type: ignore[attr-defined]
+            affinity = len(os.sched_getaffinity(0))
         except (AttributeError, OSError):
             affinity = None
     if node is None:

@@ -12,6 +12,8 @@ import struct
 import time
 from typing import List, Optional, Tuple
 
+from .types import CauseKind, FailureMode, RunStatus
+
 PROC = "/proc"
 
 # Fields of /proc/<pid>/stat, numbered as proc(5) numbers them (1-based).
@@ -118,7 +120,7 @@ _PIDFD_EXIT_CODE_OFFSET = 60
 def open_pidfd(pid: int) -> Optional[int]:
     """A pidfd of ``pid`` (Linux 5.3+), or ``None``."""
     try:
-        return os.pidfd_open(pid)  # type: ignore[attr-defined]
+        return os.pidfd_open(pid)
     except (AttributeError, OSError):
         return None
 
@@ -141,7 +143,7 @@ def pidfd_exit_code(pidfd: Optional[int]) -> Optional[int]:
     if not mask & _PIDFD_INFO_EXIT:
         return None
     (code,) = struct.unpack_from("=i", buffer, _PIDFD_EXIT_CODE_OFFSET)
-    return code
+    return int(code)
 
 
 def signal_name(number: int) -> str:
@@ -152,7 +154,7 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-Ending = Tuple[str, Optional[str], Optional[str], str]
+Ending = Tuple[RunStatus, Optional[CauseKind], Optional[FailureMode], str]
 """A rank's end as the head takes it: status, cause, how, detail."""
 
 

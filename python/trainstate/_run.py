@@ -26,14 +26,14 @@ from types import TracebackType
 from typing import Any, Callable, Dict, Optional, Tuple, Type
 
 from . import _launch, _proc
-from .types import TrainWorkerInfo
+from ._contract import MAX_TRACE_LEN, TERMINAL_RUN_STATUSES
+from .types import CauseKind, FailureMode, RunStatus, TrainWorkerInfo
 
 logger = logging.getLogger("trainstate")
 
-TERMINAL = ("FINISHED", "ERRORED", "ABORTED")
+TERMINAL: Tuple[RunStatus, ...] = TERMINAL_RUN_STATUSES
 """The statuses a run ends with."""
 
-_MAX_DETAIL = 50_000
 _WRITE_BOUND = 0.2
 """How long finishing a line already partly written may take, in seconds."""
 
@@ -92,7 +92,7 @@ class Run:
         self._changed = threading.Condition(self._lock)
         self._run_id: Optional[str] = None
         self._attempt_id = str(launch.attempt) if launch else "0"
-        self._run_status: Optional[str] = None
+        self._run_status: Optional[RunStatus] = None
         self._lease_ms = 60_000
         self._tried = False
         self._given_up = False
@@ -121,7 +121,7 @@ class Run:
         return self._attempt_id
 
     @property
-    def status(self) -> Optional[str]:
+    def status(self) -> Optional[RunStatus]:
         """The run's status as the head last answered it; ``None`` while the
         group waits for ranks or before the head answered."""
         return self._run_status
@@ -378,13 +378,15 @@ class Run:
         except BaseException as err:  # noqa: BLE001 - training must go on
             logger.debug("trainstate: %r", err, exc_info=True)
 
-    def _report_end(self, status: str, detail: str, cause: Optional[str], how: Optional[str], at_ms: int) -> None:
+    def _report_end(
+        self, status: RunStatus, detail: str, cause: Optional[CauseKind], how: Optional[FailureMode], at_ms: int
+    ) -> None:
         """Tells the watcher how this rank ended (the first end counts)."""
         with self._lock:
             if self._ended:
                 return
             self._ended = True
-        end: Dict[str, Any] = {"status": status, "detail": detail[-_MAX_DETAIL:], "ended_at_ms": at_ms}
+        end: Dict[str, Any] = {"status": status, "detail": detail[-MAX_TRACE_LEN:], "ended_at_ms": at_ms}
         if cause is not None:
             end["cause"] = cause
         if how is not None:
@@ -496,7 +498,7 @@ def _install_hooks() -> None:
     _previous_excepthook = sys.excepthook
     sys.excepthook = _excepthook
     _original_exit = sys.exit
-    sys.exit = _exit  # type: ignore[assignment]
+    sys.exit = _exit
     atexit.register(_at_exit)
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_after_fork_in_child)

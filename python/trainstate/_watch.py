@@ -37,9 +37,11 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, cast
 
 from . import _http, _proc
+from ._contract import END_RANK, HEARTBEAT_RANK, JOIN_RENDEZVOUS, MAX_TRACE_LEN, TERMINAL_RUN_STATUSES, Route
+from .types import JoinRequest, RankEndRequest, RankHeartbeatRequest, RendezvousResponse, RunStatus
 
 _MAX_BACKOFF = 30.0
 _POLL = 0.2
@@ -73,7 +75,7 @@ class Watcher:
         self.observe_lock = threading.Lock()
         self.run_id: Optional[str] = config.get("run_id")
         self.attempt_id = str(config.get("attempt", 0))
-        self.run_status: Optional[str] = None
+        self.run_status: Optional[RunStatus] = None
         self.lease_ms = 60_000
         self.joined = False
         self.tried = False
@@ -249,9 +251,13 @@ class Watcher:
 
     # Requests.
 
-    def call(self, path: str, body: Any) -> Dict[str, Any]:
+    def call(self, route: Route, path: str, body: Any) -> RendezvousResponse:
+        """Sends one request of the rendezvous; every one answers a
+        ``RendezvousResponse``."""
         try:
-            return _http.request(self.url, "POST", path, body, self.token, self.timeout, self.ca_cert)
+            answer = _http.request(self.url, route, path, body, self.token, self.timeout, self.ca_cert)
+            # The wire boundary: the head answers this route with this document.
+            return cast(RendezvousResponse, answer)
         except _http.Unreachable as err:
             self.warn_once(
                 f"trainstate: cannot reach the head ({err}); training goes on, and this rank keeps trying in the background"
@@ -265,7 +271,7 @@ class Watcher:
                 raise _http.Unreachable(str(err)) from None
             raise
 
-    def accept(self, answer: Dict[str, Any]) -> None:
+    def accept(self, answer: RendezvousResponse) -> None:
         with self.changed:
             self.run_id = answer.get("run_id", self.run_id)
             self.attempt_id = str(answer.get("attempt_id", self.attempt_id))
@@ -288,20 +294,21 @@ class Watcher:
 
     def join(self) -> None:
         config = self.config
-        body: Dict[str, Any] = {
+        body: JoinRequest = {
             "world_size": config["world_size"],
             "attempt": config.get("attempt", 0),
             "worker": config["worker"],
             "name": config["name"],
             "job_id": config["job_id"],
         }
-        for field in ("join_timeout_ms", "process_start_ms"):
-            if config.get(field) is not None:
-                body[field] = config[field]
+        if config.get("join_timeout_ms") is not None:
+            body["join_timeout_ms"] = config["join_timeout_ms"]
+        if config.get("process_start_ms") is not None:
+            body["process_start_ms"] = config["process_start_ms"]
         if self.run_id is not None:
             body["run_id"] = self.run_id
         try:
-            answer = self.call(f"/api/train/rendezvous/{config['key']}/join", body)
+            answer = self.call(JOIN_RENDEZVOUS, _http.url_path(JOIN_RENDEZVOUS, key=config["key"]), body)
         except _http.HeadError as err:
             self.give_up(err, f"rank {self.rank}'s join")
             return
@@ -315,9 +322,10 @@ class Watcher:
         self.accept(answer)
 
     def heartbeat(self) -> None:
-        path = f"/api/train/runs/{self.run_id}/ranks/{self.rank}/heartbeat"
+        path = _http.url_path(HEARTBEAT_RANK, id=str(self.run_id), rank=self.rank)
+        body: RankHeartbeatRequest = {"attempt_id": self.attempt_id}
         try:
-            answer = self.call(path, {"attempt_id": self.attempt_id})
+            answer = self.call(HEARTBEAT_RANK, path, body)
         except _http.HeadError as err:
             with self.lock:
                 if err.status == 404:
@@ -328,23 +336,28 @@ class Watcher:
                     self.heartbeats_stopped = True
             return
         self.accept(answer)
-        if self.run_status in ("FINISHED", "ERRORED", "ABORTED"):
+        if self.run_status in TERMINAL_RUN_STATUSES:
             with self.lock:
                 self.heartbeats_stopped = True
 
     def send_end(self, end: Dict[str, Any]) -> bool:
         """Sends the rank's end; True when it is settled (sent, or refused)."""
-        body = dict(end)
-        body["attempt_id"] = self.attempt_id
-        body["restarts_remaining"] = int(self.config.get("restarts_remaining", 0))
-        detail = body.get("detail")
-        body["detail"] = detail[-50_000:] if isinstance(detail, str) else ""
-        for field in ("cause", "how", "ended_at_ms"):
-            if body.get(field) is None:
-                body.pop(field, None)
-        path = f"/api/train/runs/{self.run_id}/ranks/{self.rank}/end"
+        detail = end.get("detail")
+        body: RankEndRequest = {
+            "attempt_id": self.attempt_id,
+            "status": end["status"],
+            "detail": detail[-MAX_TRACE_LEN:] if isinstance(detail, str) else "",
+            "restarts_remaining": int(self.config.get("restarts_remaining", 0)),
+        }
+        if end.get("cause") is not None:
+            body["cause"] = end["cause"]
+        if end.get("how") is not None:
+            body["how"] = end["how"]
+        if end.get("ended_at_ms") is not None:
+            body["ended_at_ms"] = end["ended_at_ms"]
+        path = _http.url_path(END_RANK, id=str(self.run_id), rank=self.rank)
         try:
-            answer = self.call(path, body)
+            answer = self.call(END_RANK, path, body)
         except _http.HeadError as err:
             if err.status == 404:
                 with self.lock:

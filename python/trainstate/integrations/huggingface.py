@@ -8,17 +8,21 @@
 Importable without ``transformers``: the class then derives from ``object``.
 """
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import trainstate
 
-try:  # pragma: no cover - depends on what is installed
-    from transformers import TrainerCallback as _Base
-except Exception:  # not installed, or broken: the callback still imports
-    _Base = object  # type: ignore[assignment,misc]
+if TYPE_CHECKING:
+    # Checked without the framework: the callback only adds methods.
+    _Base = object
+else:
+    try:  # pragma: no cover - depends on what is installed
+        from transformers import TrainerCallback as _Base
+    except Exception:  # not installed, or broken: the callback still imports
+        _Base = object
 
 
-class TrainstateCallback(_Base):  # type: ignore[misc,valid-type]
+class TrainstateCallback(_Base):
     """Joins the run when training begins.
 
     The Trainer calls its callbacks on every process, so every rank

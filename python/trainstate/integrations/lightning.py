@@ -9,20 +9,24 @@ Importable without Lightning (``lightning`` or ``pytorch_lightning``): the
 class then derives from ``object``.
 """
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import trainstate
 
-try:  # pragma: no cover - depends on what is installed
-    from lightning.pytorch.callbacks import Callback as _Base
-except Exception:
-    try:
-        from pytorch_lightning.callbacks import Callback as _Base
-    except Exception:  # neither is installed (or it is broken)
-        _Base = object  # type: ignore[assignment,misc]
+if TYPE_CHECKING:
+    # Checked without the framework: the callback only adds methods.
+    _Base = object
+else:
+    try:  # pragma: no cover - depends on what is installed
+        from lightning.pytorch.callbacks import Callback as _Base
+    except Exception:
+        try:
+            from pytorch_lightning.callbacks import Callback as _Base
+        except Exception:  # neither is installed (or it is broken)
+            _Base = object
 
 
-class TrainstateCallback(_Base):  # type: ignore[misc,valid-type]
+class TrainstateCallback(_Base):
     """Joins the run when fitting starts, and reports an exception (or an
     interrupt) that Lightning catches.
 
