@@ -106,6 +106,9 @@ PAGE_SCRIPT: Final = Route("GET", "/app.js")
 PAGE_STYLE: Final = Route("GET", "/style.css")
 """``pageStyle``: The page's style sheet."""
 
+PAGE_CONTRACT: Final = Route("GET", "/contract.js")
+"""``pageContract``: The route table's paths, the statuses, event kinds, error codes and limits, as the page's script reads them (generated)."""
+
 ERROR_STATUS: Final[Dict[ErrorCode, int]] = {
     "bad_request": 400,
     "invalid": 422,

@@ -5,9 +5,14 @@
 'use strict';
 
 (() => {
-  const STATUSES = ['RUNNING', 'FINISHED', 'ERRORED', 'ABORTED'];
-  const EVENT_KINDS = ['registered', 'status_changed', 'attempt_started', 'evicted', 'deleted'];
-  const RUN_PAGE = 100;
+  // Paths, statuses, event kinds, error statuses and limits come from the
+  // head's contract (contract.js, generated from its route table).
+  /** The statuses the listing's filter tells apart, as V1 readers see runs. */
+  const STATUSES = CONTRACT.v1RunStatuses;
+  const EVENT_KINDS = CONTRACT.eventKinds;
+  const RUN_PAGE = Math.min(100, CONTRACT.limits.LIST_LIMIT_MAX);
+  const UNAUTHORIZED = CONTRACT.errorStatus.unauthorized;
+  const NOT_FOUND = CONTRACT.errorStatus.not_found;
   const NODE_PAGE = 50;
   const WORKER_PAGE = 200;
   const POLL_MS = 5000;
@@ -26,6 +31,27 @@
   const connection = document.getElementById('connection');
 
   // ---- Text: control characters are shown escaped, as `\u{1b}` ----------
+
+  // ---- Paths: the route table's templates ------------------------------
+
+  /** The path of the route `operation` (its operationId), each `{name}` filled with `params[name]`. */
+  function pathOf(operation, params = {}) {
+    return CONTRACT.routes[operation].path.replace(
+      /\{(\w+)\}/g, (_, name) => encodeURIComponent(String(params[name])));
+  }
+  /** The parameters of `pathname` when it fits the route's template (a trailing `/` allowed), else null. */
+  function matchPath(operation, pathname) {
+    const want = CONTRACT.routes[operation].path.split('/');
+    const have = pathname.replace(/(.)\/$/, '$1').split('/');
+    if (want.length !== have.length) return null;
+    const params = {};
+    for (let i = 0; i < want.length; i++) {
+      const name = /^\{(\w+)\}$/.exec(want[i]);
+      if (name && have[i]) params[name[1]] = decodeURIComponent(have[i]);
+      else if (want[i] !== have[i]) return null;
+    }
+    return params;
+  }
 
   const CONTROL = /[\u0000-\u001f\u007f-\u009f]/g;
   const CONTROL_BUT_LINES = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f]/g;
@@ -123,13 +149,13 @@
 
   // ---- Links out: the operator's URL templates (GET /api/links) ---------
 
-  const WORKER_PLACEHOLDERS = ['rank', 'node_id', 'node_ip', 'pid'];
+  const WORKER_PLACEHOLDERS = CONTRACT.workerLinkPlaceholders;
   let links = null;
   let linksLoading = null;
   /** Loads the templates once; a head without them shows no links. */
   function loadLinks() {
     linksLoading ??= (async () => {
-      try { links = await api('/api/links'); } catch (_) { links = null; }
+      try { links = await api(pathOf('getLinks')); } catch (_) { links = null; }
     })();
     return linksLoading;
   }
@@ -280,7 +306,7 @@
     let body = null;
     try { body = text ? JSON.parse(text) : null; } catch (_) { body = null; }
     if (!response.ok) {
-      if (response.status === 401) askForToken();
+      if (response.status === UNAUTHORIZED) askForToken();
       const message = body && body.error ? body.error.message : `HTTP ${response.status}`;
       throw new ApiError(response.status, message);
     }
@@ -339,7 +365,7 @@
       return;
     }
     const query = token ? `?access_token=${encodeURIComponent(token)}` : '';
-    const es = new EventSource(`/api/train/events${query}`);
+    const es = new EventSource(`${pathOf('runEvents')}${query}`);
     source = es;
     let lost = false;
     es.onopen = () => {
@@ -388,8 +414,8 @@
 
   function route() {
     if (view) view.close();
-    const match = /^\/runs\/([^/]+)\/?$/.exec(location.pathname);
-    view = match ? runView(decodeURIComponent(match[1])) : runsView();
+    const match = matchPath('runPage', location.pathname);
+    view = match ? runView(match.id) : runsView();
   }
   function refresh() {
     if (view) view.refresh();
@@ -410,7 +436,7 @@
   });
   window.addEventListener('popstate', route);
 
-  const runHref = (id) => `/runs/${encodeURIComponent(id)}`;
+  const runHref = (id) => pathOf('runPage', { id });
   const errorNote = (err) => h('p', { class: 'error', role: 'alert' }, `Could not load: ${err.message}`);
 
   // ---- The runs view -----------------------------------------------------
@@ -489,7 +515,7 @@
       if (st.status) query.set('status', st.status);
       if (st.name) query.set('name', st.name);
       if (st.cluster) query.set('cluster', st.cluster);
-      history.replaceState(null, '', query.toString() ? `/?${query}` : '/');
+      history.replaceState(null, '', query.toString() ? `${pathOf('page')}?${query}` : pathOf('page'));
       load();
     }
 
@@ -500,7 +526,7 @@
         const query = new URLSearchParams(extra);
         if (st.name) query.set('name', st.name);
         if (st.cluster) query.set('cluster', st.cluster);
-        return `/api/train/runs?${query}`;
+        return `${pathOf('listRuns')}?${query}`;
       };
       const pageQuery = { limit: RUN_PAGE };
       if (st.status) pageQuery.status = st.status;
@@ -618,12 +644,12 @@
       if (st.closed) return;
       const seq = ++st.seq;
       try {
-        const run = await api(`/api/train/runs/${encodeURIComponent(id)}`);
+        const run = await api(pathOf('getRun', { id }));
         if (seq !== st.seq || st.closed) return;
         Object.assign(st, { run, gone: null, error: null });
       } catch (err) {
         if (seq !== st.seq || st.closed) return;
-        if (err.status === 404) st.gone = st.run ? 'deleted' : 'missing';
+        if (err.status === NOT_FOUND) st.gone = st.run ? 'deleted' : 'missing';
         else st.error = err;
       }
       keepFocus(render);
@@ -640,7 +666,7 @@
     function render() {
       const run = st.run;
       const back = h('nav', { class: 'crumbs', 'aria-label': 'Breadcrumb' },
-        h('a', { href: '/', 'data-nav': true }, '← All runs'));
+        h('a', { href: pathOf('page'), 'data-nav': true }, '← All runs'));
       if (!run) {
         const text = st.gone ? `There is no run with id ${id}.` : null;
         fill(app, back,

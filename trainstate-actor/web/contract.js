@@ -123,6 +123,10 @@ const CONTRACT = deepFreeze({
     "pageStyle": {
       "method": "GET",
       "path": "/style.css"
+    },
+    "pageContract": {
+      "method": "GET",
+      "path": "/contract.js"
     }
   },
   "errorStatus": {

@@ -65,6 +65,8 @@ pub enum Operation {
     PageScript,
     /// `GET /style.css`.
     PageStyle,
+    /// `GET /contract.js`: the paths, statuses and limits the page's script uses.
+    PageContract,
     /// `POST /api/train/rendezvous/{key}/join`.
     JoinRendezvous,
     /// `POST /api/train/runs/{id}/ranks/{rank}/heartbeat`.
@@ -830,6 +832,21 @@ pub fn routes() -> Vec<Route> {
                 Get,
                 "/style.css",
                 "The page's style sheet.",
+                Open,
+            )
+        },
+        Route {
+            success: &[Success {
+                status: 200,
+                description: "The contract the page's script reads.",
+                body: Body::Text("text/javascript"),
+            }],
+            ..route(
+                Operation::PageContract,
+                "pageContract",
+                Get,
+                "/contract.js",
+                "The route table's paths, the statuses, event kinds, error codes and limits, as the page's script reads them (generated).",
                 Open,
             )
         },

@@ -627,6 +627,7 @@ fn handler(operation: Operation, filter: MethodFilter) -> MethodRouter<AppState>
         Operation::Page | Operation::RunPage => on(filter, web::page),
         Operation::PageScript => on(filter, web::script),
         Operation::PageStyle => on(filter, web::style),
+        Operation::PageContract => on(filter, web::contract),
         Operation::JoinRendezvous => on(filter, rendezvous::join),
         Operation::HeartbeatRank => on(filter, rendezvous::heartbeat_rank),
         Operation::EndRank => on(filter, rendezvous::end_rank),

@@ -1,4 +1,7 @@
 //! The web page: self-contained HTML, CSS and JavaScript in the binary.
+//! `contract.js` is generated (`cargo xtask codegen`) from the route table
+//! and `trainstate-schema`: the page's script takes its paths, statuses,
+//! event kinds, error statuses and limits from it.
 
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
@@ -6,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 const INDEX_HTML: &str = include_str!("../../web/index.html");
 const APP_JS: &str = include_str!("../../web/app.js");
 const STYLE_CSS: &str = include_str!("../../web/style.css");
+const CONTRACT_JS: &str = include_str!("../../web/contract.js");
 
 /// `GET /` and `GET /runs/{id}`: the page (it reads the run from its URL).
 pub(crate) async fn page() -> Response {
@@ -20,6 +24,11 @@ pub(crate) async fn script() -> Response {
 /// `GET /style.css`.
 pub(crate) async fn style() -> Response {
     asset(STYLE_CSS, "text/css; charset=utf-8")
+}
+
+/// `GET /contract.js`.
+pub(crate) async fn contract() -> Response {
+    asset(CONTRACT_JS, "text/javascript; charset=utf-8")
 }
 
 fn asset(body: &'static str, content_type: &'static str) -> Response {
