@@ -408,7 +408,7 @@
     }
   }
 
-  // ---- Routing: `/` lists runs, `/runs/{id}` shows one -------------------
+  // ---- Routing: the page (`page`) lists runs, `runPage` shows one --------
 
   let view = null;
 

@@ -68,3 +68,30 @@ fn python_and_the_page_get_every_route_and_rusts_retry_rule() {
         ))
     );
 }
+
+#[test]
+fn python_and_the_page_quote_no_path_of_their_own() {
+    let root = xtask::workspace_root();
+    let mut sources = vec![root.join("trainstate-actor/web/app.js")];
+    for entry in std::fs::read_dir(root.join("python/trainstate")).unwrap() {
+        let path = entry.unwrap().path();
+        let generated = ["types.py", "_contract.py"].iter().any(|name| path.ends_with(name));
+        if path.extension().is_some_and(|ext| ext == "py") && !generated {
+            sources.push(path);
+        }
+    }
+    assert!(sources.len() > 5, "{sources:?}");
+    for path in sources {
+        let text = std::fs::read_to_string(&path).unwrap();
+        for quote in ['\'', '"', '`'] {
+            for prefix in ["/api/", "/runs/", "/healthz"] {
+                let literal = format!("{quote}{prefix}");
+                assert!(
+                    !text.contains(&literal),
+                    "{} quotes {literal}: take the path from the generated contract",
+                    path.display()
+                );
+            }
+        }
+    }
+}
