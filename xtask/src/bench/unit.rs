@@ -1,6 +1,8 @@
 //! One measured phase in a process of its own: a fresh state behind one
 //! path (in-process handle, HTTP, or the store alone), filled with N fresh
-//! runs, then read back and checked.
+//! runs, then read back and checked. Over HTTP this process is the load
+//! generator and times each request; in process the state lives in the
+//! `inproc` example, which times each operation and reports it.
 //!
 //! The sequential phase and the pipelined phase each get a fresh process
 //! and a fresh state, so that every registration carries a fresh id and N
