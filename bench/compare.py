@@ -257,7 +257,8 @@ def write_doc(results, ray_ok, args, machine, started, finished, load_before, lo
     L.append("Paths: **http** = `trainstate serve` (release build, a child process) over loopback, "
              "sequential on one connection, pipelined over "
              f"{next((get(r, 'pipelined.in_flight') for r in ours if r['path'] == 'http'), 64)} concurrent connections, load generator in the "
-             "same 2 cores; **inproc** = `StateHandle` to the actor in the benchmark's own process "
+             "same 2 cores; **inproc** = `StateHandle` to the actor in a process of its own, "
+             "trainstate-actor's `inproc` example "
              "(pipelined: all N registrations in flight); **store** = the store writer and its committed view "
              "without the actor (no validation, no transition checks). **durable** = SQLite in WAL mode, "
              "`synchronous=FULL` (the default); **memory** = `--in-memory`. Ray keeps nothing on disk.")
@@ -618,6 +619,11 @@ def main():
     if args.build:
         code, _ = run(["cargo", "build", "--release", "--quiet", "-p", "xtask", "-p", "trainstate-actor",
                        "--bin", "xtask", "--bin", "trainstate"], capture=False)
+        # Apart: an example turns on the actor's dev-dependency features,
+        # which the measured binary must not have.
+        if code == 0:
+            code, _ = run(["cargo", "build", "--release", "--quiet", "-p", "trainstate-actor",
+                           "--example", "inproc"], capture=False)
         if code != 0:
             sys.exit("release build failed")
 

@@ -1,6 +1,7 @@
-//! The store without the actor, for benchmarks only (`cargo xtask bench
-//! --path store` and the criterion benches). Not part of the API: it skips
-//! validation, transitions and back-pressure, and may change at any time.
+//! The store without the actor, for benchmarks only (the `inproc` example
+//! that `cargo xtask bench` starts for `--path store` and to fill stores,
+//! and the criterion benches). Not part of the API: it skips validation,
+//! transitions and back-pressure, and may change at any time.
 
 use trainstate_client::{EventKind, RunDocument, RunPage, RunQuery, StateError};
 use trainstate_schema::{RunId, TrainRunInfo};

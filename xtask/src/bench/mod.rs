@@ -2,15 +2,20 @@
 //! measures Ray's state actor, one JSON line per configuration with the
 //! same structure and key names.
 //!
-//! The driver builds the release `trainstate` binary, then runs every phase
-//! in a fresh child process of its own (a release build of this program):
-//! `bench-unit` for one path, store and phase, `bench-ready` for the time to
-//! be ready with many runs stored. It merges each configuration's two
-//! phases into one line. Nothing here asserts a time; every phase checks
-//! that the runs written are the runs read back, and fails otherwise.
+//! The driver depends on the head only as programs it builds and starts:
+//! the release `trainstate` binary (the HTTP paths) and trainstate-actor's
+//! `inproc` example (the in-process paths, and filling a store through the
+//! store alone), both talked to through their inputs and outputs. It runs
+//! every phase in a fresh child process of its own (a release build of
+//! this program): `bench-unit` for one path, store and phase, `bench-ready`
+//! for the time to be ready with many runs stored, `bench-scale` for the
+//! head at scale. It merges each configuration's two phases into one line.
+//! Nothing here asserts a time; every phase checks that the runs written
+//! are the runs read back, and fails otherwise.
 
 mod heads;
 mod http;
+mod instrument;
 mod records;
 mod scale;
 mod unit;
@@ -32,6 +37,7 @@ pub(crate) const USAGE: &str =
                          [--get-calls 20] [--ready N] [--out FILE] [--no-build]
                          [--postgres URL] [--scale N] [--scale-repeats 21]
                          [--wrk-duration 5] [--wrk-prefer minimal]
+                         [--bin PATH] [--inproc-bin PATH]
 
   Registers N fresh runs of W workers (sequentially, then pipelined, each phase
   against a fresh state), lists them (unpaged and by pages of 1000), gets one,
@@ -49,16 +55,20 @@ pub(crate) const USAGE: &str =
   --scale N fills a durable store with N runs of W workers, restarts the
   head on it, and times /healthz, full load, filtered pages of 100
   (matching and not; median of --scale-repeats) and RSS.
-  Runs release builds: `cargo xtask bench` re-runs itself with --release.";
+  Runs release builds: `cargo xtask bench` re-runs itself with --release,
+  and builds target/release/trainstate (--bin) and, for inproc, store,
+  --ready and --scale, trainstate-actor's example target/release/examples/inproc
+  (--inproc-bin) unless --no-build.";
 
 /// Which way the state is reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PathKind {
-    /// `StateHandle` to an actor in the same process.
+    /// `StateHandle` to an actor in the same process (the `inproc` example).
     Inproc,
     /// The HTTP API of `trainstate serve`, a child process, over loopback.
     Http,
-    /// The store writer and its committed view, without the actor.
+    /// The store writer and its committed view, without the actor (the
+    /// `inproc` example).
     Store,
     /// The HTTP API loaded by `wrk` (only when asked: it needs wrk).
     Wrk,
@@ -120,6 +130,8 @@ pub(crate) struct Options {
     out: Option<PathBuf>,
     build: bool,
     pub(crate) trainstate_bin: PathBuf,
+    /// `--inproc-bin`: the release build of trainstate-actor's `inproc` example.
+    pub(crate) inproc_bin: PathBuf,
     postgres: Option<String>,
     /// `--wrk-duration`: the seconds a wrk phase runs.
     pub(crate) wrk_duration: u64,
@@ -146,6 +158,7 @@ impl Options {
             out: None,
             build: true,
             trainstate_bin: unit::trainstate_bin(root),
+            inproc_bin: instrument::inproc_bin(root),
             postgres: None,
             wrk_duration: 5,
             wrk_prefer: None,
@@ -179,6 +192,7 @@ impl Options {
                 "--scale" => opts.scale = number()?,
                 "--scale-repeats" => opts.scale_repeats = number()?.max(1),
                 "--bin" => opts.trainstate_bin = PathBuf::from(value),
+                "--inproc-bin" => opts.inproc_bin = PathBuf::from(value),
                 "--phase" => {
                     opts.phase = Some(Phase::parse(value).ok_or("--phase: seq or main")?);
                 }
@@ -208,7 +222,7 @@ impl Options {
 
     /// The options a child process is given.
     fn unit_args(&self) -> Vec<String> {
-        let mut args = vec![
+        vec![
             "--n".into(),
             self.n.to_string(),
             "--w".into(),
@@ -220,9 +234,10 @@ impl Options {
             "--scale-repeats".into(),
             self.scale_repeats.to_string(),
             "--bin".into(),
-        ];
-        args.push(self.trainstate_bin.display().to_string());
-        args
+            self.trainstate_bin.display().to_string(),
+            "--inproc-bin".into(),
+            self.inproc_bin.display().to_string(),
+        ]
     }
 }
 
@@ -248,21 +263,39 @@ pub(crate) fn main(args: &[&str], root: &Path) -> ExitCode {
             _ => ExitCode::FAILURE,
         };
     }
+    // The in-process paths, and filling a store, run the actor's example.
+    let inproc = opts.ready > 0
+        || opts.scale > 0
+        || opts.paths.iter().any(|p| matches!(p, PathKind::Inproc | PathKind::Store));
     if opts.build {
-        eprintln!("[bench] cargo build --release --bin trainstate");
-        let built = Command::new(cargo())
-            .args(["build", "--release", "--quiet", "--package", "trainstate-actor"])
-            .args(["--bin", "trainstate"])
-            .current_dir(root)
-            .status();
-        if !matches!(built, Ok(s) if s.success()) {
-            eprintln!("error: building the release trainstate binary failed");
-            return ExitCode::FAILURE;
+        // Two builds: the example's build turns on the actor's dev-dependency
+        // features, which the measured binary must not have.
+        let mut builds = vec![("--bin", "trainstate")];
+        if inproc {
+            builds.push(("--example", "inproc"));
+        }
+        for (kind, name) in builds {
+            eprintln!("[bench] cargo build --release -p trainstate-actor {kind} {name}");
+            let built = Command::new(cargo())
+                .args(["build", "--release", "--quiet", "--package", "trainstate-actor"])
+                .args([kind, name])
+                .current_dir(root)
+                .status();
+            if !matches!(built, Ok(s) if s.success()) {
+                eprintln!("error: building the release {name} failed");
+                return ExitCode::FAILURE;
+            }
         }
     }
-    if !opts.trainstate_bin.exists() {
-        eprintln!("error: {} does not exist", opts.trainstate_bin.display());
-        return ExitCode::FAILURE;
+    let mut needed = vec![&opts.trainstate_bin];
+    if inproc {
+        needed.push(&opts.inproc_bin);
+    }
+    for bin in needed {
+        if !bin.exists() {
+            eprintln!("error: {} does not exist", bin.display());
+            return ExitCode::FAILURE;
+        }
     }
 
     let about = about(root);

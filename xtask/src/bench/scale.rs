@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value, json};
 
 use super::http::{HttpTarget, Server};
-use super::unit::{fill_with, state_config, tempdir, total_of};
+use super::instrument::fill_with;
+use super::unit::{tempdir, total_of};
 use super::util::{kib, median, proc_mem, round};
-use super::{Options, StoreKind, records};
+use super::{Options, records};
 
 /// Starts of the head on the filled store.
 const STARTS: usize = 3;
@@ -118,9 +119,8 @@ async fn start(opts: &Options, dir: &std::path::Path) -> Result<(Value, bool, Ht
 /// The scale measurement; one JSON object.
 pub(crate) async fn run_scale(opts: &Options) -> Result<Value, String> {
     let dir = tempdir()?;
-    let config = state_config(StoreKind::Durable, dir.path());
     eprintln!("[bench] scale: filling a durable store with {} runs of {} workers", opts.n, opts.w);
-    let fill_s = fill_with(&config, opts.n, opts.w, records::retained_run).await?;
+    let fill_s = fill_with(&opts.inproc_bin, dir.path(), opts.n, opts.w, records::retained_run)?;
     let db_bytes = std::fs::metadata(dir.path().join("trainstate.db")).map_or(0, |m| m.len());
 
     let mut starts = Vec::new();

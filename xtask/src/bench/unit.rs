@@ -1,6 +1,8 @@
 //! One measured phase in a process of its own: a fresh state behind one
 //! path (in-process handle, HTTP, or the store alone), filled with N fresh
-//! runs, then read back and checked.
+//! runs, then read back and checked. Over HTTP this process is the load
+//! generator and times each request; in process the state lives in the
+//! `inproc` example, which times each operation and reports it.
 //!
 //! The sequential phase and the pipelined phase each get a fresh process
 //! and a fresh state, so that every registration carries a fresh id and N
@@ -8,19 +10,16 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde::de::IgnoredAny;
 use serde_json::{Map, Value, json};
-use trainstate_actor::bench_support::StoreBench;
-use trainstate_actor::{StateConfig, StateService, launch_state_actor};
-use trainstate_client::api::{RayRunListResponse, RunListResponse};
-use trainstate_client::{Cursor, RunDocument, RunQuery, StateHandle};
+use trainstate_client::api::RunListResponse;
 use trainstate_schema::{RunId, TrainRunInfo};
 
 use super::http::{HttpTarget, Server};
+use super::instrument::{Instrument, fill_with};
 use super::records;
 use super::util::{
     check_ids, cpu_time, ids_of_listing, kib, latency_summary, proc_mem, round, seq_summary,
@@ -29,10 +28,6 @@ use super::{Options, PathKind, StoreKind};
 
 /// The page size of the paged walk.
 pub(crate) const PAGE_LIMIT: usize = 1_000;
-
-/// The deadline of one in-process call: generous, so that a slow machine
-/// shows up as a slow figure rather than a failure.
-const CALL_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Which half of a configuration a unit measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,89 +57,70 @@ impl Phase {
 
 /// What a listing or a get answered, before it is checked.
 pub(crate) enum Answer {
-    /// Documents handed over in process (no bytes copied).
-    Docs(Vec<RunDocument>),
+    /// What the process holding the state reported of its answer (the
+    /// ids only when asked for).
+    Reported { ids: Option<Vec<String>>, json_bytes: usize },
     /// A JSON body received over HTTP.
     Body(Bytes),
 }
 
 impl Answer {
+    /// An in-process answer, from the example's reply.
+    fn reported(reply: &Value) -> Result<Self, String> {
+        let ids = match reply.get("ids") {
+            Some(ids) => {
+                Some(serde_json::from_value(ids.clone()).map_err(|e| format!("ids: {e}"))?)
+            }
+            None => None,
+        };
+        let json_bytes = reply["json_bytes"].as_u64().unwrap_or(0) as usize;
+        Ok(Self::Reported { ids, json_bytes })
+    }
+
     /// The JSON bytes of the answer: what a REST layer ships.
     fn json_bytes(&self) -> usize {
         match self {
-            Self::Docs(docs) => listing_json(docs).len(),
+            Self::Reported { json_bytes, .. } => *json_bytes,
             Self::Body(body) => body.len(),
         }
     }
 
     fn ids(&self) -> Result<Vec<String>, String> {
         match self {
-            Self::Docs(docs) => Ok(docs.iter().map(doc_id).collect::<Result<_, _>>()?),
+            Self::Reported { ids: Some(ids), .. } => Ok(ids.clone()),
+            Self::Reported { ids: None, .. } => Err("the ids were not asked for".into()),
             Self::Body(body) => ids_of_listing(body),
         }
     }
 }
 
-/// `{"train_runs":[...]}` of documents, as the HTTP API writes it.
-fn listing_json(docs: &[RunDocument]) -> String {
-    let listing = RayRunListResponse::new(docs.iter().collect::<Vec<_>>());
-    serde_json::to_string(&listing).expect("a listing serializes")
-}
-
-fn doc_id(doc: &RunDocument) -> Result<String, String> {
-    #[derive(serde::Deserialize)]
-    struct IdOnly {
-        id: String,
-    }
-    serde_json::from_str::<IdOnly>(&doc.body())
-        .map(|r| r.id)
-        .map_err(|e| format!("a stored run does not parse: {e}"))
-}
-
-/// Where the next page starts.
-pub(crate) enum PageCursor {
-    Typed(Cursor),
-    Text(String),
+/// The duration in a reply's field of nanoseconds.
+fn reported_time(reply: &Value, key: &str) -> Result<Duration, String> {
+    reply[key].as_u64().map(Duration::from_nanos).ok_or_else(|| format!("no {key} in {reply}"))
 }
 
 /// The state under test, behind one path.
 pub(crate) enum Target {
-    Inproc { service: StateService, handle: StateHandle, config: StateConfig },
-    Store { store: Arc<StoreBench>, config: StateConfig },
+    /// `inproc` or `store`: the state in the `inproc` example's process.
+    InProcess(Instrument),
     Http(HttpTarget),
 }
 
-/// The store of a unit: a file in a fresh directory, or memory.
-pub(crate) fn state_config(store: StoreKind, dir: &Path) -> StateConfig {
-    match store {
-        StoreKind::Durable => StateConfig::sqlite(dir.join("trainstate.db")),
-        StoreKind::Memory => StateConfig::in_memory(),
-    }
-}
-
 impl Target {
-    /// Starts the state; returns it and how long it took to be ready.
+    /// Starts the state (the runs handed over first, in process); returns
+    /// it and how long it took to be ready.
     pub(crate) async fn start(
         path: PathKind,
         store: StoreKind,
         dir: &Path,
         opts: &Options,
+        runs: &[TrainRunInfo],
     ) -> Result<(Self, Duration), String> {
-        let config = state_config(store, dir);
         match path {
-            PathKind::Inproc => {
-                let started = Instant::now();
-                let service =
-                    launch_state_actor(config.clone()).await.map_err(|e| e.to_string())?;
-                let ready = started.elapsed();
-                let handle = service.handle().with_timeout(CALL_TIMEOUT);
-                Ok((Self::Inproc { service, handle, config }, ready))
-            }
-            PathKind::Store => {
-                let started = Instant::now();
-                let store = StoreBench::open(&config).map_err(|e| e.to_string())?;
-                store.load().await.map_err(|e| e.to_string())?;
-                Ok((Self::Store { store: Arc::new(store), config }, started.elapsed()))
+            PathKind::Inproc | PathKind::Store => {
+                let instrument = Instrument::spawn(&opts.inproc_bin, path, store, dir, runs)?;
+                let reply = instrument.call(json!({"op": "start"}))?;
+                Ok((Self::InProcess(instrument), reported_time(&reply, "ready_ns")?))
             }
             PathKind::Wrk => Err("the wrk path runs in the driver".into()),
             PathKind::Http => {
@@ -158,42 +134,28 @@ impl Target {
     pub(crate) fn pid(&self) -> u32 {
         match self {
             Self::Http(http) => http.server.pid(),
-            _ => std::process::id(),
+            Self::InProcess(instrument) => instrument.pid(),
         }
     }
 
     /// Registers each run and waits for its answer before the next.
-    async fn register_seq(&self, runs: &[TrainRunInfo]) -> (Duration, Vec<Duration>, usize) {
-        let mut lat = Vec::with_capacity(runs.len());
-        let mut failures = 0;
-        let started = Instant::now();
+    async fn register_seq(
+        &self,
+        runs: &[TrainRunInfo],
+    ) -> Result<(Duration, Vec<Duration>, usize), String> {
         match self {
-            Self::Inproc { handle, .. } => {
-                for run in runs {
-                    let t = Instant::now();
-                    match handle.register(run.clone()).await {
-                        Ok(reg) if reg.created => {}
-                        _ => failures += 1,
-                    }
-                    lat.push(t.elapsed());
-                }
+            Self::InProcess(instrument) => {
+                let reply = instrument.call(json!({"op": "register_seq"}))?;
+                let lat: Vec<u64> = serde_json::from_value(reply["lat_ns"].clone())
+                    .map_err(|e| format!("lat_ns: {e}"))?;
+                Ok((
+                    reported_time(&reply, "total_ns")?,
+                    lat.into_iter().map(Duration::from_nanos).collect(),
+                    reply["failures"].as_u64().unwrap_or(0) as usize,
+                ))
             }
-            Self::Store { store, .. } => {
-                for run in runs {
-                    let t = Instant::now();
-                    let (tx, rx) = tokio::sync::oneshot::channel();
-                    store.put(run, move |result| {
-                        let _ = tx.send(result);
-                    });
-                    if !matches!(rx.await, Ok(Ok(()))) {
-                        failures += 1;
-                    }
-                    lat.push(t.elapsed());
-                }
-            }
-            Self::Http(http) => return http.register_seq(runs).await,
+            Self::Http(http) => Ok(http.register_seq(runs).await),
         }
-        (started.elapsed(), lat, failures)
     }
 
     /// Registers every run with all of them in flight (in process), or
@@ -202,111 +164,90 @@ impl Target {
     async fn register_pipelined(
         &self,
         runs: &[TrainRunInfo],
-    ) -> (Duration, Option<Duration>, usize) {
-        let started = Instant::now();
-        let mut failures = 0;
+    ) -> Result<(Duration, Option<Duration>, usize), String> {
         match self {
-            Self::Inproc { handle, .. } => {
-                let mut tasks = tokio::task::JoinSet::new();
-                for run in runs {
-                    let handle = handle.clone();
-                    let run = run.clone();
-                    tasks.spawn(async move { handle.register(run).await });
-                }
-                let submitted = started.elapsed();
-                while let Some(result) = tasks.join_next().await {
-                    if !matches!(result, Ok(Ok(ref reg)) if reg.created) {
-                        failures += 1;
-                    }
-                }
-                (started.elapsed(), Some(submitted), failures)
-            }
-            Self::Store { store, .. } => {
-                let mut answers = Vec::with_capacity(runs.len());
-                for run in runs {
-                    let (tx, rx) = tokio::sync::oneshot::channel();
-                    store.put(run, move |result| {
-                        let _ = tx.send(result);
-                    });
-                    answers.push(rx);
-                }
-                let submitted = started.elapsed();
-                for rx in answers {
-                    if !matches!(rx.await, Ok(Ok(()))) {
-                        failures += 1;
-                    }
-                }
-                (started.elapsed(), Some(submitted), failures)
+            Self::InProcess(instrument) => {
+                let reply = instrument.call(json!({"op": "register_pipelined"}))?;
+                Ok((
+                    reported_time(&reply, "total_ns")?,
+                    Some(reported_time(&reply, "submitted_ns")?),
+                    reply["failures"].as_u64().unwrap_or(0) as usize,
+                ))
             }
             Self::Http(http) => {
                 let (total, failures) = http.register_pipelined(runs).await;
-                (total, None, failures)
+                Ok((total, None, failures))
             }
         }
     }
 
-    /// Every run, unpaged (Ray's route).
-    async fn list_all(&self) -> Result<Answer, String> {
+    /// Every run, unpaged (Ray's route), and how long it took; in process,
+    /// the ids and bytes of the answer only when `read` (reading them
+    /// costs the process that holds the state).
+    async fn list_all(&self, read: bool) -> Result<(Answer, Duration), String> {
         match self {
-            Self::Inproc { handle, .. } => {
-                handle.list(RunQuery::all()).await.map(|p| Answer::Docs(p.runs)).map_err(err)
+            Self::InProcess(instrument) => {
+                let reply = instrument.call(json!({"op": "list_all", "ids": read}))?;
+                Ok((Answer::reported(&reply)?, reported_time(&reply, "ns")?))
             }
-            Self::Store { store, .. } => Ok(Answer::Docs(store.list(&RunQuery::all()).runs)),
-            Self::Http(http) => http.get("/api/train/v2/runs").await.map(Answer::Body),
+            Self::Http(http) => {
+                let t = Instant::now();
+                let body = http.get("/api/train/v2/runs").await?;
+                Ok((Answer::Body(body), t.elapsed()))
+            }
         }
     }
 
-    /// One page of [`PAGE_LIMIT`] runs after `cursor`, and the time the
-    /// driver spent reading an HTTP answer into the API's page type to find
-    /// the next cursor: the driver's own work, left out of the latency.
+    /// One page of [`PAGE_LIMIT`] runs after `cursor`, the next cursor,
+    /// and how long the page took, without the time the driver spent
+    /// reading an HTTP answer into the API's page type to find the next
+    /// cursor (the driver's own work).
     async fn list_page(
         &self,
-        cursor: Option<PageCursor>,
-    ) -> Result<(Answer, Option<PageCursor>, Duration), String> {
-        let query = |cursor: Option<PageCursor>| {
-            let query = RunQuery::new().limit(PAGE_LIMIT);
-            match cursor {
-                Some(PageCursor::Typed(c)) => query.after(c),
-                _ => query,
-            }
-        };
+        cursor: Option<String>,
+        ids: bool,
+    ) -> Result<(Answer, Option<String>, Duration), String> {
         match self {
-            Self::Inproc { handle, .. } => {
-                let page = handle.list(query(cursor)).await.map_err(err)?;
-                let next = page.next_cursor.map(PageCursor::Typed);
-                Ok((Answer::Docs(page.runs), next, Duration::ZERO))
-            }
-            Self::Store { store, .. } => {
-                let page = store.list(&query(cursor));
-                let next = page.next_cursor.map(PageCursor::Typed);
-                Ok((Answer::Docs(page.runs), next, Duration::ZERO))
+            Self::InProcess(instrument) => {
+                let reply = instrument.call(json!({
+                    "op": "list_page", "limit": PAGE_LIMIT, "cursor": cursor, "ids": ids,
+                }))?;
+                let next = reply["next_cursor"].as_str().map(str::to_owned);
+                Ok((Answer::reported(&reply)?, next, reported_time(&reply, "ns")?))
             }
             Self::Http(http) => {
                 let path = match cursor {
-                    Some(PageCursor::Text(c)) => {
-                        format!("/api/train/runs?limit={PAGE_LIMIT}&cursor={c}")
-                    }
-                    _ => format!("/api/train/runs?limit={PAGE_LIMIT}"),
+                    Some(c) => format!("/api/train/runs?limit={PAGE_LIMIT}&cursor={c}"),
+                    None => format!("/api/train/runs?limit={PAGE_LIMIT}"),
                 };
+                let t = Instant::now();
                 let body = http.get(&path).await?;
-                let reading = Instant::now();
-                let next = next_cursor_of(&body)?.map(PageCursor::Text);
-                Ok((Answer::Body(body), next, reading.elapsed()))
+                let got = t.elapsed();
+                let next = next_cursor_of(&body)?;
+                Ok((Answer::Body(body), next, got))
             }
         }
     }
 
-    /// One run.
-    async fn get_one(&self, id: &RunId) -> Result<Answer, String> {
+    /// One run: the id it carries, its JSON bytes, and how long it took.
+    async fn get_one(&self, id: &RunId) -> Result<(String, usize, Duration), String> {
         match self {
-            Self::Inproc { handle, .. } => {
-                handle.get(id.clone()).await.map(|d| Answer::Docs(vec![d])).map_err(err)
+            Self::InProcess(instrument) => {
+                let reply = instrument.call(json!({"op": "get_one", "id": id.as_str()}))?;
+                let got = reply["id"].as_str().unwrap_or_default().to_owned();
+                let bytes = reply["json_bytes"].as_u64().unwrap_or(0) as usize;
+                Ok((got, bytes, reported_time(&reply, "ns")?))
             }
-            Self::Store { store, .. } => store
-                .get(id)
-                .map(|d| Answer::Docs(vec![d]))
-                .ok_or_else(|| format!("run {id} not found")),
-            Self::Http(http) => http.get(&format!("/api/train/runs/{id}")).await.map(Answer::Body),
+            Self::Http(http) => {
+                let t = Instant::now();
+                let body = http.get(&format!("/api/train/runs/{id}")).await?;
+                let took = t.elapsed();
+                let got = serde_json::from_slice::<Value>(&body)
+                    .ok()
+                    .and_then(|v| v.get("id")?.as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                Ok((got, body.len(), took))
+            }
         }
     }
 
@@ -314,25 +255,11 @@ impl Target {
     /// long it took to be ready and the runs it loaded.
     async fn restart(self, dir: &Path, opts: &Options) -> Result<(Duration, usize), String> {
         match self {
-            Self::Inproc { service, config, .. } => {
-                service.shutdown().await;
-                drop(service);
-                let started = Instant::now();
-                let service = launch_state_actor(config).await.map_err(|e| e.to_string())?;
-                let ready = started.elapsed();
-                let count = service.run_count();
-                service.shutdown().await;
-                Ok((ready, count))
-            }
-            Self::Store { store, config } => {
-                store.close();
-                drop(store);
-                let started = Instant::now();
-                let store = StoreBench::open(&config).map_err(|e| e.to_string())?;
-                let count = store.load().await.map_err(|e| e.to_string())?;
-                let ready = started.elapsed();
-                store.close();
-                Ok((ready, count))
+            Self::InProcess(instrument) => {
+                let reply = instrument.call(json!({"op": "restart"}))?;
+                instrument.finish()?;
+                let count = reply["count"].as_u64().unwrap_or(0) as usize;
+                Ok((reported_time(&reply, "ready_ns")?, count))
             }
             Self::Http(http) => {
                 http.server.terminate()?;
@@ -348,21 +275,13 @@ impl Target {
 
     async fn stop(self) -> Result<(), String> {
         match self {
-            Self::Inproc { service, .. } => {
-                service.shutdown().await;
-                Ok(())
-            }
-            Self::Store { store, .. } => {
-                store.close();
-                Ok(())
+            Self::InProcess(instrument) => {
+                instrument.call(json!({"op": "stop"}))?;
+                instrument.finish()
             }
             Self::Http(http) => http.server.terminate(),
         }
     }
-}
-
-fn err(e: trainstate_client::StateError) -> String {
-    e.to_string()
 }
 
 /// The `next_cursor` of a page, read into the API's own page type.
@@ -397,7 +316,7 @@ pub(crate) async fn run_unit(
     );
     let written: BTreeSet<String> = runs.iter().map(|r| r.id().to_string()).collect();
 
-    let (target, ready) = Target::start(path, store, dir.path(), opts).await?;
+    let (target, ready) = Target::start(path, store, dir.path(), opts, &runs).await?;
     out.insert("actor_create_s".into(), json!(round(ready.as_secs_f64(), 4)));
     let pid = target.pid();
     out.insert("actor_pid".into(), json!(pid));
@@ -415,22 +334,22 @@ pub(crate) async fn run_unit(
     let mut checks = Map::new();
     match phase {
         Phase::Seq => {
-            let cpu = Cpu::start(pid);
-            let (total, lat, failures) = target.register_seq(&runs).await;
+            let cpu = Cpu::start(pid, path);
+            let (total, lat, failures) = target.register_seq(&runs).await?;
             let mut seq = seq_summary(total, &lat, failures);
             cpu.stop(&mut seq, runs.len());
             out.insert("seq".into(), seq);
             mem.insert("after_seq".into(), proc_mem(pid));
             checks.insert("failures".into(), json!(failures));
-            let read = target.list_all().await?.ids()?;
+            let read = target.list_all(true).await?.0.ids()?;
             checks.insert("runs_read_back".into(), json!(check_ids("seq", &written, read)?));
             if failures > 0 {
                 return Err(format!("seq: {failures} registrations failed"));
             }
         }
         Phase::Main => {
-            let cpu = Cpu::start(pid);
-            let (total, submitted, failures) = target.register_pipelined(&runs).await;
+            let cpu = Cpu::start(pid, path);
+            let (total, submitted, failures) = target.register_pipelined(&runs).await?;
             let mut pipelined = Value::Object(Map::new());
             cpu.stop(&mut pipelined, runs.len());
             let Value::Object(mut pipelined) = pipelined else { unreachable!() };
@@ -456,10 +375,9 @@ pub(crate) async fn run_unit(
             // Ray's route: every run, unpaged.
             let mut lat = Vec::new();
             let mut last = None;
-            for _ in 0..opts.get_calls {
-                let t = Instant::now();
-                let answer = target.list_all().await?;
-                lat.push(t.elapsed());
+            for call in 0..opts.get_calls {
+                let (answer, took) = target.list_all(call + 1 == opts.get_calls).await?;
+                lat.push(took);
                 last = Some(answer);
             }
             let last = last.ok_or("--get-calls must be at least 1")?;
@@ -483,9 +401,8 @@ pub(crate) async fn run_unit(
                 pages = 0;
                 bytes = 0;
                 loop {
-                    let t = Instant::now();
-                    let (answer, next, reading) = target.list_page(cursor).await?;
-                    walk += t.elapsed().saturating_sub(reading);
+                    let (answer, next, took) = target.list_page(cursor, call == 0).await?;
+                    walk += took;
                     pages += 1;
                     bytes += answer.json_bytes();
                     if call == 0 {
@@ -513,23 +430,10 @@ pub(crate) async fn run_unit(
             let mut bytes = 0;
             for k in 0..opts.get_calls {
                 let id = runs[(k * 7919) % runs.len()].id();
-                let t = Instant::now();
-                let answer = target.get_one(id).await?;
-                lat.push(t.elapsed());
-                bytes = match &answer {
-                    Answer::Docs(docs) => docs.iter().map(|d| d.to_json().len()).sum(),
-                    Answer::Body(body) => body.len(),
-                };
-                let got = match answer {
-                    Answer::Docs(docs) => docs.first().map(doc_id).transpose()?,
-                    Answer::Body(body) => Some(
-                        serde_json::from_slice::<Value>(&body)
-                            .ok()
-                            .and_then(|v| v.get("id")?.as_str().map(str::to_owned))
-                            .unwrap_or_default(),
-                    ),
-                };
-                if got.as_deref() != Some(id.as_str()) {
+                let (got, json_bytes, took) = target.get_one(id).await?;
+                lat.push(took);
+                bytes = json_bytes;
+                if got != id.as_str() {
                     return Err(format!("get_one: asked for {id}, got {got:?}"));
                 }
             }
@@ -573,25 +477,26 @@ pub(crate) async fn run_unit(
     Ok(Value::Object(out))
 }
 
-/// CPU time of the process that holds the state and of this one over a
-/// phase, per run, in microseconds (the same process in process).
+/// CPU time of the process that holds the state over a phase, and over
+/// HTTP of this one (the load generator), per run, in microseconds.
 struct Cpu {
     pid: u32,
     state: Duration,
-    driver: Duration,
+    driver: Option<Duration>,
 }
 
 impl Cpu {
-    fn start(pid: u32) -> Self {
-        Self { pid, state: cpu_time(pid), driver: cpu_time(std::process::id()) }
+    fn start(pid: u32, path: PathKind) -> Self {
+        let driver = (path == PathKind::Http).then(|| cpu_time(std::process::id()));
+        Self { pid, state: cpu_time(pid), driver }
     }
 
     fn stop(self, into: &mut Value, runs: usize) {
         let per_run = |d: Duration| round(d.as_secs_f64() * 1e6 / runs as f64, 1);
         let state = cpu_time(self.pid).saturating_sub(self.state);
         into["cpu_us_per_run_state"] = json!(per_run(state));
-        if self.pid != std::process::id() {
-            let driver = cpu_time(std::process::id()).saturating_sub(self.driver);
+        if let Some(driver) = self.driver {
+            let driver = cpu_time(std::process::id()).saturating_sub(driver);
             into["cpu_us_per_run_driver"] = json!(per_run(driver));
         }
     }
@@ -619,49 +524,12 @@ pub(crate) fn tempdir() -> Result<tempfile::TempDir, String> {
         .map_err(|e| format!("cannot create a temporary directory: {e}"))
 }
 
-/// Writes `n` fresh runs of `w` workers through the store alone (the
-/// documents the head stores), built and committed 4,096 at a time.
-pub(crate) async fn fill(config: &StateConfig, n: usize, w: u32) -> Result<Duration, String> {
-    fill_with(config, n, w, records::run).await
-}
-
-/// [`fill`], with the runs `make` gives (`make(i, w, start_ms)`).
-pub(crate) async fn fill_with(
-    config: &StateConfig,
-    n: usize,
-    w: u32,
-    make: fn(u64, u32, u64) -> TrainRunInfo,
-) -> Result<Duration, String> {
-    let filled = Instant::now();
-    let store = StoreBench::open(config).map_err(|e| e.to_string())?;
-    let start_ms = records::now_ms();
-    for first in (0..n as u64).step_by(4_096) {
-        let last = (first + 4_096).min(n as u64);
-        let mut answers = Vec::with_capacity((last - first) as usize);
-        for i in first..last {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            store.put(&make(i, w, start_ms), move |result| {
-                let _ = tx.send(result);
-            });
-            answers.push(rx);
-        }
-        for rx in answers {
-            if !matches!(rx.await, Ok(Ok(()))) {
-                return Err("filling the store failed".into());
-            }
-        }
-    }
-    store.close();
-    Ok(filled.elapsed())
-}
-
 /// Time to be ready with `n` runs of `w` workers stored: the store is
 /// filled once (through the store alone), then `trainstate serve` is
 /// started on it `rounds` times.
 pub(crate) async fn run_ready(opts: &Options, rounds: usize) -> Result<Value, String> {
     let dir = tempdir()?;
-    let config = state_config(StoreKind::Durable, dir.path());
-    let fill_s = fill(&config, opts.n, opts.w).await?;
+    let fill_s = fill_with(&opts.inproc_bin, dir.path(), opts.n, opts.w, records::run)?;
     let db_bytes = std::fs::metadata(dir.path().join("trainstate.db")).map_or(0, |m| m.len());
     // The same server on an empty store, for the memory the runs take.
     let empty = tempdir()?;
