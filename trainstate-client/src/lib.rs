@@ -31,18 +31,21 @@
 //!   ([`StateHandle::connect_with_ca`], [`TrustedCas`]). Off by default, so
 //!   that a controller reaching its head over plain HTTP builds no TLS
 //!   stack; without it an `https://` URL is refused, naming the feature.
+//! - `schemars`: [`RunDocument`] implements `schemars::JsonSchema` (as a
+//!   run's schema).
+//!
+//! The route table and the OpenAPI document are the contract's:
+//! `trainstate_schema::routes` and `trainstate_schema::openapi`.
 
 pub mod api;
 mod error;
 mod events;
 mod handle;
-pub mod openapi;
 mod protocol;
 mod query;
 #[cfg(feature = "http")]
 mod remote;
 mod rendezvous;
-pub mod routes;
 
 pub use error::StateError;
 pub use events::{EventKind, StateEvent, Subscription};

@@ -287,7 +287,7 @@ fn duration(start: u64, end: Option<u64>) -> String {
 }
 
 pub(crate) fn schema(name: Option<&str>) -> ExitCode {
-    let schemas = trainstate_client::openapi::wire_schemas();
+    let schemas = trainstate_schema::openapi::wire_schemas();
     match name {
         None => {
             for (name, _) in &schemas {

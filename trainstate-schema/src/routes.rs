@@ -1,19 +1,25 @@
 //! The route table of the head service: every route it serves, what each
-//! takes and what each answers. The head builds its router from this table
-//! and the OpenAPI document is generated from it, so neither can list a
-//! route the other lacks.
+//! takes and what each answers, as data. The head builds its router from
+//! this table, the remote client its URLs, and the OpenAPI document is
+//! generated from it, so none can list a route the others lack.
+//!
+//! The table names no HTTP library: a method is an [`HttpMethod`], a path a
+//! template with `{name}` parameters. The documents each route takes and
+//! answers are described (as JSON Schema generators) with the `schemars`
+//! feature; without it the table still has every route's method, path,
+//! access and error codes, and [`SchemaFn`] describes nothing.
 
+#[cfg(feature = "schemars")]
 use schemars::{JsonSchema, Schema, SchemaGenerator};
-use trainstate_schema::api::{
+
+use crate::api::{
     AttemptRequest, ErrorCode, EventsQuery, HealthResponse, HeartbeatResponse, JoinRequest,
     ListQuery, RankEndRequest, RankHeartbeatRequest, RayRunListResponse, RayWriteQuery,
     RegisterMinimalResponse, RegisterRequest, RegisterResponse, RendezvousResponse, RunEvent,
     RunListResponse, SnapshotEvent, StatusRequest, VersionResponse,
 };
-use trainstate_schema::api::{
-    CreateTokenRequest, CreateTokenResponse, TokenListResponse, TokenScope,
-};
-use trainstate_schema::{TrainRunInfo, ray_v2};
+use crate::api::{CreateTokenRequest, CreateTokenResponse, TokenListResponse, TokenScope};
+use crate::{TrainRunInfo, ray_v2};
 
 /// One operation of the HTTP API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -111,18 +117,34 @@ impl HttpMethod {
 }
 
 /// Generates the JSON Schema of one document type.
+#[cfg(feature = "schemars")]
 pub type SchemaFn = fn(&mut SchemaGenerator) -> Schema;
 
+/// Names one document type; without the `schemars` feature it generates
+/// nothing.
+#[cfg(not(feature = "schemars"))]
+pub type SchemaFn = fn();
+
 /// The schema of `T`, as a reference into the generator's definitions.
+#[cfg(feature = "schemars")]
 pub fn schema_of<T: JsonSchema>(generator: &mut SchemaGenerator) -> Schema {
     generator.subschema_for::<T>()
 }
 
 /// The schema of `T` itself, not a reference: what a query type's
 /// properties are read from.
+#[cfg(feature = "schemars")]
 pub fn inline_schema_of<T: JsonSchema>(generator: &mut SchemaGenerator) -> Schema {
     T::json_schema(generator)
 }
+
+/// Names the document `T` (nothing to generate without `schemars`).
+#[cfg(not(feature = "schemars"))]
+pub fn schema_of<T>() {}
+
+/// Names the query type `T` (nothing to generate without `schemars`).
+#[cfg(not(feature = "schemars"))]
+pub fn inline_schema_of<T>() {}
 
 /// What a body is.
 #[derive(Clone, Copy)]
@@ -237,7 +259,7 @@ pub struct Route {
     /// Its successful answers.
     pub success: &'static [Success],
     /// The error codes it may answer, each with its status and an
-    /// [`ErrorResponse`](trainstate_schema::api::ErrorResponse) body.
+    /// [`ErrorResponse`](crate::api::ErrorResponse) body.
     pub errors: &'static [ErrorCode],
     /// False for the event stream, which has no request deadline.
     pub timed: bool,
@@ -249,7 +271,7 @@ const RUN_ID: PathParam =
 const RENDEZVOUS_KEY: PathParam = PathParam {
     name: "key",
     description: "The key every rank of one launch shares (the launcher's job id, for example).",
-    pattern: Some(trainstate_schema::api::RENDEZVOUS_KEY_PATTERN),
+    pattern: Some(crate::api::RENDEZVOUS_KEY_PATTERN),
 };
 
 const RANK: PathParam = PathParam {
@@ -318,10 +340,17 @@ const RUN: SchemaFn = schema_of::<TrainRunInfo>;
 
 /// What a registration answers: the run as stored, or without it when the
 /// request says `Prefer: return=minimal`.
+#[cfg(feature = "schemars")]
 fn register_answer(generator: &mut SchemaGenerator) -> Schema {
     let full = schema_of::<RegisterResponse>(generator);
     let minimal = schema_of::<RegisterMinimalResponse>(generator);
     schemars::json_schema!({ "oneOf": [full, minimal] })
+}
+
+/// Names what a registration answers (nothing to generate without `schemars`).
+#[cfg(not(feature = "schemars"))]
+fn register_answer() {
+    schema_of::<(RegisterResponse, RegisterMinimalResponse)>()
 }
 
 /// Every route the head serves, in documentation order.
@@ -644,7 +673,7 @@ pub fn routes() -> Vec<Route> {
             success: &[Success {
                 status: 200,
                 description: "The token, revoked.",
-                body: Body::Json(schema_of::<trainstate_schema::api::TokenInfo>),
+                body: Body::Json(schema_of::<crate::api::TokenInfo>),
             }],
             errors: ADMIN_ERRORS,
             ..route(
@@ -664,7 +693,7 @@ pub fn routes() -> Vec<Route> {
                 body: Body::EventStream(&[
                     schema_of::<SnapshotEvent>,
                     schema_of::<RunEvent>,
-                    schema_of::<trainstate_schema::api::ErrorResponse>,
+                    schema_of::<crate::api::ErrorResponse>,
                 ]),
             }],
             errors: &[
@@ -742,7 +771,7 @@ pub fn routes() -> Vec<Route> {
             success: &[Success {
                 status: 200,
                 description: "The templates; null where none is configured.",
-                body: Body::Json(schema_of::<trainstate_schema::api::LinksResponse>),
+                body: Body::Json(schema_of::<crate::api::LinksResponse>),
             }],
             errors: READ_ERRORS,
             ..route(
