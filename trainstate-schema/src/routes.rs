@@ -865,6 +865,62 @@ pub fn routes() -> Vec<Route> {
     ]
 }
 
+/// The route of `operation`.
+pub fn route(operation: Operation) -> Route {
+    routes()
+        .into_iter()
+        .find(|route| route.operation == operation)
+        .expect("every operation has one route")
+}
+
+impl Route {
+    /// This route's path with each `{name}` parameter of its template
+    /// replaced by its value in `params`, percent-encoded as one path
+    /// segment (every byte but RFC 3986's unreserved characters), so any
+    /// text reaches the head as the one value it was.
+    ///
+    /// # Panics
+    ///
+    /// When `params` has no value for a parameter of the template: the
+    /// caller and the table disagree.
+    pub fn path_with(&self, params: &[(&str, &str)]) -> String {
+        let mut path = String::with_capacity(self.path.len() + 40);
+        for (i, segment) in self.path.split('/').enumerate() {
+            if i > 0 {
+                path.push('/');
+            }
+            match segment.strip_prefix('{').and_then(|rest| rest.strip_suffix('}')) {
+                Some(name) => {
+                    let value = params
+                        .iter()
+                        .find_map(|(key, value)| (*key == name).then_some(*value))
+                        .unwrap_or_else(|| {
+                            panic!("{} needs the path parameter {name}", self.operation_id)
+                        });
+                    percent_encode_segment(value, &mut path);
+                }
+                None => path.push_str(segment),
+            }
+        }
+        path
+    }
+}
+
+/// Appends `value` to `out` with every byte but RFC 3986's unreserved
+/// characters (`A-Z a-z 0-9 - . _ ~`) written as `%XX`.
+fn percent_encode_segment(value: &str, out: &mut String) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for &byte in value.as_bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(byte));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(byte >> 4)]));
+            out.push(char::from(HEX[usize::from(byte & 0xf)]));
+        }
+    }
+}
+
 /// The route whose template matches `method` and the concrete `path`
 /// (without its query string), if any.
 pub fn route_for(method: HttpMethod, path: &str) -> Option<Route> {
@@ -904,6 +960,38 @@ mod tests {
         keys.sort_unstable();
         keys.dedup();
         assert_eq!(keys.len(), routes.len());
+    }
+
+    #[test]
+    fn a_filled_path_has_each_parameter_as_one_encoded_segment() {
+        let path = route(Operation::UpsertRayAttempt)
+            .path_with(&[("id", "r-1_x"), ("attempt_id", "a b/c%d?é~.")]);
+        assert_eq!(path, "/api/train/v2/runs/r-1_x/attempts/a%20b%2Fc%25d%3F%C3%A9~.");
+        assert_eq!(route(Operation::ListRuns).path_with(&[]), "/api/train/runs");
+        assert_eq!(route(Operation::Page).path_with(&[]), "/");
+        let rank = route(Operation::EndRank).path_with(&[("rank", "3"), ("id", "r1")]);
+        assert_eq!(rank, "/api/train/runs/r1/ranks/3/end");
+    }
+
+    #[test]
+    fn every_route_filled_matches_its_own_template_and_finds_itself() {
+        for listed in routes() {
+            let names: Vec<&str> = listed
+                .path
+                .split('/')
+                .filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+                .collect();
+            let params: Vec<(&str, &str)> = names.iter().map(|name| (*name, "v/1")).collect();
+            let path = listed.path_with(&params);
+            assert!(template_matches(listed.path, &path), "{path} for {}", listed.path);
+            assert_eq!(route(listed.operation).operation_id, listed.operation_id);
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "getRun needs the path parameter id")]
+    fn a_missing_parameter_is_named() {
+        route(Operation::GetRun).path_with(&[("run", "r1")]);
     }
 
     #[test]
