@@ -31,6 +31,9 @@
 //!   ([`StateHandle::connect_with_ca`], [`TrustedCas`]). Off by default, so
 //!   that a controller reaching its head over plain HTTP builds no TLS
 //!   stack; without it an `https://` URL is refused, naming the feature.
+//! - `ray-export`: [`ray_export`], Ray Train V2's export events ingested
+//!   into a head through a [`StateHandle`] (`trainstate ingest
+//!   ray-export`); its guarantees are in `docs/ray.md`.
 //! - `schemars`: [`RunDocument`] implements `schemars::JsonSchema` (as a
 //!   run's schema).
 //!
@@ -43,6 +46,8 @@ mod events;
 mod handle;
 mod protocol;
 mod query;
+#[cfg(feature = "ray-export")]
+pub mod ray_export;
 #[cfg(feature = "http")]
 mod remote;
 mod rendezvous;
