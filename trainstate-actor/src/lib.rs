@@ -48,8 +48,6 @@ mod faults;
 pub mod forward;
 #[cfg(feature = "server")]
 pub mod http;
-#[cfg(feature = "server")]
-pub mod links;
 mod log_sample;
 mod log_throttle;
 mod record;

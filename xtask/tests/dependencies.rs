@@ -79,6 +79,7 @@ fn client_and_manager_never_pull_in_the_server_or_the_store() {
         ("trainstate-client", &[][..]),
         ("trainstate-client", &["--all-features"][..]),
         ("trainstate-client", &["--no-default-features", "--features", "ray-export"][..]),
+        ("trainstate-client", &["--no-default-features", "--features", "cli"][..]),
         ("trainstate-manager", &[][..]),
     ];
     for (package, features) in builds {
@@ -109,6 +110,9 @@ const THIRD_PARTY: &[(&str, &[&str])] = &[
             "rustls",
             // `ray-export`: Ray's ids are base64.
             "base64",
+            // `cli`: the commands' flags, and the link templates they fill.
+            "clap",
+            "url",
         ],
     ),
     ("trainstate-manager", &["ractor", "tokio", "tracing", "thiserror"]),

@@ -140,7 +140,7 @@ pub struct HttpConfig {
     /// names and its listen address): a guard against DNS rebinding.
     pub allow_any_host: bool,
     /// URL templates of links out to logs and metrics, checked by
-    /// [`crate::links::check_template`].
+    /// `trainstate_client::links::check_template` (with its `cli` feature).
     pub links: trainstate_client::api::LinksResponse,
     /// The longest a request waits for the stored runs to be loaded (see
     /// [`serve_while_loading`]); past it, 503 `unavailable`.
@@ -206,7 +206,7 @@ impl HttpConfig {
     }
 
     /// Serves these link templates (check each with
-    /// [`crate::links::check_template`] first).
+    /// `trainstate_client::links::check_template` first, with its `cli` feature).
     pub fn with_links(mut self, links: trainstate_client::api::LinksResponse) -> Self {
         self.links = links;
         self
