@@ -31,10 +31,10 @@
 //!   ([`StateHandle::connect_with_ca`], [`TrustedCas`]). Off by default, so
 //!   that a controller reaching its head over plain HTTP builds no TLS
 //!   stack; without it an `https://` URL is refused, naming the feature.
-//! - `cli`: [`cli`], the client commands of the `trainstate` binary (`runs
-//!   list|show`, `token create|list|revoke`, with clap), and [`links`],
+//! - `cli`: `cli`, the client commands of the `trainstate` binary (`runs
+//!   list|show`, `token create|list|revoke`, with clap), and `links`,
 //!   the operator's link templates they fill. Turns on `rustls`.
-//! - `ray-export`: [`ray_export`], Ray Train V2's export events ingested
+//! - `ray-export`: `ray_export`, Ray Train V2's export events ingested
 //!   into a head through a [`StateHandle`] (`trainstate ingest
 //!   ray-export`); its guarantees are in `docs/ray.md`.
 //! - `schemars`: [`RunDocument`] implements `schemars::JsonSchema` (as a

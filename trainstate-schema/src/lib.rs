@@ -41,7 +41,7 @@
 //!   `schemars::JsonSchema`, generating JSON Schema 2020-12 whose
 //!   descriptions are these doc comments. The schemas describe what is
 //!   accepted: extension fields are optional and unknown keys are allowed.
-//!   With it, [`routes`] describes each route's documents and [`openapi`]
+//!   With it, [`routes`] describes each route's documents and `openapi`
 //!   generates the OpenAPI 3.1 document of the head service.
 //!
 //! # Routes
