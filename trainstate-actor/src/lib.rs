@@ -21,9 +21,6 @@
 //! The guarantees (ordering, durability, idempotency, restarts, retention,
 //! liveness) are written down in `docs/state-actor.md`.
 //!
-//! [`ray_export`] ingests Ray Train V2's export events into a head
-//! (`trainstate ingest ray-export`); its guarantees are in `docs/ray.md`.
-//!
 //! # Features
 //!
 //! - `cli` (default): the `trainstate` binary (`serve`, `runs`, `schema`);
@@ -51,11 +48,8 @@ mod faults;
 pub mod forward;
 #[cfg(feature = "server")]
 pub mod http;
-#[cfg(feature = "server")]
-pub mod links;
 mod log_sample;
 mod log_throttle;
-pub mod ray_export;
 mod record;
 mod rendezvous;
 mod state;

@@ -10,7 +10,7 @@ use reqwest::{Client, Method, StatusCode};
 use serde_json::{Value, json};
 use trainstate_actor::StateConfig;
 use trainstate_actor::http::HttpConfig;
-use trainstate_client::routes::template_matches;
+use trainstate_schema::routes::template_matches;
 
 use crate::common::{Server, unique_name};
 
@@ -18,7 +18,7 @@ use crate::common::{Server, unique_name};
 /// `every_endpoint_answers_its_success_path`).
 fn document() -> &'static Value {
     static DOCUMENT: OnceLock<Value> = OnceLock::new();
-    DOCUMENT.get_or_init(trainstate_client::openapi::document)
+    DOCUMENT.get_or_init(trainstate_schema::openapi::document)
 }
 
 /// The documented path template that `path` (no query string) matches.

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use trainstate_actor::http::HttpConfig;
 use trainstate_client::StateHandle;
 use trainstate_client::api::{CreateTokenRequest, TokenScope};
-use trainstate_client::routes::{Access, routes};
+use trainstate_schema::routes::{Access, routes};
 use trainstate_schema::{RunStatus, TrainRunInfo};
 
 use crate::common::{Server, run};
@@ -78,7 +78,7 @@ fn concrete(template: &str) -> String {
         .replace("{rank}", "0")
 }
 
-fn method(route: &trainstate_client::routes::Route) -> Method {
+fn method(route: &trainstate_schema::routes::Route) -> Method {
     Method::from_bytes(route.method.as_lower_str().to_uppercase().as_bytes()).unwrap()
 }
 
@@ -292,7 +292,7 @@ async fn a_head_without_its_own_token_checks_none_and_administers_none() {
 
 #[tokio::test]
 async fn the_openapi_document_names_each_routes_access() {
-    let document = trainstate_client::openapi::document();
+    let document = trainstate_schema::openapi::document();
     for route in routes() {
         let operation = &document["paths"][route.path][route.method.as_lower_str()];
         assert_eq!(operation["x-trainstate-access"], route.access.as_str(), "{}", route.path);

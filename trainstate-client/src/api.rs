@@ -2,7 +2,7 @@
 //! protocol converts to and from them.
 //!
 //! The documents themselves are defined once, data only, in
-//! [`trainstate_schema::api`] and re-exported here; [`crate::routes`] says
+//! [`trainstate_schema::api`] and re-exported here; [`trainstate_schema::routes`] says
 //! which route takes and answers which, and the OpenAPI document is
 //! generated from both.
 

@@ -31,18 +31,33 @@
 //!   ([`StateHandle::connect_with_ca`], [`TrustedCas`]). Off by default, so
 //!   that a controller reaching its head over plain HTTP builds no TLS
 //!   stack; without it an `https://` URL is refused, naming the feature.
+//! - `cli`: `cli`, the client commands of the `trainstate` binary (`runs
+//!   list|show`, `token create|list|revoke`, with clap), and `links`,
+//!   the operator's link templates they fill. Turns on `rustls`.
+//! - `ray-export`: `ray_export`, Ray Train V2's export events ingested
+//!   into a head through a [`StateHandle`] (`trainstate ingest
+//!   ray-export`); its guarantees are in `docs/ray.md`.
+//! - `schemars`: [`RunDocument`] implements `schemars::JsonSchema` (as a
+//!   run's schema).
+//!
+//! The route table and the OpenAPI document are the contract's:
+//! `trainstate_schema::routes` and `trainstate_schema::openapi`.
 
 pub mod api;
+#[cfg(feature = "cli")]
+pub mod cli;
 mod error;
 mod events;
 mod handle;
-pub mod openapi;
+#[cfg(feature = "cli")]
+pub mod links;
 mod protocol;
 mod query;
+#[cfg(feature = "ray-export")]
+pub mod ray_export;
 #[cfg(feature = "http")]
 mod remote;
 mod rendezvous;
-pub mod routes;
 
 pub use error::StateError;
 pub use events::{EventKind, StateEvent, Subscription};

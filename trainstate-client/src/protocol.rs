@@ -485,6 +485,7 @@ impl<'de> Deserialize<'de> for RunDocument {
     }
 }
 
+#[cfg(feature = "schemars")]
 impl schemars::JsonSchema for RunDocument {
     fn schema_name() -> Cow<'static, str> {
         TrainRunInfo::schema_name()

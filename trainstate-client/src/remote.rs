@@ -8,6 +8,7 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
+use trainstate_schema::routes::{HttpMethod, Operation, route};
 use trainstate_schema::{RunId, TrainRunInfo, ray_v2};
 
 use crate::api::{
@@ -40,13 +41,45 @@ struct Call<'a> {
 }
 
 impl<'a> Call<'a> {
-    fn get(path: String, query: Option<ListQuery>, run_id: Option<&'a RunId>) -> Self {
-        Self { method: Method::GET, path, query, body: None, run_id }
+    /// A request of `operation`: its method and path from the route table,
+    /// the path's parameters filled with `params`.
+    fn to(operation: Operation, params: &[(&str, &str)], run_id: Option<&'a RunId>) -> Self {
+        let route = route(operation);
+        let method = match route.method {
+            HttpMethod::Get => Method::GET,
+            HttpMethod::Post => Method::POST,
+            HttpMethod::Put => Method::PUT,
+            HttpMethod::Delete => Method::DELETE,
+            _ => unreachable!("the API uses no other method"),
+        };
+        Self { method, path: route.path_with(params), query: None, body: None, run_id }
     }
 
-    fn post(path: String, body: &impl Serialize, run_id: Option<&'a RunId>) -> Self {
-        let body = serde_json::to_vec(body).expect("API documents serialize");
-        Self { method: Method::POST, path, query: None, body: Some(body), run_id }
+    /// A request of `operation` on the run `id`.
+    fn on_run(operation: Operation, id: &'a RunId) -> Self {
+        Self::to(operation, &[("id", id.as_str())], Some(id))
+    }
+
+    /// The same request with this JSON body.
+    fn body(mut self, body: &impl Serialize) -> Self {
+        self.body = Some(serde_json::to_vec(body).expect("API documents serialize"));
+        self
+    }
+
+    /// The same request with this query.
+    fn query(mut self, query: ListQuery) -> Self {
+        self.query = Some(query);
+        self
+    }
+
+    /// The same request with the query of a Ray Train V2 write that says
+    /// when its change happened
+    /// ([`RayWriteQuery`](crate::api::RayWriteQuery)), if it says so.
+    fn at(mut self, at_ms: Option<u64>) -> Self {
+        if let Some(at) = at_ms {
+            self.path.push_str(&format!("?at_ms={at}"));
+        }
+        self
     }
 }
 
@@ -171,7 +204,7 @@ impl Remote {
         run: &TrainRunInfo,
         timeout: Duration,
     ) -> Result<Registration, StateError> {
-        let call = Call::post("/api/train/runs".into(), run, Some(run.id()));
+        let call = Call::to(Operation::RegisterRun, &[], Some(run.id())).body(run);
         let answer: RegisterResponse<RunDocument> = parse(&self.send(call, timeout).await?)?;
         Ok(Registration::new(answer.run, Duration::from_millis(answer.lease_ms), answer.created))
     }
@@ -183,7 +216,7 @@ impl Remote {
         timeout: Duration,
     ) -> Result<RunDocument, StateError> {
         let body = StatusRequest::from(update);
-        let call = Call::post(format!("/api/train/runs/{id}/status"), &body, Some(id));
+        let call = Call::on_run(Operation::SetRunStatus, id).body(&body);
         parse(&self.send(call, timeout).await?)
     }
 
@@ -194,7 +227,7 @@ impl Remote {
         timeout: Duration,
     ) -> Result<RunDocument, StateError> {
         let body = AttemptRequest::from(attempt);
-        let call = Call::post(format!("/api/train/runs/{id}/attempts"), &body, Some(id));
+        let call = Call::on_run(Operation::StartRunAttempt, id).body(&body);
         parse(&self.send(call, timeout).await?)
     }
 
@@ -205,9 +238,7 @@ impl Remote {
         timeout: Duration,
     ) -> Result<RunDocument, StateError> {
         let id = RunId::parse(&run.id).map_err(StateError::from)?;
-        let path = format!("/api/train/v2/runs/{id}{}", at_query(at_ms));
-        let mut call = Call::post(path, run, Some(&id));
-        call.method = Method::PUT;
+        let call = Call::on_run(Operation::UpsertRayRun, &id).body(run).at(at_ms);
         parse(&self.send(call, timeout).await?)
     }
 
@@ -219,24 +250,14 @@ impl Remote {
     ) -> Result<RunDocument, StateError> {
         let id = RunId::parse(&attempt.run_id).map_err(StateError::from)?;
         // The attempt id is the caller's text: encoded as one path segment.
-        let mut url = reqwest::Url::parse("http://head/").expect("a valid URL");
-        url.path_segments_mut().expect("an http URL has a path").extend([
-            "api",
-            "train",
-            "v2",
-            "runs",
-            id.as_str(),
-            "attempts",
-            &attempt.attempt_id,
-        ]);
-        let path = format!("{}{}", url.path(), at_query(at_ms));
-        let mut call = Call::post(path, attempt, Some(&id));
-        call.method = Method::PUT;
+        let params = [("id", id.as_str()), ("attempt_id", attempt.attempt_id.as_str())];
+        let call =
+            Call::to(Operation::UpsertRayAttempt, &params, Some(&id)).body(attempt).at(at_ms);
         parse(&self.send(call, timeout).await?)
     }
 
     pub(crate) async fn links(&self, timeout: Duration) -> Result<LinksResponse, StateError> {
-        parse(&self.send(Call::get("/api/links".into(), None, None), timeout).await?)
+        parse(&self.send(Call::to(Operation::GetLinks, &[], None), timeout).await?)
     }
 
     pub(crate) async fn create_token(
@@ -244,14 +265,15 @@ impl Remote {
         request: &CreateTokenRequest,
         timeout: Duration,
     ) -> Result<CreateTokenResponse, StateError> {
-        parse(&self.send(Call::post("/api/tokens".into(), request, None), timeout).await?)
+        let call = Call::to(Operation::CreateToken, &[], None).body(request);
+        parse(&self.send(call, timeout).await?)
     }
 
     pub(crate) async fn list_tokens(
         &self,
         timeout: Duration,
     ) -> Result<TokenListResponse, StateError> {
-        parse(&self.send(Call::get("/api/tokens".into(), None, None), timeout).await?)
+        parse(&self.send(Call::to(Operation::ListTokens, &[], None), timeout).await?)
     }
 
     pub(crate) async fn revoke_token(
@@ -259,18 +281,12 @@ impl Remote {
         id: &str,
         timeout: Duration,
     ) -> Result<TokenInfo, StateError> {
-        let call = Call {
-            method: Method::DELETE,
-            path: format!("/api/tokens/{id}"),
-            query: None,
-            body: None,
-            run_id: None,
-        };
+        let call = Call::to(Operation::RevokeToken, &[("id", id)], None);
         parse(&self.send(call, timeout).await?)
     }
 
     pub(crate) async fn version(&self, timeout: Duration) -> Result<VersionResponse, StateError> {
-        let bytes = self.send(Call::get("/api/version".into(), None, None), timeout).await?;
+        let bytes = self.send(Call::to(Operation::GetVersion, &[], None), timeout).await?;
         serde_json::from_slice(&bytes).map_err(|_| StateError::Protocol {
             reason: format!(
                 "GET {}/api/version answered what is not a trainstate head's version: {}",
@@ -286,42 +302,23 @@ impl Remote {
         timeout: Duration,
     ) -> Result<RunDocument, StateError> {
         let id = run.id();
-        let body = serde_json::to_vec(run).expect("a validated run serializes");
-        let call = Call {
-            method: Method::PUT,
-            path: format!("/api/train/forwarded/{id}"),
-            query: None,
-            body: Some(body),
-            run_id: Some(id),
-        };
+        let call = Call::on_run(Operation::ForwardRun, id).body(run);
         parse(&self.send(call, timeout).await?)
     }
 
     async fn heartbeat(&self, id: &RunId, timeout: Duration) -> Result<Duration, StateError> {
-        let call = Call {
-            method: Method::POST,
-            path: format!("/api/train/runs/{id}/heartbeat"),
-            query: None,
-            body: None,
-            run_id: Some(id),
-        };
+        let call = Call::on_run(Operation::HeartbeatRun, id);
         let answer: HeartbeatResponse = parse(&self.send(call, timeout).await?)?;
         Ok(Duration::from_millis(answer.lease_ms))
     }
 
     async fn get(&self, id: &RunId, timeout: Duration) -> Result<RunDocument, StateError> {
-        let call = Call::get(format!("/api/train/runs/{id}"), None, Some(id));
+        let call = Call::on_run(Operation::GetRun, id);
         parse(&self.send(call, timeout).await?)
     }
 
     async fn delete(&self, id: &RunId, timeout: Duration) -> Result<(), StateError> {
-        let call = Call {
-            method: Method::DELETE,
-            path: format!("/api/train/runs/{id}"),
-            query: None,
-            body: None,
-            run_id: Some(id),
-        };
+        let call = Call::on_run(Operation::DeleteRun, id);
         self.send(call, timeout).await.map(drop)
     }
 
@@ -333,12 +330,12 @@ impl Remote {
                     "an unpaged listing takes no filters over HTTP",
                 ));
             }
-            let call = Call::get("/api/train/v2/runs".into(), None, None);
+            let call = Call::to(Operation::ListRunsRay, &[], None);
             let answer: RayRunListResponse<RunDocument> = parse(&self.send(call, timeout).await?)?;
             let total = answer.train_runs.len() as u64;
             return Ok(RunPage::new(answer.train_runs, None, total as usize));
         };
-        let call = Call::get("/api/train/runs".into(), Some(list_query), None);
+        let call = Call::to(Operation::ListRuns, &[], None).query(list_query);
         let answer: RunListResponse<RunDocument> = parse(&self.send(call, timeout).await?)?;
         let total = usize::try_from(answer.total).unwrap_or(usize::MAX);
         Ok(RunPage::new(answer.train_runs, answer.next_cursor, total))
@@ -381,10 +378,4 @@ fn excerpt(bytes: &[u8]) -> String {
     let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
     let line = trainstate_schema::text::first_chars(&line, 120);
     if line.is_empty() { "an empty body".to_owned() } else { format!("{line:?}") }
-}
-
-/// The query of a Ray Train V2 write that says when its change happened
-/// ([`RayWriteQuery`](crate::api::RayWriteQuery)), or nothing.
-fn at_query(at_ms: Option<u64>) -> String {
-    at_ms.map_or_else(String::new, |at| format!("?at_ms={at}"))
 }

@@ -41,11 +41,21 @@
 //!   `schemars::JsonSchema`, generating JSON Schema 2020-12 whose
 //!   descriptions are these doc comments. The schemas describe what is
 //!   accepted: extension fields are optional and unknown keys are allowed.
+//!   With it, [`routes`] describes each route's documents and `openapi`
+//!   generates the OpenAPI 3.1 document of the head service.
+//!
+//! # Routes
+//!
+//! [`routes`] is the route table of the head service as data: each route's
+//! method, path template, access rule, error codes and documents. It names
+//! no HTTP library; the head builds its router from it and the remote
+//! client its URLs.
 //!
 //! # Dependencies
 //!
-//! serde, uuid and (optionally) schemars, and nothing else: nothing async,
-//! no actor runtime, no HTTP, no storage.
+//! serde, uuid and (optionally, with `schemars`) schemars and serde_json,
+//! and nothing else: nothing async, no actor runtime, no HTTP library, no
+//! storage.
 
 pub mod api;
 mod draft;
@@ -55,8 +65,11 @@ mod json;
 pub mod limits;
 mod model;
 mod object;
+#[cfg(feature = "schemars")]
+pub mod openapi;
 pub mod ray_v2;
 mod resources;
+pub mod routes;
 mod status;
 pub mod text;
 mod validate;

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use schemars::Schema;
-use trainstate_client::openapi::to_document_text as pretty;
+use trainstate_schema::openapi::to_document_text as pretty;
 
 use crate::{contract, page, python, schema_doc};
 
@@ -32,7 +32,7 @@ pub(crate) struct NamedSchema {
 
 /// The schemas of every public wire type, in documentation order.
 pub(crate) fn wire_schemas() -> Vec<NamedSchema> {
-    trainstate_client::openapi::wire_schemas()
+    trainstate_schema::openapi::wire_schemas()
         .into_iter()
         .map(|(name, schema)| NamedSchema { name, schema })
         .collect()
@@ -50,7 +50,7 @@ pub fn generated_files() -> Vec<GeneratedFile> {
         .collect();
     files.push(GeneratedFile {
         path: "schemas/openapi.json".into(),
-        contents: pretty(&trainstate_client::openapi::document()),
+        contents: pretty(&trainstate_schema::openapi::document()),
     });
     files.push(GeneratedFile {
         path: "docs/schema.md".into(),

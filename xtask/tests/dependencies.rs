@@ -43,9 +43,15 @@ fn direct_normal_dependencies(package: &str) -> BTreeSet<String> {
 
 /// Every package `cargo tree -e normal -p <package>` shows, by name.
 fn normal_closure(package: &str) -> BTreeSet<String> {
-    let tree =
-        cargo(&["tree", "-e", "normal", "-p", package, "--prefix", "none", "--format", "{p}"]);
-    String::from_utf8(tree)
+    normal_closure_with(package, &[])
+}
+
+/// Every package `cargo tree -e normal -p <package> <features>` shows, by name.
+fn normal_closure_with(package: &str, features: &[&str]) -> BTreeSet<String> {
+    let mut args = vec!["tree", "-e", "normal", "-p", package];
+    args.extend(features);
+    args.extend(["--prefix", "none", "--format", "{p}"]);
+    String::from_utf8(cargo(&args))
         .unwrap()
         .lines()
         .filter_map(|line| line.split_whitespace().next())
@@ -56,7 +62,9 @@ fn normal_closure(package: &str) -> BTreeSet<String> {
 #[test]
 fn schema_crate_depends_on_serde_uuid_and_schemars_only() {
     let direct = direct_normal_dependencies("trainstate-schema");
-    let allowed: BTreeSet<String> = ["serde", "uuid", "schemars"].map(String::from).into();
+    // serde_json only with `schemars`: the OpenAPI document is JSON.
+    let allowed: BTreeSet<String> =
+        ["serde", "uuid", "schemars", "serde_json"].map(String::from).into();
     assert!(direct.is_subset(&allowed), "trainstate-schema depends on {direct:?}");
 }
 
@@ -65,11 +73,68 @@ const POSTGRES: &[&str] = &["tokio-postgres", "postgres-protocol", "deadpool-pos
 
 #[test]
 fn client_and_manager_never_pull_in_the_server_or_the_store() {
-    for package in ["trainstate-client", "trainstate-manager"] {
-        let closure = normal_closure(package);
-        for forbidden in ["axum", "rusqlite", "libsqlite3-sys"].iter().chain(POSTGRES) {
-            assert!(!closure.contains(*forbidden), "{package} pulls in {forbidden}");
+    // The client with every feature (the ingester, HTTPS, schemars) too:
+    // what talks to a head from outside never builds the head.
+    let builds = [
+        ("trainstate-client", &[][..]),
+        ("trainstate-client", &["--all-features"][..]),
+        ("trainstate-client", &["--no-default-features", "--features", "ray-export"][..]),
+        ("trainstate-client", &["--no-default-features", "--features", "cli"][..]),
+        ("trainstate-manager", &[][..]),
+    ];
+    for (package, features) in builds {
+        let closure = normal_closure_with(package, features);
+        let server = ["axum", "rusqlite", "libsqlite3-sys"];
+        for forbidden in server.iter().chain(POSTGRES) {
+            assert!(!closure.contains(*forbidden), "{package} {features:?} pulls in {forbidden}");
         }
+    }
+}
+
+/// The third-party crates each light crate may name as its direct normal
+/// dependencies, whatever its features; a new one is a decision, made here.
+const THIRD_PARTY: &[(&str, &[&str])] = &[
+    (
+        "trainstate-client",
+        &[
+            "ractor",
+            "tokio",
+            "thiserror",
+            "serde",
+            "serde_json",
+            "tracing",
+            // `schemars`: RunDocument's JSON Schema.
+            "schemars",
+            // `http` and `rustls`: the remote handle.
+            "reqwest",
+            "rustls",
+            // `ray-export`: Ray's ids are base64.
+            "base64",
+            // `cli`: the commands' flags, and the link templates they fill.
+            "clap",
+            "url",
+        ],
+    ),
+    ("trainstate-manager", &["ractor", "tokio", "tracing", "thiserror"]),
+];
+
+#[test]
+fn light_crates_name_only_their_allowed_third_party_crates() {
+    for (package, allowed) in THIRD_PARTY {
+        let direct = direct_normal_dependencies(package);
+        let third_party: BTreeSet<&str> =
+            direct.iter().map(String::as_str).filter(|d| !d.starts_with("trainstate-")).collect();
+        let allowed: BTreeSet<&str> = allowed.iter().copied().collect();
+        let extra: Vec<&&str> = third_party.difference(&allowed).collect();
+        assert!(extra.is_empty(), "{package} depends on {extra:?}, not in THIRD_PARTY");
+    }
+}
+
+#[test]
+fn the_manager_builds_no_json_schema_and_the_client_none_by_default() {
+    for package in ["trainstate-manager", "trainstate-client"] {
+        let closure = normal_closure(package);
+        assert!(!closure.contains("schemars"), "{package} pulls in schemars");
     }
 }
 

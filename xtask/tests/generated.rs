@@ -39,7 +39,7 @@ fn python_and_the_page_get_every_route_and_rusts_retry_rule() {
     let file = |path: &str| &files.iter().find(|f| f.path == path).unwrap().contents;
     let (python, page) =
         (file("python/trainstate/_contract.py"), file("trainstate-actor/web/contract.js"));
-    for route in trainstate_client::routes::routes() {
+    for route in trainstate_schema::routes::routes() {
         let method = route.method.as_lower_str().to_ascii_uppercase();
         assert!(
             python.contains(&format!(" = Route({method:?}, {:?})\n", route.path)),

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use trainstate_actor::ray_export::{IngestConfig, IngestError, ingest};
+use trainstate_client::ray_export::{IngestConfig, IngestError, ingest};
 
 /// How long one write may take, retries to an unreachable head included,
 /// before the ingester says so and sends it again (writes are idempotent).

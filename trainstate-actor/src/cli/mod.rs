@@ -1,21 +1,22 @@
 //! The command line: `serve`, `runs list`, `runs show`, `schema`,
-//! `ingest ray-export`, `backup`, `token create|list|revoke`.
+//! `ingest ray-export`, `backup`, `token create|list|revoke`. The commands
+//! that only talk to a head (`runs`, `token`) are trainstate-client's
+//! (`trainstate_client::cli`); this composes them with the head's own.
 //!
 //! Environment variables are read here, at the edge, and nowhere else.
 
 mod backup;
-mod client;
 mod demo;
 mod duration;
 mod ingest;
 mod serve;
-mod token;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use trainstate_client::cli::{RunsCommand, TokenCommand, connect, read_ca_cert, read_token_file};
 
 /// Run-state tracking for distributed training.
 #[derive(Debug, Parser)]
@@ -47,7 +48,7 @@ enum Command {
     /// with the scope admin in --token-file).
     Token {
         #[command(subcommand)]
-        command: token::TokenCommand,
+        command: TokenCommand,
     },
     /// Apply another system's record of its runs to a head service.
     Ingest {
@@ -195,107 +196,38 @@ struct ServeArgs {
     log_json: bool,
 }
 
-#[derive(Debug, Args)]
-struct HeadArgs {
-    /// The head service.
-    #[arg(long, env = "TRAINSTATE_URL", default_value = "http://127.0.0.1:8266")]
-    url: String,
-    /// File holding the bearer token (needed when reads are protected).
-    #[arg(long, env = "TRAINSTATE_TOKEN_FILE")]
-    token_file: Option<PathBuf>,
-    /// PEM file of the CA(s) that signed the head's certificate, for an
-    /// https:// --url: trusted instead of the system's roots.
-    #[arg(long, env = "TRAINSTATE_CA_CERT")]
-    ca_cert: Option<PathBuf>,
-    /// Print JSON instead of a table.
-    #[arg(long)]
-    json: bool,
-}
-
-#[derive(Debug, Subcommand)]
-enum RunsCommand {
-    /// List runs, newest first.
-    List {
-        #[command(flatten)]
-        head: HeadArgs,
-        /// Only these statuses (comma-separated).
-        #[arg(long, value_delimiter = ',')]
-        status: Vec<String>,
-        /// Only runs of this job.
-        #[arg(long)]
-        job: Option<String>,
-        /// Only runs whose name contains this text.
-        #[arg(long)]
-        name: Option<String>,
-        /// How many runs.
-        #[arg(long, default_value_t = 100)]
-        limit: usize,
-    },
-    /// Show one run: workers, datasets, attempts, status detail.
-    Show {
-        #[command(flatten)]
-        head: HeadArgs,
-        /// The run id.
-        id: String,
-    },
-}
-
-/// The token in `path`, without surrounding whitespace.
-fn read_token_file(path: &std::path::Path) -> Result<String, String> {
-    std::fs::read_to_string(path)
-        .map(|token| token.trim().to_owned())
-        .map_err(|e| format!("cannot read --token-file {}: {e}", path.display()))
-}
-
-/// The CAs in `--ca-cert`'s file, if one is given.
-fn read_ca_cert(
-    path: Option<&std::path::Path>,
-) -> Result<Option<trainstate_client::TrustedCas>, String> {
-    path.map(|path| {
-        trainstate_client::TrustedCas::from_pem_file(path).map_err(|e| ca_cert_error(path, &e))
-    })
-    .transpose()
-}
-
-/// `err`, about the CA file at `path`, as the flag's error.
-fn ca_cert_error(path: &std::path::Path, err: &trainstate_client::StateError) -> String {
-    match err {
-        trainstate_client::StateError::Invalid { message, .. } => {
-            format!("--ca-cert {}: {message}", path.display())
-        }
-        other => format!("--ca-cert {}: {other}", path.display()),
-    }
-}
-
-/// Connects to the head at `url` (named by `flag`), trusting `cas` for an
-/// https:// URL; an error names the flag at fault.
-fn connect(
-    flag: &str,
-    url: &str,
-    token: Option<String>,
-    ca_path: Option<&std::path::Path>,
-    cas: Option<&trainstate_client::TrustedCas>,
-) -> Result<trainstate_client::StateHandle, String> {
-    trainstate_client::StateHandle::connect_with_ca(url, token, cas).map_err(|err| {
-        match (&err, ca_path) {
-            (trainstate_client::StateError::Invalid { field, .. }, Some(path))
-                if field == "ca_cert" =>
-            {
-                ca_cert_error(path, &err)
-            }
-            _ => format!("{flag} {url}: {err}"),
-        }
-    })
-}
-
 pub(crate) fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => serve::run(*args),
-        Command::Runs { command } => client::runs(command),
-        Command::Schema { r#type } => client::schema(r#type.as_deref()),
+        Command::Runs { command } => trainstate_client::cli::runs(command),
+        Command::Schema { r#type } => schema(r#type.as_deref()),
         Command::Ingest { command } => ingest::run(command),
         Command::Backup(args) => backup::run(args),
-        Command::Token { command } => token::run(command),
+        Command::Token { command } => trainstate_client::cli::token(command),
+    }
+}
+
+/// `trainstate schema`: the JSON Schema of a wire type, or the list of them.
+fn schema(name: Option<&str>) -> ExitCode {
+    let schemas = trainstate_schema::openapi::wire_schemas();
+    match name {
+        None => {
+            for (name, _) in &schemas {
+                println!("{name}");
+            }
+            ExitCode::SUCCESS
+        }
+        Some(name) => match schemas.iter().find(|(n, _)| *n == name) {
+            Some((_, schema)) => {
+                println!("{}", serde_json::to_string_pretty(schema.as_value()).unwrap_or_default());
+                ExitCode::SUCCESS
+            }
+            None => {
+                let known: Vec<&str> = schemas.iter().map(|(n, _)| *n).collect();
+                eprintln!("trainstate: no wire type named {name:?}; known: {}", known.join(", "));
+                ExitCode::FAILURE
+            }
+        },
     }
 }

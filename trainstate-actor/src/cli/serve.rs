@@ -60,7 +60,7 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
     // Every flag is checked before the head says it is listening.
     for (flag, template) in [("--logs-url", &args.logs_url), ("--metrics-url", &args.metrics_url)] {
         if let Some(template) = template {
-            trainstate_actor::links::check_template(template)
+            trainstate_client::links::check_template(template)
                 .map_err(|e| format!("{flag}: {e}"))?;
         }
     }

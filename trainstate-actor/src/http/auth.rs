@@ -4,7 +4,7 @@
 //!
 //! A head with a token (`serve --token-file`) checks every request against
 //! the access rule of its route in the route table
-//! (`trainstate_client::routes`): `open` routes need nothing, `read` routes
+//! (`trainstate_schema::routes`): `open` routes need nothing, `read` routes
 //! a token with the scope `read` when reads are protected, `write` routes
 //! the scope `write`, `admin` routes the scope `admin`. The head's own
 //! token has every scope. Other tokens are created through the API and
@@ -29,7 +29,7 @@ use tokio::sync::{OnceCell, watch};
 use trainstate_client::api::{
     CreateTokenRequest, CreateTokenResponse, ErrorCode, TokenInfo, TokenListResponse, TokenScope,
 };
-use trainstate_client::routes::{Access, HttpMethod, Operation};
+use trainstate_schema::routes::{Access, HttpMethod, Operation};
 
 use super::AppState;
 use super::body::JsonBody;
@@ -71,7 +71,7 @@ pub(crate) struct Auth {
 
 impl Auth {
     pub(crate) fn new(head_token: Option<&str>, protect_reads: bool) -> Self {
-        let routes = trainstate_client::routes::routes()
+        let routes = trainstate_schema::routes::routes()
             .into_iter()
             .map(|route| ((method(route.method), route.path), (route.access, route.operation)))
             .collect();
@@ -356,7 +356,7 @@ fn unavailable(reason: String) -> ApiError {
 #[cfg(test)]
 mod tests {
     use axum::http::Method;
-    use trainstate_client::routes::{Access, Operation, routes};
+    use trainstate_schema::routes::{Access, Operation, routes};
 
     use super::{Auth, Grant, bearer_token, check_cluster};
 

@@ -35,7 +35,7 @@ use tokio::sync::{Semaphore, watch};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use trainstate_client::StateHandle;
 use trainstate_client::api::ErrorCode;
-use trainstate_client::routes::{HttpMethod, Operation};
+use trainstate_schema::routes::{HttpMethod, Operation};
 
 use self::error::ApiError;
 pub use self::loading::{DEFAULT_LOAD_HOLD, Load, LoadWatch, load_channel};
@@ -140,7 +140,7 @@ pub struct HttpConfig {
     /// names and its listen address): a guard against DNS rebinding.
     pub allow_any_host: bool,
     /// URL templates of links out to logs and metrics, checked by
-    /// [`crate::links::check_template`].
+    /// `trainstate_client::links::check_template` (with its `cli` feature).
     pub links: trainstate_client::api::LinksResponse,
     /// The longest a request waits for the stored runs to be loaded (see
     /// [`serve_while_loading`]); past it, 503 `unavailable`.
@@ -206,7 +206,7 @@ impl HttpConfig {
     }
 
     /// Serves these link templates (check each with
-    /// [`crate::links::check_template`] first).
+    /// `trainstate_client::links::check_template` first, with its `cli` feature).
     pub fn with_links(mut self, links: trainstate_client::api::LinksResponse) -> Self {
         self.links = links;
         self
@@ -310,13 +310,13 @@ pub(crate) struct Documents {
 
 impl Documents {
     fn generate() -> Self {
-        let pretty = trainstate_client::openapi::to_document_text;
+        let pretty = trainstate_schema::openapi::to_document_text;
         Self {
-            schemas: trainstate_client::openapi::wire_schemas()
+            schemas: trainstate_schema::openapi::wire_schemas()
                 .into_iter()
                 .map(|(name, schema)| (name, pretty(schema.as_value())))
                 .collect(),
-            openapi: pretty(&trainstate_client::openapi::document()),
+            openapi: pretty(&trainstate_schema::openapi::document()),
         }
     }
 
@@ -579,7 +579,7 @@ fn router(
 /// handlers of its methods and whether it has a request deadline.
 fn method_routers() -> Vec<(&'static str, bool, MethodRouter<AppState>)> {
     let mut by_path: Vec<(&'static str, bool, MethodRouter<AppState>)> = Vec::new();
-    for route in trainstate_client::routes::routes() {
+    for route in trainstate_schema::routes::routes() {
         let method_router = handler(route.operation, method_filter(route.method));
         match by_path.iter_mut().find(|(path, ..)| *path == route.path) {
             Some((_, timed, existing)) => {

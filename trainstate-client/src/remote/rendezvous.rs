@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use trainstate_schema::RunId;
+use trainstate_schema::routes::Operation;
 
 use super::{Call, Remote, parse};
 use crate::api::{RankEndRequest, RankHeartbeatRequest, RendezvousResponse};
@@ -26,9 +27,8 @@ impl Remote {
     }
 
     async fn join(&self, join: &Join, timeout: Duration) -> Result<RendezvousResponse, StateError> {
-        // The key matches a pattern that needs no escaping in a path.
-        let path = format!("/api/train/rendezvous/{}/join", join.key);
-        let call = Call::post(path, &join.to_request(), None);
+        let call = Call::to(Operation::JoinRendezvous, &[("key", &join.key)], None)
+            .body(&join.to_request());
         parse(&self.send(call, timeout).await?)
     }
 
@@ -39,8 +39,10 @@ impl Remote {
         attempt_id: String,
         timeout: Duration,
     ) -> Result<RendezvousResponse, StateError> {
-        let path = format!("/api/train/runs/{id}/ranks/{rank}/heartbeat");
-        let call = Call::post(path, &RankHeartbeatRequest::new(attempt_id), Some(id));
+        let rank = rank.to_string();
+        let params = [("id", id.as_str()), ("rank", rank.as_str())];
+        let call = Call::to(Operation::HeartbeatRank, &params, Some(id))
+            .body(&RankHeartbeatRequest::new(attempt_id));
         parse(&self.send(call, timeout).await?)
     }
 
@@ -51,8 +53,9 @@ impl Remote {
         end: RankEnd,
         timeout: Duration,
     ) -> Result<RendezvousResponse, StateError> {
-        let path = format!("/api/train/runs/{id}/ranks/{rank}/end");
-        let call = Call::post(path, &RankEndRequest::from(end), Some(id));
+        let rank = rank.to_string();
+        let params = [("id", id.as_str()), ("rank", rank.as_str())];
+        let call = Call::to(Operation::EndRank, &params, Some(id)).body(&RankEndRequest::from(end));
         parse(&self.send(call, timeout).await?)
     }
 }

@@ -2,8 +2,9 @@
 //! for logs and metrics dashboards, checked once and filled per run or
 //! worker.
 
-use trainstate_client::api::{RUN_LINK_PLACEHOLDERS, WORKER_LINK_PLACEHOLDERS};
 use trainstate_schema::{TrainRunInfo, TrainWorkerInfo};
+
+use crate::api::{RUN_LINK_PLACEHOLDERS, WORKER_LINK_PLACEHOLDERS};
 
 /// Checks a template: an `http://` or `https://` URL with a host, whose
 /// placeholders are all known and stand only in its path, query or
@@ -88,7 +89,8 @@ fn fill_with(template: &str, value: impl Fn(&str) -> String) -> String {
         out.push_str(&rest[..open]);
         let Some(close) = rest[open..].find('}') else { break };
         let name = &rest[open + 1..open + close];
-        let encoded: String = form_urlencoded::byte_serialize(value(name).as_bytes()).collect();
+        let encoded: String =
+            url::form_urlencoded::byte_serialize(value(name).as_bytes()).collect();
         out.push_str(&encoded.replace('+', "%20"));
         rest = &rest[open + close + 1..];
     }

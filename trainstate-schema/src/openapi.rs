@@ -4,13 +4,13 @@
 //! `cargo xtask codegen` commits their output under `schemas/`, and the head
 //! serves the same documents, so a frontend can take either.
 
-use schemars::generate::SchemaSettings;
-use schemars::{JsonSchema, Schema, SchemaGenerator};
-use serde_json::{Map, Value, json};
-use trainstate_schema::{
+use crate::{
     ActorStatus, AttemptStatus, CauseKind, Resources, RunAttempt, RunCause, RunId, RunStatus,
     TrainDatasetInfo, TrainRunInfo, TrainWorkerInfo, ray_v2,
 };
+use schemars::generate::SchemaSettings;
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde_json::{Map, Value, json};
 
 use crate::api::{
     AttemptRequest, Cursor, ErrorCode, ErrorResponse, EventKind, HealthResponse, HeartbeatResponse,

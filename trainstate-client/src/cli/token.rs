@@ -4,16 +4,18 @@
 use std::process::ExitCode;
 
 use clap::Subcommand;
-use trainstate_client::api::{CreateTokenRequest, TokenInfo, TokenScope};
 use trainstate_schema::text::escape_control;
 
 use super::HeadArgs;
-use super::client::{connect, table, unreachable_head, utc};
+use super::runs::{connect_head, table, unreachable_head, utc};
+use crate::api::{CreateTokenRequest, TokenInfo, TokenScope};
 
+/// `trainstate token …`: a head's bearer tokens.
 #[derive(Debug, Subcommand)]
-pub(crate) enum TokenCommand {
+pub enum TokenCommand {
     /// Create a token and print its secret (shown this once) on stdout.
     Create {
+        /// The head.
         #[command(flatten)]
         head: HeadArgs,
         /// What the token may do: read, write, admin (repeat, or comma-separated).
@@ -29,11 +31,13 @@ pub(crate) enum TokenCommand {
     },
     /// List every token (never a secret), revoked ones included.
     List {
+        /// The head.
         #[command(flatten)]
         head: HeadArgs,
     },
     /// Revoke a token: the head refuses it from then on.
     Revoke {
+        /// The head.
         #[command(flatten)]
         head: HeadArgs,
         /// The token's id, as `token list` shows it.
@@ -46,31 +50,16 @@ fn parse_scope(text: &str) -> Result<TokenScope, String> {
         .ok_or_else(|| format!("unknown scope {text:?}: one of read, write, admin"))
 }
 
-pub(crate) fn run(command: TokenCommand) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("trainstate: cannot start the runtime: {err}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(answer(command)) {
-        Ok(text) => {
-            print!("{text}");
-            ExitCode::SUCCESS
-        }
-        Err(message) => {
-            eprintln!("trainstate: {message}");
-            ExitCode::FAILURE
-        }
-    }
+/// Runs a `token` command: what it prints on stdout, or its error on stderr.
+pub fn token(command: TokenCommand) -> ExitCode {
+    super::block_on(answer(command))
 }
 
 async fn answer(command: TokenCommand) -> Result<String, String> {
     match command {
         TokenCommand::Create { head, scopes, cluster, name } => {
             let request = CreateTokenRequest::new(scopes).with_cluster(cluster).with_name(name);
-            let created = connect(&head)?
+            let created = connect_head(&head)?
                 .create_token(&request)
                 .await
                 .map_err(|e| unreachable_head(&head.url, e))?;
@@ -85,8 +74,10 @@ async fn answer(command: TokenCommand) -> Result<String, String> {
             Ok(format!("{}\n", created.secret))
         }
         TokenCommand::List { head } => {
-            let listed =
-                connect(&head)?.list_tokens().await.map_err(|e| unreachable_head(&head.url, e))?;
+            let listed = connect_head(&head)?
+                .list_tokens()
+                .await
+                .map_err(|e| unreachable_head(&head.url, e))?;
             if head.json {
                 return Ok(format!("{}\n", serde_json::to_string(&listed).expect("serializes")));
             }
@@ -111,7 +102,7 @@ async fn answer(command: TokenCommand) -> Result<String, String> {
             Ok(table(&rows))
         }
         TokenCommand::Revoke { head, id } => {
-            let revoked = connect(&head)?
+            let revoked = connect_head(&head)?
                 .revoke_token(&id)
                 .await
                 .map_err(|e| unreachable_head(&head.url, e))?;

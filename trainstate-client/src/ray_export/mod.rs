@@ -7,7 +7,7 @@
 //!   and [`ray_v2::TrainRunAttempt`](trainstate_schema::ray_v2::TrainRunAttempt),
 //!   exactly as Ray's dashboard would serve them. Pure: no I/O.
 //! - [`ingest`] follows the file as Ray appends to it and applies each
-//!   event, in order, through a [`StateHandle`](trainstate_client::StateHandle)
+//!   event, in order, through a [`StateHandle`](crate::StateHandle)
 //!   (the `trainstate ingest ray-export` command), from a durable position
 //!   that survives restarts of the ingester and of the head. Its guarantees
 //!   are written down in `docs/ray.md`.

@@ -1,19 +1,25 @@
 //! The route table of the head service: every route it serves, what each
-//! takes and what each answers. The head builds its router from this table
-//! and the OpenAPI document is generated from it, so neither can list a
-//! route the other lacks.
+//! takes and what each answers, as data. The head builds its router from
+//! this table, the remote client its URLs, and the OpenAPI document is
+//! generated from it, so none can list a route the others lack.
+//!
+//! The table names no HTTP library: a method is an [`HttpMethod`], a path a
+//! template with `{name}` parameters. The documents each route takes and
+//! answers are described (as JSON Schema generators) with the `schemars`
+//! feature; without it the table still has every route's method, path,
+//! access and error codes, and [`SchemaFn`] describes nothing.
 
+#[cfg(feature = "schemars")]
 use schemars::{JsonSchema, Schema, SchemaGenerator};
-use trainstate_schema::api::{
+
+use crate::api::{
     AttemptRequest, ErrorCode, EventsQuery, HealthResponse, HeartbeatResponse, JoinRequest,
     ListQuery, RankEndRequest, RankHeartbeatRequest, RayRunListResponse, RayWriteQuery,
     RegisterMinimalResponse, RegisterRequest, RegisterResponse, RendezvousResponse, RunEvent,
     RunListResponse, SnapshotEvent, StatusRequest, VersionResponse,
 };
-use trainstate_schema::api::{
-    CreateTokenRequest, CreateTokenResponse, TokenListResponse, TokenScope,
-};
-use trainstate_schema::{TrainRunInfo, ray_v2};
+use crate::api::{CreateTokenRequest, CreateTokenResponse, TokenListResponse, TokenScope};
+use crate::{TrainRunInfo, ray_v2};
 
 /// One operation of the HTTP API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -113,18 +119,34 @@ impl HttpMethod {
 }
 
 /// Generates the JSON Schema of one document type.
+#[cfg(feature = "schemars")]
 pub type SchemaFn = fn(&mut SchemaGenerator) -> Schema;
 
+/// Names one document type; without the `schemars` feature it generates
+/// nothing.
+#[cfg(not(feature = "schemars"))]
+pub type SchemaFn = fn();
+
 /// The schema of `T`, as a reference into the generator's definitions.
+#[cfg(feature = "schemars")]
 pub fn schema_of<T: JsonSchema>(generator: &mut SchemaGenerator) -> Schema {
     generator.subschema_for::<T>()
 }
 
 /// The schema of `T` itself, not a reference: what a query type's
 /// properties are read from.
+#[cfg(feature = "schemars")]
 pub fn inline_schema_of<T: JsonSchema>(generator: &mut SchemaGenerator) -> Schema {
     T::json_schema(generator)
 }
+
+/// Names the document `T` (nothing to generate without `schemars`).
+#[cfg(not(feature = "schemars"))]
+pub fn schema_of<T>() {}
+
+/// Names the query type `T` (nothing to generate without `schemars`).
+#[cfg(not(feature = "schemars"))]
+pub fn inline_schema_of<T>() {}
 
 /// What a body is.
 #[derive(Clone, Copy)]
@@ -239,7 +261,7 @@ pub struct Route {
     /// Its successful answers.
     pub success: &'static [Success],
     /// The error codes it may answer, each with its status and an
-    /// [`ErrorResponse`](trainstate_schema::api::ErrorResponse) body.
+    /// [`ErrorResponse`](crate::api::ErrorResponse) body.
     pub errors: &'static [ErrorCode],
     /// False for the event stream, which has no request deadline.
     pub timed: bool,
@@ -251,7 +273,7 @@ const RUN_ID: PathParam =
 const RENDEZVOUS_KEY: PathParam = PathParam {
     name: "key",
     description: "The key every rank of one launch shares (the launcher's job id, for example).",
-    pattern: Some(trainstate_schema::api::RENDEZVOUS_KEY_PATTERN),
+    pattern: Some(crate::api::RENDEZVOUS_KEY_PATTERN),
 };
 
 const RANK: PathParam = PathParam {
@@ -320,10 +342,17 @@ const RUN: SchemaFn = schema_of::<TrainRunInfo>;
 
 /// What a registration answers: the run as stored, or without it when the
 /// request says `Prefer: return=minimal`.
+#[cfg(feature = "schemars")]
 fn register_answer(generator: &mut SchemaGenerator) -> Schema {
     let full = schema_of::<RegisterResponse>(generator);
     let minimal = schema_of::<RegisterMinimalResponse>(generator);
     schemars::json_schema!({ "oneOf": [full, minimal] })
+}
+
+/// Names what a registration answers (nothing to generate without `schemars`).
+#[cfg(not(feature = "schemars"))]
+fn register_answer() {
+    schema_of::<(RegisterResponse, RegisterMinimalResponse)>()
 }
 
 /// Every route the head serves, in documentation order.
@@ -646,7 +675,7 @@ pub fn routes() -> Vec<Route> {
             success: &[Success {
                 status: 200,
                 description: "The token, revoked.",
-                body: Body::Json(schema_of::<trainstate_schema::api::TokenInfo>),
+                body: Body::Json(schema_of::<crate::api::TokenInfo>),
             }],
             errors: ADMIN_ERRORS,
             ..route(
@@ -666,7 +695,7 @@ pub fn routes() -> Vec<Route> {
                 body: Body::EventStream(&[
                     schema_of::<SnapshotEvent>,
                     schema_of::<RunEvent>,
-                    schema_of::<trainstate_schema::api::ErrorResponse>,
+                    schema_of::<crate::api::ErrorResponse>,
                 ]),
             }],
             errors: &[
@@ -744,7 +773,7 @@ pub fn routes() -> Vec<Route> {
             success: &[Success {
                 status: 200,
                 description: "The templates; null where none is configured.",
-                body: Body::Json(schema_of::<trainstate_schema::api::LinksResponse>),
+                body: Body::Json(schema_of::<crate::api::LinksResponse>),
             }],
             errors: READ_ERRORS,
             ..route(
@@ -853,6 +882,62 @@ pub fn routes() -> Vec<Route> {
     ]
 }
 
+/// The route of `operation`.
+pub fn route(operation: Operation) -> Route {
+    routes()
+        .into_iter()
+        .find(|route| route.operation == operation)
+        .expect("every operation has one route")
+}
+
+impl Route {
+    /// This route's path with each `{name}` parameter of its template
+    /// replaced by its value in `params`, percent-encoded as one path
+    /// segment (every byte but RFC 3986's unreserved characters), so any
+    /// text reaches the head as the one value it was.
+    ///
+    /// # Panics
+    ///
+    /// When `params` has no value for a parameter of the template: the
+    /// caller and the table disagree.
+    pub fn path_with(&self, params: &[(&str, &str)]) -> String {
+        let mut path = String::with_capacity(self.path.len() + 40);
+        for (i, segment) in self.path.split('/').enumerate() {
+            if i > 0 {
+                path.push('/');
+            }
+            match segment.strip_prefix('{').and_then(|rest| rest.strip_suffix('}')) {
+                Some(name) => {
+                    let value = params
+                        .iter()
+                        .find_map(|(key, value)| (*key == name).then_some(*value))
+                        .unwrap_or_else(|| {
+                            panic!("{} needs the path parameter {name}", self.operation_id)
+                        });
+                    percent_encode_segment(value, &mut path);
+                }
+                None => path.push_str(segment),
+            }
+        }
+        path
+    }
+}
+
+/// Appends `value` to `out` with every byte but RFC 3986's unreserved
+/// characters (`A-Z a-z 0-9 - . _ ~`) written as `%XX`.
+fn percent_encode_segment(value: &str, out: &mut String) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for &byte in value.as_bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(byte));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(byte >> 4)]));
+            out.push(char::from(HEX[usize::from(byte & 0xf)]));
+        }
+    }
+}
+
 /// The route whose template matches `method` and the concrete `path`
 /// (without its query string), if any.
 pub fn route_for(method: HttpMethod, path: &str) -> Option<Route> {
@@ -892,6 +977,38 @@ mod tests {
         keys.sort_unstable();
         keys.dedup();
         assert_eq!(keys.len(), routes.len());
+    }
+
+    #[test]
+    fn a_filled_path_has_each_parameter_as_one_encoded_segment() {
+        let path = route(Operation::UpsertRayAttempt)
+            .path_with(&[("id", "r-1_x"), ("attempt_id", "a b/c%d?é~.")]);
+        assert_eq!(path, "/api/train/v2/runs/r-1_x/attempts/a%20b%2Fc%25d%3F%C3%A9~.");
+        assert_eq!(route(Operation::ListRuns).path_with(&[]), "/api/train/runs");
+        assert_eq!(route(Operation::Page).path_with(&[]), "/");
+        let rank = route(Operation::EndRank).path_with(&[("rank", "3"), ("id", "r1")]);
+        assert_eq!(rank, "/api/train/runs/r1/ranks/3/end");
+    }
+
+    #[test]
+    fn every_route_filled_matches_its_own_template_and_finds_itself() {
+        for listed in routes() {
+            let names: Vec<&str> = listed
+                .path
+                .split('/')
+                .filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+                .collect();
+            let params: Vec<(&str, &str)> = names.iter().map(|name| (*name, "v/1")).collect();
+            let path = listed.path_with(&params);
+            assert!(template_matches(listed.path, &path), "{path} for {}", listed.path);
+            assert_eq!(route(listed.operation).operation_id, listed.operation_id);
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "getRun needs the path parameter id")]
+    fn a_missing_parameter_is_named() {
+        route(Operation::GetRun).path_with(&[("run", "r1")]);
     }
 
     #[test]

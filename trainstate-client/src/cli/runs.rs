@@ -1,38 +1,23 @@
-//! `trainstate runs …` and `trainstate schema`: reading a head service.
+//! `trainstate runs …`: reading a head service.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use trainstate_actor::links::{fill, is_per_worker};
-use trainstate_client::api::{LinksResponse, RunListResponse, StatusFilter};
-use trainstate_client::{RunQuery, StateHandle};
 use trainstate_schema::TrainRunInfo;
 use trainstate_schema::ray_v2::attempt_budget;
 use trainstate_schema::text::escape_control;
 
 use super::{HeadArgs, RunsCommand};
+use crate::api::{LinksResponse, RunListResponse, StatusFilter};
+use crate::links::{fill, is_per_worker};
+use crate::{RunQuery, StateHandle};
 
-pub(crate) fn runs(command: RunsCommand) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("trainstate: cannot start the runtime: {err}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run_command(command)) {
-        Ok(text) => {
-            print!("{text}");
-            ExitCode::SUCCESS
-        }
-        Err(message) => {
-            eprintln!("trainstate: {message}");
-            ExitCode::FAILURE
-        }
-    }
+/// Runs a `runs` command: what it prints on stdout, or its error on stderr.
+pub fn runs(command: RunsCommand) -> ExitCode {
+    super::block_on(run_command(command))
 }
 
-pub(super) fn connect(head: &HeadArgs) -> Result<StateHandle, String> {
+pub(super) fn connect_head(head: &HeadArgs) -> Result<StateHandle, String> {
     let token = head.token_file.as_deref().map(super::read_token_file).transpose()?;
     let cas = super::read_ca_cert(head.ca_cert.as_deref())?;
     super::connect("--url", &head.url, token, head.ca_cert.as_deref(), cas.as_ref())
@@ -42,7 +27,7 @@ pub(super) fn connect(head: &HeadArgs) -> Result<StateHandle, String> {
 async fn run_command(command: RunsCommand) -> Result<String, String> {
     match command {
         RunsCommand::List { head, status, job, name, limit } => {
-            let state = connect(&head)?;
+            let state = connect_head(&head)?;
             let mut query = RunQuery::new().limit(limit);
             query.statuses = status.join(",").to_uppercase().parse::<StatusFilter>()?.0;
             query.job_id = job;
@@ -87,7 +72,7 @@ async fn run_command(command: RunsCommand) -> Result<String, String> {
             Ok(out)
         }
         RunsCommand::Show { head, id } => {
-            let state = connect(&head)?;
+            let state = connect_head(&head)?;
             let id = trainstate_schema::RunId::parse(&id).map_err(|e| e.to_string())?;
             let run = state.get(id).await.map_err(|e| unreachable_head(&head.url, e))?;
             if head.json {
@@ -100,9 +85,9 @@ async fn run_command(command: RunsCommand) -> Result<String, String> {
     }
 }
 
-pub(super) fn unreachable_head(url: &str, err: trainstate_client::StateError) -> String {
+pub(super) fn unreachable_head(url: &str, err: crate::StateError) -> String {
     match err {
-        trainstate_client::StateError::Unavailable { reason } => {
+        crate::StateError::Unavailable { reason } => {
             format!("head service at {url} is unreachable: {reason}")
         }
         other => other.to_string(),
@@ -283,29 +268,6 @@ fn duration(start: u64, end: Option<u64>) -> String {
         s if s < 60 => format!("{s}s"),
         s if s < 3600 => format!("{}m{:02}s", s / 60, s % 60),
         s => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
-    }
-}
-
-pub(crate) fn schema(name: Option<&str>) -> ExitCode {
-    let schemas = trainstate_client::openapi::wire_schemas();
-    match name {
-        None => {
-            for (name, _) in &schemas {
-                println!("{name}");
-            }
-            ExitCode::SUCCESS
-        }
-        Some(name) => match schemas.iter().find(|(n, _)| *n == name) {
-            Some((_, schema)) => {
-                println!("{}", serde_json::to_string_pretty(schema.as_value()).unwrap_or_default());
-                ExitCode::SUCCESS
-            }
-            None => {
-                let known: Vec<&str> = schemas.iter().map(|(n, _)| *n).collect();
-                eprintln!("trainstate: no wire type named {name:?}; known: {}", known.join(", "));
-                ExitCode::FAILURE
-            }
-        },
     }
 }
 

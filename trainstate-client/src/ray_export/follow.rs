@@ -8,9 +8,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::sync::watch;
-use trainstate_client::{RunDocument, RunQuery, StateError, StateHandle, StatusUpdate};
 use trainstate_schema::text::first_chars;
 use trainstate_schema::{AttemptStatus, CauseKind, RunId, RunStatus, ray_v2};
+
+use crate::{RunDocument, RunQuery, StateError, StateHandle, StatusUpdate};
 
 use super::decode::{Death, Decoded, ExportEvent, NodeDeath, decode_line};
 use super::position::{
