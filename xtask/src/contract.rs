@@ -7,11 +7,11 @@
 //! same [`Contract`], so neither copies a path, a limit or an enumeration.
 
 use serde_json::Value;
-use trainstate_schema::routes::routes;
 use trainstate_schema::api::{
     ErrorCode, MAX_JOIN_TIMEOUT_MS, MAX_RENDEZVOUS_KEY_LEN, RENDEZVOUS_KEY_PATTERN,
     RUN_LINK_PLACEHOLDERS, WORKER_LINK_PLACEHOLDERS,
 };
+use trainstate_schema::routes::routes;
 use trainstate_schema::{RunStatus, limits};
 
 use crate::codegen::NamedSchema;
