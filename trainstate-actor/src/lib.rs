@@ -42,6 +42,7 @@
 mod actor;
 #[doc(hidden)]
 pub mod bench_support;
+mod change;
 mod clock;
 mod config;
 mod errors;

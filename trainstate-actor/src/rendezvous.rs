@@ -28,6 +28,7 @@ use trainstate_schema::{
     TrainWorkerInfo,
 };
 
+use crate::record::CONTROLLER_PREFIX;
 use crate::state::{Change, Outcome, Runs, failure_detail};
 use crate::time_text::{iso_ms, seconds};
 use crate::view::View;
@@ -60,9 +61,6 @@ const MAX_START_LEAD_MS: u64 = 86_400_000;
 /// How many of the failures that followed the first are named in a run's
 /// detail.
 const MAX_SECONDARY_FAILURES: usize = 8;
-
-/// The prefix of `controller_actor_id` of a run assembled by the rendezvous.
-pub(crate) const CONTROLLER_PREFIX: &str = "rendezvous:";
 
 /// The `controller_actor_id` of the run of `key`.
 fn controller_of(key: &str) -> String {

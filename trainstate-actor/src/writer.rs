@@ -13,14 +13,13 @@ use tokio::sync::{broadcast, oneshot};
 use trainstate_client::{EventKind, StateError, StateEvent};
 use trainstate_schema::RunId;
 
+use crate::change::{Absorb, PendingEvent, RemoteChange, StoreOp};
 use crate::config::{StateConfig, StoreConfig};
 use crate::errors::StoreError;
 use crate::log_throttle::LogThrottle;
 use crate::record::RunRecord;
 use crate::store::sqlite::SqliteStore;
-use crate::store::{
-    ChangedRun, Committed, Followed, JobChanges, Position, RemoteChange, Store, StoreOp,
-};
+use crate::store::{ChangedRun, Committed, Followed, JobChanges, Position, Store};
 use crate::tokens::StoredToken;
 use crate::view::View;
 
@@ -29,13 +28,6 @@ const MAX_BATCH: usize = 4_096;
 
 /// The capacity of the event channel per subscriber before it lags.
 const EVENT_CHANNEL_CAPACITY: usize = 4_096;
-
-/// A change announced once its write is committed.
-pub(crate) struct PendingEvent {
-    pub(crate) kind: EventKind,
-    pub(crate) run_id: RunId,
-    pub(crate) record: Option<Arc<RunRecord>>,
-}
 
 /// What runs once a write is committed (or has failed): the caller's answer.
 pub(crate) type Completion = Box<dyn FnOnce(Result<(), StateError>) + Send>;
@@ -95,25 +87,6 @@ pub(crate) enum TokenJob {
 /// The queue of the writer thread, which a shared store's listener also
 /// uses to ask for a follow; closed (`None`) when the writer stops.
 pub(crate) type JobQueue = Arc<Mutex<Option<mpsc::Sender<Job>>>>;
-
-/// What the writer hands the actor to take into its working state before
-/// its next decision: changes committed by other heads, the stored
-/// versions of runs a stale write touched, heartbeats other heads received.
-#[derive(Debug)]
-pub(crate) enum Absorb {
-    /// Another head's committed change, taken in at this time: a sign of
-    /// life of a live run.
-    Remote(RemoteChange, u64),
-    /// A write decided on a version of `id` that another head replaced was
-    /// refused: put back the stored version, unless the working state has
-    /// moved on from the refused one (`stale`: the refused put's version;
-    /// `None` for a refused delete).
-    Reset { id: RunId, stale: Option<u64>, truth: Option<Arc<RunRecord>> },
-    /// Start again from every stored run.
-    Reload(Vec<Arc<RunRecord>>),
-    /// Some head heard from the run's controller at this time.
-    Heard(RunId, u64),
-}
 
 /// Counters of the store, for metrics and tests.
 #[derive(Debug, Default)]

@@ -32,34 +32,16 @@ use std::sync::Arc;
 use trainstate_client::EventKind;
 use trainstate_schema::RunId;
 
+use crate::change::{PendingEvent, RemoteChange, StoreOp};
 use crate::errors::StoreError;
 use crate::record::RunRecord;
 use crate::tokens::{StoredToken, hash_from_hex, scopes_from_text};
-use crate::writer::PendingEvent;
-
-/// One change to the store.
-#[derive(Debug, Clone)]
-pub(crate) enum StoreOp {
-    /// Insert or replace a run.
-    Put(Arc<RunRecord>),
-    /// Remove a run.
-    Delete(RunId),
-}
 
 /// The changes of one write job: committed together or not at all.
 #[derive(Clone, Copy)]
 pub(crate) struct JobChanges<'a> {
     pub(crate) ops: &'a [StoreOp],
     pub(crate) events: &'a [PendingEvent],
-}
-
-/// A change another head committed to a shared store.
-#[derive(Debug, Clone)]
-pub(crate) struct RemoteChange {
-    pub(crate) kind: EventKind,
-    pub(crate) id: RunId,
-    /// The run as stored now; `None` when it is gone.
-    pub(crate) record: Option<Arc<RunRecord>>,
 }
 
 /// What a commit did.
@@ -176,23 +158,6 @@ pub(crate) fn token_from_columns(
         created_at_ms: created_at_ms.max(0) as u64,
         revoked_at_ms: revoked_at_ms.map(|t| t.max(0) as u64),
     })
-}
-
-/// Versions of runs: 64-bit values unique to each record, random across
-/// processes, so two heads never give two records the same version.
-pub(crate) mod versions {
-    use std::hash::BuildHasher;
-    use std::sync::OnceLock;
-    use std::sync::atomic::{AtomicU64, Ordering};
-
-    /// A fresh version, never 0 (0 means "no version").
-    pub(crate) fn next() -> u64 {
-        static KEYS: OnceLock<std::collections::hash_map::RandomState> = OnceLock::new();
-        static COUNTER: AtomicU64 = AtomicU64::new(1);
-        let keys = KEYS.get_or_init(Default::default);
-        let version = keys.hash_one(COUNTER.fetch_add(1, Ordering::Relaxed));
-        version.max(1)
-    }
 }
 
 /// The event kinds by their wire names, for stores that log them.

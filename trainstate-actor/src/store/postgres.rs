@@ -43,9 +43,10 @@ use trainstate_schema::RunId;
 
 use super::load::{Loaded, StoredRow, log_quarantined, parse_rows};
 use super::{
-    ChangedRun, Committed, Followed, JobChanges, Position, RemoteChange, Store, StoreOp,
-    TOKEN_COLUMNS, event_kind, token_from_columns,
+    ChangedRun, Committed, Followed, JobChanges, Position, Store, TOKEN_COLUMNS, event_kind,
+    token_from_columns,
 };
+use crate::change::{RemoteChange, StoreOp};
 use crate::config::PostgresConfig;
 use crate::errors::StoreError;
 use crate::record::RunRecord;
@@ -222,7 +223,7 @@ impl PgStore {
             Ok::<_, StoreError>(row.get::<_, Option<String>>(0).unwrap_or_default())
         })?;
         let channel: String = format!("trainstate.{schema}").chars().take(63).collect();
-        let head = super::versions::next();
+        let head = crate::record::versions::next();
         let follow_queued = Arc::new(AtomicBool::new(false));
         let (ready, is_ready) = std::sync::mpsc::channel();
         runtime.spawn(listen(
