@@ -185,7 +185,7 @@ impl Forwarding {
             if *self.stopped.borrow() {
                 return;
             }
-            if !self.writer.shared.sweeper.load(Ordering::SeqCst) {
+            if !self.writer.shared.sweeps() {
                 // Another head of this shared store forwards.
                 if self.pause(IDLE_CHECK).await {
                     return;

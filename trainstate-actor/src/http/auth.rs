@@ -156,7 +156,7 @@ pub(crate) fn refresh_while_shared(
     writer: &Arc<Writer>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    if auth.head_token.is_none() || !writer.shared.shared_store {
+    if auth.head_token.is_none() || writer.shared.shared_store.is_none() {
         return;
     }
     let (auth, writer): (Weak<Auth>, Weak<Writer>) = (Arc::downgrade(auth), Arc::downgrade(writer));

@@ -507,8 +507,8 @@ fn router(
     listen: Option<std::net::SocketAddr>,
 ) -> Router {
     #[cfg(feature = "postgres")]
-    let relay = service.shared_store().and_then(|(pg, sweeper)| {
-        relay::RendezvousRelay::start(pg, sweeper, service.handle())
+    let relay = service.shared_store().and_then(|store| {
+        relay::RendezvousRelay::start(store.config(), store.sweep_lock(), service.handle())
             .inspect_err(|err| tracing::error!("the rendezvous relay cannot start: {err}"))
             .ok()
     });
