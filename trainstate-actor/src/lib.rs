@@ -60,6 +60,7 @@ pub mod ray_export;
 mod record;
 mod rendezvous;
 mod state;
+mod stats;
 mod store;
 mod supervisor;
 mod time_text;
@@ -77,10 +78,10 @@ pub use errors::{LaunchError, StoreError};
 #[cfg(feature = "fault-injection")]
 pub use faults::Faults;
 pub use rendezvous::FAILURE_WINDOW_MS;
+pub use stats::StoreStats;
 pub use supervisor::{
     StateService, get_or_launch_state_actor, launch_state_actor, shutdown_state_actor,
 };
-pub use writer::StoreStats;
 
 /// The schema version of the SQLite store this build writes.
 pub const STORE_SCHEMA_VERSION: u32 = store::sqlite::SCHEMA_VERSION;

@@ -12,7 +12,8 @@ use trainstate_client::{StateHandle, StateMessage, get_state_actor_named};
 use crate::actor::{ActorArgs, TrainStateActor};
 use crate::config::StateConfig;
 use crate::errors::LaunchError;
-use crate::writer::{Shared, StoreStats, Writer};
+use crate::stats::StoreStats;
+use crate::writer::{Shared, Writer};
 
 /// More restarts than this within [`RESTART_WINDOW`] and the supervisor gives up.
 const MAX_RESTARTS: usize = 10;

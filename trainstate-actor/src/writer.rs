@@ -18,6 +18,7 @@ use crate::config::StateConfig;
 use crate::errors::StoreError;
 use crate::log_throttle::LogThrottle;
 use crate::record::RunRecord;
+use crate::stats::StoreStats;
 use crate::store::{
     self, ChangedRun, Committed, Followed, JobChanges, Position, SharedStoreHandle, Store,
 };
@@ -88,19 +89,6 @@ pub(crate) enum TokenJob {
 /// The queue of the writer thread; closed (`None`) when the writer stops.
 type JobQueue = Arc<Mutex<Option<mpsc::Sender<Job>>>>;
 
-/// Counters of the store, for metrics and tests.
-#[derive(Debug, Default)]
-pub struct StoreStats {
-    /// Transactions committed.
-    pub transactions: AtomicU64,
-    /// Write requests committed.
-    pub writes: AtomicU64,
-    /// Total time spent committing, in microseconds.
-    pub commit_micros: AtomicU64,
-    /// Commits that failed.
-    pub failures: AtomicU64,
-}
-
 /// What the writer shares with the actor and readers.
 pub(crate) struct Shared {
     pub(crate) view: RwLock<View>,
@@ -133,7 +121,7 @@ pub(crate) struct Shared {
     /// The counters of this head's forwarding to a hub, once it forwards:
     /// what `/metrics` shows of it.
     #[cfg(feature = "forward")]
-    pub(crate) forwarding: Mutex<Option<Arc<crate::forward::ForwardStats>>>,
+    pub(crate) forwarding: Mutex<Option<Arc<crate::stats::ForwardStats>>>,
 }
 
 impl Shared {
