@@ -261,7 +261,6 @@ impl Actor for TrainStateActor {
                         let _ = reply.send(answer);
                     }
                     Reaction::Write(reply, outcome) => state.write(outcome, reply),
-                    Reaction::Ignore => {}
                 }
                 if state.rendezvous.take_wakeup() {
                     // A failure window opened: its cause is decided by the
@@ -273,7 +272,6 @@ impl Actor for TrainStateActor {
                     });
                 }
             }
-            _ => {}
         }
         Ok(())
     }

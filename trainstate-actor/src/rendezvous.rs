@@ -73,8 +73,6 @@ pub(crate) enum Reaction {
     Answer(Reply<RendezvousResponse>, Result<RendezvousResponse, StateError>),
     /// Commit, then answer.
     Write(Reply<RendezvousResponse>, Result<Outcome<RendezvousResponse>, StateError>),
-    /// Nothing to do.
-    Ignore,
 }
 
 /// The answer of one request before it is committed or sent.
@@ -516,9 +514,6 @@ impl Rendezvous {
             RendezvousMessage::End { id, rank, end, reply } => {
                 (reply, self.end(&id, rank, end, runs, view, admitted, lease_ms, now_ms))
             }
-            // A request of a newer protocol: its reply port is dropped, and
-            // the caller learns the actor stopped before answering.
-            _ => return Reaction::Ignore,
         };
         match step {
             Ok(Step::Answer(answer)) => Reaction::Answer(reply, Ok(answer)),
