@@ -13,7 +13,7 @@ use crate::actor::{ActorArgs, TrainStateActor};
 use crate::config::StateConfig;
 use crate::errors::LaunchError;
 use crate::stats::StoreStats;
-use crate::writer::{Shared, Writer};
+use crate::writer::{Published, Writer};
 
 /// More restarts than this within [`RESTART_WINDOW`] and the supervisor gives up.
 const MAX_RESTARTS: usize = 10;
@@ -184,7 +184,7 @@ impl SupervisorState {
 pub struct StateService {
     handle: StateHandle,
     supervisor: ActorRef<SupervisorMessage>,
-    shared: Arc<Shared>,
+    shared: Arc<Published>,
     writer: Arc<Writer>,
     /// The actor's clock, for work done for it off its turn.
     clock: Arc<dyn crate::clock::Clock>,

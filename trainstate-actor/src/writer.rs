@@ -36,7 +36,7 @@ pub(crate) type Completion = Box<dyn FnOnce(Result<(), StateError>) + Send>;
 
 /// One write request's changes, committed atomically with its group.
 pub(crate) struct WriteJob {
-    /// The writer's [`Shared::generation`] the actor had taken in when it
+    /// The writer's [`Published::generation`] the actor had taken in when it
     /// decided this write: an older one means the write may build on a
     /// write that failed, so it is refused.
     pub(crate) decided_at: u64,
@@ -89,8 +89,10 @@ pub(crate) enum TokenJob {
 /// The queue of the writer thread; closed (`None`) when the writer stops.
 type JobQueue = Arc<Mutex<Option<mpsc::Sender<Job>>>>;
 
-/// What the writer shares with the actor and readers.
-pub(crate) struct Shared {
+/// What the writer publishes to the actor and readers: the committed view
+/// and its events, the counters, and what the actor takes in before its
+/// next decision.
+pub(crate) struct Published {
     pub(crate) view: RwLock<View>,
     pub(crate) events: broadcast::Sender<StateEvent>,
     /// Write requests handed to the writer and not yet answered.
@@ -124,7 +126,7 @@ pub(crate) struct Shared {
     pub(crate) forwarding: Mutex<Option<Arc<crate::stats::ForwardStats>>>,
 }
 
-impl Shared {
+impl Published {
     /// Takes what the writer left for the actor, in order.
     pub(crate) fn take_inbox(&self) -> Vec<Absorb> {
         if !self.inbox_pending.swap(false, Ordering::SeqCst) {
@@ -162,7 +164,7 @@ impl Shared {
 pub(crate) struct Writer {
     jobs: JobQueue,
     thread: Mutex<Option<JoinHandle<()>>>,
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<Published>,
 }
 
 impl Writer {
@@ -175,7 +177,7 @@ impl Writer {
         // started or stopped inside the caller's. What it says of itself
         // (shared or not) comes back before the rest is built on it.
         let (opened, is_open) = mpsc::sync_channel(1);
-        let (give_shared, take_shared) = mpsc::sync_channel::<Arc<Shared>>(1);
+        let (give_shared, take_shared) = mpsc::sync_channel::<Arc<Published>>(1);
         let store_config = config.store.clone();
         let quarantine = config.quarantine_corrupt;
         let queue = jobs.clone();
@@ -220,7 +222,7 @@ impl Writer {
             }
             Err(_) => return Err(StoreError::Writer("thread stopped while opening the store")),
         };
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(Published {
             view: RwLock::new(View::new(config.event_backlog, config.event_backlog_bytes)),
             events: broadcast::channel(EVENT_CHANNEL_CAPACITY).0,
             in_flight: AtomicUsize::new(0),
@@ -395,7 +397,7 @@ fn follow_on_wakeups(wakeups: mpsc::Receiver<()>, jobs: JobQueue, pending: Arc<A
 
 struct WriterThread {
     store: Box<dyn Store>,
-    shared: Arc<Shared>,
+    shared: Arc<Published>,
     /// Set while a follow asked for by the store's listener is queued.
     follow_pending: Arc<AtomicBool>,
     clock: Arc<dyn crate::clock::Clock>,
@@ -535,7 +537,7 @@ impl WriterThread {
 
 /// Makes other heads' committed changes part of the committed view (and
 /// announces them), then hands them to the actor.
-fn take_remote(shared: &Shared, changes: Vec<RemoteChange>, now_ms: u64) {
+fn take_remote(shared: &Published, changes: Vec<RemoteChange>, now_ms: u64) {
     if changes.is_empty() {
         return;
     }
