@@ -33,7 +33,7 @@ use trainstate_client::routes::{Access, HttpMethod, Operation};
 
 use super::AppState;
 use super::body::JsonBody;
-use super::error::ApiError;
+use crate::errors::ApiError;
 use crate::tokens::{SecretHash, StoredToken, constant_time_eq, hash_secret, new_id_and_secret};
 use crate::writer::Writer;
 

@@ -27,7 +27,7 @@ use trainstate_client::api::{ErrorCode, EventsQuery, RunEvent};
 use super::AppState;
 use super::answer::{AnswerBudget, CHUNK_BYTES, json_line, text};
 use super::body::QueryParams;
-use super::error::ApiError;
+use crate::errors::ApiError;
 use crate::view::{Snapshot, Start};
 use crate::writer::Published;
 

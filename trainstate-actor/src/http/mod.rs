@@ -9,7 +9,6 @@ mod answer;
 mod auth;
 mod body;
 mod body_budget;
-mod error;
 mod events;
 mod loading;
 mod metrics;
@@ -37,12 +36,12 @@ use trainstate_client::StateHandle;
 use trainstate_client::api::ErrorCode;
 use trainstate_client::routes::{HttpMethod, Operation};
 
-use self::error::ApiError;
 pub use self::loading::{DEFAULT_LOAD_HOLD, Load, LoadWatch, load_channel};
 use self::loading::{LoadState, Phase};
 use self::metrics::HttpMetrics;
 pub use self::tls::{ServerTls, TlsFileError};
 use crate::StateService;
+use crate::errors::ApiError;
 
 /// The default limit of a request body: a run of 32,768 workers fits.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
