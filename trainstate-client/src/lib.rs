@@ -33,6 +33,7 @@
 //!   stack; without it an `https://` URL is refused, naming the feature.
 
 pub mod api;
+mod clock;
 mod error;
 mod events;
 mod handle;
@@ -44,6 +45,7 @@ mod remote;
 mod rendezvous;
 pub mod routes;
 
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::StateError;
 pub use events::{EventKind, StateEvent, Subscription};
 pub use handle::{
