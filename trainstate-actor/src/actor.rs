@@ -180,7 +180,7 @@ impl Actor for TrainStateActor {
             StateMessage::SweepLeases { reply } => {
                 state.before_write()?;
                 state.notice_stall(now);
-                if !state.writer.shared.sweeper.load(Ordering::SeqCst) {
+                if !state.writer.shared.sweeps() {
                     // Another head sharing the store sweeps, and owns the
                     // rendezvous groups: what this head knew of them goes
                     // stale, and is forgotten, as by a restart.
@@ -188,7 +188,7 @@ impl Actor for TrainStateActor {
                     let _ = reply.send(Ok(Vec::new()));
                     return Ok(());
                 }
-                if state.writer.shared.shared_store {
+                if state.writer.shared.shared_store.is_some() {
                     // Every head's heartbeats and changes count.
                     state.writer.sync(true).await;
                     state.absorb(now);
@@ -215,7 +215,7 @@ impl Actor for TrainStateActor {
                     let view = state.writer.shared.view.read().unwrap_or_else(|e| e.into_inner());
                     view.get(&id).is_none()
                 };
-                if missing && state.writer.shared.shared_store {
+                if missing && state.writer.shared.shared_store.is_some() {
                     // Perhaps another head has just registered it.
                     state.writer.sync(false).await;
                     state.absorb(now);
@@ -261,7 +261,6 @@ impl Actor for TrainStateActor {
                         let _ = reply.send(answer);
                     }
                     Reaction::Write(reply, outcome) => state.write(outcome, reply),
-                    Reaction::Ignore => {}
                 }
                 if state.rendezvous.take_wakeup() {
                     // A failure window opened: its cause is decided by the
@@ -273,7 +272,6 @@ impl Actor for TrainStateActor {
                     });
                 }
             }
-            _ => {}
         }
         Ok(())
     }
@@ -339,7 +337,7 @@ impl ActorState {
     /// Before deciding on a run this head does not know: with a shared
     /// store, another head may have just registered it.
     async fn find(&mut self, id: &RunId, now: u64) {
-        if self.writer.shared.shared_store && self.runs.record(id).is_none() {
+        if self.writer.shared.shared_store.is_some() && self.runs.record(id).is_none() {
             self.writer.sync(false).await;
             self.absorb(now);
         }

@@ -6,11 +6,11 @@
 use trainstate_client::{EventKind, RunDocument, RunPage, RunQuery, StateError};
 use trainstate_schema::{RunId, TrainRunInfo};
 
+use crate::change::{PendingEvent, StoreOp};
 use crate::config::StateConfig;
 use crate::errors::StoreError;
 use crate::record::RunRecord;
-use crate::store::StoreOp;
-use crate::writer::{PendingEvent, WriteJob, Writer};
+use crate::writer::{WriteJob, Writer};
 
 /// The store writer and its committed view, driven directly.
 pub struct StoreBench {

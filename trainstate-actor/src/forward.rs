@@ -17,7 +17,7 @@
 //! only the head that sweeps forwards.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -26,6 +26,7 @@ use trainstate_client::{StateError, StateHandle, TrustedCas};
 use trainstate_schema::TrainRunInfo;
 
 use crate::StateService;
+pub use crate::stats::ForwardStats;
 use crate::store::Position;
 use crate::writer::Writer;
 
@@ -88,26 +89,6 @@ impl ForwardConfig {
         self.token = token;
         self
     }
-}
-
-/// Counters of forwarding.
-#[derive(Debug, Default)]
-pub struct ForwardStats {
-    /// Runs the hub accepted (or already had).
-    pub forwarded: AtomicU64,
-    /// Runs the hub refused for good (conflicting or invalid); skipped.
-    pub refused: AtomicU64,
-    /// Tries that found the hub unreachable or busy.
-    pub retries: AtomicU64,
-    /// The sequence number of the store's commit forwarded up to.
-    pub position: AtomicU64,
-    /// Runs read from the store to forward and not yet accepted (or
-    /// refused) by the hub: the rest of the batch being sent, so at most
-    /// one batch (256); more changes may wait in the store behind it.
-    pub pending: AtomicU64,
-    /// When the hub last accepted a run, in Unix milliseconds of the
-    /// service's clock; 0 until it first does.
-    pub last_success_ms: AtomicU64,
 }
 
 /// Forwarding in progress; stop it with [`Forwarder::stop`].
@@ -185,7 +166,7 @@ impl Forwarding {
             if *self.stopped.borrow() {
                 return;
             }
-            if !self.writer.shared.sweeper.load(Ordering::SeqCst) {
+            if !self.writer.shared.sweeps() {
                 // Another head of this shared store forwards.
                 if self.pause(IDLE_CHECK).await {
                     return;

@@ -39,6 +39,7 @@
 mod actor;
 #[doc(hidden)]
 pub mod bench_support;
+mod change;
 mod clock;
 mod config;
 mod errors;
@@ -53,6 +54,7 @@ mod log_throttle;
 mod record;
 mod rendezvous;
 mod state;
+mod stats;
 mod store;
 mod supervisor;
 mod time_text;
@@ -70,10 +72,10 @@ pub use errors::{LaunchError, StoreError};
 #[cfg(feature = "fault-injection")]
 pub use faults::Faults;
 pub use rendezvous::FAILURE_WINDOW_MS;
+pub use stats::StoreStats;
 pub use supervisor::{
     StateService, get_or_launch_state_actor, launch_state_actor, shutdown_state_actor,
 };
-pub use writer::StoreStats;
 
 /// The schema version of the SQLite store this build writes.
 pub const STORE_SCHEMA_VERSION: u32 = store::sqlite::SCHEMA_VERSION;

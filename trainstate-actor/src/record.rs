@@ -46,7 +46,7 @@ pub(crate) struct RunRecord {
     pub(crate) cluster: Option<Box<str>>,
     /// Which version of the run this is: unique to this record, so a
     /// shared store can tell whether a change was decided on the version
-    /// it holds (see `crate::store::versions`).
+    /// it holds (see [`versions`]).
     pub(crate) version: u64,
     /// The version this record replaced in the working state (0: none).
     pub(crate) base: AtomicU64,
@@ -89,7 +89,7 @@ impl RunRecord {
             json,
             fresh_text: Mutex::new(fresh_text.map(Into::into)),
             cluster: run.cluster().map(Into::into),
-            version: crate::store::versions::next(),
+            version: versions::next(),
             base: AtomicU64::new(0),
         }))
     }
@@ -98,7 +98,7 @@ impl RunRecord {
     /// after validating it: only the indexed fields are parsed, so loading
     /// grows with the bytes stored and no more.
     pub(crate) fn from_stored(json: String) -> Result<Arc<Self>, String> {
-        Self::from_stored_version(json, crate::store::versions::next())
+        Self::from_stored_version(json, versions::next())
     }
 
     /// [`from_stored`](Self::from_stored), for a store that keeps each
@@ -415,6 +415,26 @@ struct StoredDataset<'a> {
 struct StoredAttempt<'a> {
     #[serde(default, borrow)]
     workers: Option<Vec<StoredNode<'a>>>,
+}
+
+/// The prefix of `controller_actor_id` of a run assembled by the rendezvous.
+pub(crate) const CONTROLLER_PREFIX: &str = "rendezvous:";
+
+/// Versions of runs: 64-bit values unique to each record, random across
+/// processes, so two heads never give two records the same version.
+pub(crate) mod versions {
+    use std::hash::BuildHasher;
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// A fresh version, never 0 (0 means "no version").
+    pub(crate) fn next() -> u64 {
+        static KEYS: OnceLock<std::collections::hash_map::RandomState> = OnceLock::new();
+        static COUNTER: AtomicU64 = AtomicU64::new(1);
+        let keys = KEYS.get_or_init(Default::default);
+        let version = keys.hash_one(COUNTER.fetch_add(1, Ordering::Relaxed));
+        version.max(1)
+    }
 }
 
 #[cfg(test)]

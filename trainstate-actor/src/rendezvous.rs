@@ -28,6 +28,7 @@ use trainstate_schema::{
     TrainWorkerInfo,
 };
 
+use crate::record::CONTROLLER_PREFIX;
 use crate::state::{Change, Outcome, Runs, failure_detail};
 use crate::time_text::{iso_ms, seconds};
 use crate::view::View;
@@ -61,9 +62,6 @@ const MAX_START_LEAD_MS: u64 = 86_400_000;
 /// detail.
 const MAX_SECONDARY_FAILURES: usize = 8;
 
-/// The prefix of `controller_actor_id` of a run assembled by the rendezvous.
-pub(crate) const CONTROLLER_PREFIX: &str = "rendezvous:";
-
 /// The `controller_actor_id` of the run of `key`.
 fn controller_of(key: &str) -> String {
     format!("{CONTROLLER_PREFIX}{key}")
@@ -75,8 +73,6 @@ pub(crate) enum Reaction {
     Answer(Reply<RendezvousResponse>, Result<RendezvousResponse, StateError>),
     /// Commit, then answer.
     Write(Reply<RendezvousResponse>, Result<Outcome<RendezvousResponse>, StateError>),
-    /// Nothing to do.
-    Ignore,
 }
 
 /// The answer of one request before it is committed or sent.
@@ -518,9 +514,6 @@ impl Rendezvous {
             RendezvousMessage::End { id, rank, end, reply } => {
                 (reply, self.end(&id, rank, end, runs, view, admitted, lease_ms, now_ms))
             }
-            // A request of a newer protocol: its reply port is dropped, and
-            // the caller learns the actor stopped before answering.
-            _ => return Reaction::Ignore,
         };
         match step {
             Ok(Step::Answer(answer)) => Reaction::Answer(reply, Ok(answer)),

@@ -19,10 +19,9 @@ use trainstate_schema::{
     validate_client_cause, validate_time,
 };
 
+use crate::change::{PendingEvent, StoreOp};
 use crate::config::Retention;
 use crate::record::RunRecord;
-use crate::store::StoreOp;
-use crate::writer::PendingEvent;
 
 mod ray;
 mod remote;
@@ -850,9 +849,9 @@ fn lost_detail(record: &RunRecord, last_heard_ms: u64, silent_ms: u64, lease: Du
     let last = crate::time_text::iso_ms(last_heard_ms);
     let silent = crate::time_text::seconds(silent_ms);
     let lease = crate::time_text::seconds(lease.as_millis() as u64);
-    let ranks = record.run().is_ok_and(|run| {
-        run.controller_actor_id().starts_with(crate::rendezvous::CONTROLLER_PREFIX)
-    });
+    let ranks = record
+        .run()
+        .is_ok_and(|run| run.controller_actor_id().starts_with(crate::record::CONTROLLER_PREFIX));
     if ranks {
         format!(
             "No rank of this run has been heard from for {silent} (last at {last}), longer than \

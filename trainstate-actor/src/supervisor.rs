@@ -12,7 +12,8 @@ use trainstate_client::{StateHandle, StateMessage, get_state_actor_named};
 use crate::actor::{ActorArgs, TrainStateActor};
 use crate::config::StateConfig;
 use crate::errors::LaunchError;
-use crate::writer::{Shared, StoreStats, Writer};
+use crate::stats::StoreStats;
+use crate::writer::{Published, Writer};
 
 /// More restarts than this within [`RESTART_WINDOW`] and the supervisor gives up.
 const MAX_RESTARTS: usize = 10;
@@ -183,10 +184,8 @@ impl SupervisorState {
 pub struct StateService {
     handle: StateHandle,
     supervisor: ActorRef<SupervisorMessage>,
-    shared: Arc<Shared>,
+    shared: Arc<Published>,
     writer: Arc<Writer>,
-    /// The shared store, if that is where runs are kept.
-    postgres: Option<crate::config::PostgresConfig>,
     /// The actor's clock, for work done for it off its turn.
     clock: Arc<dyn crate::clock::Clock>,
     /// Test-only fault hooks, for work done off the actor's turn.
@@ -228,16 +227,14 @@ impl StateService {
     /// True while this head sweeps leases and retention: always with a
     /// store of its own; with a shared store, for one head at a time.
     pub fn is_sweeper(&self) -> bool {
-        self.shared.sweeper.load(std::sync::atomic::Ordering::SeqCst)
+        self.shared.sweeps()
     }
 
-    /// The PostgreSQL store other heads share, and the flag that is set
-    /// while this head sweeps it; `None` for a store of its own.
+    /// The store other heads share (where it is, and the flag that is set
+    /// while this head holds its sweep lock); `None` for a store of its own.
     #[cfg_attr(not(all(feature = "server", feature = "postgres")), allow(dead_code))]
-    pub(crate) fn shared_store(
-        &self,
-    ) -> Option<(&crate::config::PostgresConfig, Arc<std::sync::atomic::AtomicBool>)> {
-        self.postgres.as_ref().map(|config| (config, self.shared.sweeper.clone()))
+    pub(crate) fn shared_store(&self) -> Option<&crate::store::SharedStoreHandle> {
+        self.shared.shared_store.as_ref()
     }
 
     /// Counters of the store.
@@ -318,10 +315,6 @@ async fn shutdown(supervisor: &ActorRef<SupervisorMessage>) {
 /// that name already runs.
 pub async fn launch_state_actor(config: StateConfig) -> Result<StateService, LaunchError> {
     let name = config.name.clone();
-    let postgres = match &config.store {
-        crate::config::StoreConfig::Postgres(pg) => Some(pg.clone()),
-        _ => None,
-    };
     let clock = config.clock.clone();
     #[cfg(feature = "fault-injection")]
     let faults = config.faults.clone();
@@ -340,7 +333,6 @@ pub async fn launch_state_actor(config: StateConfig) -> Result<StateService, Lau
         supervisor,
         shared,
         writer,
-        postgres,
         clock,
         #[cfg(feature = "fault-injection")]
         faults,

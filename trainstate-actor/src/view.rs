@@ -12,8 +12,8 @@ use tokio::sync::{broadcast, watch};
 use trainstate_client::{Cursor, EventKind, RunPage, RunQuery, StateEvent, Subscription};
 use trainstate_schema::{RunId, RunStatus};
 
+use crate::change::StoreOp;
 use crate::record::RunRecord;
-use crate::store::StoreOp;
 
 mod names;
 
@@ -151,7 +151,7 @@ fn remove_from(map: &mut HashMap<Box<str>, Set>, name: &str, key: Key) {
 /// The `controller_actor_id` of a run the rendezvous assembled.
 fn rendezvous_controller(record: &RunRecord) -> Option<&str> {
     let controller = record.controller_actor_id();
-    controller.starts_with(crate::rendezvous::CONTROLLER_PREFIX).then_some(controller)
+    controller.starts_with(crate::record::CONTROLLER_PREFIX).then_some(controller)
 }
 
 impl Indexes {

@@ -13,13 +13,14 @@ use tokio::sync::{broadcast, oneshot};
 use trainstate_client::{EventKind, StateError, StateEvent};
 use trainstate_schema::RunId;
 
-use crate::config::{StateConfig, StoreConfig};
+use crate::change::{Absorb, PendingEvent, RemoteChange, StoreOp};
+use crate::config::StateConfig;
 use crate::errors::StoreError;
 use crate::log_throttle::LogThrottle;
 use crate::record::RunRecord;
-use crate::store::sqlite::SqliteStore;
+use crate::stats::StoreStats;
 use crate::store::{
-    ChangedRun, Committed, Followed, JobChanges, Position, RemoteChange, Store, StoreOp,
+    self, ChangedRun, Committed, Followed, JobChanges, Position, SharedStoreHandle, Store,
 };
 use crate::tokens::StoredToken;
 use crate::view::View;
@@ -30,19 +31,12 @@ const MAX_BATCH: usize = 4_096;
 /// The capacity of the event channel per subscriber before it lags.
 const EVENT_CHANNEL_CAPACITY: usize = 4_096;
 
-/// A change announced once its write is committed.
-pub(crate) struct PendingEvent {
-    pub(crate) kind: EventKind,
-    pub(crate) run_id: RunId,
-    pub(crate) record: Option<Arc<RunRecord>>,
-}
-
 /// What runs once a write is committed (or has failed): the caller's answer.
 pub(crate) type Completion = Box<dyn FnOnce(Result<(), StateError>) + Send>;
 
 /// One write request's changes, committed atomically with its group.
 pub(crate) struct WriteJob {
-    /// The writer's [`Shared::generation`] the actor had taken in when it
+    /// The writer's [`Published::generation`] the actor had taken in when it
     /// decided this write: an older one means the write may build on a
     /// write that failed, so it is refused.
     pub(crate) decided_at: u64,
@@ -92,44 +86,13 @@ pub(crate) enum TokenJob {
     Revoke(String, oneshot::Sender<Result<Option<StoredToken>, String>>),
 }
 
-/// The queue of the writer thread, which a shared store's listener also
-/// uses to ask for a follow; closed (`None`) when the writer stops.
-pub(crate) type JobQueue = Arc<Mutex<Option<mpsc::Sender<Job>>>>;
+/// The queue of the writer thread; closed (`None`) when the writer stops.
+type JobQueue = Arc<Mutex<Option<mpsc::Sender<Job>>>>;
 
-/// What the writer hands the actor to take into its working state before
-/// its next decision: changes committed by other heads, the stored
-/// versions of runs a stale write touched, heartbeats other heads received.
-#[derive(Debug)]
-pub(crate) enum Absorb {
-    /// Another head's committed change, taken in at this time: a sign of
-    /// life of a live run.
-    Remote(RemoteChange, u64),
-    /// A write decided on a version of `id` that another head replaced was
-    /// refused: put back the stored version, unless the working state has
-    /// moved on from the refused one (`stale`: the refused put's version;
-    /// `None` for a refused delete).
-    Reset { id: RunId, stale: Option<u64>, truth: Option<Arc<RunRecord>> },
-    /// Start again from every stored run.
-    Reload(Vec<Arc<RunRecord>>),
-    /// Some head heard from the run's controller at this time.
-    Heard(RunId, u64),
-}
-
-/// Counters of the store, for metrics and tests.
-#[derive(Debug, Default)]
-pub struct StoreStats {
-    /// Transactions committed.
-    pub transactions: AtomicU64,
-    /// Write requests committed.
-    pub writes: AtomicU64,
-    /// Total time spent committing, in microseconds.
-    pub commit_micros: AtomicU64,
-    /// Commits that failed.
-    pub failures: AtomicU64,
-}
-
-/// What the writer shares with the actor and readers.
-pub(crate) struct Shared {
+/// What the writer publishes to the actor and readers: the committed view
+/// and its events, the counters, and what the actor takes in before its
+/// next decision.
+pub(crate) struct Published {
     pub(crate) view: RwLock<View>,
     pub(crate) events: broadcast::Sender<StateEvent>,
     /// Write requests handed to the writer and not yet answered.
@@ -145,11 +108,9 @@ pub(crate) struct Shared {
     /// Why the supervisor gave up on the state actor, once it has.
     pub(crate) gave_up: tokio::sync::watch::Sender<Option<String>>,
     pub(crate) stats: Arc<StoreStats>,
-    /// True when other heads share the store.
-    pub(crate) shared_store: bool,
-    /// True while this head is the one that sweeps leases and retention
-    /// (always, for a store of its own).
-    pub(crate) sweeper: Arc<AtomicBool>,
+    /// The store other heads share, if that is where runs are kept: the
+    /// one source of truth for "is the store shared", as the store says.
+    pub(crate) shared_store: Option<SharedStoreHandle>,
     /// What the actor takes in before its next decision.
     inbox: Mutex<Vec<Absorb>>,
     inbox_pending: AtomicBool,
@@ -162,10 +123,10 @@ pub(crate) struct Shared {
     /// The counters of this head's forwarding to a hub, once it forwards:
     /// what `/metrics` shows of it.
     #[cfg(feature = "forward")]
-    pub(crate) forwarding: Mutex<Option<Arc<crate::forward::ForwardStats>>>,
+    pub(crate) forwarding: Mutex<Option<Arc<crate::stats::ForwardStats>>>,
 }
 
-impl Shared {
+impl Published {
     /// Takes what the writer left for the actor, in order.
     pub(crate) fn take_inbox(&self) -> Vec<Absorb> {
         if !self.inbox_pending.swap(false, Ordering::SeqCst) {
@@ -183,9 +144,16 @@ impl Shared {
         }
     }
 
+    /// True while this head is the one that sweeps leases and retention:
+    /// always with a store of its own; with a shared store, while it holds
+    /// the store's sweep lock.
+    pub(crate) fn sweeps(&self) -> bool {
+        self.shared_store.as_ref().is_none_or(SharedStoreHandle::holds_sweep_lock)
+    }
+
     /// Notes a heartbeat, to share with the other heads of a shared store.
     pub(crate) fn note_heartbeat(&self, id: &RunId, at_ms: u64) {
-        if self.shared_store {
+        if self.shared_store.is_some() {
             self.beats.lock().unwrap_or_else(|e| e.into_inner()).insert(id.clone(), at_ms);
         }
     }
@@ -196,7 +164,7 @@ impl Shared {
 pub(crate) struct Writer {
     jobs: JobQueue,
     thread: Mutex<Option<JoinHandle<()>>>,
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<Published>,
 }
 
 impl Writer {
@@ -204,8 +172,57 @@ impl Writer {
     pub(crate) fn start(config: &StateConfig) -> Result<Self, StoreError> {
         let (tx, rx) = mpsc::channel();
         let jobs: JobQueue = Arc::new(Mutex::new(Some(tx)));
-        let shared_store = matches!(config.store, StoreConfig::Postgres(_));
-        let shared = Arc::new(Shared {
+        // The store is opened (and dropped) on the writer thread: a
+        // PostgreSQL store runs a runtime of its own, which must not be
+        // started or stopped inside the caller's. What it says of itself
+        // (shared or not) comes back before the rest is built on it.
+        let (opened, is_open) = mpsc::sync_channel(1);
+        let (give_shared, take_shared) = mpsc::sync_channel::<Arc<Published>>(1);
+        let store_config = config.store.clone();
+        let quarantine = config.quarantine_corrupt;
+        let queue = jobs.clone();
+        let clock = config.clock.clone();
+        #[cfg(feature = "fault-injection")]
+        let faults = config.faults.clone();
+        let handle = std::thread::Builder::new()
+            .name("trainstate-writer".into())
+            .spawn(move || {
+                let mut store = match store::open(&store_config, quarantine) {
+                    Ok(store) => store,
+                    Err(err) => {
+                        let _ = opened.send(Err(err));
+                        return;
+                    }
+                };
+                let shared_store = store.shared().map(|s| s.handle());
+                let _ = opened.send(Ok(shared_store));
+                let Ok(shared) = take_shared.recv() else { return };
+                let follow_pending = Arc::new(AtomicBool::new(false));
+                if let Some(wakeups) = store.shared().and_then(|s| s.take_wakeups()) {
+                    follow_on_wakeups(wakeups, queue, follow_pending.clone());
+                }
+                let mut thread = WriterThread {
+                    store,
+                    shared,
+                    clock,
+                    follow_pending,
+                    last_failure: String::new(),
+                    failure_log: FailureLog::default(),
+                    #[cfg(feature = "fault-injection")]
+                    faults,
+                };
+                thread.run(rx);
+            })
+            .map_err(|_| StoreError::Writer("thread could not start"))?;
+        let shared_store = match is_open.recv() {
+            Ok(Ok(shared_store)) => shared_store,
+            Ok(Err(err)) => {
+                let _ = handle.join();
+                return Err(err);
+            }
+            Err(_) => return Err(StoreError::Writer("thread stopped while opening the store")),
+        };
+        let shared = Arc::new(Published {
             view: RwLock::new(View::new(config.event_backlog, config.event_backlog_bytes)),
             events: broadcast::channel(EVENT_CHANNEL_CAPACITY).0,
             in_flight: AtomicUsize::new(0),
@@ -215,7 +232,6 @@ impl Writer {
             gave_up: tokio::sync::watch::channel(None).0,
             stats: Arc::default(),
             shared_store,
-            sweeper: Arc::new(AtomicBool::new(!shared_store)),
             inbox: Mutex::default(),
             inbox_pending: AtomicBool::new(false),
             beats: Mutex::default(),
@@ -223,50 +239,9 @@ impl Writer {
             #[cfg(feature = "forward")]
             forwarding: Mutex::default(),
         });
-        // The store is opened (and dropped) on the writer thread: a
-        // PostgreSQL store runs a runtime of its own, which must not be
-        // started or stopped inside the caller's.
-        let (opened, is_open) = mpsc::sync_channel(1);
-        let store_config = config.store.clone();
-        let quarantine = config.quarantine_corrupt;
-        let (queue, sweeper) = (jobs.clone(), shared.sweeper.clone());
-        let thread_shared = shared.clone();
-        let clock = config.clock.clone();
-        #[cfg(feature = "fault-injection")]
-        let faults = config.faults.clone();
-        let handle = std::thread::Builder::new()
-            .name("trainstate-writer".into())
-            .spawn(move || {
-                let store = match open(&store_config, quarantine, queue, sweeper) {
-                    Ok(store) => {
-                        let _ = opened.send(Ok(()));
-                        store
-                    }
-                    Err(err) => {
-                        let _ = opened.send(Err(err));
-                        return;
-                    }
-                };
-                let mut thread = WriterThread {
-                    store,
-                    memory_tokens: Vec::new(),
-                    shared: thread_shared,
-                    clock,
-                    last_failure: String::new(),
-                    failure_log: FailureLog::default(),
-                    #[cfg(feature = "fault-injection")]
-                    faults,
-                };
-                thread.run(rx);
-            })
-            .map_err(|_| StoreError::Writer("thread could not start"))?;
-        match is_open.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(err)) => {
-                let _ = handle.join();
-                return Err(err);
-            }
-            Err(_) => return Err(StoreError::Writer("thread stopped while opening the store")),
+        if give_shared.send(shared.clone()).is_err() {
+            let _ = handle.join();
+            return Err(StoreError::Writer("thread stopped while opening the store"));
         }
         Ok(Self { jobs, thread: Mutex::new(Some(handle)), shared })
     }
@@ -385,6 +360,9 @@ impl Writer {
     /// Commits everything queued, then stops the thread. Blocking.
     pub(crate) fn close(&self) {
         self.jobs.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(store) = &self.shared.shared_store {
+            store.close();
+        }
         if let Some(thread) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = thread.join();
         }
@@ -397,36 +375,31 @@ impl Drop for Writer {
     }
 }
 
-/// Opens the store of `config` (on the writer thread).
-fn open(
-    config: &StoreConfig,
-    quarantine: bool,
-    #[cfg_attr(not(feature = "postgres"), allow(unused_variables))] jobs: JobQueue,
-    #[cfg_attr(not(feature = "postgres"), allow(unused_variables))] sweeper: Arc<AtomicBool>,
-) -> Result<Option<Box<dyn Store>>, StoreError> {
-    Ok(match config {
-        StoreConfig::Sqlite { path, synchronous } => {
-            Some(Box::new(SqliteStore::open(path, *synchronous)?.quarantining(quarantine)))
+/// Queues a follow on each wake-up of a shared store's listener (one at a
+/// time: `pending` is cleared when the follow starts), on a thread of its
+/// own, until the writer's queue closes or the store stops waking.
+fn follow_on_wakeups(wakeups: mpsc::Receiver<()>, jobs: JobQueue, pending: Arc<AtomicBool>) {
+    let spawned = std::thread::Builder::new().name("trainstate-follow".into()).spawn(move || {
+        while wakeups.recv().is_ok() {
+            let jobs = jobs.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(jobs) = jobs.as_ref() else { return };
+            if !pending.swap(true, Ordering::SeqCst)
+                && jobs.send(Job::Follow { heartbeats: false, reply: None }).is_err()
+            {
+                return;
+            }
         }
-        StoreConfig::InMemory => None,
-        #[cfg(feature = "postgres")]
-        StoreConfig::Postgres(pg) => Some(Box::new(
-            crate::store::postgres::PgStore::open(pg, jobs, sweeper)?.quarantining(quarantine),
-        )),
-        #[cfg(not(feature = "postgres"))]
-        StoreConfig::Postgres(_) => {
-            return Err(StoreError::Unsupported(
-                "PostgreSQL: this build lacks the `postgres` feature",
-            ));
-        }
-    })
+    });
+    if let Err(err) = spawned {
+        tracing::error!(error = %err, "cannot start following the other heads' commits");
+    }
 }
 
 struct WriterThread {
-    store: Option<Box<dyn Store>>,
-    /// The tokens of an in-memory head, which has no store to keep them.
-    memory_tokens: Vec<StoredToken>,
-    shared: Arc<Shared>,
+    store: Box<dyn Store>,
+    shared: Arc<Published>,
+    /// Set while a follow asked for by the store's listener is queued.
+    follow_pending: Arc<AtomicBool>,
     clock: Arc<dyn crate::clock::Clock>,
     /// Why the last failed commit failed, for the writes refused after it.
     last_failure: String,
@@ -478,70 +451,43 @@ impl WriterThread {
                     self.follow(&mut heartbeats, &mut replies);
                 }
                 Some(Job::Changed { after, limit, reply }) => {
-                    let _ = reply.send(self.with_store(|s| s.changed_after(&after, limit)));
+                    let _ = reply.send(self.store.changed_after(&after, limit));
                 }
                 Some(Job::ForwardPosition { target, reply }) => {
-                    let _ = reply.send(self.with_store(|s| s.forward_position(&target)));
+                    let _ = reply.send(self.store.forward_position(&target));
                 }
                 Some(Job::SaveForwardPosition { target, at, reply }) => {
-                    let _ = reply.send(self.with_store(|s| s.save_forward_position(&target, &at)));
+                    let _ = reply.send(self.store.save_forward_position(&target, &at));
                 }
                 Some(Job::Tokens(job)) => self.tokens(job),
             }
         }
     }
 
-    /// Answers a request about the tokens, from the store or, for an
-    /// in-memory head, from memory.
+    /// Answers a request about the tokens.
     fn tokens(&mut self, job: TokenJob) {
         let now_ms = self.clock.now_ms();
-        let memory = &mut self.memory_tokens;
-        let store = self.store.as_deref_mut();
+        let store = &mut self.store;
         match job {
             TokenJob::List(reply) => {
-                let _ = reply.send(match store {
-                    Some(store) => store.tokens(),
-                    None => Ok(memory.clone()),
-                });
+                let _ = reply.send(store.tokens());
             }
             TokenJob::Insert(token, reply) => {
                 let token = StoredToken { created_at_ms: now_ms, ..*token };
-                let stored = match store {
-                    Some(store) => store.insert_token(&token),
-                    None => {
-                        memory.push(token.clone());
-                        Ok(())
-                    }
-                };
-                let _ = reply.send(stored.map(|()| token));
+                let _ = reply.send(store.insert_token(&token).map(|()| token));
             }
             TokenJob::Revoke(id, reply) => {
-                let _ = reply.send(match store {
-                    Some(store) => store.revoke_token(&id, now_ms),
-                    None => Ok(memory.iter_mut().find(|t| t.id == id).map(|token| {
-                        token.revoked_at_ms.get_or_insert(now_ms);
-                        token.clone()
-                    })),
-                });
+                let _ = reply.send(store.revoke_token(&id, now_ms));
             }
-        }
-    }
-
-    fn with_store<T>(
-        &mut self,
-        f: impl FnOnce(&mut dyn Store) -> Result<T, String>,
-    ) -> Result<T, String> {
-        match self.store.as_deref_mut() {
-            Some(store) => f(store),
-            None => Err("an in-memory store keeps no positions to forward from".into()),
         }
     }
 
     /// Takes in what other heads committed (and shares and gathers
     /// heartbeats), then answers whoever asked.
     fn follow(&mut self, heartbeats: &mut bool, replies: &mut Vec<oneshot::Sender<()>>) {
+        self.follow_pending.store(false, Ordering::SeqCst);
         let shared = self.shared.clone();
-        if let Some(store) = self.store.as_deref_mut().filter(|s| s.is_shared()) {
+        if let Some(store) = self.store.shared() {
             let beats: Vec<(RunId, u64)> =
                 shared.beats.lock().unwrap_or_else(|e| e.into_inner()).drain().collect();
             let log = &mut self.failure_log;
@@ -591,7 +537,7 @@ impl WriterThread {
 
 /// Makes other heads' committed changes part of the committed view (and
 /// announces them), then hands them to the actor.
-fn take_remote(shared: &Shared, changes: Vec<RemoteChange>, now_ms: u64) {
+fn take_remote(shared: &Published, changes: Vec<RemoteChange>, now_ms: u64) {
     if changes.is_empty() {
         return;
     }
@@ -649,17 +595,17 @@ impl WriterThread {
             let injected = has_ops && self.faults.take_commit_failure();
             #[cfg(not(feature = "fault-injection"))]
             let injected = false;
-            let shared_store = self.store.as_deref().is_some_and(|s| s.is_shared());
-            let result = match self.store.as_deref_mut() {
-                _ if injected => Err("injected fault: database or disk is full".to_owned()),
-                Some(store) if has_ops => {
-                    let changes: Vec<JobChanges<'_>> = batch
-                        .iter()
-                        .map(|job| JobChanges { ops: &job.ops, events: &job.events })
-                        .collect();
-                    store.commit(&changes)
-                }
-                _ => Ok(Committed::default()),
+            let shared_store = shared.shared_store.is_some();
+            let result = if injected {
+                Err("injected fault: database or disk is full".to_owned())
+            } else if has_ops {
+                let changes: Vec<JobChanges<'_>> = batch
+                    .iter()
+                    .map(|job| JobChanges { ops: &job.ops, events: &job.events })
+                    .collect();
+                self.store.commit(&changes)
+            } else {
+                Ok(Committed::default())
             };
             match result {
                 Ok(committed) if !has_ops => Ok(committed),
@@ -777,14 +723,9 @@ impl WriterThread {
     }
 
     fn load(&mut self) -> Result<Vec<Arc<RunRecord>>, StoreError> {
+        self.follow_pending.store(false, Ordering::SeqCst);
         let shared = &*self.shared;
-        let records = match self.store.as_deref_mut() {
-            Some(store) => store.load()?,
-            None => {
-                let view = shared.view.read().unwrap_or_else(|e| e.into_inner());
-                view.records()
-            }
-        };
+        let records = self.store.load()?;
         shared.view.write().unwrap_or_else(|e| e.into_inner()).replace_all(&records);
         // The loaded runs include everything the inbox held.
         shared.take_inbox();

@@ -46,6 +46,7 @@
 pub mod api;
 #[cfg(feature = "cli")]
 pub mod cli;
+mod clock;
 mod error;
 mod events;
 mod handle;
@@ -59,6 +60,7 @@ pub mod ray_export;
 mod remote;
 mod rendezvous;
 
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::StateError;
 pub use events::{EventKind, StateEvent, Subscription};
 pub use handle::{

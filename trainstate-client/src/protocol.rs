@@ -49,8 +49,10 @@ impl std::fmt::Debug for PreparedChange {
 }
 
 /// A request to the state actor. Writes are answered only once committed.
+///
+/// Exhaustive on purpose: the actor matches every variant, so a new
+/// request is a compile error there, never a reply silently dropped.
 #[derive(Debug)]
-#[non_exhaustive]
 pub enum StateMessage {
     /// Registers a run. Repeating it with identical static metadata is a
     /// no-op that succeeds; with different metadata it is a conflict.

@@ -319,8 +319,10 @@ impl From<RankEnd> for RankEndRequest {
 
 /// A request to the rendezvous of the state actor: the one
 /// [`StateMessage::Rendezvous`] carries.
+///
+/// Exhaustive on purpose, like [`StateMessage`]: the actor matches every
+/// variant.
 #[derive(Debug)]
-#[non_exhaustive]
 pub enum RendezvousMessage {
     /// One rank joins its group.
     Join {

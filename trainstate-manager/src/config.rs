@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::{Clock, SystemClock};
+use trainstate_client::{Clock, SystemClock};
 
 /// The default deadline of every call to the state actor.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(2);

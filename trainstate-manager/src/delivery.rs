@@ -109,8 +109,10 @@ struct Book {
     closed: bool,
 }
 
-/// What the manager, its delivery task and its heartbeat tasks share.
-pub(crate) struct Shared {
+/// The outbox: the journals of the writes not yet delivered, the handle
+/// they are delivered through, and the wake-ups of those who wait on them;
+/// shared by the manager, its delivery task and its heartbeat tasks.
+pub(crate) struct Outbox {
     handle: StateHandle,
     config: ManagerConfig,
     book: Mutex<Book>,
@@ -123,7 +125,7 @@ pub(crate) struct Shared {
 /// The actor's answer to one write.
 type Sent = Result<Option<Duration>, StateError>;
 
-impl Shared {
+impl Outbox {
     pub(crate) fn new(handle: StateHandle, config: ManagerConfig) -> Arc<Self> {
         let handle = handle.with_timeout(config.call_timeout);
         Arc::new(Self {
@@ -415,7 +417,7 @@ fn unknown(id: &RunId) -> ManagerError {
 }
 
 /// Delivers the writes of every run of a manager, until aborted.
-pub(crate) async fn deliver(shared: Arc<Shared>) {
+pub(crate) async fn deliver(shared: Arc<Outbox>) {
     let mut in_flight: JoinSet<Sent> = JoinSet::new();
     let mut sending: HashMap<tokio::task::Id, (RunId, u64)> = HashMap::new();
     loop {
@@ -441,7 +443,7 @@ pub(crate) async fn deliver(shared: Arc<Shared>) {
 
 /// Renews the lease of a live run every third of the lease, until aborted
 /// or the run ends.
-async fn heartbeat(shared: Weak<Shared>, handle: StateHandle, id: RunId, lease: Duration) {
+async fn heartbeat(shared: Weak<Outbox>, handle: StateHandle, id: RunId, lease: Duration) {
     let mut interval = (lease / 3).max(MIN_HEARTBEAT_INTERVAL);
     let mut failing = false;
     loop {

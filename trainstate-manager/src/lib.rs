@@ -60,7 +60,6 @@
 //! attempt's start, a run's end) are read from [`ManagerConfig::clock`], the
 //! system's wall clock unless a [`Clock`] is injected.
 
-mod clock;
 mod config;
 mod delivery;
 mod errors;
@@ -69,7 +68,6 @@ mod manager;
 mod probe;
 mod ractor_group;
 
-pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{
     DEFAULT_CALL_TIMEOUT, DEFAULT_GATHER_TIMEOUT, DEFAULT_MAX_BACKOFF, DEFAULT_MIN_BACKOFF,
     ManagerConfig,
@@ -82,3 +80,4 @@ pub use probe::{
     WorkerMetadata, fnv1a64, parse_visible_devices,
 };
 pub use ractor_group::{MetadataRequest, MetadataWorker, RactorWorker, RactorWorkerGroup};
+pub use trainstate_client::{Clock, ManualClock, SystemClock};

@@ -13,7 +13,7 @@ use trainstate_schema::{
 };
 
 use crate::config::ManagerConfig;
-use crate::delivery::{Ack, Shared, deliver};
+use crate::delivery::{Ack, Outbox, deliver};
 use crate::errors::ManagerError;
 use crate::group::{WorkerGroup, gather};
 
@@ -126,7 +126,7 @@ pub struct TrainRunStateManager {
 }
 
 struct Tracking {
-    shared: Arc<Shared>,
+    shared: Arc<Outbox>,
     task: JoinHandle<()>,
 }
 
@@ -156,7 +156,7 @@ impl TrainRunStateManager {
     pub fn new(state: Option<StateHandle>, config: ManagerConfig) -> Self {
         let tracking = state.and_then(|handle| match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                let shared = Shared::new(handle, config.clone());
+                let shared = Outbox::new(handle, config.clone());
                 let task = runtime.spawn(deliver(shared.clone()));
                 Some(Tracking { shared, task })
             }

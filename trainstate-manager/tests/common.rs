@@ -86,6 +86,7 @@ impl TestClock {
     }
 }
 
+/// One clock trait serves both (trainstate-client's).
 impl trainstate_actor::Clock for TestClock {
     fn now_ms(&self) -> u64 {
         TestClock::now_ms(self)
@@ -94,12 +95,6 @@ impl trainstate_actor::Clock for TestClock {
     /// Time here only passes (`advance`), never steps: the monotonic
     /// reading is the same counter.
     fn monotonic_ms(&self) -> u64 {
-        TestClock::now_ms(self)
-    }
-}
-
-impl trainstate_manager::Clock for TestClock {
-    fn now_ms(&self) -> u64 {
         TestClock::now_ms(self)
     }
 }

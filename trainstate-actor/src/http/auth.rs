@@ -33,7 +33,7 @@ use trainstate_schema::routes::{Access, HttpMethod, Operation};
 
 use super::AppState;
 use super::body::JsonBody;
-use super::error::ApiError;
+use crate::errors::ApiError;
 use crate::tokens::{SecretHash, StoredToken, constant_time_eq, hash_secret, new_id_and_secret};
 use crate::writer::Writer;
 
@@ -156,7 +156,7 @@ pub(crate) fn refresh_while_shared(
     writer: &Arc<Writer>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    if auth.head_token.is_none() || !writer.shared.shared_store {
+    if auth.head_token.is_none() || writer.shared.shared_store.is_none() {
         return;
     }
     let (auth, writer): (Weak<Auth>, Weak<Writer>) = (Arc::downgrade(auth), Arc::downgrade(writer));

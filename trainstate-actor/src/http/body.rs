@@ -9,7 +9,7 @@ use serde_json::error::Category;
 
 use trainstate_client::api::ErrorCode;
 
-use super::error::ApiError;
+use crate::errors::ApiError;
 
 /// A JSON body: `application/json`, within the size limit, well-formed,
 /// of the right shape. Errors: 415, 413, 400 (syntax, bad UTF-8), 422

@@ -27,9 +27,9 @@ use trainstate_client::api::{ErrorCode, EventsQuery, RunEvent};
 use super::AppState;
 use super::answer::{AnswerBudget, CHUNK_BYTES, json_line, text};
 use super::body::QueryParams;
-use super::error::ApiError;
+use crate::errors::ApiError;
 use crate::view::{Snapshot, Start};
-use crate::writer::Shared;
+use crate::writer::Published;
 
 /// How long a quiet stream waits before it sends a keep-alive comment.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -47,7 +47,7 @@ fn write_change(buf: &mut Vec<u8>, event: &StateEvent) {
 
 /// One subscriber's position in the stream.
 struct Follower {
-    shared: Arc<Shared>,
+    shared: Arc<Published>,
     /// The last sequence number published, to wait for the next one.
     notify: watch::Receiver<u64>,
     /// The last event sent (or the snapshot's sequence number).

@@ -9,7 +9,6 @@ mod answer;
 mod auth;
 mod body;
 mod body_budget;
-mod error;
 mod events;
 mod loading;
 mod metrics;
@@ -37,12 +36,12 @@ use trainstate_client::StateHandle;
 use trainstate_client::api::ErrorCode;
 use trainstate_schema::routes::{HttpMethod, Operation};
 
-use self::error::ApiError;
 pub use self::loading::{DEFAULT_LOAD_HOLD, Load, LoadWatch, load_channel};
 use self::loading::{LoadState, Phase};
 use self::metrics::HttpMetrics;
 pub use self::tls::{ServerTls, TlsFileError};
 use crate::StateService;
+use crate::errors::ApiError;
 
 /// The default limit of a request body: a run of 32,768 workers fits.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
@@ -507,8 +506,8 @@ fn router(
     listen: Option<std::net::SocketAddr>,
 ) -> Router {
     #[cfg(feature = "postgres")]
-    let relay = service.shared_store().and_then(|(pg, sweeper)| {
-        relay::RendezvousRelay::start(pg, sweeper, service.handle())
+    let relay = service.shared_store().and_then(|store| {
+        relay::RendezvousRelay::start(store.config(), store.sweep_lock(), service.handle())
             .inspect_err(|err| tracing::error!("the rendezvous relay cannot start: {err}"))
             .ok()
     });

@@ -16,7 +16,7 @@ use trainstate_schema::RunId;
 
 use super::AppState;
 use super::body::JsonBody;
-use super::error::ApiError;
+use crate::errors::ApiError;
 
 /// One rendezvous request, as its route received it (its path parameters
 /// and its body).

@@ -23,7 +23,7 @@ use super::AppState;
 use super::answer::CHUNK_BYTES;
 use super::auth::{Grant, check_cluster};
 use super::body::{JsonBody, QueryParams};
-use super::error::ApiError;
+use crate::errors::ApiError;
 use crate::state::{RayWrite, json_len};
 
 fn run_id(text: &str) -> Result<RunId, ApiError> {

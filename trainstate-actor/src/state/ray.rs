@@ -22,9 +22,8 @@ use super::{
     Change, Outcome, Runs, bound_attempt_history, end_run, not_ahead_of, ray_cause, recorded_after,
     replace_current_attempt,
 };
+use crate::change::{PendingEvent, StoreOp};
 use crate::record::RunRecord;
-use crate::store::StoreOp;
-use crate::writer::PendingEvent;
 
 /// One Ray Train V2 write: a whole run or a whole attempt document.
 #[derive(Debug)]

@@ -28,9 +28,8 @@ use trainstate_client::{EventKind, RunDocument, StateError};
 use trainstate_schema::TrainRunInfo;
 
 use super::{Change, Outcome, Runs};
+use crate::change::{Absorb, PendingEvent, StoreOp};
 use crate::record::RunRecord;
-use crate::store::StoreOp;
-use crate::writer::{Absorb, PendingEvent};
 
 /// The "last heard" time of a run this head never sweeps.
 pub(super) const NEVER_SWEPT: u64 = u64::MAX;

@@ -1,6 +1,10 @@
-//! The stores behind the state actor, behind one interface: SQLite (the
-//! embedded default, [`sqlite`]) and PostgreSQL ([`postgres`], feature
-//! `postgres`), which several heads can share.
+//! The stores behind the state actor, behind one interface ([`Store`]):
+//! SQLite (the embedded default, [`sqlite`]), memory only ([`memory`]) and
+//! PostgreSQL ([`postgres`], feature `postgres`), which several heads can
+//! share. [`open`] is the only place that names a backend; what only a
+//! shared store can do (follow other heads, share heartbeats, hold the sweep
+//! lock) is its own capability, [`SharedStore`], which [`Store::shared`]
+//! answers for PostgreSQL alone.
 //!
 //! Only the writer thread calls a store. A store commits a group of write
 //! jobs in one transaction and reports what it did; it never answers a
@@ -16,50 +20,36 @@
 //!   refused as *stale*, and writes nothing; its caller is told to retry,
 //!   and the actor is given the stored version first. The same commit
 //!   reports the changes other heads committed before it, and
-//!   [`Store::follow`] reports them between commits (on `NOTIFY`).
+//!   [`SharedStore::follow`] reports them between commits (on `NOTIFY`).
 
 // Parts serve only the PostgreSQL store or forwarding.
 #![cfg_attr(not(all(feature = "postgres", feature = "forward")), allow(dead_code))]
 
 pub(crate) mod load;
+pub(crate) mod memory;
 pub(crate) mod sqlite;
 
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 
 use trainstate_client::EventKind;
 use trainstate_schema::RunId;
 
+use crate::change::{PendingEvent, RemoteChange, StoreOp};
+use crate::config::{PostgresConfig, StoreConfig};
 use crate::errors::StoreError;
 use crate::record::RunRecord;
 use crate::tokens::{StoredToken, hash_from_hex, scopes_from_text};
-use crate::writer::PendingEvent;
-
-/// One change to the store.
-#[derive(Debug, Clone)]
-pub(crate) enum StoreOp {
-    /// Insert or replace a run.
-    Put(Arc<RunRecord>),
-    /// Remove a run.
-    Delete(RunId),
-}
 
 /// The changes of one write job: committed together or not at all.
 #[derive(Clone, Copy)]
 pub(crate) struct JobChanges<'a> {
     pub(crate) ops: &'a [StoreOp],
     pub(crate) events: &'a [PendingEvent],
-}
-
-/// A change another head committed to a shared store.
-#[derive(Debug, Clone)]
-pub(crate) struct RemoteChange {
-    pub(crate) kind: EventKind,
-    pub(crate) id: RunId,
-    /// The run as stored now; `None` when it is gone.
-    pub(crate) record: Option<Arc<RunRecord>>,
 }
 
 /// What a commit did.
@@ -110,25 +100,10 @@ pub(crate) trait Store: Send {
     /// connection was lost while committing, that it is unknown).
     fn commit(&mut self, jobs: &[JobChanges<'_>]) -> Result<Committed, String>;
 
-    /// True when other heads may write the same store.
-    fn is_shared(&self) -> bool {
-        false
-    }
-
-    /// What other heads committed since the last load, commit or follow.
-    fn follow(&mut self) -> Result<Followed, String> {
-        Ok(Followed::Changes(Vec::new()))
-    }
-
-    /// Shares the heartbeats this head received, so that whichever head
-    /// sweeps leases sees them (shared stores only; never durable).
-    fn share_heartbeats(&mut self, _beats: &[(RunId, u64)]) -> Result<(), String> {
-        Ok(())
-    }
-
-    /// Every heartbeat shared by any head (shared stores only).
-    fn shared_heartbeats(&mut self) -> Result<Vec<(RunId, u64)>, String> {
-        Ok(Vec::new())
+    /// What this store can do as a store other heads share; `None` for a
+    /// store of this head's own (the default).
+    fn shared(&mut self) -> Option<&mut dyn SharedStore> {
+        None
     }
 
     /// Runs changed after `after`, in position order, at most `limit`.
@@ -149,6 +124,99 @@ pub(crate) trait Store: Send {
     /// Marks the token `id` revoked at `at_ms`, unless it already is, and
     /// answers it as stored after; `None` when no token has this id.
     fn revoke_token(&mut self, id: &str, at_ms: u64) -> Result<Option<StoredToken>, String>;
+}
+
+/// The capability of a store that several heads share (PostgreSQL only):
+/// following what the others commit, sharing heartbeats, and the sweep lock
+/// (see [`SharedStoreHandle`]).
+pub(crate) trait SharedStore {
+    /// What the rest of the head knows of this store: where it is, and
+    /// whether this head holds its sweep lock.
+    fn handle(&self) -> SharedStoreHandle;
+
+    /// The wake-ups of this store's listener, once: one each time other
+    /// heads commit and every tick (so heartbeats are shared and a missed
+    /// notification is caught up). Whoever takes them follows the store on
+    /// each; the listener stops when they are dropped.
+    fn take_wakeups(&mut self) -> Option<mpsc::Receiver<()>>;
+
+    /// What other heads committed since the last load, commit or follow.
+    fn follow(&mut self) -> Result<Followed, String>;
+
+    /// Shares the heartbeats this head received, so that whichever head
+    /// sweeps leases sees them (never durable).
+    fn share_heartbeats(&mut self, beats: &[(RunId, u64)]) -> Result<(), String>;
+
+    /// Every heartbeat shared by any head.
+    fn shared_heartbeats(&mut self) -> Result<Vec<(RunId, u64)>, String>;
+}
+
+/// A shared store as the rest of the head sees it: the one source of truth
+/// for "is the store shared", and for "does this head sweep".
+#[derive(Debug, Clone)]
+pub(crate) struct SharedStoreHandle {
+    config: PostgresConfig,
+    sweep_lock: Arc<AtomicBool>,
+    closing: Arc<AtomicBool>,
+}
+
+impl SharedStoreHandle {
+    /// A handle to the store at `config`, not yet holding the sweep lock.
+    pub(crate) fn new(config: PostgresConfig) -> Self {
+        Self { config, sweep_lock: Arc::default(), closing: Arc::default() }
+    }
+
+    /// Where the store is, for what else talks to it (the rendezvous relay).
+    #[cfg_attr(not(all(feature = "server", feature = "postgres")), allow(dead_code))]
+    pub(crate) fn config(&self) -> &PostgresConfig {
+        &self.config
+    }
+
+    /// True while this head holds the sweep lock: it sweeps leases and
+    /// retention, forwards, and owns the rendezvous groups.
+    pub(crate) fn holds_sweep_lock(&self) -> bool {
+        self.sweep_lock.load(Ordering::SeqCst)
+    }
+
+    /// The flag behind [`holds_sweep_lock`](Self::holds_sweep_lock), set
+    /// and cleared by the store's listener.
+    pub(crate) fn sweep_lock(&self) -> Arc<AtomicBool> {
+        self.sweep_lock.clone()
+    }
+
+    /// Tells the store that the head is shutting down: it stops waiting
+    /// for a database that does not answer.
+    pub(crate) fn close(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+    }
+
+    /// True once [`close`](Self::close) was called.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::SeqCst)
+    }
+}
+
+/// Opens the store `config` names: the only place that names a backend.
+/// Runs that do not load are moved aside with `quarantine`, instead of
+/// refusing the store.
+pub(crate) fn open(config: &StoreConfig, quarantine: bool) -> Result<Box<dyn Store>, StoreError> {
+    Ok(match config {
+        StoreConfig::Sqlite { path, synchronous } => {
+            Box::new(sqlite::SqliteStore::open(path, *synchronous)?.quarantining(quarantine))
+        }
+        StoreConfig::InMemory => Box::new(memory::MemoryStore::default()),
+        #[cfg(feature = "postgres")]
+        StoreConfig::Postgres(pg) => {
+            Box::new(postgres::PgStore::open(pg)?.quarantining(quarantine))
+        }
+        #[cfg(not(feature = "postgres"))]
+        StoreConfig::Postgres(_) => {
+            return Err(StoreError::Unsupported(
+                "PostgreSQL: this build lacks the `postgres` feature",
+            ));
+        }
+    })
 }
 
 /// The columns both stores keep a token in, in this order: id, name,
@@ -176,23 +244,6 @@ pub(crate) fn token_from_columns(
         created_at_ms: created_at_ms.max(0) as u64,
         revoked_at_ms: revoked_at_ms.map(|t| t.max(0) as u64),
     })
-}
-
-/// Versions of runs: 64-bit values unique to each record, random across
-/// processes, so two heads never give two records the same version.
-pub(crate) mod versions {
-    use std::hash::BuildHasher;
-    use std::sync::OnceLock;
-    use std::sync::atomic::{AtomicU64, Ordering};
-
-    /// A fresh version, never 0 (0 means "no version").
-    pub(crate) fn next() -> u64 {
-        static KEYS: OnceLock<std::collections::hash_map::RandomState> = OnceLock::new();
-        static COUNTER: AtomicU64 = AtomicU64::new(1);
-        let keys = KEYS.get_or_init(Default::default);
-        let version = keys.hash_one(COUNTER.fetch_add(1, Ordering::Relaxed));
-        version.max(1)
-    }
 }
 
 /// The event kinds by their wire names, for stores that log them.

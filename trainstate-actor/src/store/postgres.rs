@@ -32,6 +32,7 @@ use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use deadpool_postgres::GenericClient;
@@ -43,14 +44,14 @@ use trainstate_schema::RunId;
 
 use super::load::{Loaded, StoredRow, log_quarantined, parse_rows};
 use super::{
-    ChangedRun, Committed, Followed, JobChanges, Position, RemoteChange, Store, StoreOp,
+    ChangedRun, Committed, Followed, JobChanges, Position, SharedStore, SharedStoreHandle, Store,
     TOKEN_COLUMNS, event_kind, token_from_columns,
 };
+use crate::change::{RemoteChange, StoreOp};
 use crate::config::PostgresConfig;
 use crate::errors::StoreError;
 use crate::record::RunRecord;
 use crate::tokens::StoredToken;
-use crate::writer::{Job, JobQueue};
 
 /// The schema migrations, in order; `trainstate_version.version` is the
 /// number applied. Append, never edit.
@@ -164,10 +165,10 @@ pub(crate) struct PgStore {
     head: u64,
     /// The sequence number of the last commit this head has taken in.
     last_seen: u64,
-    /// Set by the listener when a follow is queued, cleared when it starts.
-    follow_queued: Arc<AtomicBool>,
-    /// The writer's queue: closed when the head shuts down.
-    jobs: JobQueue,
+    /// The sweep lock's flag, and whether the head is shutting down.
+    handle: SharedStoreHandle,
+    /// The listener's wake-ups, until the writer takes them.
+    wakeups: Option<mpsc::Receiver<()>>,
     /// Runs that do not load are moved aside instead of refusing the store.
     quarantine: bool,
 }
@@ -176,14 +177,10 @@ pub(crate) struct PgStore {
 const QUARANTINE_TABLE: &str = "trainstate_quarantined_runs";
 
 impl PgStore {
-    /// Connects, migrates, and starts the listener that wakes the writer
-    /// (through `jobs`) when other heads commit, and that holds the sweep
-    /// lock while this head sweeps (`sweeper`).
-    pub(crate) fn open(
-        config: &PostgresConfig,
-        jobs: JobQueue,
-        sweeper: Arc<AtomicBool>,
-    ) -> Result<Self, StoreError> {
+    /// Connects, migrates, and starts the listener that wakes whoever
+    /// follows this store (see [`SharedStore::take_wakeups`]) when other
+    /// heads commit, and that holds the sweep lock while this head sweeps.
+    pub(crate) fn open(config: &PostgresConfig) -> Result<Self, StoreError> {
         let url = config.redacted_url();
         let fail = |message: String| StoreError::Postgres { url: url.clone(), message };
         let pg_config = tokio_postgres::Config::from_str(&config.url)
@@ -222,18 +219,12 @@ impl PgStore {
             Ok::<_, StoreError>(row.get::<_, Option<String>>(0).unwrap_or_default())
         })?;
         let channel: String = format!("trainstate.{schema}").chars().take(63).collect();
-        let head = super::versions::next();
-        let follow_queued = Arc::new(AtomicBool::new(false));
-        let (ready, is_ready) = std::sync::mpsc::channel();
-        runtime.spawn(listen(
-            pg_config,
-            channel.clone(),
-            head,
-            jobs.clone(),
-            sweeper,
-            follow_queued.clone(),
-            ready,
-        ));
+        let head = crate::record::versions::next();
+        let handle = SharedStoreHandle::new(config.clone());
+        // One wake-up pending is enough: the follow it starts reads them all.
+        let (wake, wakeups) = mpsc::sync_channel(1);
+        let (ready, is_ready) = mpsc::channel();
+        runtime.spawn(listen(pg_config, channel.clone(), head, wake, handle.clone(), ready));
         // The first head to start sweeps from its first moment on.
         let _ = is_ready.recv_timeout(OPEN_TIMEOUT);
         tracing::info!(url = %url, schema = %schema, "PostgreSQL store open");
@@ -244,8 +235,8 @@ impl PgStore {
             channel,
             head,
             last_seen: 0,
-            follow_queued,
-            jobs,
+            handle,
+            wakeups: Some(wakeups),
             quarantine: false,
         })
     }
@@ -363,25 +354,23 @@ async fn migrate(client: &deadpool_postgres::Client, url: &str) -> Result<(), St
     }
 }
 
-/// Keeps a connection that listens for other heads' commits (waking the
-/// writer to follow them) and tries, every [`TICK`], to take the sweep
-/// lock, which it then holds for as long as the connection lives.
+/// Keeps a connection that listens for other heads' commits (waking
+/// whoever follows the store, through `wake`) and tries, every [`TICK`], to
+/// take the sweep lock, which it then holds for as long as the connection
+/// lives. Stops when the head closes or nobody takes the wake-ups any more.
 async fn listen(
     config: tokio_postgres::Config,
     channel: String,
     head: u64,
-    jobs: JobQueue,
-    sweeper: Arc<AtomicBool>,
-    follow_queued: Arc<AtomicBool>,
-    ready: std::sync::mpsc::Sender<()>,
+    wake: mpsc::SyncSender<()>,
+    store: SharedStoreHandle,
+    ready: mpsc::Sender<()>,
 ) {
-    let wake = |jobs: &JobQueue| -> bool {
-        let jobs = jobs.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(jobs) = jobs.as_ref() else { return false };
-        if !follow_queued.swap(true, Ordering::SeqCst) {
-            let _ = jobs.send(Job::Follow { heartbeats: false, reply: None });
-        }
-        true
+    let sweeper = store.sweep_lock();
+    // False once nobody follows: the listener stops.
+    let wake = || -> bool {
+        !store.is_closing()
+            && !matches!(wake.try_send(()), Err(mpsc::TrySendError::Disconnected(())))
     };
     let mine = format!("{head}:");
     let mut backoff = Duration::from_millis(100);
@@ -419,7 +408,7 @@ async fn listen(
                 }
                 let _ = ready.send(());
                 // What was committed while this head was not listening.
-                connected &= wake(&jobs);
+                connected &= wake();
                 let mut tick = tokio::time::interval(TICK);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 while connected {
@@ -429,7 +418,7 @@ async fn listen(
                                 break;
                             }
                             while notifications.try_recv().is_ok() {}
-                            connected = wake(&jobs);
+                            connected = wake();
                         }
                         _ = tick.tick() => {
                             if !sweeper.load(Ordering::SeqCst) {
@@ -439,7 +428,7 @@ async fn listen(
                                 }
                             }
                             // Shares heartbeats; follows a commit whose notification was missed.
-                            connected = wake(&jobs);
+                            connected = wake();
                         }
                     }
                 }
@@ -447,7 +436,7 @@ async fn listen(
                     tracing::warn!("lost the connection that holds the sweep lock");
                 }
                 driver.abort();
-                if jobs.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
+                if store.is_closing() {
                     return;
                 }
             }
@@ -456,7 +445,7 @@ async fn listen(
                 tracing::warn!(error = %err, "cannot connect to PostgreSQL to listen; retrying");
             }
         }
-        if jobs.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
+        if store.is_closing() {
             return;
         }
         tokio::time::sleep(backoff).await;
@@ -538,7 +527,6 @@ async fn read_runs(
 
 impl Store for PgStore {
     fn load(&mut self) -> Result<Vec<Arc<RunRecord>>, StoreError> {
-        self.follow_queued.store(false, Ordering::SeqCst);
         let pool = self.pool.clone();
         let mut warned = Instant::now() - OPEN_TIMEOUT;
         loop {
@@ -595,7 +583,7 @@ impl Store for PgStore {
                 // A database that restarts or fails over comes back: wait
                 // for it (writes meanwhile are answered Unavailable), unless
                 // the head is shutting down.
-                Err(err) if self.jobs.lock().unwrap_or_else(|e| e.into_inner()).is_some() => {
+                Err(err) if !self.handle.is_closing() => {
                     if warned.elapsed() >= Duration::from_secs(10) {
                         tracing::warn!(url = %self.url, error = %err, "cannot load from PostgreSQL; retrying");
                         warned = Instant::now();
@@ -618,83 +606,8 @@ impl Store for PgStore {
         Ok(committed)
     }
 
-    fn is_shared(&self) -> bool {
-        true
-    }
-
-    fn follow(&mut self) -> Result<Followed, String> {
-        self.follow_queued.store(false, Ordering::SeqCst);
-        let pool = self.pool.clone();
-        let last_seen = self.last_seen;
-        let (followed, seen) = self.block_on("following", async move {
-            let mut client = pool.get().await.map_err(pg)?;
-            let seq: i64 =
-                client.query_one("SELECT seq FROM trainstate_meta", &[]).await.map_err(pg)?.get(0);
-            if seq as u64 <= last_seen {
-                return Ok((Followed::Changes(Vec::new()), last_seen));
-            }
-            let tx = client
-                .build_transaction()
-                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-                .read_only(true)
-                .start()
-                .await
-                .map_err(pg)?;
-            let row = tx
-                .query_one("SELECT seq, pruned_through FROM trainstate_meta", &[])
-                .await
-                .map_err(pg)?;
-            let (seq, pruned) = (row.get::<_, i64>(0) as u64, row.get::<_, i64>(1) as u64);
-            let followed = if pruned > last_seen {
-                let rows =
-                    tx.query("SELECT version, json FROM trainstate_runs", &[]).await.map_err(pg)?;
-                let records = rows
-                    .into_iter()
-                    .map(|row| record(row.get(1), row.get(0)))
-                    .collect::<Result<Vec<_>, _>>()?;
-                Followed::Reload(records)
-            } else {
-                Followed::Changes(read_changes(&tx, last_seen, seq + 1).await?)
-            };
-            tx.commit().await.map_err(pg)?;
-            Ok((followed, seq))
-        })?;
-        self.last_seen = seen;
-        Ok(followed)
-    }
-
-    fn share_heartbeats(&mut self, beats: &[(RunId, u64)]) -> Result<(), String> {
-        let ids: Vec<&str> = beats.iter().map(|(id, _)| id.as_str()).collect();
-        let times: Vec<i64> = beats.iter().map(|(_, at)| *at as i64).collect();
-        let pool = self.pool.clone();
-        self.block_on("sharing heartbeats", async move {
-            let client = pool.get().await.map_err(pg)?;
-            client
-                .execute(
-                    "INSERT INTO trainstate_heartbeats (run_id, last_heard_ms)
-                     SELECT * FROM UNNEST($1::text[], $2::bigint[])
-                     ON CONFLICT (run_id) DO UPDATE SET last_heard_ms =
-                         GREATEST(trainstate_heartbeats.last_heard_ms, EXCLUDED.last_heard_ms)",
-                    &[&ids, &times],
-                )
-                .await
-                .map_err(pg)?;
-            Ok(())
-        })
-    }
-
-    fn shared_heartbeats(&mut self) -> Result<Vec<(RunId, u64)>, String> {
-        let pool = self.pool.clone();
-        self.block_on("reading heartbeats", async move {
-            let client = pool.get().await.map_err(pg)?;
-            let rows = client
-                .query("SELECT run_id, last_heard_ms FROM trainstate_heartbeats", &[])
-                .await
-                .map_err(pg)?;
-            rows.into_iter()
-                .map(|row| Ok((run_id(row.get(0))?, row.get::<_, i64>(1) as u64)))
-                .collect()
-        })
+    fn shared(&mut self) -> Option<&mut dyn SharedStore> {
+        Some(self)
     }
 
     fn changed_after(&mut self, after: &Position, limit: usize) -> Result<Vec<ChangedRun>, String> {
@@ -822,6 +735,90 @@ impl Store for PgStore {
                 .await
                 .map_err(pg)?;
             row.as_ref().map(token_of_row).transpose()
+        })
+    }
+}
+
+impl SharedStore for PgStore {
+    fn handle(&self) -> SharedStoreHandle {
+        self.handle.clone()
+    }
+
+    fn take_wakeups(&mut self) -> Option<mpsc::Receiver<()>> {
+        self.wakeups.take()
+    }
+
+    fn follow(&mut self) -> Result<Followed, String> {
+        let pool = self.pool.clone();
+        let last_seen = self.last_seen;
+        let (followed, seen) = self.block_on("following", async move {
+            let mut client = pool.get().await.map_err(pg)?;
+            let seq: i64 =
+                client.query_one("SELECT seq FROM trainstate_meta", &[]).await.map_err(pg)?.get(0);
+            if seq as u64 <= last_seen {
+                return Ok((Followed::Changes(Vec::new()), last_seen));
+            }
+            let tx = client
+                .build_transaction()
+                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                .read_only(true)
+                .start()
+                .await
+                .map_err(pg)?;
+            let row = tx
+                .query_one("SELECT seq, pruned_through FROM trainstate_meta", &[])
+                .await
+                .map_err(pg)?;
+            let (seq, pruned) = (row.get::<_, i64>(0) as u64, row.get::<_, i64>(1) as u64);
+            let followed = if pruned > last_seen {
+                let rows =
+                    tx.query("SELECT version, json FROM trainstate_runs", &[]).await.map_err(pg)?;
+                let records = rows
+                    .into_iter()
+                    .map(|row| record(row.get(1), row.get(0)))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Followed::Reload(records)
+            } else {
+                Followed::Changes(read_changes(&tx, last_seen, seq + 1).await?)
+            };
+            tx.commit().await.map_err(pg)?;
+            Ok((followed, seq))
+        })?;
+        self.last_seen = seen;
+        Ok(followed)
+    }
+
+    fn share_heartbeats(&mut self, beats: &[(RunId, u64)]) -> Result<(), String> {
+        let ids: Vec<&str> = beats.iter().map(|(id, _)| id.as_str()).collect();
+        let times: Vec<i64> = beats.iter().map(|(_, at)| *at as i64).collect();
+        let pool = self.pool.clone();
+        self.block_on("sharing heartbeats", async move {
+            let client = pool.get().await.map_err(pg)?;
+            client
+                .execute(
+                    "INSERT INTO trainstate_heartbeats (run_id, last_heard_ms)
+                     SELECT * FROM UNNEST($1::text[], $2::bigint[])
+                     ON CONFLICT (run_id) DO UPDATE SET last_heard_ms =
+                         GREATEST(trainstate_heartbeats.last_heard_ms, EXCLUDED.last_heard_ms)",
+                    &[&ids, &times],
+                )
+                .await
+                .map_err(pg)?;
+            Ok(())
+        })
+    }
+
+    fn shared_heartbeats(&mut self) -> Result<Vec<(RunId, u64)>, String> {
+        let pool = self.pool.clone();
+        self.block_on("reading heartbeats", async move {
+            let client = pool.get().await.map_err(pg)?;
+            let rows = client
+                .query("SELECT run_id, last_heard_ms FROM trainstate_heartbeats", &[])
+                .await
+                .map_err(pg)?;
+            rows.into_iter()
+                .map(|row| Ok((run_id(row.get(0))?, row.get::<_, i64>(1) as u64)))
+                .collect()
         })
     }
 }

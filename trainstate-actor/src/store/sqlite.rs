@@ -8,8 +8,9 @@ use trainstate_schema::{ActorStatus, TrainRunInfo};
 
 use super::load::{Loaded, StoredRow, log_quarantined, parse_rows};
 use super::{
-    ChangedRun, Committed, JobChanges, Position, Store, StoreOp, TOKEN_COLUMNS, token_from_columns,
+    ChangedRun, Committed, JobChanges, Position, Store, TOKEN_COLUMNS, token_from_columns,
 };
+use crate::change::StoreOp;
 use crate::config::Synchronous;
 use crate::errors::StoreError;
 use crate::record::RunRecord;

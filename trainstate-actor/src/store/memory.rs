@@ -1,0 +1,72 @@
+//! The in-memory store: runs and tokens live as long as the process. A
+//! head that restarts its actor loads them back from here, as from a
+//! durable store; nothing survives the process.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use trainstate_schema::RunId;
+
+use super::{ChangedRun, Committed, JobChanges, Position, Store};
+use crate::change::StoreOp;
+use crate::errors::StoreError;
+use crate::record::RunRecord;
+use crate::tokens::StoredToken;
+
+/// Why an in-memory store cannot be forwarded from.
+const NO_POSITIONS: &str = "an in-memory store keeps no positions to forward from";
+
+/// A store of this head's own, in memory only.
+#[derive(Debug, Default)]
+pub(crate) struct MemoryStore {
+    runs: HashMap<RunId, Arc<RunRecord>>,
+    tokens: Vec<StoredToken>,
+}
+
+impl Store for MemoryStore {
+    fn load(&mut self) -> Result<Vec<Arc<RunRecord>>, StoreError> {
+        Ok(self.runs.values().cloned().collect())
+    }
+
+    fn commit(&mut self, jobs: &[JobChanges<'_>]) -> Result<Committed, String> {
+        for op in jobs.iter().flat_map(|job| job.ops) {
+            match op {
+                StoreOp::Put(record) => {
+                    self.runs.insert(record.id.clone(), record.clone());
+                }
+                StoreOp::Delete(id) => {
+                    self.runs.remove(id);
+                }
+            }
+        }
+        Ok(Committed::default())
+    }
+
+    fn changed_after(&mut self, _: &Position, _: usize) -> Result<Vec<ChangedRun>, String> {
+        Err(NO_POSITIONS.into())
+    }
+
+    fn forward_position(&mut self, _: &str) -> Result<Position, String> {
+        Err(NO_POSITIONS.into())
+    }
+
+    fn save_forward_position(&mut self, _: &str, _: &Position) -> Result<(), String> {
+        Err(NO_POSITIONS.into())
+    }
+
+    fn tokens(&mut self) -> Result<Vec<StoredToken>, String> {
+        Ok(self.tokens.clone())
+    }
+
+    fn insert_token(&mut self, token: &StoredToken) -> Result<(), String> {
+        self.tokens.push(token.clone());
+        Ok(())
+    }
+
+    fn revoke_token(&mut self, id: &str, at_ms: u64) -> Result<Option<StoredToken>, String> {
+        Ok(self.tokens.iter_mut().find(|t| t.id == id).map(|token| {
+            token.revoked_at_ms.get_or_insert(at_ms);
+            token.clone()
+        }))
+    }
+}
