@@ -183,7 +183,7 @@ async fn regression_a_body_that_stops_sending_is_cut_off_with_408_and_its_bytes_
     let url = format!("{}/api/train/runs", server.url);
     // 64 KiB free of the budget, then 700 KiB charged to it, then nothing.
     let mut stalled = upload(&server, "/api/train/runs", 2 << 20, (64 + 700) << 10).await;
-    let (status, body) = tokio::time::timeout(HANG, crate::hardening::read_answer(&mut stalled))
+    let (status, body) = tokio::time::timeout(HANG, crate::http_guards::read_answer(&mut stalled))
         .await
         .expect("the head must cut off a body that sends nothing")
         .expect("an answer before the connection closes");

@@ -1,7 +1,7 @@
-//! Regression tests of issue 10's event-stream and slow-reader findings
-//! (items 4, 8, 3's backlog and 6's slow readers; see docs/reliability.md).
-//! Every answer is checked against the served OpenAPI document; every wait
-//! is on a condition, with a deadline that only ends a hung test.
+//! The live event stream and slow readers: subscribers that never read,
+//! snapshots beside writers, lagged subscribers, event ids that name their
+//! stream, and the bounds on what a slow reader may pin (items 4, 8, 3's
+//! backlog and 6's slow readers of docs/reliability.md).
 
 use std::collections::HashSet;
 use std::time::Duration;

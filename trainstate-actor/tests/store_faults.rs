@@ -1,6 +1,6 @@
-//! Regression tests of issue 10's store findings (items 1 and 15): a full
-//! disk, a head whose state actor is given up on, damaged stores. Each test
-//! is named after what it pins (see docs/reliability.md).
+//! A store in trouble (items 1 and 15 of docs/reliability.md): a full
+//! disk, failed commits, a head whose state actor is given up on, damaged
+//! stores, backups.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
