@@ -155,7 +155,7 @@ pub(crate) fn without_heartbeat(mut run: Value) -> Value {
 /// Starts a burst of writes, stops the head with `signal` once some are
 /// acknowledged, restarts it, and checks every acknowledged run.
 async fn every_acknowledged_write_survives(signal: &str, store: Store) {
-    let Some(fresh) = store.fresh("burst").await else { return };
+    let fresh = store.fresh("burst").await;
     let dir = fresh.dir();
     let store_args: Vec<&str> = fresh.url().map(|url| vec!["--store", url]).unwrap_or_default();
     let mut head = Head::start(dir, &store_args).unwrap();
