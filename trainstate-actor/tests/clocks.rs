@@ -11,9 +11,9 @@ use trainstate_actor::{ManualClock, StateConfig, launch_state_actor};
 use trainstate_client::Join;
 use trainstate_schema::{RunId, RunStatus};
 
+use crate::common::start_head;
 use crate::common::{run_with, unique_name, workers};
 use crate::contract::{check_answer, send_json as send};
-use crate::process::Head;
 
 const T0: u64 = 1_760_000_000_000;
 
@@ -41,7 +41,7 @@ fn regression_a_frozen_head_keeps_its_healthy_runs_alive() {
     const LEASE: Duration = Duration::from_secs(2);
     const FROZEN: Duration = Duration::from_secs(10);
     let dir = tempfile::tempdir().unwrap();
-    let head = Head::start(dir.path(), &["--lease", "2s"]).unwrap();
+    let head = start_head(dir.path(), &["--lease", "2s"]).unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let client = Client::builder().timeout(HANG).build().unwrap();
     let base = head.url.clone();

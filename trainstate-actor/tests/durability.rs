@@ -11,7 +11,7 @@ use trainstate_actor::{Faults, launch_state_actor};
 use trainstate_client::{RunQuery, StateError, StatusUpdate};
 use trainstate_schema::RunId;
 
-use crate::common::{run, wait_until};
+use crate::common::{eventually, run};
 use crate::stores::on_both_stores;
 
 const T0: u64 = 1_760_000_000_000;
@@ -93,9 +93,7 @@ on_both_stores! {
                 tokio::spawn(async move { state.register(run(&format!("g{i}"), T0 + i)).await })
             })
             .collect();
-        wait_until("100 writes in flight", Duration::from_secs(20), || {
-            service.in_flight_writes() == 100
-        })
+        eventually("100 writes in flight", Duration::from_secs(20), || std::future::ready(service.in_flight_writes() == 100))
         .await;
         faults.release_writer();
         for task in tasks {
@@ -123,7 +121,7 @@ on_both_stores! {
                 tokio::spawn(async move { state.register(run(&format!("o{i}"), T0 + i)).await })
             })
             .collect();
-        wait_until("5 writes in flight", Duration::from_secs(20), || service.in_flight_writes() == 5)
+        eventually("5 writes in flight", Duration::from_secs(20), || std::future::ready(service.in_flight_writes() == 5))
             .await;
         let refused = run("one too many", T0 + 9);
         let refused_id = refused.id().clone();

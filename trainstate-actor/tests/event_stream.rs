@@ -14,9 +14,9 @@ use trainstate_actor::StateConfig;
 use trainstate_actor::http::HttpConfig;
 use trainstate_schema::{RunId, RunStatus, TrainRunInfo};
 
+use crate::common::start_head;
 use crate::common::{Server, run_with, unique_name};
 use crate::contract::{check_event, send};
-use crate::process::Head;
 
 const T0: u64 = 1_760_000_000_000;
 
@@ -217,10 +217,10 @@ async fn regression_subscribers_that_never_read_pin_memory_independent_of_the_st
         service.shutdown().await;
     }
     assert!(store_bytes > 16 << 20, "a store of {store_bytes} bytes");
-    let head = Head::start(dir.path(), &[]).unwrap();
+    let head = start_head(dir.path(), &[]).unwrap();
     let base = head.url.clone();
     let client = Client::new();
-    let before = resident_bytes(head.child.id());
+    let before = resident_bytes(head.pid());
 
     let mut sockets = Vec::new();
     for _ in 0..SUBSCRIBERS {
@@ -246,7 +246,7 @@ async fn regression_subscribers_that_never_read_pin_memory_independent_of_the_st
     );
     // The head still answers, and a write is committed while they are stuck.
     register(&client, &base, &small_run(10_000)).await;
-    let after = resident_bytes(head.child.id());
+    let after = resident_bytes(head.pid());
     let grown = after.saturating_sub(before);
     // Allocator slack and the connections' own buffers: 64 MiB.
     let bound = SUBSCRIBERS * PER_SUBSCRIBER + (64 << 20);
@@ -357,8 +357,8 @@ async fn regression_a_lagged_subscriber_gets_a_snapshot_then_only_later_events()
         let state = state.clone();
         writes.push(tokio::spawn(async move { state.register(run).await }));
         let service = server.service.clone();
-        crate::common::wait_until("the write to be queued", DEADLINE, move || {
-            service.in_flight_writes() == i
+        crate::common::eventually("the write to be queued", DEADLINE, move || {
+            std::future::ready(service.in_flight_writes() == i)
         })
         .await;
     }
@@ -414,7 +414,7 @@ async fn regression_a_lagged_subscriber_gets_a_snapshot_then_only_later_events()
 async fn regression_an_event_id_from_another_head_is_answered_with_a_snapshot() {
     let dir = tempfile::tempdir().unwrap();
     let client = Client::new();
-    let mut earlier = Head::start(dir.path(), &[]).unwrap();
+    let mut earlier = start_head(dir.path(), &[]).unwrap();
     register(&client, &earlier.url, &small_run(0)).await;
     let mut reader = SseReader::open(&earlier.url, None).await;
     let old_id = reader.next().await.id;
@@ -423,7 +423,7 @@ async fn regression_an_event_id_from_another_head_is_answered_with_a_snapshot() 
     assert!(earlier.wait().success());
     drop(earlier);
 
-    let later = Head::start(dir.path(), &[]).unwrap();
+    let later = start_head(dir.path(), &[]).unwrap();
     for i in 1..=3 {
         register(&client, &later.url, &small_run(i)).await;
     }
@@ -466,8 +466,8 @@ async fn regression_an_event_id_resumed_on_another_head_of_a_shared_store_gets_a
     let fresh = crate::stores::Store::Postgres.fresh("ids_two_heads").await;
     let url = fresh.url().unwrap().to_owned();
     let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let a = Head::start(dir_a.path(), &["--store", &url]).unwrap();
-    let b = Head::start(dir_b.path(), &["--store", &url]).unwrap();
+    let a = start_head(dir_a.path(), &["--store", &url]).unwrap();
+    let b = start_head(dir_b.path(), &["--store", &url]).unwrap();
     let client = Client::new();
     let register_through_both = async |range: std::ops::Range<usize>| {
         let mut ids = HashSet::new();
@@ -643,12 +643,12 @@ fn regression_event_and_answer_bound_flags_are_checked_before_listening() {
         (&["--max-answer-bytes", "4294967296"][..], "--max-answer-bytes"),
         (&["--event-backlog", "0"][..], "--event-backlog"),
     ] {
-        let refused = Head::start(dir.path(), flags)
+        let refused = start_head(dir.path(), flags)
             .err()
             .unwrap_or_else(|| panic!("{flags:?} must be refused before `listening on`"));
         assert!(refused.contains(named), "{flags:?}: {refused}");
     }
-    Head::start(
+    start_head(
         dir.path(),
         &["--max-answer-bytes", "4294967295", "--event-backlog", "1", "--event-backlog-bytes", "0"],
     )

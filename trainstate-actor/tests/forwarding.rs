@@ -13,9 +13,10 @@ use trainstate_actor::{ManualClock, launch_state_actor};
 use trainstate_client::RunQuery;
 use trainstate_schema::{RunId, RunStatus, TrainRunInfo};
 
+use crate::common::start_head;
 use crate::common::{Server, run, run_with};
 use crate::contract::send;
-use crate::process::{Head, without_heartbeat};
+use crate::process::without_heartbeat;
 use crate::stores::on_both_stores;
 
 const T0: u64 = 1_760_000_000_000;
@@ -201,14 +202,14 @@ on_both_stores! {
         if let Some(url) = fresh.url() {
             hub_args.extend(["--store", url]);
         }
-        let mut hub = Head::start(&hub_dir, &hub_args).unwrap();
+        let mut hub = start_head(&hub_dir, &hub_args).unwrap();
         let hub_listen = format!("127.0.0.1:{}", hub.port());
         let hub_url = hub.url.clone();
         let head_dir = tempfile::tempdir().unwrap();
         let head_args = [
             "--cluster", "c1", "--forward-to", &hub_url, "--forward-token-file", &token,
         ];
-        let mut head = Head::start(head_dir.path(), &head_args).unwrap();
+        let mut head = start_head(head_dir.path(), &head_args).unwrap();
         let http = Client::new();
 
         write_runs(&http, &head.url, 0, 20).await;
@@ -224,11 +225,11 @@ on_both_stores! {
         }
         head.signal("-KILL");
         head.wait();
-        let head = Head::start(head_dir.path(), &head_args).unwrap();
+        let head = start_head(head_dir.path(), &head_args).unwrap();
         write_runs(&http, &head.url, 50, 10).await;
 
         // Back on its address: everything arrives, once, as the head has it.
-        let _hub = Head::start_with(&hub_dir, &hub_listen, &hub_args).unwrap();
+        let _hub = crate::common::serve(&hub_dir).listen(&hub_listen).args(&hub_args).start().unwrap();
         wait_until_forwarded(&http, &head.url, &hub_url).await;
         assert_eq!(runs_of(&http, &hub_url, Some("c1")).await.len(), 60);
 

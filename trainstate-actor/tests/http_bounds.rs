@@ -15,7 +15,7 @@ use trainstate_actor::http::HttpConfig;
 use trainstate_actor::{ManualClock, StateConfig};
 use trainstate_schema::RunId;
 
-use crate::common::{Server, run_with, unique_name, wait_until, workers};
+use crate::common::{Server, eventually, run_with, unique_name, workers};
 use crate::contract::{check_answer, send};
 
 const T0: u64 = 1_760_000_000_000;
@@ -252,8 +252,8 @@ async fn regression_one_client_reopening_700_half_sent_connections_does_not_hold
     });
     // The head closes the connections over the limit at once (no timeout
     // could), and the client re-opens them.
-    wait_until("the head to close a connection over the per-client limit", HANG, || {
-        reopened.load(Ordering::SeqCst) >= 700
+    eventually("the head to close a connection over the per-client limit", HANG, || {
+        std::future::ready(reopened.load(Ordering::SeqCst) >= 700)
     })
     .await;
 
@@ -270,8 +270,8 @@ async fn regression_one_client_reopening_700_half_sent_connections_does_not_hold
     // The slowloris was still at it when the answer came.
     let at_answer = reopened.load(Ordering::SeqCst);
     assert!(!slowloris.is_finished(), "the slowloris ended before the answer");
-    wait_until("the slowloris to go on after the answer", HANG, || {
-        reopened.load(Ordering::SeqCst) > at_answer
+    eventually("the slowloris to go on after the answer", HANG, || {
+        std::future::ready(reopened.load(Ordering::SeqCst) > at_answer)
     })
     .await;
     stop.store(true, Ordering::SeqCst);

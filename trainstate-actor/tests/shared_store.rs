@@ -15,9 +15,10 @@ use trainstate_actor::{ManualClock, StateService, launch_state_actor};
 use trainstate_client::{EventKind, RunDocument, StateError, StatusUpdate};
 use trainstate_schema::{CauseKind, RunId, RunStatus};
 
+use crate::common::{eventually, start_head};
 use crate::common::{run, run_with, unique_name};
 use crate::contract::check_answer;
-use crate::process::{Head, without_heartbeat};
+use crate::process::without_heartbeat;
 use crate::stores::{Fresh, Store};
 
 const T0: u64 = 1_760_000_000_000;
@@ -39,19 +40,6 @@ async fn two_heads(
     let a = launch_state_actor(config("a")).await.unwrap();
     let b = launch_state_actor(config("b")).await.unwrap();
     (a, b, fresh)
-}
-
-/// Polls `check` until it holds, or fails after `deadline`.
-async fn eventually<F: std::future::Future<Output = bool>>(
-    what: &str,
-    deadline: Duration,
-    mut check: impl FnMut() -> F,
-) {
-    let until = Instant::now() + deadline;
-    while !check().await {
-        assert!(Instant::now() < until, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 /// Retries a write while it is refused as decided on a stale version.
@@ -275,8 +263,8 @@ async fn killing_one_of_two_heads_mid_burst_loses_no_acknowledged_write() {
     let fresh = Store::Postgres.fresh("ha").await;
     let url = fresh.url().unwrap().to_owned();
     let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let mut a = Head::start(dir_a.path(), &["--store", &url]).unwrap();
-    let b = Head::start(dir_b.path(), &["--store", &url]).unwrap();
+    let mut a = start_head(dir_a.path(), &["--store", &url]).unwrap();
+    let b = start_head(dir_b.path(), &["--store", &url]).unwrap();
     let (dead, stop) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
     let acknowledged = Arc::new(Mutex::new(HashMap::new()));
     let count = Arc::new(AtomicUsize::new(0));
@@ -416,8 +404,8 @@ async fn regression_ranks_whose_requests_reach_different_heads_form_one_group_an
     let fresh = Store::Postgres.fresh("rdv").await;
     let url = fresh.url().unwrap().to_owned();
     let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let a = Head::start(dir_a.path(), &["--store", &url, "--lease", "8s"]).unwrap();
-    let b = Head::start(dir_b.path(), &["--store", &url, "--lease", "8s"]).unwrap();
+    let a = start_head(dir_a.path(), &["--store", &url, "--lease", "8s"]).unwrap();
+    let b = start_head(dir_b.path(), &["--store", &url, "--lease", "8s"]).unwrap();
     let heads = [a.url.clone(), b.url.clone()];
     let http = reqwest::Client::new();
     let group = crate::common::workers(2, 1, "rdv-");
@@ -521,8 +509,8 @@ async fn a_runs_ranks_go_on_through_the_surviving_head_when_the_other_is_killed(
     let fresh = Store::Postgres.fresh("rdv-kill").await;
     let url = fresh.url().unwrap().to_owned();
     let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let mut a = Head::start(dir_a.path(), &["--store", &url, "--lease", "30s"]).unwrap();
-    let b = Head::start(dir_b.path(), &["--store", &url, "--lease", "30s"]).unwrap();
+    let mut a = start_head(dir_a.path(), &["--store", &url, "--lease", "30s"]).unwrap();
+    let b = start_head(dir_b.path(), &["--store", &url, "--lease", "30s"]).unwrap();
     let http = reqwest::Client::new();
     let group = crate::common::workers(2, 1, "kill-");
     let join = |rank: usize| {
