@@ -3,8 +3,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use trainstate_schema::TrainRunInfo;
-pub(crate) use trainstate_testkit::runs::{run, run_with, workers};
-pub(crate) use trainstate_testkit::{Head, Serve, eventually};
+pub(crate) use trainstate_testkit::runs::{numbered, run, run_with, workers};
+pub(crate) use trainstate_testkit::{Head, Serve, eventually, fill};
 
 /// A registry name of its own for each test: tests share one process (and
 /// its actor registry) under `cargo test`.

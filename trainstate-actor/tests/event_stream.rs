@@ -14,8 +14,7 @@ use trainstate_actor::StateConfig;
 use trainstate_actor::http::HttpConfig;
 use trainstate_schema::{RunId, RunStatus, TrainRunInfo};
 
-use crate::common::start_head;
-use crate::common::{Server, run_with, unique_name};
+use crate::common::{Server, fill, run_with, start_head, unique_name};
 use crate::contract::{check_event, send};
 
 const T0: u64 = 1_760_000_000_000;
@@ -209,11 +208,9 @@ async fn regression_subscribers_that_never_read_pin_memory_independent_of_the_st
             .with_name(unique_name("storm"))
             .with_synchronous(trainstate_actor::Synchronous::Normal);
         let service = trainstate_actor::launch_state_actor(config).await.unwrap();
-        for i in 0..240 {
-            let run = big_run(i);
-            store_bytes += serde_json::to_vec(&run).unwrap().len();
-            service.handle().register(run).await.unwrap();
-        }
+        let runs: Vec<TrainRunInfo> = (0..240).map(big_run).collect();
+        store_bytes += runs.iter().map(|run| serde_json::to_vec(run).unwrap().len()).sum::<usize>();
+        fill(&service.handle(), runs).await.unwrap();
         service.shutdown().await;
     }
     assert!(store_bytes > 16 << 20, "a store of {store_bytes} bytes");

@@ -15,7 +15,7 @@ use trainstate_actor::http::{HttpConfig, load_channel, serve_while_loading};
 use trainstate_actor::{StateConfig, launch_state_actor};
 use trainstate_schema::RunId;
 
-use crate::common::{Head, run_with, serve, unique_name};
+use crate::common::{Head, fill, numbered, run_with, serve, unique_name};
 use crate::contract::check_answer;
 
 const T0: u64 = 1_760_000_000_000;
@@ -71,16 +71,7 @@ async fn store_runs(dir: &Path, count: u64) -> Vec<RunId> {
     let config =
         StateConfig::sqlite(dir.join("trainstate.db")).with_name(unique_name("loading.store"));
     let service = launch_state_actor(config).await.unwrap();
-    let mut ids = Vec::new();
-    for i in 0..count {
-        let id = RunId::new_v7();
-        service
-            .handle()
-            .register(run_with(&id, &format!("r{i}"), "load", T0 + i, 4))
-            .await
-            .unwrap();
-        ids.push(id);
-    }
+    let ids = fill(&service.handle(), numbered(count, "r", "load", T0, 4)).await.unwrap();
     service.shutdown().await;
     ids
 }
