@@ -4,29 +4,16 @@
 
 use trainstate_client::{Join, RankEnd, StateError};
 use trainstate_schema::api::{JoinRequest, RankEndRequest};
-use trainstate_schema::{
-    ActorStatus, CauseKind, Resources, RunStatus, TrainWorkerInfo, TrainWorkerInfoDraft,
-};
+use trainstate_schema::{CauseKind, RunStatus, TrainWorkerInfo, TrainWorkerInfoDraft};
 
 const T0: u64 = 1_760_000_000_000;
 
 /// A change to a request that breaks one rule.
 type Change<T> = fn(&mut T);
 
+/// Rank `rank` of a group of four on one node.
 fn worker(rank: u32) -> TrainWorkerInfoDraft {
-    TrainWorkerInfoDraft {
-        actor_id: format!("actor{rank}"),
-        world_rank: rank,
-        local_rank: rank,
-        node_rank: 0,
-        node_id: "node0".into(),
-        node_ip: "10.0.0.1".into(),
-        pid: 1000 + rank,
-        gpu_ids: vec![rank],
-        status: ActorStatus::Alive,
-        resources: Resources::from_iter([("CPU", 1.0), ("GPU", 1.0)]),
-        worker_log_file_path: None,
-    }
+    trainstate_testkit::runs::workers(4, 4, "").swap_remove(rank as usize).into_draft()
 }
 
 fn join_request() -> JoinRequest {
