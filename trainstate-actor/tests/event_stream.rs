@@ -14,7 +14,7 @@ use trainstate_actor::StateConfig;
 use trainstate_actor::http::HttpConfig;
 use trainstate_schema::{RunId, RunStatus, TrainRunInfo};
 
-use crate::common::{Server, fill, run_with, start_head, unique_name};
+use crate::common::{Server, eventually, fill, run_with, start_head, unique_name};
 use crate::contract::{check_event, send};
 
 const T0: u64 = 1_760_000_000_000;
@@ -125,18 +125,12 @@ async fn wait_for_metric(
     what: &str,
     condition: impl Fn(u64) -> bool,
 ) -> u64 {
-    let until = std::time::Instant::now() + DEADLINE;
-    loop {
+    let what = format!("{what} ({name})");
+    eventually(&what, DEADLINE, || async {
         let value = metric(base, name).await;
-        if condition(value) {
-            return value;
-        }
-        assert!(
-            std::time::Instant::now() < until,
-            "timed out waiting for {what} ({name} = {value})"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        condition(value).then_some(value)
+    })
+    .await
 }
 
 /// A small live run with a fresh id.

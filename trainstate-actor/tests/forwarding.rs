@@ -13,8 +13,7 @@ use trainstate_actor::{ManualClock, launch_state_actor};
 use trainstate_client::RunQuery;
 use trainstate_schema::{RunId, RunStatus, TrainRunInfo};
 
-use crate::common::start_head;
-use crate::common::{Server, run, run_with};
+use crate::common::{Server, eventually, run, run_with, start_head};
 use crate::contract::send;
 use crate::process::without_heartbeat;
 use crate::stores::on_both_stores;
@@ -313,15 +312,11 @@ async fn wait_for_metric(
     name: &str,
     condition: impl Fn(f64) -> bool,
 ) -> f64 {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    eventually(name, Duration::from_secs(60), || async {
         let value = metric(http, base, name).await;
-        if condition(value) {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting on {name} (now {value})");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        condition(value).then_some(value)
+    })
+    .await
 }
 
 /// Finding 11 of round two (forwarding): a head that forwards showed

@@ -61,15 +61,12 @@ async fn metric(server: &Server, name: &str) -> i64 {
 
 /// Waits until `/metrics` says `name` is `want` (or more, with `at_least`).
 pub(crate) async fn wait_for_metric(server: &Server, name: &str, want: i64, at_least: bool) {
-    let until = Instant::now() + HANG;
-    loop {
+    let what = format!("{name} to be {want}{}", if at_least { " or more" } else { "" });
+    eventually(&what, HANG, || async {
         let value = metric(server, name).await;
-        if value == want || (at_least && value > want) {
-            return;
-        }
-        assert!(Instant::now() < until, "{name} stayed {value}, not {want}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+        value == want || (at_least && value > want)
+    })
+    .await;
 }
 
 /// A registration of about `bytes` of JSON.
