@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{Value, json};
@@ -15,7 +15,7 @@ use trainstate_actor::http::{HttpConfig, load_channel, serve_while_loading};
 use trainstate_actor::{StateConfig, launch_state_actor};
 use trainstate_schema::RunId;
 
-use crate::common::{Head, fill, numbered, run_with, serve, unique_name};
+use crate::common::{Head, eventually, fill, numbered, run_with, serve, unique_name};
 use crate::contract::check_answer;
 
 const T0: u64 = 1_760_000_000_000;
@@ -108,11 +108,7 @@ async fn loaded(client: &Client, head: &str) -> bool {
 
 /// Polls `/healthz` until it says `loaded: true`.
 async fn wait_until_loaded(client: &Client, head: &str) {
-    let deadline = Instant::now() + HANG;
-    while !loaded(client, head).await {
-        assert!(Instant::now() < deadline, "never loaded");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually("the stored runs to be loaded", HANG, || loaded(client, head)).await;
 }
 
 /// Issue 15: `/healthz` answers 200 with `"loaded": false` while the

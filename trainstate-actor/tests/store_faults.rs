@@ -16,7 +16,7 @@ use trainstate_client::{StateError, StatusUpdate};
 use trainstate_schema::RunId;
 
 use crate::common::{Head, eventually, run, run_with, serve};
-use crate::contract::check_answer;
+use crate::contract::send_json as send;
 use crate::process::without_heartbeat;
 use crate::stores::on_both_stores;
 
@@ -34,33 +34,12 @@ fn start(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Result<Head, (Exit
         .map_err(|refused| (refused.status, refused.log))
 }
 
-/// Sends a request, checks the answer against the served OpenAPI document,
-/// and returns its status and JSON body.
-async fn send(
-    client: &Client,
-    method: Method,
-    url: &str,
-    body: Option<Value>,
-) -> (StatusCode, Value) {
-    let mut request = client.request(method.clone(), url);
-    if let Some(body) = body {
-        request = request
-            .header("content-type", "application/json")
-            .body(serde_json::to_vec(&body).unwrap());
-    }
-    let response = request.send().await.unwrap();
-    let status = response.status();
-    let bytes = response.bytes().await.unwrap();
-    check_answer(&method, url, status, &bytes);
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
-}
-
 async fn register(client: &Client, head: &str, name: &str, i: u64) -> (StatusCode, Value, RunId) {
     let id = RunId::new_v7();
     let run = run_with(&id, name, "disk", T0 + i, 8);
     let url = format!("{head}/api/train/runs");
     let (status, body) =
-        send(client, Method::POST, &url, Some(serde_json::to_value(&run).unwrap())).await;
+        send(client, Method::POST, &url, Some(&serde_json::to_value(&run).unwrap())).await;
     (status, body, id)
 }
 
