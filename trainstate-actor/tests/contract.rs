@@ -123,6 +123,18 @@ pub(crate) async fn send(
     (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
 }
 
+/// Sends a request with an optional JSON body and checks its answer
+/// against the document; returns the status and the body.
+pub(crate) async fn send_json(
+    client: &Client,
+    method: Method,
+    url: &str,
+    body: Option<&Value>,
+) -> (StatusCode, Value) {
+    let body = body.map(|body| ("application/json", body.to_string().into_bytes()));
+    send(client, method, url, body, None).await
+}
+
 /// A concrete path for a documented template.
 fn concrete(template: &str) -> String {
     template

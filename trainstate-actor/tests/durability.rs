@@ -11,7 +11,7 @@ use trainstate_actor::{Faults, launch_state_actor};
 use trainstate_client::{RunQuery, StateError, StatusUpdate};
 use trainstate_schema::RunId;
 
-use crate::common::{run, wait_until};
+use crate::common::{eventually, run};
 use crate::stores::on_both_stores;
 
 const T0: u64 = 1_760_000_000_000;
@@ -23,7 +23,7 @@ async fn all_json(state: &trainstate_client::StateHandle) -> Vec<String> {
 
 on_both_stores! {
     async fn restart_from_the_store_returns_identical_runs(store) {
-        let Some(fresh) = store.fresh("restart_from_the_sto").await else { return };
+        let fresh = store.fresh("restart_from_the_sto").await;
         let service = launch_state_actor(fresh.config()).await.unwrap();
         // A deadline that only ends a hung test: a busy machine is no failure.
         let state = service.handle().with_timeout(Duration::from_secs(30));
@@ -45,7 +45,7 @@ on_both_stores! {
     }
 
     async fn injected_panic_loses_nothing_acknowledged_and_handles_keep_working(store) {
-        let Some(fresh) = store.fresh("injected_panic_loses").await else { return };
+        let fresh = store.fresh("injected_panic_loses").await;
         let faults = Arc::new(Faults::default());
         let service =
             launch_state_actor(fresh.config().with_faults(faults.clone())).await.unwrap();
@@ -76,7 +76,7 @@ on_both_stores! {
     }
 
     async fn writes_that_arrive_together_are_committed_together(store) {
-        let Some(fresh) = store.fresh("writes_that_arrive_t").await else { return };
+        let fresh = store.fresh("writes_that_arrive_t").await;
         let faults = Arc::new(Faults::default());
         let service =
             launch_state_actor(fresh.config().with_faults(faults.clone())).await.unwrap();
@@ -93,9 +93,7 @@ on_both_stores! {
                 tokio::spawn(async move { state.register(run(&format!("g{i}"), T0 + i)).await })
             })
             .collect();
-        wait_until("100 writes in flight", Duration::from_secs(20), || {
-            service.in_flight_writes() == 100
-        })
+        eventually("100 writes in flight", Duration::from_secs(20), || std::future::ready(service.in_flight_writes() == 100))
         .await;
         faults.release_writer();
         for task in tasks {
@@ -108,7 +106,7 @@ on_both_stores! {
     }
 
     async fn writes_past_the_in_flight_bound_are_refused_as_overloaded(store) {
-        let Some(fresh) = store.fresh("writes_past_the_in_f").await else { return };
+        let fresh = store.fresh("writes_past_the_in_f").await;
         let faults = Arc::new(Faults::default());
         let config = fresh
             .config()
@@ -123,7 +121,7 @@ on_both_stores! {
                 tokio::spawn(async move { state.register(run(&format!("o{i}"), T0 + i)).await })
             })
             .collect();
-        wait_until("5 writes in flight", Duration::from_secs(20), || service.in_flight_writes() == 5)
+        eventually("5 writes in flight", Duration::from_secs(20), || std::future::ready(service.in_flight_writes() == 5))
             .await;
         let refused = run("one too many", T0 + 9);
         let refused_id = refused.id().clone();
@@ -141,7 +139,7 @@ on_both_stores! {
     }
 
     async fn shutdown_commits_queued_writes_first(store) {
-        let Some(fresh) = store.fresh("shutdown_commits_que").await else { return };
+        let fresh = store.fresh("shutdown_commits_que").await;
         let service = launch_state_actor(fresh.config()).await.unwrap();
         let state = service.handle().with_timeout(Duration::from_secs(30));
         let ids: Vec<RunId> = (0..200).map(|_| RunId::new_v7()).collect();
@@ -188,7 +186,7 @@ on_both_stores! {
     }
 
     async fn a_failed_commit_answers_unavailable_and_costs_no_restart(store) {
-        let Some(fresh) = store.fresh("a_failed_commit_answ").await else { return };
+        let fresh = store.fresh("a_failed_commit_answ").await;
         let faults = Arc::new(Faults::default());
         let service = launch_state_actor(fresh.config().with_faults(faults.clone()))
             .await
@@ -221,7 +219,7 @@ on_both_stores! {
     }
 
     async fn a_store_written_by_a_newer_version_is_refused_clearly(store) {
-        let Some(fresh) = store.fresh("newer").await else { return };
+        let fresh = store.fresh("newer").await;
         match fresh.url() {
             None => {
                 let conn = rusqlite::Connection::open(fresh.sqlite_path()).unwrap();

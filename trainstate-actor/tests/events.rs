@@ -75,7 +75,7 @@ impl SseReader {
 
 on_both_stores! {
     async fn a_reconnect_with_last_event_id_resumes_without_missing_an_event(store) {
-        let Some(fresh) = store.fresh("a_reconnect_with_las").await else { return };
+        let fresh = store.fresh("a_reconnect_with_las").await;
         let server = Server::start(
             fresh.config().with_event_backlog(3),
             HttpConfig::default(),
@@ -133,7 +133,7 @@ on_both_stores! {
     }
 
     async fn open_streams_end_at_shutdown_and_subscribers_are_bounded(store) {
-        let Some(fresh) = store.fresh("open_streams_end_at_").await else { return };
+        let fresh = store.fresh("open_streams_end_at_").await;
         let server = Server::start(
             fresh.config(),
             HttpConfig::default().with_max_subscribers(1),

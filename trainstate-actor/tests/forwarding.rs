@@ -13,9 +13,9 @@ use trainstate_actor::{ManualClock, launch_state_actor};
 use trainstate_client::RunQuery;
 use trainstate_schema::{RunId, RunStatus, TrainRunInfo};
 
-use crate::common::{Server, run, run_with};
+use crate::common::{Server, eventually, run, run_with, start_head};
 use crate::contract::send;
-use crate::process::{Head, without_heartbeat};
+use crate::process::without_heartbeat;
 use crate::stores::on_both_stores;
 
 const T0: u64 = 1_760_000_000_000;
@@ -50,7 +50,7 @@ async fn runs_of(http: &Client, base: &str, cluster: Option<&str>) -> HashMap<St
 
 on_both_stores! {
     async fn the_hub_stores_forwarded_runs_as_they_are_and_never_takes_one_back(store) {
-        let Some(fresh) = store.fresh("hub-rules").await else { return };
+        let fresh = store.fresh("hub-rules").await;
         let clock = Arc::new(ManualClock::new(T0 + 1_000));
         let config = fresh
             .config()
@@ -131,7 +131,7 @@ on_both_stores! {
     }
 
     async fn a_head_stamps_its_cluster_on_every_run_it_registers(store) {
-        let Some(fresh) = store.fresh("stamp").await else { return };
+        let fresh = store.fresh("stamp").await;
         let service = launch_state_actor(fresh.config().with_cluster(Some("c1".into()))).await.unwrap();
         let state = service.handle();
         let mut elsewhere = run("named-elsewhere", T0).into_draft();
@@ -192,7 +192,7 @@ on_both_stores! {
 
     /// The hub's store is the parameter; the head keeps SQLite.
     async fn a_hub_that_stops_and_starts_again_ends_with_every_run_once_equal_to_the_heads(store) {
-        let Some(fresh) = store.fresh("hub").await else { return };
+        let fresh = store.fresh("hub").await;
         let token = fresh.dir().join("hub.token");
         std::fs::write(&token, "hub-secret\n").unwrap();
         let token = token.to_str().unwrap().to_owned();
@@ -201,14 +201,14 @@ on_both_stores! {
         if let Some(url) = fresh.url() {
             hub_args.extend(["--store", url]);
         }
-        let mut hub = Head::start(&hub_dir, &hub_args).unwrap();
+        let mut hub = start_head(&hub_dir, &hub_args).unwrap();
         let hub_listen = format!("127.0.0.1:{}", hub.port());
         let hub_url = hub.url.clone();
         let head_dir = tempfile::tempdir().unwrap();
         let head_args = [
             "--cluster", "c1", "--forward-to", &hub_url, "--forward-token-file", &token,
         ];
-        let mut head = Head::start(head_dir.path(), &head_args).unwrap();
+        let mut head = start_head(head_dir.path(), &head_args).unwrap();
         let http = Client::new();
 
         write_runs(&http, &head.url, 0, 20).await;
@@ -224,11 +224,11 @@ on_both_stores! {
         }
         head.signal("-KILL");
         head.wait();
-        let head = Head::start(head_dir.path(), &head_args).unwrap();
+        let head = start_head(head_dir.path(), &head_args).unwrap();
         write_runs(&http, &head.url, 50, 10).await;
 
         // Back on its address: everything arrives, once, as the head has it.
-        let _hub = Head::start_with(&hub_dir, &hub_listen, &hub_args).unwrap();
+        let _hub = crate::common::serve(&hub_dir).listen(&hub_listen).args(&hub_args).start().unwrap();
         wait_until_forwarded(&http, &head.url, &hub_url).await;
         assert_eq!(runs_of(&http, &hub_url, Some("c1")).await.len(), 60);
 
@@ -249,7 +249,7 @@ on_both_stores! {
 
         use crate::tokens::{create, hub};
 
-        let Some(fresh) = store.fresh("bound-forward").await else { return };
+        let fresh = store.fresh("bound-forward").await;
         let hub = hub(&fresh, false).await;
         let (_, token_a) = create(&hub.url, &[TokenScope::Write], Some("a")).await;
         let head = |cluster: &str, dir: &std::path::Path| {
@@ -312,15 +312,11 @@ async fn wait_for_metric(
     name: &str,
     condition: impl Fn(f64) -> bool,
 ) -> f64 {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    eventually(name, Duration::from_secs(60), || async {
         let value = metric(http, base, name).await;
-        if condition(value) {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting on {name} (now {value})");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        condition(value).then_some(value)
+    })
+    .await
 }
 
 /// Finding 11 of round two (forwarding): a head that forwards showed

@@ -15,7 +15,7 @@ use trainstate_actor::http::HttpConfig;
 use trainstate_actor::{ManualClock, StateConfig};
 use trainstate_schema::RunId;
 
-use crate::common::{Server, run_with, unique_name, wait_until, workers};
+use crate::common::{Server, eventually, run_with, unique_name, workers};
 use crate::contract::{check_answer, send};
 
 const T0: u64 = 1_760_000_000_000;
@@ -61,15 +61,12 @@ async fn metric(server: &Server, name: &str) -> i64 {
 
 /// Waits until `/metrics` says `name` is `want` (or more, with `at_least`).
 pub(crate) async fn wait_for_metric(server: &Server, name: &str, want: i64, at_least: bool) {
-    let until = Instant::now() + HANG;
-    loop {
+    let what = format!("{name} to be {want}{}", if at_least { " or more" } else { "" });
+    eventually(&what, HANG, || async {
         let value = metric(server, name).await;
-        if value == want || (at_least && value > want) {
-            return;
-        }
-        assert!(Instant::now() < until, "{name} stayed {value}, not {want}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+        value == want || (at_least && value > want)
+    })
+    .await;
 }
 
 /// A registration of about `bytes` of JSON.
@@ -183,7 +180,7 @@ async fn regression_a_body_that_stops_sending_is_cut_off_with_408_and_its_bytes_
     let url = format!("{}/api/train/runs", server.url);
     // 64 KiB free of the budget, then 700 KiB charged to it, then nothing.
     let mut stalled = upload(&server, "/api/train/runs", 2 << 20, (64 + 700) << 10).await;
-    let (status, body) = tokio::time::timeout(HANG, crate::hardening::read_answer(&mut stalled))
+    let (status, body) = tokio::time::timeout(HANG, crate::http_guards::read_answer(&mut stalled))
         .await
         .expect("the head must cut off a body that sends nothing")
         .expect("an answer before the connection closes");
@@ -252,8 +249,8 @@ async fn regression_one_client_reopening_700_half_sent_connections_does_not_hold
     });
     // The head closes the connections over the limit at once (no timeout
     // could), and the client re-opens them.
-    wait_until("the head to close a connection over the per-client limit", HANG, || {
-        reopened.load(Ordering::SeqCst) >= 700
+    eventually("the head to close a connection over the per-client limit", HANG, || {
+        std::future::ready(reopened.load(Ordering::SeqCst) >= 700)
     })
     .await;
 
@@ -270,8 +267,8 @@ async fn regression_one_client_reopening_700_half_sent_connections_does_not_hold
     // The slowloris was still at it when the answer came.
     let at_answer = reopened.load(Ordering::SeqCst);
     assert!(!slowloris.is_finished(), "the slowloris ended before the answer");
-    wait_until("the slowloris to go on after the answer", HANG, || {
-        reopened.load(Ordering::SeqCst) > at_answer
+    eventually("the slowloris to go on after the answer", HANG, || {
+        std::future::ready(reopened.load(Ordering::SeqCst) > at_answer)
     })
     .await;
     stop.store(true, Ordering::SeqCst);

@@ -11,18 +11,16 @@ use crate::stores::{Fresh, Store, on_both_stores};
 
 const T0: u64 = 1_760_000_000_000;
 
-async fn service(
-    store: Store,
-) -> Option<(trainstate_actor::StateService, Arc<ManualClock>, Fresh)> {
-    let fresh = store.fresh("lifecycle").await?;
+async fn service(store: Store) -> (trainstate_actor::StateService, Arc<ManualClock>, Fresh) {
+    let fresh = store.fresh("lifecycle").await;
     let clock = Arc::new(ManualClock::new(T0 + 1_000));
     let config = fresh.config().with_clock(clock.clone());
-    Some((launch_state_actor(config).await.unwrap(), clock, fresh))
+    (launch_state_actor(config).await.unwrap(), clock, fresh)
 }
 
 on_both_stores! {
     async fn hundred_concurrent_registrations_give_hundred_runs_read_back_equal(store) {
-        let Some((service, _, _store)) = service(store).await else { return };
+        let (service, _, _store) = service(store).await;
         let runs: Vec<TrainRunInfo> = (0..100).map(|i| run(&format!("run-{i}"), T0 + i)).collect();
         let tasks: Vec<_> = runs
             .iter()
@@ -57,7 +55,7 @@ on_both_stores! {
     }
 
     async fn ten_handles_times_ten_runs_give_hundred(store) {
-        let Some((service, _, _store)) = service(store).await else { return };
+        let (service, _, _store) = service(store).await;
         let tasks: Vec<_> = (0..10)
             .map(|h| {
                 let state = trainstate_client::StateHandle::local(service.handle().name());
@@ -78,7 +76,7 @@ on_both_stores! {
     }
 
     async fn re_registration_is_idempotent_and_a_conflict_changes_nothing(store) {
-        let Some((service, _, _store)) = service(store).await else { return };
+        let (service, _, _store) = service(store).await;
         let state = service.handle();
         let id = RunId::new_v7();
         let original = run_with(&id, "pretrain", "job1", T0, 8);
@@ -104,7 +102,7 @@ on_both_stores! {
     }
 
     async fn every_illegal_transition_is_rejected_and_terminal_repeats_are_harmless(store) {
-        let Some((service, _, _store)) = service(store).await else { return };
+        let (service, _, _store) = service(store).await;
         let state = service.handle();
         let terminal = [
             StatusUpdate::finished(),
@@ -149,7 +147,7 @@ on_both_stores! {
     }
 
     async fn the_actor_stamps_end_time_and_keeps_rays_error_detail(store) {
-        let Some((service, clock, _store)) = service(store).await else { return };
+        let (service, clock, _store) = service(store).await;
         let state = service.handle();
         let r = run("err", T0);
         let id = r.id().clone();
@@ -174,7 +172,7 @@ on_both_stores! {
 
     async fn a_new_attempt_ends_the_previous_one_and_repeating_it_is_a_no_op(store) {
         let (service, mut events) = {
-            let Some((service, _, _store)) = service(store).await else { return };
+            let (service, _, _store) = service(store).await;
             let events = service.handle().subscribe(None).await.unwrap();
             (service, events)
         };
@@ -213,7 +211,7 @@ on_both_stores! {
     }
 
     async fn bad_input_is_refused_with_the_field_and_changes_nothing(store) {
-        let Some((service, _, _store)) = service(store).await else { return };
+        let (service, _, _store) = service(store).await;
         let state = service.handle();
         let r = run("bad", T0);
         let id = r.id().clone();
@@ -249,7 +247,7 @@ on_both_stores! {
     }
 
     async fn delete_removes_only_ended_runs(store) {
-        let Some((service, _, _store)) = service(store).await else { return };
+        let (service, _, _store) = service(store).await;
         let state = service.handle();
         let r = run("del", T0);
         let id = r.id().clone();

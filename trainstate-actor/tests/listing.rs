@@ -28,7 +28,7 @@ async fn ids_of_all_pages(state: &StateHandle, query: RunQuery) -> Vec<RunId> {
 
 on_both_stores! {
     async fn paging_visits_every_run_exactly_once_while_runs_are_added(store) {
-        let Some(fresh) = store.fresh("paging_visits_every_").await else { return };
+        let fresh = store.fresh("paging_visits_every_").await;
         let service = launch_state_actor(fresh.config())
             .await
             .unwrap();
@@ -67,7 +67,7 @@ on_both_stores! {
     }
 
     async fn runs_are_newest_first_and_ties_go_by_id_descending(store) {
-        let Some(fresh) = store.fresh("runs_are_newest_firs").await else { return };
+        let fresh = store.fresh("runs_are_newest_firs").await;
         let service =
             launch_state_actor(fresh.config()).await.unwrap();
         let state = service.handle();
@@ -84,7 +84,7 @@ on_both_stores! {
     }
 
     async fn filters_by_status_job_name_node_and_count_the_total(store) {
-        let Some(fresh) = store.fresh("filters_by_status_jo").await else { return };
+        let fresh = store.fresh("filters_by_status_jo").await;
         let service = launch_state_actor(fresh.config())
             .await
             .unwrap();
@@ -137,7 +137,7 @@ on_both_stores! {
     }
 
     async fn bad_limits_and_cursors_are_refused(store) {
-        let Some(fresh) = store.fresh("bad_limits_and_curso").await else { return };
+        let fresh = store.fresh("bad_limits_and_curso").await;
         let service = launch_state_actor(fresh.config())
             .await
             .unwrap();
@@ -156,7 +156,7 @@ on_both_stores! {
     }
 
     async fn a_subscriber_resumes_from_the_backlog_without_gaps(store) {
-        let Some(fresh) = store.fresh("a_subscriber_resumes").await else { return };
+        let fresh = store.fresh("a_subscriber_resumes").await;
         let service = launch_state_actor(fresh.config())
             .await
             .unwrap();

@@ -24,7 +24,7 @@ fn config(fresh: &Fresh, clock: &Arc<ManualClock>) -> StateConfig {
 
 on_both_stores! {
     async fn lease_expiry_aborts_only_live_runs_whose_lease_expired(store) {
-        let Some(fresh) = store.fresh("lease_expiry_aborts_").await else { return };
+        let fresh = store.fresh("lease_expiry_aborts_").await;
         let clock = Arc::new(ManualClock::new(T0));
         let service = launch_state_actor(config(&fresh, &clock)).await.unwrap();
         let state = service.handle();
@@ -74,7 +74,7 @@ on_both_stores! {
     }
 
     async fn after_a_restart_every_live_run_gets_a_fresh_lease(store) {
-        let Some(fresh) = store.fresh("after_a_restart_ever").await else { return };
+        let fresh = store.fresh("after_a_restart_ever").await;
         let clock = Arc::new(ManualClock::new(T0));
         let durable = |clock: &Arc<ManualClock>| config(&fresh, clock);
         let service = launch_state_actor(durable(&clock)).await.unwrap();
@@ -91,7 +91,7 @@ on_both_stores! {
     }
 
     async fn retention_evicts_exactly_the_oldest_ended_runs(store) {
-        let Some(fresh) = store.fresh("retention_evicts_exa").await else { return };
+        let fresh = store.fresh("retention_evicts_exa").await;
         let clock = Arc::new(ManualClock::new(T0 + 100_000));
         let service =
             launch_state_actor(config(&fresh, &clock).with_retention(Retention::max_runs(5)))
@@ -132,7 +132,7 @@ on_both_stores! {
     }
 
     async fn retention_by_age_evicts_runs_that_ended_long_ago(store) {
-        let Some(fresh) = store.fresh("retention_by_age_evi").await else { return };
+        let fresh = store.fresh("retention_by_age_evi").await;
         let clock = Arc::new(ManualClock::new(T0));
         let retention = Retention::max_runs(100).with_max_age(Duration::from_secs(3600));
         let service =
@@ -163,7 +163,7 @@ on_both_stores! {
     }
 
     async fn regression_a_head_clock_behind_the_controller_still_aborts_a_silent_run(store) {
-        let Some(fresh) = store.fresh("regression_a_head_cl").await else { return };
+        let fresh = store.fresh("regression_a_head_cl").await;
         // The controller stamped its start 10 minutes ahead of the head's clock.
         let clock = Arc::new(ManualClock::new(T0));
         let service = launch_state_actor(config(&fresh, &clock)).await.unwrap();

@@ -6,9 +6,8 @@
 //! (it waits until the test creates the file): a condition, not a timer.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{Value, json};
@@ -16,7 +15,7 @@ use trainstate_actor::http::{HttpConfig, load_channel, serve_while_loading};
 use trainstate_actor::{StateConfig, launch_state_actor};
 use trainstate_schema::RunId;
 
-use crate::common::{Spawned, run_with, spawn_serve, unique_name};
+use crate::common::{Head, eventually, fill, numbered, run_with, serve, unique_name};
 use crate::contract::check_answer;
 
 const T0: u64 = 1_760_000_000_000;
@@ -27,73 +26,42 @@ const HANG: Duration = Duration::from_secs(60);
 /// What the head logs for each request it holds (at debug level).
 const HELD: &str = "held until the stored runs are loaded";
 
-/// `trainstate serve` whose load waits for a file, with its log kept.
-struct Head {
-    child: Child,
-    url: String,
-    log: Arc<Mutex<String>>,
+/// `trainstate serve` whose load waits for a file.
+struct Held {
+    head: Head,
     release: PathBuf,
 }
 
-impl Head {
-    /// Starts a head on `dir` whose load waits until [`Head::release`] is
+impl Held {
+    /// Starts a head on `dir` whose load waits until [`Held::release`] is
     /// called, and waits for its `listening on` line.
-    fn start_held(dir: &Path) -> Head {
+    fn start(dir: &Path) -> Held {
         let release = dir.with_extension("release");
-        let env = [
-            ("RUST_LOG", "warn,trainstate_actor::http=debug"),
-            ("TRAINSTATE_HOLD_LOAD_UNTIL", release.to_str().unwrap()),
-        ];
-        let Spawned { child, url, log } = spawn_serve(dir, "127.0.0.1:0", &[], &env)
-            .unwrap_or_else(|(status, log)| panic!("no `listening on` line ({status}): {log}"));
-        Head { child, url, log, release }
+        let head = serve(dir)
+            .env("RUST_LOG", "warn,trainstate_actor::http=debug")
+            .env("TRAINSTATE_HOLD_LOAD_UNTIL", release.to_str().unwrap())
+            .start()
+            .unwrap_or_else(|refused| panic!("no `listening on` line ({refused})"));
+        Held { head, release }
     }
 
     /// Lets the load go on.
     fn release(&self) {
         std::fs::write(&self.release, b"").unwrap();
     }
+}
 
-    fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
+impl std::ops::Deref for Held {
+    type Target = Head;
 
-    /// Waits until the head has logged `what` at least `times` times.
-    async fn wait_for_log(&self, what: &str, times: usize) {
-        let deadline = Instant::now() + HANG;
-        while self.log().matches(what).count() < times {
-            assert!(
-                Instant::now() < deadline,
-                "never logged {what:?} {times} times: {}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
-
-    fn signal(&self, signal: &str) {
-        let status =
-            Command::new("kill").args([signal, &self.child.id().to_string()]).status().unwrap();
-        assert!(status.success());
-    }
-
-    /// Waits for the process to exit (a guard ends a hung test).
-    async fn wait(&mut self) -> ExitStatus {
-        let deadline = Instant::now() + HANG;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "the head did not exit: {}", self.log());
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+    fn deref(&self) -> &Head {
+        &self.head
     }
 }
 
-impl Drop for Head {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+impl std::ops::DerefMut for Held {
+    fn deref_mut(&mut self) -> &mut Head {
+        &mut self.head
     }
 }
 
@@ -103,16 +71,7 @@ async fn store_runs(dir: &Path, count: u64) -> Vec<RunId> {
     let config =
         StateConfig::sqlite(dir.join("trainstate.db")).with_name(unique_name("loading.store"));
     let service = launch_state_actor(config).await.unwrap();
-    let mut ids = Vec::new();
-    for i in 0..count {
-        let id = RunId::new_v7();
-        service
-            .handle()
-            .register(run_with(&id, &format!("r{i}"), "load", T0 + i, 4))
-            .await
-            .unwrap();
-        ids.push(id);
-    }
+    let ids = fill(&service.handle(), numbered(count, "r", "load", T0, 4)).await.unwrap();
     service.shutdown().await;
     ids
 }
@@ -149,11 +108,7 @@ async fn loaded(client: &Client, head: &str) -> bool {
 
 /// Polls `/healthz` until it says `loaded: true`.
 async fn wait_until_loaded(client: &Client, head: &str) {
-    let deadline = Instant::now() + HANG;
-    while !loaded(client, head).await {
-        assert!(Instant::now() < deadline, "never loaded");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually("the stored runs to be loaded", HANG, || loaded(client, head)).await;
 }
 
 /// Issue 15: `/healthz` answers 200 with `"loaded": false` while the
@@ -164,7 +119,7 @@ async fn regression_a_restart_answers_healthz_before_its_runs_are_loaded() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("data");
     let ids = store_runs(&dir, 3).await;
-    let head = Head::start_held(&dir);
+    let head = Held::start(&dir);
     let client = Client::new();
     for _ in 0..3 {
         assert!(!loaded(&client, &head.url).await, "the load is held: {}", head.log());
@@ -186,7 +141,7 @@ async fn regression_a_request_during_the_load_is_held_and_answered_after_it() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("data");
     let ids = store_runs(&dir, 5).await;
-    let head = Head::start_held(&dir);
+    let head = Held::start(&dir);
     let client = Client::new();
     let new_id = RunId::new_v7();
     let new_run = serde_json::to_value(run_with(&new_id, "during", "load", T0 + 99, 4)).unwrap();
@@ -211,7 +166,7 @@ async fn regression_a_request_during_the_load_is_held_and_answered_after_it() {
             })
         })
         .collect();
-    head.wait_for_log(HELD, count).await;
+    head.logged(HELD, count).await;
     // The load cannot end before the file exists: every request still waits.
     assert!(tasks.iter().all(|task| !task.is_finished()), "answered before the load");
     assert!(!loaded(&client, &head.url).await);
@@ -248,15 +203,15 @@ async fn regression_sigterm_during_the_load_exits_cleanly_and_loses_nothing() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("data");
     let ids = store_runs(&dir, 3).await;
-    let mut head = Head::start_held(&dir);
+    let mut head = Held::start(&dir);
     let client = Client::new();
     let held = {
         let (client, url) = (client.clone(), format!("{}/api/train/runs/{}", head.url, ids[0]));
         tokio::spawn(async move { send(&client, Method::GET, &url, None).await })
     };
-    head.wait_for_log(HELD, 1).await;
+    head.logged(HELD, 1).await;
     head.signal("-TERM");
-    let status = head.wait().await;
+    let status = head.exited().await;
     assert!(status.success(), "{status}: {}", head.log());
     let (status, retry_after, body) = tokio::time::timeout(HANG, held).await.unwrap().unwrap();
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
@@ -267,7 +222,7 @@ async fn regression_sigterm_during_the_load_exits_cleanly_and_loses_nothing() {
     assert!(!head.log().contains("panicked"), "{}", head.log());
     drop(head);
 
-    let head = Head::start_held(&dir);
+    let head = Held::start(&dir);
     head.release();
     wait_until_loaded(&client, &head.url).await;
     for id in &ids {
@@ -290,13 +245,13 @@ async fn regression_a_load_that_fails_answers_held_requests_503_and_exits_non_ze
     let bad = ids[1].to_string();
     conn.execute("UPDATE runs SET json = 'not json' WHERE id = ?1", [&bad]).unwrap();
     drop(conn);
-    let mut head = Head::start_held(&dir);
+    let mut head = Held::start(&dir);
     let client = Client::new();
     let held = {
         let (client, url) = (client.clone(), format!("{}/api/train/runs/{}", head.url, ids[0]));
         tokio::spawn(async move { send(&client, Method::GET, &url, None).await })
     };
-    head.wait_for_log(HELD, 1).await;
+    head.logged(HELD, 1).await;
     head.release();
     let (status, retry_after, body) = tokio::time::timeout(HANG, held).await.unwrap().unwrap();
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
@@ -304,7 +259,7 @@ async fn regression_a_load_that_fails_answers_held_requests_503_and_exits_non_ze
     assert_eq!(retry_after.as_deref(), Some("1"));
     let message = body["error"]["message"].as_str().unwrap();
     assert!(message.contains(&format!("run {bad} does not load")), "{message}");
-    let status = head.wait().await;
+    let status = head.exited().await;
     assert!(!status.success(), "{status}");
     let log = head.log();
     let exit_line = log.lines().find(|l| l.starts_with("trainstate: ")).unwrap_or_default();
@@ -360,21 +315,21 @@ async fn regression_a_request_held_past_the_load_hold_gets_503_with_retry_after(
 async fn regression_a_head_killed_before_it_loaded_does_not_mark_its_store_as_lost() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("data");
-    let mut head = Head::start_held(&dir);
+    let mut head = Held::start(&dir);
     head.signal("-KILL");
-    head.wait().await;
+    head.exited().await;
     drop(head);
     // As if it had died before creating the store.
     for file in ["trainstate.db", "trainstate.db-wal", "trainstate.db-shm"] {
         let _ = std::fs::remove_file(dir.join(file));
     }
-    let head = Head::start_held(&dir);
+    let head = Held::start(&dir);
     head.release();
     wait_until_loaded(&Client::new(), &head.url).await;
 
     // Once loaded, the directory is in use: a lost store is refused again.
     drop(head);
     std::fs::remove_file(dir.join("trainstate.db")).unwrap();
-    let refused = spawn_serve(&dir, "127.0.0.1:0", &[], &[]).err().expect("a lost store refuses");
-    assert!(refused.1.contains("--allow-empty-store"), "{}", refused.1);
+    let refused = serve(&dir).start().expect_err("a lost store refuses");
+    assert!(refused.log.contains("--allow-empty-store"), "{}", refused.log);
 }

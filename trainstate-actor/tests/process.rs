@@ -2,8 +2,7 @@
 //! what survives SIGTERM and SIGKILL.
 
 use std::io::Read;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -12,83 +11,21 @@ use serde_json::Value;
 use tokio::sync::Mutex;
 use trainstate_schema::RunId;
 
-use crate::common::{run_with, spawn_serve};
+use crate::common::{run_with, start_head};
 use crate::stores::{Store, on_both_stores};
 
 const T0: u64 = 1_760_000_000_000;
 
-/// A head service running as a child process.
-pub(crate) struct Head {
-    pub(crate) child: Child,
-    pub(crate) url: String,
-    /// Everything the head has logged on stderr so far.
-    pub(crate) log: Arc<std::sync::Mutex<String>>,
-}
-
-impl Head {
-    /// Starts `trainstate serve` on a free port and waits for its
-    /// `listening on` line; or returns what it printed on stderr if it exits.
-    pub(crate) fn start(data_dir: &Path, extra: &[&str]) -> Result<Head, String> {
-        Self::start_with(data_dir, "127.0.0.1:0", extra)
-    }
-
-    pub(crate) fn start_with(
-        data_dir: &Path,
-        listen: &str,
-        extra: &[&str],
-    ) -> Result<Head, String> {
-        let spawned = spawn_serve(data_dir, listen, extra, &[])
-            .map_err(|(status, log)| format!("{status}: {log}"))?;
-        Ok(Head { child: spawned.child, url: spawned.url, log: spawned.log })
-    }
-
-    /// What the head has logged on stderr so far.
-    pub(crate) fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-
-    /// The port the head listens on.
-    pub(crate) fn port(&self) -> u16 {
-        self.url.rsplit(':').next().unwrap().parse().unwrap()
-    }
-
-    pub(crate) fn signal(&self, signal: &str) {
-        let status =
-            Command::new("kill").args([signal, &self.child.id().to_string()]).status().unwrap();
-        assert!(status.success());
-    }
-
-    /// Waits for the process to exit, up to a deadline.
-    pub(crate) fn wait(&mut self) -> std::process::ExitStatus {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "the head did not exit");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-}
-
-impl Drop for Head {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn a_second_serve_on_the_same_directory_refuses_and_kill_9_releases_the_lock() {
     let dir = tempfile::tempdir().unwrap();
-    let mut first = Head::start(dir.path(), &[]).unwrap();
-    let refused = Head::start(dir.path(), &[]).err().expect("the second head must refuse");
+    let mut first = start_head(dir.path(), &[]).unwrap();
+    let refused = start_head(dir.path(), &[]).expect_err("the second head must refuse");
     assert!(refused.contains("another trainstate serve"), "{refused}");
-    assert!(refused.contains(&first.child.id().to_string()), "names the holder: {refused}");
-    first.child.kill().unwrap();
-    first.wait();
+    assert!(refused.contains(&first.pid().to_string()), "names the holder: {refused}");
+    first.kill();
     // No stale pid file: the OS released the lock with the process.
-    Head::start(dir.path(), &[]).expect("a restart after kill -9 starts");
+    start_head(dir.path(), &[]).expect("a restart after kill -9 starts");
 }
 
 #[test]
@@ -155,10 +92,10 @@ pub(crate) fn without_heartbeat(mut run: Value) -> Value {
 /// Starts a burst of writes, stops the head with `signal` once some are
 /// acknowledged, restarts it, and checks every acknowledged run.
 async fn every_acknowledged_write_survives(signal: &str, store: Store) {
-    let Some(fresh) = store.fresh("burst").await else { return };
+    let fresh = store.fresh("burst").await;
     let dir = fresh.dir();
     let store_args: Vec<&str> = fresh.url().map(|url| vec!["--store", url]).unwrap_or_default();
-    let mut head = Head::start(dir, &store_args).unwrap();
+    let mut head = start_head(dir, &store_args).unwrap();
     let acknowledged = Arc::new(Mutex::new(Vec::new()));
     let started = Arc::new(AtomicUsize::new(0));
     let writer = tokio::spawn(burst(head.url.clone(), acknowledged.clone(), started.clone()));
@@ -179,7 +116,7 @@ async fn every_acknowledged_write_survives(signal: &str, store: Store) {
         "writes were in flight at the signal"
     );
 
-    let head = Head::start(dir, &store_args).unwrap();
+    let head = start_head(dir, &store_args).unwrap();
     let client = reqwest::Client::new();
     let url = format!("{}/api/train/v2/runs", head.url);
     let (status, stored) =
@@ -281,7 +218,7 @@ async fn the_manager_works_over_http_and_catches_up_after_a_head_kill_9() {
     use trainstate_manager::{DatasetSpec, Delivery, ManagerConfig, TrainRunStateManager};
 
     let dir = tempfile::tempdir().unwrap();
-    let mut head = Head::start(dir.path(), &[]).unwrap();
+    let mut head = start_head(dir.path(), &[]).unwrap();
     let relay = Relay::start(&head.url).await;
     // The test's own reads wait as long as a hung test would.
     let state = trainstate_client::StateHandle::connect(&relay.url, None)
@@ -322,14 +259,13 @@ async fn the_manager_works_over_http_and_catches_up_after_a_head_kill_9() {
     // The head dies mid-run; training goes on and reports the end anyway.
     // Nothing can acknowledge it: the call ends at its deadline (pinned in
     // the manager's `deadlines` tests) with the write pending.
-    head.child.kill().unwrap();
-    head.wait();
+    head.kill();
     let delivery = manager.finished(&finished).await.unwrap();
     assert!(matches!(delivery, Delivery::Pending), "{delivery:?}");
     assert_eq!(manager.pending_writes(), 1);
 
     // A new head on the same store, on a port of its own, behind the relay.
-    let head = Head::start(dir.path(), &[]).unwrap();
+    let head = start_head(dir.path(), &[]).unwrap();
     relay.point_to(&head.url);
     delivered().await;
     let run = state.get_run(finished).await.unwrap();
@@ -340,7 +276,7 @@ async fn the_manager_works_over_http_and_catches_up_after_a_head_kill_9() {
 #[test]
 fn the_cli_reads_a_head_and_says_in_one_line_when_it_cannot() {
     let dir = tempfile::tempdir().unwrap();
-    let head = Head::start(dir.path(), &[]).unwrap();
+    let head = start_head(dir.path(), &[]).unwrap();
     let cli =
         |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_trainstate")).args(args).output().unwrap();
     let run = run_with(&RunId::new_v7(), "cli-run", "job-cli", T0, 4);
@@ -371,7 +307,7 @@ fn regression_sigterm_right_after_ready_shuts_down_cleanly() {
     // The signal handlers were installed only once serving began, so a
     // SIGTERM just after the `listening on` line killed the head outright.
     let dir = tempfile::tempdir().unwrap();
-    let mut head = Head::start(dir.path(), &[]).unwrap();
+    let mut head = start_head(dir.path(), &[]).unwrap();
     head.signal("-TERM");
     let status = head.wait();
     assert!(status.success(), "{status}");
@@ -388,7 +324,7 @@ async fn regression_a_manager_whose_url_reaches_no_route_keeps_its_writes() {
     use trainstate_manager::{Delivery, ManagerConfig, RunRegistration, TrainRunStateManager};
 
     let dir = tempfile::tempdir().unwrap();
-    let head = Head::start(dir.path(), &[]).unwrap();
+    let head = start_head(dir.path(), &[]).unwrap();
     let misrouted =
         trainstate_client::StateHandle::connect(&format!("{}/prefix", head.url), None).unwrap();
     let config = ManagerConfig::default().with_call_timeout(Duration::from_millis(500));
@@ -414,7 +350,7 @@ async fn regression_a_manager_whose_url_reaches_no_route_keeps_its_writes() {
 #[test]
 fn runs_show_lists_attempts_with_statuses_and_fills_the_link_templates() {
     let dir = tempfile::tempdir().unwrap();
-    let head = Head::start(
+    let head = start_head(
         dir.path(),
         &[
             "--logs-url",
@@ -472,11 +408,11 @@ fn regression_a_link_template_keeps_every_link_on_the_configured_host() {
         ("--logs-url", "https://{run_id}@logs.example/x"),
         ("--metrics-url", "https://grafana.example:{pid}/x"),
     ] {
-        let refused = Head::start(dir.path(), &[flag, template]).err().expect("refused");
+        let refused = start_head(dir.path(), &[flag, template]).expect_err("refused");
         assert!(refused.contains(flag) && refused.contains("host or port"), "{refused}");
         assert!(!refused.contains("listening on"), "{refused}");
     }
-    let head = Head::start(
+    let head = start_head(
         dir.path(),
         &[
             "--logs-url",
@@ -514,9 +450,8 @@ fn regression_a_link_template_keeps_every_link_on_the_configured_host() {
 #[test]
 fn a_link_template_that_names_an_unknown_placeholder_is_refused_before_listening() {
     let dir = tempfile::tempdir().unwrap();
-    let refused = Head::start(dir.path(), &["--logs-url", "https://logs.example/{run}"])
-        .err()
-        .expect("the head refuses to start");
+    let refused = start_head(dir.path(), &["--logs-url", "https://logs.example/{run}"])
+        .expect_err("the head refuses to start");
     assert!(refused.contains("--logs-url") && refused.contains("{run}"), "{refused}");
 }
 
@@ -527,7 +462,7 @@ fn the_token_commands_create_list_and_revoke_without_a_restart() {
     std::fs::write(&admin_file, "admin-secret-of-the-head\n").unwrap();
     let admin_file = admin_file.to_str().unwrap().to_owned();
     let head =
-        Head::start(&dir.path().join("data"), &["--token-file", &admin_file, "--protect-reads"])
+        start_head(&dir.path().join("data"), &["--token-file", &admin_file, "--protect-reads"])
             .unwrap();
     let cli =
         |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_trainstate")).args(args).output().unwrap();
@@ -577,4 +512,134 @@ fn the_token_commands_create_list_and_revoke_without_a_restart() {
     let refused = with_read(&["runs", "list"]);
     assert!(!refused.status.success(), "a revoked token reads nothing");
     assert!(String::from_utf8(refused.stderr).unwrap().contains("unauthorized"));
+}
+
+#[test]
+fn regression_symlinked_lock_file_is_refused_and_its_target_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let victim = dir.path().join("precious");
+    std::fs::write(&victim, "keep me").unwrap();
+    std::os::unix::fs::symlink(&victim, data.join("trainstate.lock")).unwrap();
+    let refused = start_head(&data, &[]).expect_err("a symlinked lock file must be refused");
+    assert!(refused.contains("symlink"), "{refused}");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
+
+    // A dangling link must not create its target either.
+    let data = dir.path().join("dangling");
+    std::fs::create_dir(&data).unwrap();
+    let target = dir.path().join("created-by-accident");
+    std::os::unix::fs::symlink(&target, data.join("trainstate.lock")).unwrap();
+    let refused = start_head(&data, &[]).expect_err("a dangling lock symlink must be refused");
+    assert!(refused.contains("symlink"), "{refused}");
+    assert!(!target.exists());
+}
+
+#[test]
+fn regression_flags_that_lied_or_crashed_are_refused_before_listening() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        // ~6e12 h: more milliseconds than a u64 holds (wrapped to ~384 ms).
+        (&["--max-age", "6000000000000h"], "--max-age"),
+        (&["--lease", "0.0001ms"], "--lease"),
+        (&["--lease", "999999999999999999999999999s"], "--lease"),
+        (&["--lease", "9999999h"], "--lease"),
+        (&["--cors-origin", "*"], "wildcard"),
+        (&["--cors-origin", "not an origin"], "--cors-origin"),
+        (&["--cors-origin", "https://ok.example,https://x.example/path"], "x.example/path"),
+        (&["--max-connections-per-client", "0"], "--max-connections-per-client"),
+        (&["--body-read-timeout", "0s"], "--body-read-timeout"),
+        (&["--body-read-timeout", "9999999h"], "--body-read-timeout"),
+        // Round two: the live bound is at least 1 and at most --max-runs.
+        (&["--max-live-runs", "0"], "--max-live-runs must be at least 1"),
+        (&["--max-runs", "10", "--max-live-runs", "11"], "at most --max-runs (10)"),
+    ];
+    for (flags, expected) in cases {
+        let refused = start_head(dir.path(), flags)
+            .err()
+            .unwrap_or_else(|| panic!("{flags:?} must be refused before `listening on`"));
+        assert!(refused.contains(expected), "{flags:?}: {refused}");
+        assert!(!refused.contains("panicked"), "{flags:?}: {refused}");
+    }
+    // TLS: both files or neither, readable, and a key that is the
+    // certificate's; a CA only where it is used, and readable.
+    let (ca, other) = (crate::tls::Ca::new("CA"), crate::tls::Ca::new("other CA"));
+    let pki = crate::tls::Pki::write(dir.path(), "head", &ca);
+    let stranger = crate::tls::Pki::write(dir.path(), "stranger", &other);
+    let missing = dir.path().join("missing.pem");
+    let garbage = dir.path().join("garbage.pem");
+    std::fs::write(&garbage, "not PEM at all\n").unwrap();
+    let [cert, key, ca_pem, missing, garbage, stranger_key] =
+        [&pki.cert, &pki.key, &pki.ca, &missing, &garbage, &stranger.key]
+            .map(|p| p.to_str().unwrap());
+    let tls_cases: &[(&[&str], &str)] = &[
+        (&["--tls-cert", cert], "--tls-key"),
+        (&["--tls-key", key], "--tls-cert"),
+        (&["--tls-cert", missing, "--tls-key", key], "--tls-cert"),
+        (&["--tls-cert", garbage, "--tls-key", key], "--tls-cert"),
+        (&["--tls-cert", key, "--tls-key", key], "--tls-cert"),
+        (&["--tls-cert", cert, "--tls-key", missing], "--tls-key"),
+        (&["--tls-cert", cert, "--tls-key", cert], "--tls-key"),
+        (&["--tls-cert", cert, "--tls-key", stranger_key], "--tls-cert and --tls-key"),
+        (&["--ca-cert", ca_pem], "no --forward-to"),
+        (
+            &["--cluster", "c1", "--forward-to", "https://127.0.0.1:1", "--ca-cert", missing],
+            "--ca-cert",
+        ),
+        (
+            &["--cluster", "c1", "--forward-to", "https://127.0.0.1:1", "--ca-cert", garbage],
+            "--ca-cert",
+        ),
+        (
+            &["--cluster", "c1", "--forward-to", "http://127.0.0.1:1", "--ca-cert", ca_pem],
+            "--ca-cert",
+        ),
+    ];
+    for (flags, expected) in tls_cases {
+        let refused = start_head(dir.path(), flags)
+            .err()
+            .unwrap_or_else(|| panic!("{flags:?} must be refused before `listening on`"));
+        assert!(refused.contains(expected), "{flags:?}: {refused}");
+        assert!(!refused.contains("panicked"), "{flags:?}: {refused}");
+    }
+    // The limits themselves are accepted.
+    start_head(
+        dir.path(),
+        &[
+            "--lease",
+            "1s",
+            "--max-age",
+            "876000h",
+            "--cors-origin",
+            "http://127.0.0.1:3000",
+            "--max-runs",
+            "20",
+            "--max-live-runs",
+            "20",
+        ],
+    )
+    .expect("flags at their limits start");
+}
+
+#[test]
+fn regression_sigterm_completes_whatever_clients_do() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    // The header-read timeout is far longer than the test's guard: only the
+    // shutdown grace can end these connections.
+    let mut head =
+        start_head(dir.path(), &["--header-read-timeout", "1h", "--shutdown-grace", "1s"]).unwrap();
+    let addr = head.url.trim_start_matches("http://").to_owned();
+    // One client holds half-sent headers.
+    let mut half = std::net::TcpStream::connect(&addr).unwrap();
+    half.write_all(b"GET /api/train/runs HTTP/1.1\r\nhost: 127.0").unwrap();
+    // Another pipelines far more answers than socket buffers hold, and never reads.
+    let mut deaf = std::net::TcpStream::connect(&addr).unwrap();
+    let request = b"GET /openapi.json HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n".repeat(400);
+    deaf.write_all(&request).unwrap();
+    head.signal("-TERM");
+    let status = head.wait();
+    assert!(status.success(), "{status}");
+    drop((half, deaf));
 }

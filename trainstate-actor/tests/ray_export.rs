@@ -13,48 +13,21 @@ use std::time::{Duration, Instant};
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::common::spawn_serve;
+use crate::common::{Head, eventually, serve};
 use crate::contract::send;
 use crate::ray_v2::{assert_valid_under_rays_model, fixture, shared_fields};
 
 const EVENTS_FILE: &str = "event_EXPORT_TRAIN_STATE.log";
 const DEADLINE: Duration = Duration::from_secs(60);
 
-/// A head service as a child process.
-struct Head {
-    child: Child,
-    url: String,
-}
-
-impl Head {
-    /// Starts `trainstate serve` on `listen` and waits for its first line.
-    fn start(data_dir: &Path, listen: &str) -> Head {
-        Self::start_with(data_dir, listen, &[])
-    }
-
-    /// The same, with more `serve` flags.
-    fn start_with(data_dir: &Path, listen: &str, extra: &[&str]) -> Head {
-        let spawned = spawn_serve(data_dir, listen, extra, &[])
-            .unwrap_or_else(|(status, log)| panic!("the head does not start ({status}): {log}"));
-        let (child, url) = (spawned.child, spawned.url);
-        Head { child, url }
-    }
-
-    fn listen(&self) -> String {
-        self.url.strip_prefix("http://").unwrap().to_owned()
-    }
-
-    fn kill9(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-}
-
-impl Drop for Head {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Starts `trainstate serve` on `listen` with `extra` flags and waits for
+/// its first line.
+fn start(data_dir: &Path, listen: &str, extra: &[&str]) -> Head {
+    serve(data_dir)
+        .listen(listen)
+        .args(extra)
+        .start()
+        .unwrap_or_else(|refused| panic!("the head does not start ({refused})"))
 }
 
 /// The places one test uses: Ray's export events directory, the
@@ -163,16 +136,18 @@ impl Site {
 
     /// Waits until the saved position is `line` lines into the file.
     async fn wait_for_line(&self, line: u64) {
-        eventually(&format!("the position at line {line}"), || {
-            self.position().is_some_and(|(_, at)| at == line).then_some(())
+        eventually(&format!("the position at line {line}"), DEADLINE, || {
+            std::future::ready(self.position().is_some_and(|(_, at)| at == line).then_some(()))
         })
         .await;
     }
 
     /// Waits until the saved position is at the end of the file.
     async fn wait_for_end(&self) {
-        eventually("the position at the end of the file", || {
-            self.position().is_some_and(|(offset, _)| offset == self.file_len()).then_some(())
+        eventually("the position at the end of the file", DEADLINE, || {
+            std::future::ready(
+                self.position().is_some_and(|(offset, _)| offset == self.file_len()).then_some(()),
+            )
         })
         .await;
     }
@@ -225,18 +200,6 @@ impl Drop for Ingester {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-/// Polls `condition` until it gives a value, up to [`DEADLINE`].
-async fn eventually<T>(what: &str, mut condition: impl FnMut() -> Option<T>) -> T {
-    let until = Instant::now() + DEADLINE;
-    loop {
-        if let Some(value) = condition() {
-            return value;
-        }
-        assert!(Instant::now() < until, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
@@ -371,14 +334,14 @@ async fn assert_histories_are_rays(client: &Client, head: &Head, lines: &[String
 #[tokio::test]
 async fn replaying_rays_file_as_ray_writes_it_gives_back_rays_dashboard_answer() {
     let site = Site::new();
-    let head = Head::start(&site.data, "127.0.0.1:0");
+    let head = start(&site.data, "127.0.0.1:0", &[]);
     let client = Client::new();
     let mut ingester = site.ingester(&head, false);
     let lines = rays_lines();
 
     // Before Ray writes anything, the ingester waits for the file.
-    eventually("the ingester waiting for Ray", || {
-        site.log().contains("waiting for Ray to write").then_some(())
+    eventually("the ingester waiting for Ray", DEADLINE, || {
+        std::future::ready(site.log().contains("waiting for Ray to write").then_some(()))
     })
     .await;
     site.append_lines(&lines[..10]);
@@ -410,7 +373,7 @@ async fn replaying_rays_file_as_ray_writes_it_gives_back_rays_dashboard_answer()
 #[tokio::test]
 async fn an_ingester_killed_mid_file_resumes_from_its_position_without_loss_or_double_effect() {
     let site = Site::new();
-    let head = Head::start(&site.data, "127.0.0.1:0");
+    let head = start(&site.data, "127.0.0.1:0", &[]);
     let client = Client::new();
     let lines = rays_lines();
 
@@ -455,7 +418,7 @@ async fn an_ingester_killed_mid_file_resumes_from_its_position_without_loss_or_d
 #[tokio::test]
 async fn a_truncated_or_replaced_file_is_noticed_and_read_from_its_start() {
     let site = Site::new();
-    let head = Head::start(&site.data, "127.0.0.1:0");
+    let head = start(&site.data, "127.0.0.1:0", &[]);
     let client = Client::new();
     let mut ingester = site.ingester(&head, false);
     site.append_lines(&rays_lines());
@@ -487,7 +450,7 @@ async fn a_truncated_or_replaced_file_is_noticed_and_read_from_its_start() {
 #[tokio::test]
 async fn a_rotated_file_is_read_to_its_end_before_the_new_one() {
     let site = Site::new();
-    let head = Head::start(&site.data, "127.0.0.1:0");
+    let head = start(&site.data, "127.0.0.1:0", &[]);
     let client = Client::new();
     let lines = rays_lines();
     let mut ingester = site.ingester(&head, false);
@@ -519,7 +482,7 @@ async fn a_new_ray_session_is_followed_once_the_previous_one_is_read_to_its_end(
     let latest = sessions.join("session_latest");
     std::os::unix::fs::symlink(sessions.join("session"), &latest).unwrap();
     let events = latest.join("logs/export_events");
-    let head = Head::start(&site.data, "127.0.0.1:0");
+    let head = start(&site.data, "127.0.0.1:0", &[]);
     let client = Client::new();
     let lines = rays_lines();
 
@@ -556,7 +519,7 @@ async fn the_file_name_of_earlier_ray_releases_is_followed_too() {
     // Before Ray named the file after the Train state, one logger named
     // after the run events' source type wrote runs and attempts alike.
     let site = Site::new();
-    let head = Head::start(&site.data, "127.0.0.1:0");
+    let head = start(&site.data, "127.0.0.1:0", &[]);
     let client = Client::new();
     let earlier = site.events.join("event_EXPORT_TRAIN_RUN.log");
     std::fs::write(&earlier, format!("{}\n", rays_lines().join("\n"))).unwrap();
@@ -571,7 +534,7 @@ async fn the_file_name_of_earlier_ray_releases_is_followed_too() {
 #[tokio::test]
 async fn a_malformed_line_is_logged_with_its_position_and_skipped() {
     let site = Site::new();
-    let head = Head::start(&site.data, "127.0.0.1:0");
+    let head = start(&site.data, "127.0.0.1:0", &[]);
     let client = Client::new();
     let mut lines = rays_lines();
     let bad_id = lines[4].replacen("\"job_id\": \"AQAAAA==\"", "\"job_id\": \"!!\"", 1);
@@ -617,22 +580,22 @@ async fn a_malformed_line_is_logged_with_its_position_and_skipped() {
 #[tokio::test]
 async fn a_head_that_restarts_mid_ingest_loses_nothing() {
     let site = Site::new();
-    let mut head = Head::start(&site.data, "127.0.0.1:0");
+    let mut head = start(&site.data, "127.0.0.1:0", &[]);
     let client = Client::new();
     let lines = rays_lines();
     let _ingester = site.ingester(&head, false);
     site.append_lines(&lines[..12]);
     site.wait_for_line(12).await;
 
-    head.kill9();
+    head.kill();
     site.append_lines(&lines[12..]);
-    eventually("the ingester to find the head down", || {
-        site.log().contains("the head cannot take an event now").then_some(())
+    eventually("the ingester to find the head down", DEADLINE, || {
+        std::future::ready(site.log().contains("the head cannot take an event now").then_some(()))
     })
     .await;
     assert_eq!(site.position().unwrap().1, 12, "nothing is skipped while the head is down");
 
-    let head = Head::start(&site.data, &head.listen());
+    let head = start(&site.data, head.address(), &[]);
     site.wait_for_end().await;
     assert_rays_answer(&client, &head).await;
 }
@@ -644,7 +607,7 @@ async fn a_head_that_restarts_mid_ingest_loses_nothing() {
 #[tokio::test]
 async fn a_cluster_that_died_under_a_live_run_ends_it_aborted_with_rays_cause() {
     let site = Site::new();
-    let head = Head::start(&site.data, "127.0.0.1:0");
+    let head = start(&site.data, "127.0.0.1:0", &[]);
     let client = Client::new();
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/ray-v2/cluster-died");
     for name in [
@@ -731,7 +694,7 @@ async fn a_cluster_that_died_under_a_live_run_ends_it_aborted_with_rays_cause() 
 #[tokio::test]
 async fn a_node_s_death_reaches_the_attempt_and_the_driver_job_s_end_ends_the_run() {
     let site = Site::new();
-    let head = Head::start(&site.data, "127.0.0.1:0");
+    let head = start(&site.data, "127.0.0.1:0", &[]);
     let client = Client::new();
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/ray-v2/cluster-died");
     let copy = |name: &str| std::fs::copy(fixtures.join(name), site.events.join(name)).unwrap();
@@ -809,7 +772,7 @@ async fn regression_the_ingester_delivers_to_a_tls_head_with_its_ca() {
     let site = Site::new();
     let ca = Ca::new("head CA");
     let pki = Pki::write(site.data.parent().unwrap(), "head", &ca);
-    let head = Head::start_with(&site.data, "127.0.0.1:0", &pki.serve_flags());
+    let head = start(&site.data, "127.0.0.1:0", &pki.serve_flags());
     assert!(head.url.starts_with("https://"), "{}", head.url);
     let lines = rays_lines();
     site.append_lines(&lines);
@@ -817,8 +780,10 @@ async fn regression_the_ingester_delivers_to_a_tls_head_with_its_ca() {
 
     // Without the CA the ingester cannot deliver, and says which flag helps.
     let mut untrusting = site.ingester_with(&session, &head, false, &[]);
-    eventually("an error naming --ca-cert", || site.log().contains("--ca-cert").then_some(()))
-        .await;
+    eventually("an error naming --ca-cert", DEADLINE, || {
+        std::future::ready(site.log().contains("--ca-cert").then_some(()))
+    })
+    .await;
     assert!(site.log().contains("not trusted"), "{}", site.log());
     assert!(site.position().is_none_or(|(_, line)| line == 0), "nothing was delivered");
     assert!(untrusting.terminate().success(), "{}", site.log());
@@ -912,7 +877,7 @@ impl MisroutingProxy {
 #[tokio::test]
 async fn regression_an_ingester_given_a_url_with_a_path_applies_nothing_and_then_all_eight() {
     let site = Site::new();
-    let head = Head::start(&site.data, "127.0.0.1:0");
+    let head = start(&site.data, "127.0.0.1:0", &[]);
     let client = Client::new();
     site.append_lines(&rays_lines()[..8]);
 
@@ -939,14 +904,17 @@ async fn regression_an_ingester_given_a_url_with_a_path_applies_nothing_and_then
 #[tokio::test]
 async fn regression_a_write_that_reaches_no_route_is_sent_again_and_never_skipped() {
     let site = Site::new();
-    let head = Head::start(&site.data, "127.0.0.1:0");
+    let head = start(&site.data, "127.0.0.1:0", &[]);
     let client = Client::new();
     let proxy = MisroutingProxy::start(&head).await;
     site.append_lines(&rays_lines()[..8]);
 
     let mut misrouted =
         site.ingester_at(site.session(), &format!("{}/prefix", proxy.url), false, &[]);
-    eventually("the same event sent three times", || (proxy.writes() >= 3).then_some(())).await;
+    eventually("the same event sent three times", DEADLINE, || {
+        std::future::ready((proxy.writes() >= 3).then_some(()))
+    })
+    .await;
     assert!(site.log().contains("the head's URL reaches no route"), "{}", site.log());
     assert!(misrouted.terminate().success(), "{}", site.log());
     let summary = site.summary();
@@ -971,7 +939,7 @@ async fn regression_a_write_that_reaches_no_route_is_sent_again_and_never_skippe
 #[tokio::test]
 async fn regression_a_planted_position_tmp_symlink_is_replaced_and_never_followed() {
     let site = Site::new();
-    let head = Head::start(&site.data, "127.0.0.1:0");
+    let head = start(&site.data, "127.0.0.1:0", &[]);
     site.append_lines(&rays_lines()[..4]);
     let dir = site.position.parent().unwrap();
     std::fs::create_dir_all(dir).unwrap();
@@ -1003,7 +971,7 @@ async fn regression_a_planted_position_tmp_symlink_is_replaced_and_never_followe
 #[tokio::test]
 async fn regression_a_symlinked_lock_file_is_refused_and_its_target_never_created() {
     let site = Site::new();
-    let head = Head::start(&site.data, "127.0.0.1:0");
+    let head = start(&site.data, "127.0.0.1:0", &[]);
     site.append_lines(&rays_lines()[..4]);
     let dir = site.position.parent().unwrap();
     std::fs::create_dir_all(dir).unwrap();
@@ -1045,15 +1013,15 @@ async fn regression_a_symlinked_lock_file_is_refused_and_its_target_never_create
 async fn regression_an_unended_line_over_the_limit_is_read_once_and_skipped_when_it_ends() {
     const LIMIT: usize = 16 << 20;
     let site = Site::new();
-    let head = Head::start(&site.data, "127.0.0.1:0");
+    let head = start(&site.data, "127.0.0.1:0", &[]);
     let lines = rays_lines();
     site.append_lines(&lines[..4]);
     let mut ingester = site.ingester(&head, false);
     site.wait_for_line(4).await;
     let long_at = site.file_len();
     site.append(&"x".repeat(LIMIT + (1 << 20)));
-    eventually("the long line said to be over the limit", || {
-        site.log().contains("not ended yet").then_some(())
+    eventually("the long line said to be over the limit", DEADLINE, || {
+        std::future::ready(site.log().contains("not ended yet").then_some(()))
     })
     .await;
     // Each blank line appended to the node events file is read in a round
@@ -1067,8 +1035,10 @@ async fn regression_an_unended_line_over_the_limit_is_read_once_and_skipped_when
             .unwrap()
             .write_all(b"\n")
             .unwrap();
-        eventually("a round of polls", || {
-            (site.position_in("event_EXPORT_NODE.log") == Some((k, k))).then_some(())
+        eventually("a round of polls", DEADLINE, || {
+            std::future::ready(
+                (site.position_in("event_EXPORT_NODE.log") == Some((k, k))).then_some(()),
+            )
         })
         .await;
     }
@@ -1100,13 +1070,13 @@ async fn regression_an_ingester_started_before_its_head_waits_for_it_and_applies
     let relay = crate::process::Relay::start("http://127.0.0.1:1").await;
     site.append_lines(&rays_lines()[..8]);
     let mut ingester = site.ingester_at(site.session(), &relay.url, false, &[]);
-    eventually("the ingester waiting for its head", || {
-        site.log().contains("the head does not answer yet").then_some(())
+    eventually("the ingester waiting for its head", DEADLINE, || {
+        std::future::ready(site.log().contains("the head does not answer yet").then_some(()))
     })
     .await;
     assert_eq!(site.position(), None, "nothing read before the head answers");
 
-    let head = Head::start(&site.data, "127.0.0.1:0");
+    let head = start(&site.data, "127.0.0.1:0", &[]);
     relay.point_to(&head.url);
     site.wait_for_line(8).await;
     assert!(ingester.terminate().success(), "{}", site.log());

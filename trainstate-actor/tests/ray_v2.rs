@@ -703,8 +703,8 @@ async fn regression_large_v2_writes_are_prepared_off_the_actors_turn() {
             tokio::spawn(async move { request.send().await.unwrap().status() })
         })
         .collect();
-    crate::common::wait_until("four preparations held", Duration::from_secs(120), || {
-        faults.ray_preparations_waiting() == 4
+    crate::common::eventually("four preparations held", Duration::from_secs(120), || {
+        std::future::ready(faults.ray_preparations_waiting() == 4)
     })
     .await;
 

@@ -15,20 +15,20 @@ use trainstate_actor::{ManualClock, StateService, launch_state_actor};
 use trainstate_client::{EventKind, RunDocument, StateError, StatusUpdate};
 use trainstate_schema::{CauseKind, RunId, RunStatus};
 
+use crate::common::{eventually, start_head};
 use crate::common::{run, run_with, unique_name};
 use crate::contract::check_answer;
-use crate::process::{Head, without_heartbeat};
+use crate::process::without_heartbeat;
 use crate::stores::{Fresh, Store};
 
 const T0: u64 = 1_760_000_000_000;
 
-/// Two heads (actors of their own) on one fresh schema; `None` without a
-/// test database.
+/// Two heads (actors of their own) on one fresh schema.
 async fn two_heads(
     what: &str,
     clock: Option<&Arc<ManualClock>>,
-) -> Option<(StateService, StateService, Fresh)> {
-    let fresh = Store::Postgres.fresh(what).await?;
+) -> (StateService, StateService, Fresh) {
+    let fresh = Store::Postgres.fresh(what).await;
     let config = |name: &str| {
         let config =
             fresh.config_named(&unique_name(name)).with_sweep_interval(Duration::from_secs(3600));
@@ -39,20 +39,7 @@ async fn two_heads(
     };
     let a = launch_state_actor(config("a")).await.unwrap();
     let b = launch_state_actor(config("b")).await.unwrap();
-    Some((a, b, fresh))
-}
-
-/// Polls `check` until it holds, or fails after `deadline`.
-async fn eventually<F: std::future::Future<Output = bool>>(
-    what: &str,
-    deadline: Duration,
-    mut check: impl FnMut() -> F,
-) {
-    let until = Instant::now() + deadline;
-    while !check().await {
-        assert!(Instant::now() < until, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    (a, b, fresh)
 }
 
 /// Retries a write while it is refused as decided on a stale version.
@@ -71,8 +58,9 @@ async fn retrying<T, F: std::future::Future<Output = Result<T, StateError>>>(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(has_postgres), ignore = "needs TRAINSTATE_TEST_POSTGRES_URL")]
 async fn a_write_through_one_head_is_seen_through_the_other_and_on_its_events() {
-    let Some((a, b, _store)) = two_heads("seen", None).await else { return };
+    let (a, b, _store) = two_heads("seen", None).await;
     let mut events = b.handle().subscribe(None).await.unwrap();
     let r = run("through-a", T0);
     a.handle().register(r.clone()).await.unwrap();
@@ -99,8 +87,9 @@ async fn a_write_through_one_head_is_seen_through_the_other_and_on_its_events() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(has_postgres), ignore = "needs TRAINSTATE_TEST_POSTGRES_URL")]
 async fn racing_terminal_reports_through_two_heads_leave_exactly_one_winner() {
-    let Some((a, b, _store)) = two_heads("race", None).await else { return };
+    let (a, b, _store) = two_heads("race", None).await;
     for i in 0..20 {
         let r = run(&format!("race{i}"), T0 + i);
         let id = r.id().clone();
@@ -134,8 +123,9 @@ async fn racing_terminal_reports_through_two_heads_leave_exactly_one_winner() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(has_postgres), ignore = "needs TRAINSTATE_TEST_POSTGRES_URL")]
 async fn a_registration_repeated_through_another_head_is_a_no_op() {
-    let Some((a, b, _store)) = two_heads("repeat", None).await else { return };
+    let (a, b, _store) = two_heads("repeat", None).await;
     for i in 0..20 {
         let r = run(&format!("repeat{i}"), T0 + i);
         let first = a.handle().register(r.clone()).await.unwrap();
@@ -149,9 +139,10 @@ async fn a_registration_repeated_through_another_head_is_a_no_op() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(has_postgres), ignore = "needs TRAINSTATE_TEST_POSTGRES_URL")]
 async fn one_head_sweeps_with_every_heads_heartbeats_and_another_takes_over_when_it_stops() {
     let clock = Arc::new(ManualClock::new(T0));
-    let Some((a, b, store)) = two_heads("sweep", Some(&clock)).await else { return };
+    let (a, b, store) = two_heads("sweep", Some(&clock)).await;
     eventually("one sweeping head", Duration::from_secs(10), || {
         let n = usize::from(a.is_sweeper()) + usize::from(b.is_sweeper());
         async move { n == 1 }
@@ -267,12 +258,13 @@ async fn client(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(has_postgres), ignore = "needs TRAINSTATE_TEST_POSTGRES_URL")]
 async fn killing_one_of_two_heads_mid_burst_loses_no_acknowledged_write() {
-    let Some(fresh) = Store::Postgres.fresh("ha").await else { return };
+    let fresh = Store::Postgres.fresh("ha").await;
     let url = fresh.url().unwrap().to_owned();
     let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let mut a = Head::start(dir_a.path(), &["--store", &url]).unwrap();
-    let b = Head::start(dir_b.path(), &["--store", &url]).unwrap();
+    let mut a = start_head(dir_a.path(), &["--store", &url]).unwrap();
+    let b = start_head(dir_b.path(), &["--store", &url]).unwrap();
     let (dead, stop) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
     let acknowledged = Arc::new(Mutex::new(HashMap::new()));
     let count = Arc::new(AtomicUsize::new(0));
@@ -340,8 +332,9 @@ async fn killing_one_of_two_heads_mid_burst_loses_no_acknowledged_write() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(has_postgres), ignore = "needs TRAINSTATE_TEST_POSTGRES_URL")]
 async fn a_head_behind_what_the_change_log_keeps_loads_every_run_again() {
-    let Some((a, b, store)) = two_heads("pruned", None).await else { return };
+    let (a, b, store) = two_heads("pruned", None).await;
     a.handle().register(run("before", T0)).await.unwrap();
     // Another writer commits a run and prunes the log past both heads.
     let missed = run("missed", T0 + 1);
@@ -406,12 +399,13 @@ async fn post_retrying(http: &reqwest::Client, base: &str, path: &str, body: Val
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(has_postgres), ignore = "needs TRAINSTATE_TEST_POSTGRES_URL")]
 async fn regression_ranks_whose_requests_reach_different_heads_form_one_group_and_one_run() {
-    let Some(fresh) = Store::Postgres.fresh("rdv").await else { return };
+    let fresh = Store::Postgres.fresh("rdv").await;
     let url = fresh.url().unwrap().to_owned();
     let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let a = Head::start(dir_a.path(), &["--store", &url, "--lease", "8s"]).unwrap();
-    let b = Head::start(dir_b.path(), &["--store", &url, "--lease", "8s"]).unwrap();
+    let a = start_head(dir_a.path(), &["--store", &url, "--lease", "8s"]).unwrap();
+    let b = start_head(dir_b.path(), &["--store", &url, "--lease", "8s"]).unwrap();
     let heads = [a.url.clone(), b.url.clone()];
     let http = reqwest::Client::new();
     let group = crate::common::workers(2, 1, "rdv-");
@@ -510,12 +504,13 @@ async fn regression_ranks_whose_requests_reach_different_heads_form_one_group_an
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(has_postgres), ignore = "needs TRAINSTATE_TEST_POSTGRES_URL")]
 async fn a_runs_ranks_go_on_through_the_surviving_head_when_the_other_is_killed() {
-    let Some(fresh) = Store::Postgres.fresh("rdv-kill").await else { return };
+    let fresh = Store::Postgres.fresh("rdv-kill").await;
     let url = fresh.url().unwrap().to_owned();
     let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let mut a = Head::start(dir_a.path(), &["--store", &url, "--lease", "30s"]).unwrap();
-    let b = Head::start(dir_b.path(), &["--store", &url, "--lease", "30s"]).unwrap();
+    let mut a = start_head(dir_a.path(), &["--store", &url, "--lease", "30s"]).unwrap();
+    let b = start_head(dir_b.path(), &["--store", &url, "--lease", "30s"]).unwrap();
     let http = reqwest::Client::new();
     let group = crate::common::workers(2, 1, "kill-");
     let join = |rank: usize| {
@@ -548,6 +543,7 @@ async fn a_runs_ranks_go_on_through_the_surviving_head_when_the_other_is_killed(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(has_postgres), ignore = "needs TRAINSTATE_TEST_POSTGRES_URL")]
 async fn regression_a_token_revoked_on_one_head_is_refused_by_the_other_within_a_second() {
     use trainstate_actor::http::HttpConfig;
     use trainstate_client::api::TokenScope;
@@ -555,7 +551,7 @@ async fn regression_a_token_revoked_on_one_head_is_refused_by_the_other_within_a
     use crate::common::Server;
     use crate::tokens::{HEAD_TOKEN, create};
 
-    let Some(fresh) = Store::Postgres.fresh("revoke-across").await else { return };
+    let fresh = Store::Postgres.fresh("revoke-across").await;
     let http = || HttpConfig::default().with_token(Some(HEAD_TOKEN.into()));
     let a = Server::start(fresh.config_named(&unique_name("a")), http()).await;
     let b = Server::start(fresh.config_named(&unique_name("b")), http()).await;

@@ -6,7 +6,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use trainstate_actor::{StateConfig, get_or_launch_state_actor, shutdown_state_actor};
 use trainstate_client::{DEFAULT_STATE_ACTOR_NAME, get_state_actor, get_state_actor_named};
 
-use crate::common::{run, unique_name, wait_until};
+use crate::common::{eventually, run, unique_name};
 
 const T0: u64 = 1_760_000_000_000;
 
@@ -95,8 +95,8 @@ async fn the_actor_outlives_the_controller_that_launched_it() {
     let (controller, join) = Actor::spawn(None, Controller, name.clone()).await.unwrap();
     controller.send_message(ControllerMessage::Panic).unwrap();
     join.await.unwrap();
-    wait_until("the controller to die", Duration::from_secs(5), || {
-        controller.get_status() == ractor::ActorStatus::Stopped
+    eventually("the controller to die", Duration::from_secs(5), || {
+        std::future::ready(controller.get_status() == ractor::ActorStatus::Stopped)
     })
     .await;
     let state = get_state_actor_named(&name).expect("still running after the controller panicked");

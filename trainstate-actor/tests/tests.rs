@@ -1,17 +1,15 @@
 //! Integration tests of the state actor: one binary, one module per concern.
 
+mod clocks;
 mod common;
 mod contract;
 mod durability;
+mod event_stream;
 mod events;
 mod forwarding;
-mod hardening;
-mod hardening_clocks;
-mod hardening_events;
-mod hardening_size;
-mod hardening_store;
 mod http_api;
 mod http_bounds;
+mod http_guards;
 mod lifecycle;
 mod listing;
 mod liveness;
@@ -20,10 +18,13 @@ mod process;
 mod ray_export;
 mod ray_v2;
 mod rendezvous;
+mod run_size;
 mod shared_store;
 mod singleton;
+mod store_faults;
 mod stores;
 mod tls;
 mod tokens;
 mod web;
+mod write_outcomes;
 mod write_path;

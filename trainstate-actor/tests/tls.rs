@@ -16,9 +16,9 @@ use trainstate_actor::StateConfig;
 use trainstate_actor::http::{HttpConfig, ServerTls};
 use trainstate_schema::RunId;
 
+use crate::common::{Head, start_head};
 use crate::common::{Server, run_with, unique_name};
 use crate::contract::send;
-use crate::process::Head;
 
 const T0: u64 = 1_760_000_000_000;
 
@@ -131,7 +131,7 @@ async fn regression_curl_with_the_ca_reaches_a_tls_head_and_plain_http_to_its_po
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new("hub CA");
     let pki = Pki::write(dir.path(), "hub", &ca);
-    let head = Head::start(&dir.path().join("data"), &pki.serve_flags()).expect("a TLS head");
+    let head = start_head(&dir.path().join("data"), &pki.serve_flags()).expect("a TLS head");
     assert!(head.url.starts_with("https://127.0.0.1:"), "listening on {}", head.url);
     let healthz = format!("{}/healthz", head.url);
     let plain = healthz.replacen("https://", "http://", 1);
@@ -180,7 +180,7 @@ async fn regression_sighup_rotates_the_certificate_for_new_connections_and_open_
     let dir = tempfile::tempdir().unwrap();
     let (old_ca, new_ca) = (Ca::new("old CA"), Ca::new("new CA"));
     let pki = Pki::write(dir.path(), "head", &old_ca);
-    let head = Head::start(&dir.path().join("data"), &pki.serve_flags()).expect("a TLS head");
+    let head = start_head(&dir.path().join("data"), &pki.serve_flags()).expect("a TLS head");
     let healthz = format!("{}/healthz", head.url);
 
     // A connection opened before the rotation, kept alive in its pool.
@@ -256,13 +256,13 @@ async fn regression_forwarding_to_a_tls_hub_with_its_ca_delivers_runs() {
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new("hub CA");
     let pki = Pki::write(dir.path(), "hub", &ca);
-    let hub = Head::start(&dir.path().join("hub"), &pki.serve_flags()).expect("a TLS hub");
+    let hub = start_head(&dir.path().join("hub"), &pki.serve_flags()).expect("a TLS hub");
     let forward = |ca_cert: Option<&Path>, data: &str| {
         let mut flags = vec!["--cluster", "c1", "--forward-to", &hub.url];
         if let Some(ca_cert) = ca_cert {
             flags.extend(["--ca-cert", path(ca_cert)]);
         }
-        Head::start(&dir.path().join(data), &flags).expect("a cluster head")
+        start_head(&dir.path().join(data), &flags).expect("a cluster head")
     };
 
     let http = Client::new();

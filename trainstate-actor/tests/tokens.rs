@@ -84,7 +84,7 @@ fn method(route: &trainstate_schema::routes::Route) -> Method {
 
 on_both_stores! {
     async fn regression_a_read_token_lists_and_streams_but_every_write_and_admin_route_is_forbidden(store) {
-        let Some(fresh) = store.fresh("read-token").await else { return };
+        let fresh = store.fresh("read-token").await;
         let hub = hub(&fresh, true).await;
         let http = Client::new();
         let (_, read) = create(&hub.url, &[TokenScope::Read], None).await;
@@ -130,7 +130,7 @@ on_both_stores! {
     }
 
     async fn regression_a_cluster_token_cannot_change_nor_invent_another_clusters_runs(store) {
-        let Some(fresh) = store.fresh("cluster-token").await else { return };
+        let fresh = store.fresh("cluster-token").await;
         let hub = hub(&fresh, false).await;
         let http = Client::new();
         let (_, token_a) = create(&hub.url, &[TokenScope::Write], Some("a")).await;
@@ -187,7 +187,7 @@ on_both_stores! {
     }
 
     async fn regression_a_revoked_token_is_refused_at_once_and_bad_requests_create_nothing(store) {
-        let Some(fresh) = store.fresh("revoke").await else { return };
+        let fresh = store.fresh("revoke").await;
         let hub = hub(&fresh, true).await;
         let http = Client::new();
         let admin = StateHandle::connect(&hub.url, Some(HEAD_TOKEN.into())).unwrap();

@@ -1,11 +1,10 @@
 //! Helpers shared by the test modules.
 
-use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ractor::ActorRef;
 use trainstate_actor::{StateConfig, StateService, launch_state_actor};
@@ -14,9 +13,9 @@ use trainstate_manager::{
     ManagerConfig, MetadataRequest, MetadataWorker, ProbeInputs, RactorWorkerGroup, WorkerError,
     WorkerGroup, WorkerInfoFuture,
 };
-use trainstate_schema::{
-    ActorStatus, Resources, RunId, RunStatus, TrainRunInfo, TrainWorkerInfo, TrainWorkerInfoDraft,
-};
+use trainstate_schema::{Resources, RunId, RunStatus, TrainRunInfo, TrainWorkerInfo};
+pub(crate) use trainstate_testkit::eventually;
+use trainstate_testkit::runs::workers;
 
 /// A registry name of its own for each test: tests share one process (and
 /// its actor registry) under `cargo test`.
@@ -33,7 +32,7 @@ pub(crate) async fn in_memory(what: &str) -> StateService {
 /// A manager configuration with short deadlines, so tests of an absent
 /// head run quickly. A call to a live head may still come back `Pending`
 /// on a busy machine: a test with this configuration and a live head
-/// waits for the outcome ([`wait_for`], [`wait_for_status`]) instead of
+/// waits for the outcome ([`eventually`], [`wait_for_status`]) instead of
 /// asserting `Acknowledged`.
 pub(crate) fn quick() -> ManagerConfig {
     ManagerConfig::default()
@@ -53,7 +52,7 @@ pub(crate) fn patient() -> ManagerConfig {
 }
 
 /// The time the test clocks start at (Unix ms, in 2025).
-pub(crate) const T0: u64 = 1_760_000_000_000;
+pub(crate) use trainstate_testkit::runs::T0;
 
 /// One wall clock for the head and the manager, moved only by the test:
 /// leases, start and end times are decided by it, never by how fast the
@@ -109,36 +108,17 @@ pub(crate) fn head_on(clock: &Arc<TestClock>, what: &str, lease: Duration) -> St
         .with_sweep_interval(Duration::from_secs(24 * 3600))
 }
 
-/// Waits until `condition` holds, trying again every few milliseconds,
-/// and fails the test when `deadline` passes first.
-pub(crate) async fn wait_for<F, Fut>(what: &str, deadline: Duration, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let until = Instant::now() + deadline;
-    while !condition().await {
-        assert!(Instant::now() < until, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 /// Waits until the run is stored with `status`, and returns it.
 pub(crate) async fn wait_for_status(
     state: &StateHandle,
     id: &RunId,
     status: RunStatus,
 ) -> TrainRunInfo {
-    let until = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(run) = state.get_run(id.clone()).await
-            && run.run_status() == status
-        {
-            return run;
-        }
-        assert!(Instant::now() < until, "timed out waiting for run {id} to be {status}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let what = format!("run {id} to be {status}");
+    eventually(&what, Duration::from_secs(20), || async {
+        state.get_run(id.clone()).await.ok().filter(|run| run.run_status() == status)
+    })
+    .await
 }
 
 /// Probe inputs of one simulated worker: its node's machine id, address
@@ -190,7 +170,7 @@ pub(crate) struct FakeGroup {
 impl FakeGroup {
     /// `n` healthy workers over nodes of `per_node`.
     pub(crate) fn new(n: u32, per_node: u32) -> Self {
-        Self { workers: workers(n, per_node), failing: None, silent: None }
+        Self { workers: workers(n, per_node, ""), failing: None, silent: None }
     }
 }
 
@@ -213,28 +193,4 @@ impl WorkerGroup for FakeGroup {
             info.ok_or(WorkerError::NoSuchRank)
         })
     }
-}
-
-/// `n` workers over nodes of `per_node` workers, in world-rank order.
-pub(crate) fn workers(n: u32, per_node: u32) -> Vec<TrainWorkerInfo> {
-    (0..n)
-        .map(|rank| {
-            let node = rank / per_node;
-            TrainWorkerInfoDraft {
-                actor_id: format!("actor{rank}"),
-                world_rank: rank,
-                local_rank: rank % per_node,
-                node_rank: node,
-                node_id: format!("node{node}"),
-                node_ip: format!("10.0.0.{}", node + 1),
-                pid: 1000 + rank,
-                gpu_ids: vec![rank % per_node],
-                status: ActorStatus::Alive,
-                resources: Resources::from_iter([("CPU", 1.0), ("GPU", 1.0)]),
-                worker_log_file_path: None,
-            }
-            .validate()
-            .unwrap()
-        })
-        .collect()
 }

@@ -13,7 +13,7 @@ use trainstate_client::StateHandle;
 use trainstate_manager::TrainRunStateManager;
 use trainstate_schema::{CauseKind, RunId, RunStatus};
 
-use crate::common::{FakeGroup, TestClock, head_on, patient, wait_for};
+use crate::common::{FakeGroup, TestClock, eventually, head_on, patient};
 
 /// The last heartbeat the head recorded for a live run.
 async fn last_heartbeat(state: &StateHandle, id: &RunId) -> Option<u64> {
@@ -42,7 +42,7 @@ async fn regression_heartbeats_keep_a_run_alive_past_its_lease_until_the_manager
     for lease_number in 1..=3 {
         clock.advance(lease);
         let now = clock.now_ms();
-        wait_for("a heartbeat after the clock moved", Duration::from_secs(30), || async {
+        eventually("a heartbeat after the clock moved", Duration::from_secs(30), || async {
             last_heartbeat(&state, &id).await == Some(now)
         })
         .await;

@@ -15,12 +15,12 @@ use trainstate_manager::{Delivery, ManagerError, RunRegistration, TrainRunStateM
 use trainstate_schema::RunStatus;
 
 use crate::common::{
-    FakeGroup, TestClock, head_on, patient, quick, unique_name, wait_for, wait_for_status,
+    FakeGroup, TestClock, eventually, head_on, patient, quick, unique_name, wait_for_status,
 };
 
 /// Waits until the head has acknowledged every write of `manager`.
 async fn all_acknowledged(manager: &TrainRunStateManager) {
-    wait_for("every write acknowledged", Duration::from_secs(30), || async {
+    eventually("every write acknowledged", Duration::from_secs(30), || async {
         manager.pending_writes() == 0
     })
     .await;

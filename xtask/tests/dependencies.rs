@@ -227,6 +227,11 @@ const ARROWS: &[Arrows] = &[
         may_use: Some(&["trainstate-client", "trainstate-schema"]),
         never: &["trainstate-actor", "xtask"],
     },
+    Arrows {
+        package: "trainstate-testkit",
+        may_use: Some(&["trainstate-client", "trainstate-schema"]),
+        never: &["trainstate-actor", "trainstate-manager", "xtask"],
+    },
     Arrows { package: "xtask", may_use: None, never: &[] },
 ];
 
@@ -309,4 +314,16 @@ fn arrows_between_our_crates_are_the_allowed_ones() {
             assert!(!reached.contains(forbidden), "{package} reaches {forbidden}: {reached:?}");
         }
     }
+}
+
+/// The test helpers drive a head from outside, as a black box: besides the
+/// contract and the client (see `ARROWS`), only tokio. No crate of ours
+/// depends on them but in its dev-dependencies (`ARROWS` lists exactly
+/// what each may use).
+#[test]
+fn the_testkit_uses_the_contract_the_client_and_tokio_only() {
+    let direct = direct_normal_dependencies("trainstate-testkit");
+    let allowed: BTreeSet<String> =
+        ["trainstate-schema", "trainstate-client", "tokio"].map(String::from).into();
+    assert!(direct.is_subset(&allowed), "trainstate-testkit depends on {direct:?}");
 }

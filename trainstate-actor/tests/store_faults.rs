@@ -1,12 +1,12 @@
-//! Regression tests of issue 10's store findings (items 1 and 15): a full
-//! disk, a head whose state actor is given up on, damaged stores. Each test
-//! is named after what it pins (see docs/reliability.md).
+//! A store in trouble (items 1 and 15 of docs/reliability.md): a full
+//! disk, failed commits, a head whose state actor is given up on, damaged
+//! stores, backups.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus};
+use std::process::{Command, ExitStatus};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use reqwest::{Client, Method, StatusCode};
@@ -15,8 +15,8 @@ use trainstate_actor::{Faults, launch_state_actor};
 use trainstate_client::{StateError, StatusUpdate};
 use trainstate_schema::RunId;
 
-use crate::common::{Spawned, run, run_with, spawn_serve, wait_until};
-use crate::contract::check_answer;
+use crate::common::{Head, eventually, run, run_with, serve};
+use crate::contract::send_json as send;
 use crate::process::without_heartbeat;
 use crate::stores::on_both_stores;
 
@@ -25,87 +25,13 @@ const T0: u64 = 1_760_000_000_000;
 /// A guard on a wait that must end by itself; not a margin the test needs.
 const HANG: Duration = Duration::from_secs(60);
 
-/// `trainstate serve` as a child process, with everything it logs kept.
-struct Head {
-    child: Child,
-    url: String,
-    log: Arc<Mutex<String>>,
-}
-
-impl Head {
-    /// Starts a head on `dir` and waits for `listening on`; or returns its
-    /// exit status and what it logged if it exits first.
-    fn start(
-        dir: &Path,
-        extra: &[&str],
-        env: &[(&str, &str)],
-    ) -> Result<Head, (ExitStatus, String)> {
-        let Spawned { child, url, log } = spawn_serve(dir, "127.0.0.1:0", extra, env)?;
-        Ok(Head { child, url, log })
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-
-    fn signal(&self, signal: &str) {
-        let status =
-            Command::new("kill").args([signal, &self.child.id().to_string()]).status().unwrap();
-        assert!(status.success());
-    }
-
-    /// Waits for the process to exit (a guard ends a hung test).
-    fn wait(&mut self) -> ExitStatus {
-        let deadline = Instant::now() + HANG;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "the head did not exit");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    /// Waits until every line logged so far has been read.
-    fn wait_for_log(&self, what: &str) -> String {
-        let deadline = Instant::now() + HANG;
-        loop {
-            let log = self.log();
-            if log.contains(what) {
-                return log;
-            }
-            assert!(Instant::now() < deadline, "never logged {what:?}: {log}");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-}
-
-impl Drop for Head {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Sends a request, checks the answer against the served OpenAPI document,
-/// and returns its status and JSON body.
-async fn send(
-    client: &Client,
-    method: Method,
-    url: &str,
-    body: Option<Value>,
-) -> (StatusCode, Value) {
-    let mut request = client.request(method.clone(), url);
-    if let Some(body) = body {
-        request = request
-            .header("content-type", "application/json")
-            .body(serde_json::to_vec(&body).unwrap());
-    }
-    let response = request.send().await.unwrap();
-    let status = response.status();
-    let bytes = response.bytes().await.unwrap();
-    check_answer(&method, url, status, &bytes);
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+/// Starts a head on `dir` with `extra` flags and `env`, and waits for
+/// `listening on`; or its exit status and what it logged if it exits first.
+fn start(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Result<Head, (ExitStatus, String)> {
+    env.iter()
+        .fold(serve(dir).args(extra), |serve, (name, value)| serve.env(name, value))
+        .start()
+        .map_err(|refused| (refused.status, refused.log))
 }
 
 async fn register(client: &Client, head: &str, name: &str, i: u64) -> (StatusCode, Value, RunId) {
@@ -113,7 +39,7 @@ async fn register(client: &Client, head: &str, name: &str, i: u64) -> (StatusCod
     let run = run_with(&id, name, "disk", T0 + i, 8);
     let url = format!("{head}/api/train/runs");
     let (status, body) =
-        send(client, Method::POST, &url, Some(serde_json::to_value(&run).unwrap())).await;
+        send(client, Method::POST, &url, Some(&serde_json::to_value(&run).unwrap())).await;
     (status, body, id)
 }
 
@@ -192,7 +118,7 @@ async fn regression_a_full_disk_answers_writes_503_serves_reads_and_recovers_wit
     let tmpfs = Tmpfs::mount("8m");
     let data = tmpfs.path().join("data");
     let client = Client::new();
-    let mut head = Head::start(&data, &[], &[]).unwrap();
+    let mut head = start(&data, &[], &[]).unwrap();
     let url = head.url.clone();
 
     let mut acknowledged: Vec<Value> = Vec::new();
@@ -270,7 +196,7 @@ async fn regression_a_full_disk_answers_writes_503_serves_reads_and_recovers_wit
     // Everything acknowledged is stored; nothing refused is.
     head.signal("-KILL");
     head.wait();
-    let head = Head::start(&data, &[], &[]).unwrap();
+    let head = start(&data, &[], &[]).unwrap();
     for run in &acknowledged {
         let id = run["id"].as_str().unwrap();
         let (status, body) =
@@ -310,12 +236,18 @@ async fn regression_a_failed_commit_costs_no_restart_and_what_was_decided_on_it_
         let state = state.clone();
         async move { state.register(lost).await }
     });
-    wait_until("the registration in flight", HANG, || service.in_flight_writes() == 1).await;
+    eventually("the registration in flight", HANG, || {
+        std::future::ready(service.in_flight_writes() == 1)
+    })
+    .await;
     let second = tokio::spawn({
         let (state, id) = (state.clone(), lost_id.clone());
         async move { state.set_status(id, StatusUpdate::finished().ended_at(T0 + 10)).await }
     });
-    wait_until("the status in flight", HANG, || service.in_flight_writes() == 2).await;
+    eventually("the status in flight", HANG, || {
+        std::future::ready(service.in_flight_writes() == 2)
+    })
+    .await;
     faults.release_writer();
     match first.await.unwrap() {
         Err(StateError::Unavailable { reason }) => {
@@ -485,7 +417,7 @@ async fn regression_failed_commits_amid_concurrent_writes_store_exactly_what_was
 fn regression_a_head_whose_state_actor_is_given_up_on_logs_why_and_exits_non_zero() {
     let dir = tempfile::tempdir().unwrap();
     let mut head =
-        Head::start(dir.path(), &[], &[("TRAINSTATE_FAULTS", "panic-on-every-write")]).unwrap();
+        start(dir.path(), &[], &[("TRAINSTATE_FAULTS", "panic-on-every-write")]).unwrap();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let client = Client::new();
     let url = head.url.clone();
@@ -509,7 +441,7 @@ fn regression_a_head_whose_state_actor_is_given_up_on_logs_why_and_exits_non_zer
     assert!(answered >= 11, "the head stopped after {answered} writes");
     let status = head.wait();
     assert!(!status.success(), "a head given up on must exit non-zero: {status}");
-    let log = head.wait_for_log("was given up on");
+    let log = head.wait_for_log("was given up on", 1);
     assert!(log.contains("giving up on the state actor"), "{log}");
     assert!(log.contains("failed 11 times within 10s"), "{log}");
     assert!(log.contains("injected fault"), "the reason names the last failure: {log}");
@@ -518,7 +450,7 @@ fn regression_a_head_whose_state_actor_is_given_up_on_logs_why_and_exits_non_zer
 /// Writes `runs` through a head on `dir`, then stops it with SIGTERM.
 async fn store_runs(dir: &Path, names: &[&str]) -> Vec<String> {
     let client = Client::new();
-    let mut head = Head::start(dir, &[], &[]).unwrap();
+    let mut head = start(dir, &[], &[]).unwrap();
     let mut ids = Vec::new();
     for (i, name) in names.iter().enumerate() {
         let (status, body, id) = register(&client, &head.url, name, i as u64).await;
@@ -554,10 +486,10 @@ async fn regression_a_corrupt_row_is_named_and_quarantine_starts_without_it() {
     }
     // The head listens before it loads its runs (issue 15): the refusal
     // comes after `listening on`, as a non-zero exit with the same message.
-    let mut refused = Head::start(dir.path(), &[], &[]).expect("listens, then loads");
+    let mut refused = start(dir.path(), &[], &[]).expect("listens, then loads");
     let status = refused.wait();
     assert!(!status.success());
-    let log = refused.wait_for_log("--quarantine-corrupt");
+    let log = refused.wait_for_log("--quarantine-corrupt", 1);
     drop(refused);
     assert!(log.contains(&format!("run {}", ids[1])), "names the run: {log}");
     assert!(log.contains("1 more run(s) do not load"), "{log}");
@@ -569,8 +501,8 @@ async fn regression_a_corrupt_row_is_named_and_quarantine_starts_without_it() {
     assert_eq!(count, 3);
     drop(conn);
 
-    let head = Head::start(dir.path(), &["--quarantine-corrupt"], &[]).unwrap();
-    let log = head.wait_for_log("moved aside into the quarantine table");
+    let head = start(dir.path(), &["--quarantine-corrupt"], &[]).unwrap();
+    let log = head.wait_for_log("moved aside into the quarantine table", 1);
     let client = Client::new();
     let (status, _) =
         send(&client, Method::GET, &format!("{}/api/train/runs/{}", head.url, ids[0]), None).await;
@@ -596,7 +528,7 @@ async fn regression_a_corrupt_row_is_named_and_quarantine_starts_without_it() {
         assert!(!reason.is_empty());
     }
     // The next start needs no flag.
-    Head::start(dir.path(), &[], &[]).expect("starts once the damaged runs are aside");
+    start(dir.path(), &[], &[]).expect("starts once the damaged runs are aside");
 }
 
 /// Item 15: a store file emptied (0 bytes) or removed in a data directory
@@ -610,31 +542,30 @@ async fn regression_an_emptied_store_in_a_used_directory_is_refused() {
     for suffix in ["-wal", "-shm"] {
         let _ = std::fs::remove_file(dir.path().join(format!("trainstate.db{suffix}")));
     }
-    let (status, log) =
-        Head::start(dir.path(), &[], &[]).err().expect("an emptied store is refused");
+    let (status, log) = start(dir.path(), &[], &[]).expect_err("an emptied store is refused");
     assert!(!status.success());
     assert!(log.contains("trainstate.db is empty (0 bytes)"), "{log}");
     assert!(log.contains("--allow-empty-store"), "{log}");
     assert_eq!(std::fs::metadata(db(dir.path())).unwrap().len(), 0, "refusing changed nothing");
 
     std::fs::remove_file(db(dir.path())).unwrap();
-    let (_, log) = Head::start(dir.path(), &[], &[]).err().expect("a removed store is refused");
+    let (_, log) = start(dir.path(), &[], &[]).expect_err("a removed store is refused");
     assert!(log.contains("trainstate.db is missing"), "{log}");
 
-    let head = Head::start(dir.path(), &["--allow-empty-store"], &[]).unwrap();
-    let log = head.wait_for_log("--allow-empty-store");
+    let head = start(dir.path(), &["--allow-empty-store"], &[]).unwrap();
+    let log = head.wait_for_log("--allow-empty-store", 1);
     assert!(log.contains("starting an empty store"), "{log}");
     drop(head);
     // A directory never served from starts without a word.
     let fresh = tempfile::tempdir().unwrap();
-    Head::start(fresh.path(), &[], &[]).expect("a new directory starts");
+    start(fresh.path(), &[], &[]).expect("a new directory starts");
 }
 
 on_both_stores! {
     /// Item 15, on both stores: the load error names the run; quarantine
     /// moves it aside and starts.
     async fn regression_a_corrupt_run_is_named_by_the_load_error(store) {
-        let Some(fresh) = store.fresh("corrupt_named").await else { return };
+        let fresh = store.fresh("corrupt_named").await;
         let service = launch_state_actor(fresh.config()).await.unwrap();
         let good = run("good", T0);
         let bad = run("bad", T0 + 1);
@@ -678,7 +609,7 @@ on_both_stores! {
 async fn backup_of_a_running_head_restores_every_acknowledged_run() {
     let dir = tempfile::tempdir().unwrap();
     let client = Client::new();
-    let head = Head::start(dir.path(), &[], &[]).unwrap();
+    let head = start(dir.path(), &[], &[]).unwrap();
     let mut acknowledged = Vec::new();
     for i in 0..25 {
         let (status, body, _) = register(&client, &head.url, &format!("b{i}"), i).await;
@@ -708,7 +639,7 @@ async fn backup_of_a_running_head_restores_every_acknowledged_run() {
 
     let restored = tempfile::tempdir().unwrap();
     std::fs::copy(&copy, db(restored.path())).unwrap();
-    let head = Head::start(restored.path(), &[], &[]).unwrap();
+    let head = start(restored.path(), &[], &[]).unwrap();
     for run in &acknowledged {
         let id = run["id"].as_str().unwrap();
         let (status, body) =
@@ -732,11 +663,12 @@ fn logged_count(line: &str, name: &str) -> u64 {
 /// then at most one per 5 s, with PostgreSQL's message, and the lines
 /// count the failed writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(has_postgres), ignore = "needs TRAINSTATE_TEST_POSTGRES_URL")]
 async fn regression_a_postgresql_outage_logs_one_line_per_interval_with_the_count() {
-    let Some(url) = crate::stores::postgres_url() else { return };
+    let url = crate::stores::postgres_url();
     let url = crate::stores::fresh_schema(&url).await;
     let dir = tempfile::tempdir().unwrap();
-    let head = Head::start(dir.path(), &["--store", &url], &[]).unwrap();
+    let head = start(dir.path(), &["--store", &url], &[]).unwrap();
     let client = Client::new();
     let (status, body, _) = register(&client, &head.url, "before", 0).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
@@ -776,7 +708,7 @@ async fn regression_a_postgresql_outage_logs_one_line_per_interval_with_the_coun
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
         assert!(Instant::now() < deadline, "the store never committed again");
     }
-    let log = head.wait_for_log("the store commits again");
+    let log = head.wait_for_log("the store commits again", 1);
     let lines: Vec<&str> = log.lines().filter(|l| l.contains("store commit failed")).collect();
     assert!(!lines.is_empty(), "the outage was never logged: {log}");
     assert!(lines[0].contains("simulated outage"), "PostgreSQL's message: {}", lines[0]);

@@ -1,6 +1,6 @@
-//! Regression tests of issue 10's size findings: a large run (item 2), a
-//! run's attempts (item 3, the run's part) and retention by bytes (item 6,
-//! retention). See docs/reliability.md.
+//! The size of runs: a large run (item 2), a run's attempts (item 3, the
+//! run's part) and retention by bytes (item 6, retention). See
+//! docs/reliability.md.
 //!
 //! Measured on a loaded 2-core machine, debug build (`N=65536`, a run of
 //! 65,536 workers on 65,536 nodes, 14.6 MB of JSON, SQLite store), before
