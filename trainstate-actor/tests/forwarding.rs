@@ -86,21 +86,7 @@ on_both_stores! {
         .await;
         assert_eq!((status, &refused["error"]["code"]), (StatusCode::CONFLICT, &json!("conflict")));
 
-        let mut finished = live.clone().into_draft();
-        finished.run_status = RunStatus::Finished;
-        finished.status = None;
-        finished.end_time_ms = Some(T0 + 500);
-        finished.attempts = vec![trainstate_schema::RunAttemptDraft {
-            attempt_id: "0".into(),
-            start_time_ms: T0,
-            end_time_ms: Some(T0 + 500),
-            status: None,
-            status_detail: String::new(),
-            cause: None,
-            workers: None,
-            dropped_workers: None,
-        }];
-        let finished = finished.validate().unwrap();
+        let finished = trainstate_testkit::runs::ended(&live, RunStatus::Finished);
         let (status, stored) = put(serde_json::to_value(&finished).unwrap()).await;
         assert_eq!((status, &stored["run_status"]), (StatusCode::OK, &json!("FINISHED")));
 

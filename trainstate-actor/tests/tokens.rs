@@ -45,26 +45,16 @@ fn json_body(value: &impl serde::Serialize) -> Option<(&'static str, Vec<u8>)> {
     Some(("application/json", serde_json::to_vec(value).unwrap()))
 }
 
-/// `run` as the head of `cluster` stores it, with `status` (ended at
-/// `T0 + 500` when terminal).
+/// `run` as the head of `cluster` stores it, with `status` (ended 500 ms
+/// after its start when terminal).
 fn of_cluster(run: &TrainRunInfo, cluster: &str, status: RunStatus) -> Value {
-    let mut draft = run.clone().into_draft();
+    let run = if status.is_terminal() {
+        trainstate_testkit::runs::ended(run, status)
+    } else {
+        run.clone()
+    };
+    let mut draft = run.into_draft();
     draft.cluster = Some(cluster.to_owned());
-    if status.is_terminal() {
-        draft.run_status = status;
-        draft.status = None;
-        draft.end_time_ms = Some(T0 + 500);
-        draft.attempts = vec![trainstate_schema::RunAttemptDraft {
-            attempt_id: "0".into(),
-            start_time_ms: T0,
-            end_time_ms: Some(T0 + 500),
-            status: None,
-            status_detail: String::new(),
-            cause: None,
-            workers: None,
-            dropped_workers: None,
-        }];
-    }
     serde_json::to_value(draft.validate().unwrap()).unwrap()
 }
 

@@ -10,7 +10,7 @@ use serde_json::Value;
 use trainstate_actor::http::HttpConfig;
 use trainstate_actor::{Faults, Retention, StateConfig};
 use trainstate_client::{DEFAULT_CALL_TIMEOUT, RunQuery, StateError, deadline_allowance};
-use trainstate_schema::{RunAttemptDraft, RunId, RunStatus, TrainRunInfo};
+use trainstate_schema::{RunId, RunStatus, TrainRunInfo};
 
 use crate::common::{Server, run_with, unique_name};
 use crate::contract::send_json as send;
@@ -22,15 +22,7 @@ const HANG: Duration = Duration::from_secs(60);
 
 /// An ended run (FINISHED) of `id`, started at `start_ms`.
 fn ended(id: &RunId, name: &str, start_ms: u64) -> TrainRunInfo {
-    let mut draft = run_with(id, name, "job1", start_ms, 2).into_draft();
-    draft.run_status = RunStatus::Finished;
-    draft.status = None;
-    draft.end_time_ms = Some(start_ms + 500);
-    draft.attempts = vec![RunAttemptDraft {
-        end_time_ms: Some(start_ms + 500),
-        ..RunAttemptDraft::new("0", start_ms)
-    }];
-    draft.validate().unwrap()
+    trainstate_testkit::runs::ended(&run_with(id, name, "job1", start_ms, 2), RunStatus::Finished)
 }
 
 /// A registration whose commit is held past the call deadline answers 503

@@ -1,8 +1,8 @@
 //! Valid runs and workers, built one way for every test.
 
 use trainstate_schema::{
-    ActorStatus, Resources, RunId, TrainRunInfo, TrainRunInfoDraft, TrainWorkerInfo,
-    TrainWorkerInfoDraft,
+    ActorStatus, Resources, RunAttemptDraft, RunId, RunStatus, TrainRunInfo, TrainRunInfoDraft,
+    TrainWorkerInfo, TrainWorkerInfoDraft,
 };
 
 /// The time tests start their runs at (Unix ms, in 2025).
@@ -42,6 +42,21 @@ pub fn run_with(id: &RunId, name: &str, job: &str, start_ms: u64, n: u32) -> Tra
     }
     .validate()
     .unwrap()
+}
+
+/// `run` ended with `status` 500 ms after its start, with one attempt that
+/// ended then too: what a controller reports last.
+pub fn ended(run: &TrainRunInfo, status: RunStatus) -> TrainRunInfo {
+    let mut draft = run.clone().into_draft();
+    let end_ms = draft.start_time_ms + 500;
+    draft.run_status = status;
+    draft.status = None;
+    draft.end_time_ms = Some(end_ms);
+    draft.attempts = vec![RunAttemptDraft {
+        end_time_ms: Some(end_ms),
+        ..RunAttemptDraft::new("0", draft.start_time_ms)
+    }];
+    draft.validate().unwrap()
 }
 
 /// A live 8-worker run of job `job1` with a fresh id.
