@@ -57,8 +57,15 @@ impl Actor for TrainStateActor {
         let generation = args.writer.shared.generation.load(Ordering::SeqCst);
         let now = args.config.clock.now_ms();
         let mono = args.config.clock.monotonic_ms();
-        let mut runs =
-            Runs::load_at(records, now, Some(mono), args.config.lease, args.config.retention);
+        let liveness = args.writer.shared.liveness.clone();
+        let mut runs = Runs::load_at(
+            records,
+            now,
+            Some(mono),
+            args.config.lease,
+            args.config.retention,
+            liveness.clone(),
+        );
         runs.exempt_foreign(args.config.cluster.as_deref());
         tracing::info!(
             runs = runs.len(),
@@ -67,13 +74,14 @@ impl Actor for TrainStateActor {
             total_ms = started.elapsed().as_millis() as u64,
             "state actor started"
         );
+        args.writer.shared.liveness.actor_turns.turn();
         myself.send_interval(args.config.sweep_every(), || {
             let (tx, _unanswered) = oneshot::channel();
             StateMessage::SweepLeases { reply: tx.into() }
         });
         Ok(ActorState {
             runs,
-            rendezvous: Rendezvous::default(),
+            rendezvous: Rendezvous::new(liveness),
             config: args.config,
             writer: args.writer,
             last_sweep_mono_ms: mono,
@@ -87,6 +95,9 @@ impl Actor for TrainStateActor {
         message: StateMessage,
         state: &mut ActorState,
     ) -> Result<(), ActorProcessingErr> {
+        #[cfg(feature = "fault-injection")]
+        state.config.faults.wait_while_actor_held().await;
+        state.writer.shared.liveness.actor_turns.turn();
         let now = state.config.clock.now_ms();
         state.runs.set_monotonic(state.config.clock.monotonic_ms());
         state.runs.set_wall(now);
@@ -184,7 +195,7 @@ impl Actor for TrainStateActor {
                     // Another head sharing the store sweeps, and owns the
                     // rendezvous groups: what this head knew of them goes
                     // stale, and is forgotten, as by a restart.
-                    state.rendezvous = Rendezvous::default();
+                    state.rendezvous = Rendezvous::new(state.writer.shared.liveness.clone());
                     let _ = reply.send(Ok(Vec::new()));
                     return Ok(());
                 }

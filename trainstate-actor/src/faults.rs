@@ -18,6 +18,9 @@ pub struct Faults {
     ray_preparations_held: Mutex<bool>,
     ray_preparations_released: Condvar,
     ray_preparations_waiting: AtomicUsize,
+    actor_held: Mutex<bool>,
+    actor_released: tokio::sync::Notify,
+    actor_waiting: AtomicUsize,
 }
 
 impl Faults {
@@ -57,6 +60,37 @@ impl Faults {
     pub fn release_ray_preparations(&self) {
         *self.ray_preparations_held.lock().unwrap() = false;
         self.ray_preparations_released.notify_all();
+    }
+
+    /// The state actor stops at the start of its next turn until released:
+    /// whatever waits for its turn waits.
+    pub fn hold_actor(&self) {
+        *self.actor_held.lock().unwrap() = true;
+    }
+
+    /// Lets a held actor go on.
+    pub fn release_actor(&self) {
+        *self.actor_held.lock().unwrap() = false;
+        self.actor_released.notify_waiters();
+    }
+
+    /// True while the actor waits, held, at the start of a turn.
+    pub fn actor_waiting(&self) -> bool {
+        self.actor_waiting.load(Ordering::SeqCst) > 0
+    }
+
+    /// Waits while the actor is held (see [`Faults::hold_actor`]).
+    pub(crate) async fn wait_while_actor_held(&self) {
+        loop {
+            // Created before the check: a release after it wakes it.
+            let released = self.actor_released.notified();
+            if !*self.actor_held.lock().unwrap() {
+                return;
+            }
+            self.actor_waiting.fetch_add(1, Ordering::SeqCst);
+            released.await;
+            self.actor_waiting.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 
     /// How many V2 preparations wait, held.

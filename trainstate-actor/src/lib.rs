@@ -49,8 +49,10 @@ mod faults;
 pub mod forward;
 #[cfg(feature = "server")]
 pub mod http;
+mod liveness;
 mod log_sample;
 mod log_throttle;
+mod reader;
 mod record;
 mod rendezvous;
 mod state;

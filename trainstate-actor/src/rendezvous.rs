@@ -28,6 +28,7 @@ use trainstate_schema::{
     TrainWorkerInfo,
 };
 
+use crate::liveness::{Liveness, RankBoard};
 use crate::record::CONTROLLER_PREFIX;
 use crate::state::{Change, Outcome, Runs, failure_detail};
 use crate::time_text::{iso_ms, seconds};
@@ -94,14 +95,13 @@ enum Expiry {
 }
 
 /// The actor's rendezvous state.
-#[derive(Default)]
 pub(crate) struct Rendezvous {
     /// Groups still waiting for ranks.
     pending: HashMap<GroupKey, Pending>,
     /// The waiting group of each (run, attempt id).
     pending_runs: HashMap<(RunId, String), GroupKey>,
     /// The current attempt's ranks of each run assembled here.
-    groups: HashMap<RunId, Group>,
+    groups: Groups,
     /// The run of each key, as far as this actor has seen (a cache: the
     /// stored runs' `controller_actor_id` is the truth).
     keys: HashMap<String, RunId>,
@@ -113,6 +113,114 @@ pub(crate) struct Rendezvous {
     wakeup: bool,
     /// The bytes of the workers that waiting groups hold.
     pending_bytes: usize,
+}
+
+impl Rendezvous {
+    /// No group yet; `liveness` is where the tracked groups' rank boards
+    /// are published (every board it held is forgotten).
+    pub(crate) fn new(liveness: Arc<Liveness>) -> Self {
+        liveness.clear_ranks();
+        Self {
+            pending: HashMap::new(),
+            pending_runs: HashMap::new(),
+            groups: Groups { groups: HashMap::new(), liveness },
+            keys: HashMap::new(),
+            mono_ms: 0,
+            wakeup: false,
+            pending_bytes: 0,
+        }
+    }
+}
+
+/// The tracked groups, each group's rank board published in the liveness
+/// tables while it is tracked.
+struct Groups {
+    groups: HashMap<RunId, Group>,
+    liveness: Arc<Liveness>,
+}
+
+impl Groups {
+    fn insert(&mut self, id: RunId, group: Group) {
+        self.liveness.put_ranks(id.clone(), group.board.clone());
+        self.groups.insert(id, group);
+    }
+
+    fn remove(&mut self, id: &RunId) {
+        self.liveness.remove_ranks(id);
+        self.groups.remove(id);
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&RunId, &mut Group) -> bool) {
+        let liveness = &self.liveness;
+        self.groups.retain(|id, group| {
+            let kept = keep(id, group);
+            if !kept {
+                liveness.remove_ranks(id);
+            }
+            kept
+        });
+    }
+
+    fn contains_key(&self, id: &RunId) -> bool {
+        self.groups.contains_key(id)
+    }
+
+    fn get(&self, id: &RunId) -> Option<&Group> {
+        self.groups.get(id)
+    }
+
+    fn get_mut(&mut self, id: &RunId) -> Option<&mut Group> {
+        self.groups.get_mut(id)
+    }
+
+    fn values_mut(&mut self) -> impl Iterator<Item = &mut Group> {
+        self.groups.values_mut()
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = (&RunId, &mut Group)> {
+        self.groups.iter_mut()
+    }
+}
+
+/// Takes a rank's heartbeat without the actor, when the head tracks the
+/// rank's group and the run is live here: the answer the actor would give
+/// (see `Rendezvous::heartbeat`). `None` when the actor must decide it (a
+/// waiting group, a group not tracked, a replaced attempt, a rank out of
+/// range, an unknown or foreign run): its answer carries the error.
+pub(crate) fn heartbeat_rank_here(
+    liveness: &Liveness,
+    id: &RunId,
+    rank: u32,
+    attempt_id: &str,
+    lease_ms: u64,
+    now_ms: u64,
+    monotonic_ms: u64,
+) -> Option<RendezvousResponse> {
+    let board = liveness.ranks(id)?;
+    if board.attempt_id() != attempt_id || rank >= board.world_size() {
+        return None;
+    }
+    let beat = liveness.beat(id)?;
+    if beat.lease_from_ms() == crate::liveness::NEVER_SWEPT {
+        return None;
+    }
+    let status = beat.status();
+    if !status.is_terminal() {
+        beat.raise(now_ms, monotonic_ms);
+    }
+    if status == RunStatus::Running {
+        board.heard(rank as usize, now_ms);
+    }
+    let n = board.world_size();
+    Some(RendezvousResponse::new(
+        id.clone(),
+        board.attempt_id(),
+        n,
+        n,
+        board.ended(),
+        Some(status),
+        lease_ms,
+    ))
 }
 
 /// A group waiting for its ranks.
@@ -200,6 +308,9 @@ impl Placement {
 struct Group {
     attempt_id: String,
     slots: Vec<Slot>,
+    /// When each rank was last heard from and how many ended, shared with
+    /// the connections that take rank heartbeats (see [`crate::liveness`]).
+    board: Arc<RankBoard>,
     ended: u32,
     /// When the group was tracked, on the monotonic clock.
     since_ms: u64,
@@ -217,7 +328,6 @@ struct Slot {
     identity: u64,
     /// Who the rank is, for reasons: `pid 4242 on node host-1 (10.0.0.2)`.
     who: Arc<str>,
-    last_heard_ms: Option<u64>,
     end: SlotEnd,
 }
 
@@ -236,10 +346,19 @@ enum SlotEnd {
 }
 
 impl Group {
-    fn new(attempt_id: String, slots: Vec<Slot>, ended: u32, since_ms: u64) -> Self {
+    fn new(
+        attempt_id: String,
+        slots: Vec<Slot>,
+        heard: Vec<Option<u64>>,
+        ended: u32,
+        since_ms: u64,
+    ) -> Self {
+        let board = RankBoard::new(&attempt_id, heard);
+        board.set_ended(ended);
         Self {
             attempt_id,
             slots,
+            board: Arc::new(board),
             ended,
             since_ms,
             failures: Vec::new(),
@@ -265,6 +384,7 @@ impl Group {
         let slot = &mut self.slots[rank];
         if slot.end == SlotEnd::Running {
             self.ended += 1;
+            self.board.set_ended(self.ended);
         }
         if slot.end != SlotEnd::Finished {
             slot.end = end;
@@ -790,14 +910,10 @@ impl Rendezvous {
             let slots = run
                 .workers()
                 .iter()
-                .map(|w| Slot {
-                    identity: identity_of(w),
-                    who: who_of(w),
-                    last_heard_ms: None,
-                    end: SlotEnd::Running,
-                })
-                .collect();
-            self.groups.insert(id.clone(), Group::new(attempt_id, slots, 0, self.mono_ms));
+                .map(|w| Slot { identity: identity_of(w), who: who_of(w), end: SlotEnd::Running })
+                .collect::<Vec<_>>();
+            let heard = vec![None; slots.len()];
+            self.groups.insert(id.clone(), Group::new(attempt_id, slots, heard, 0, self.mono_ms));
         }
         Ok(self.groups.get_mut(id).expect("tracked above"))
     }
@@ -833,14 +949,11 @@ impl Rendezvous {
                     Some(_) => SlotEnd::Failed,
                 };
                 ended += u32::from(end != SlotEnd::Running);
-                Slot {
-                    identity: m.identity,
-                    who: who_of(&m.worker),
-                    last_heard_ms: Some(m.last_heard_ms),
-                    end,
-                }
+                Slot { identity: m.identity, who: who_of(&m.worker), end }
             })
             .collect();
+        let heard: Vec<Option<u64>> =
+            pending.members.values().map(|m| Some(m.last_heard_ms)).collect();
         let status = match (&failure, all_finished) {
             (Some(update), _) => update.status,
             (None, true) => RunStatus::Finished,
@@ -890,7 +1003,7 @@ impl Rendezvous {
             answered(runs.register(run, now_ms)?, ())
         };
         self.keys.insert(key.0, id.clone());
-        let mut group = Group::new(attempt_id.clone(), slots, ended, self.mono_ms);
+        let mut group = Group::new(attempt_id.clone(), slots, heard, ended, self.mono_ms);
         group.decided = decided;
         self.groups.insert(id.clone(), group);
         let answer = RendezvousResponse::new(
@@ -930,7 +1043,7 @@ impl Rendezvous {
         let status = touch(runs, id, now_ms)?;
         let group = self.group_of(id, rank, attempt_id, view)?;
         if status == RunStatus::Running {
-            group.slots[rank as usize].last_heard_ms = Some(now_ms);
+            group.board.heard(rank as usize, now_ms);
         }
         Ok(Step::Answer(group.response(id, status, lease_ms)))
     }
@@ -993,7 +1106,7 @@ impl Rendezvous {
         let mono_ms = self.mono_ms;
         let group = self.group_of(id, rank, &end.attempt_id, view)?;
         let slot = rank as usize;
-        group.slots[slot].last_heard_ms = Some(now_ms);
+        group.board.heard(slot, now_ms);
         let failed = end.status != RunStatus::Finished;
         if failed && group.slots[slot].end == SlotEnd::Running && !group.decided {
             let at_ms = end.ended_at_ms.unwrap_or(now_ms);
@@ -1041,7 +1154,7 @@ impl Rendezvous {
     /// Decides the cause of every attempt whose failure window has passed.
     fn decide_due(&mut self, runs: &mut Runs, now_ms: u64, change: &mut Change<Vec<RunId>>) {
         let mono_ms = self.mono_ms;
-        for (id, group) in &mut self.groups {
+        for (id, group) in self.groups.iter_mut() {
             let due = !group.decided
                 && !group.failures.is_empty()
                 && group
@@ -1193,7 +1306,7 @@ impl Rendezvous {
             answered(runs.register(NewRun::try_from(draft)?, now_ms)?, ())
         };
         self.keys.insert(key.0.clone(), pending.run_id.clone());
-        let mut group = Group::new(key.1.to_string(), Vec::new(), 0, self.mono_ms);
+        let mut group = Group::new(key.1.to_string(), Vec::new(), Vec::new(), 0, self.mono_ms);
         group.decided = true;
         self.groups.insert(pending.run_id, group);
         Ok(outcome)
@@ -1204,9 +1317,7 @@ impl Rendezvous {
     pub(crate) fn decorate(&self, id: &RunId, document: RunDocument) -> RunDocument {
         match self.groups.get(id) {
             Some(group) if !group.slots.is_empty() => {
-                let by_rank: Arc<[Option<u64>]> =
-                    group.slots.iter().map(|s| s.last_heard_ms).collect();
-                document.with_rank_heartbeats(by_rank)
+                document.with_rank_heartbeats(group.board.by_rank())
             }
             _ => document,
         }

@@ -21,6 +21,7 @@ use trainstate_schema::{
 
 use crate::change::{PendingEvent, StoreOp};
 use crate::config::Retention;
+use crate::liveness::{Beat, Liveness, NEVER_SWEPT};
 use crate::record::RunRecord;
 
 mod ray;
@@ -67,11 +68,21 @@ pub(crate) struct Change<T> {
 struct Entry {
     record: Arc<RunRecord>,
     /// When the controller was last heard from, on the wall clock (live
-    /// runs; memory only): what `last_heartbeat_ms` shows.
-    last_heard_ms: u64,
-    /// When the run's lease last began, on the monotonic clock: what the
-    /// sweep decides on (see [`Runs::lease_now`]).
-    lease_from_ms: u64,
+    /// runs; memory only): what `last_heartbeat_ms` shows; and when the
+    /// run's lease last began, on the monotonic clock: what the sweep
+    /// decides on (see [`Runs::lease_now`]). Shared with the connections
+    /// that take heartbeats without the actor ([`crate::liveness`]).
+    beat: Arc<Beat>,
+}
+
+impl Entry {
+    fn last_heard_ms(&self) -> u64 {
+        self.beat.heard_ms()
+    }
+
+    fn lease_from_ms(&self) -> u64 {
+        self.beat.lease_from_ms()
+    }
 }
 
 /// Every retained run, as the actor sees it (committed and in flight).
@@ -94,6 +105,8 @@ pub(crate) struct Runs {
     /// The wall clock's reading of the actor's current turn; `None` until
     /// set (pure-state tests), when the times given to each call stand in.
     wall_ms: Option<u64>,
+    /// Where every entry's beat is published.
+    liveness: Arc<Liveness>,
 }
 
 impl Runs {
@@ -107,7 +120,7 @@ impl Runs {
         lease: Duration,
         retention: Retention,
     ) -> Self {
-        Self::load_at(records, now_ms, None, lease, retention)
+        Self::load_at(records, now_ms, None, lease, retention, Arc::default())
     }
 
     /// [`Runs::load`], with leases on the monotonic clock reading
@@ -118,7 +131,9 @@ impl Runs {
         monotonic_ms: Option<u64>,
         lease: Duration,
         retention: Retention,
+        liveness: Arc<Liveness>,
     ) -> Self {
+        liveness.clear_beats();
         let mut runs = Self {
             by_id: HashMap::with_capacity(records.len()),
             ended: BTreeSet::new(),
@@ -129,6 +144,7 @@ impl Runs {
             shared_read_mono_ms: None,
             bytes: 0,
             wall_ms: None,
+            liveness,
         };
         for record in records {
             runs.put(record, now_ms);
@@ -181,9 +197,9 @@ impl Runs {
     pub(crate) fn renew_leases(&mut self, now_ms: u64) -> usize {
         let from = self.lease_now(now_ms);
         let mut renewed = 0;
-        for entry in self.by_id.values_mut() {
-            if !entry.record.status.is_terminal() && entry.lease_from_ms != remote::NEVER_SWEPT {
-                entry.lease_from_ms = entry.lease_from_ms.max(from);
+        for entry in self.by_id.values() {
+            if !entry.record.status.is_terminal() && entry.lease_from_ms() != NEVER_SWEPT {
+                entry.beat.raise(0, from);
                 renewed += usize::from(entry.record.leased);
             }
         }
@@ -220,13 +236,22 @@ impl Runs {
         }
         let id = record.id.clone();
         let lease_from_ms = match last_heard_ms {
-            remote::NEVER_SWEPT => remote::NEVER_SWEPT,
+            NEVER_SWEPT => NEVER_SWEPT,
             wall_ms => self.lease_now(wall_ms),
         };
         self.bytes += record_bytes(&record);
-        if let Some(previous) =
-            self.by_id.insert(id, Entry { record, last_heard_ms, lease_from_ms })
-        {
+        let beat = match self.by_id.get(&id) {
+            Some(previous) => {
+                previous.beat.set(last_heard_ms, lease_from_ms, record.status);
+                previous.beat.clone()
+            }
+            None => {
+                let beat = Arc::new(Beat::new(last_heard_ms, lease_from_ms, record.status));
+                self.liveness.put_beat(id.clone(), beat.clone());
+                beat
+            }
+        };
+        if let Some(previous) = self.by_id.insert(id, Entry { record, beat }) {
             self.bytes -= record_bytes(&previous.record);
             let now_live = !self.by_id[&previous.record.id].record.status.is_terminal();
             if previous.record.status.is_terminal() && now_live {
@@ -239,6 +264,7 @@ impl Runs {
 
     fn remove(&mut self, id: &RunId) -> Option<Arc<RunRecord>> {
         let entry = self.by_id.remove(id)?;
+        self.liveness.remove_beat(id);
         self.bytes -= record_bytes(&entry.record);
         self.ended.remove(&(entry.record.start_time_ms, id.clone()));
         Some(entry.record)
@@ -253,7 +279,7 @@ impl Runs {
         if record.status.is_terminal() {
             return None;
         }
-        self.by_id.get(&record.id).map(|e| e.last_heard_ms).filter(|&t| t != remote::NEVER_SWEPT)
+        self.by_id.get(&record.id).map(Entry::last_heard_ms).filter(|&t| t != NEVER_SWEPT)
     }
 
     fn document(&self, record: &Arc<RunRecord>) -> RunDocument {
@@ -279,8 +305,7 @@ impl Runs {
                 });
             }
             if !entry.record.status.is_terminal() {
-                entry.last_heard_ms = now_ms;
-                entry.lease_from_ms = lease_from_ms;
+                entry.beat.set_heard(now_ms, lease_from_ms);
             }
             let record = entry.record.clone();
             return Ok(Outcome::Unchanged(Registration::new(
@@ -577,8 +602,7 @@ impl Runs {
                 reason: "the run has ended; heartbeats are for live runs".into(),
             });
         }
-        entry.last_heard_ms = now_ms;
-        entry.lease_from_ms = lease_from_ms;
+        entry.beat.set_heard(now_ms, lease_from_ms);
         Ok(lease)
     }
 
@@ -611,12 +635,16 @@ impl Runs {
     pub(crate) fn sweep(&mut self, now_ms: u64) -> Change<Vec<RunId>> {
         let lease_ms = self.lease.as_millis() as u64;
         let lease_now = self.lease_now(now_ms);
+        // A heartbeat a connection takes meanwhile may stamp a lease later
+        // than this turn's reading: each lease is read once.
         let expired: Vec<(Arc<RunRecord>, u64, u64)> = self
             .by_id
             .values()
             .filter(|e| !e.record.status.is_terminal() && e.record.leased)
-            .filter(|e| lease_now.saturating_sub(e.lease_from_ms) > lease_ms)
-            .map(|e| (e.record.clone(), e.last_heard_ms, lease_now - e.lease_from_ms))
+            .filter_map(|e| {
+                let silent_ms = lease_now.saturating_sub(e.lease_from_ms());
+                (silent_ms > lease_ms).then(|| (e.record.clone(), e.last_heard_ms(), silent_ms))
+            })
             .collect();
         let mut change = Change { ops: Vec::new(), events: Vec::new(), answer: Vec::new() };
         for (record, last_heard_ms, silent_ms) in expired {

@@ -191,6 +191,8 @@ pub struct StateService {
     /// Test-only fault hooks, for work done off the actor's turn.
     #[cfg(feature = "fault-injection")]
     faults: Arc<crate::faults::Faults>,
+    /// Reads and heartbeats answered without the actor's turn.
+    reader: crate::reader::Reader,
 }
 
 impl std::fmt::Debug for StateService {
@@ -216,6 +218,12 @@ impl StateService {
     #[cfg_attr(not(feature = "server"), allow(dead_code))]
     pub(crate) fn faults(&self) -> &Arc<crate::faults::Faults> {
         &self.faults
+    }
+
+    /// Reads and heartbeats answered without the actor's turn.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) fn reader(&self) -> &crate::reader::Reader {
+        &self.reader
     }
 
     /// The store writer (forwarding reads through it).
@@ -316,6 +324,7 @@ async fn shutdown(supervisor: &ActorRef<SupervisorMessage>) {
 pub async fn launch_state_actor(config: StateConfig) -> Result<StateService, LaunchError> {
     let name = config.name.clone();
     let clock = config.clock.clone();
+    let (lease, sweep_every) = (config.lease, config.sweep_every());
     #[cfg(feature = "fault-injection")]
     let faults = config.faults.clone();
     let (supervisor, _) = Actor::spawn(Some(supervisor_name(&name)), StateSupervisor, config)
@@ -328,6 +337,7 @@ pub async fn launch_state_actor(config: StateConfig) -> Result<StateService, Lau
         })?;
     let writer = ready(&supervisor).await?;
     let shared = writer.shared.clone();
+    let reader = crate::reader::Reader::new(shared.clone(), clock.clone(), lease, sweep_every);
     Ok(StateService {
         handle: StateHandle::local(name),
         supervisor,
@@ -336,6 +346,7 @@ pub async fn launch_state_actor(config: StateConfig) -> Result<StateService, Lau
         clock,
         #[cfg(feature = "fault-injection")]
         faults,
+        reader,
     })
 }
 

@@ -116,6 +116,10 @@ pub(crate) struct Published {
     inbox_pending: AtomicBool,
     /// Heartbeats received here and not yet shared with other heads.
     beats: Mutex<HashMap<RunId, u64>>,
+    /// What is heard from live runs and their ranks (memory only): the
+    /// actor keeps its entries, connections stamp heartbeats into them.
+    /// Here so that it outlives restarts of the actor, as readers do.
+    pub(crate) liveness: Arc<crate::liveness::Liveness>,
     /// The service's clock, for what is stamped outside the writer thread
     /// (forwarding's last success).
     #[cfg_attr(not(feature = "forward"), allow(dead_code))]
@@ -235,6 +239,7 @@ impl Writer {
             inbox: Mutex::default(),
             inbox_pending: AtomicBool::new(false),
             beats: Mutex::default(),
+            liveness: Arc::default(),
             clock: config.clock.clone(),
             #[cfg(feature = "forward")]
             forwarding: Mutex::default(),

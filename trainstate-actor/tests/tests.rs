@@ -14,6 +14,7 @@ mod lifecycle;
 mod listing;
 mod liveness;
 mod loading;
+mod off_the_turn;
 mod process;
 mod ray_export;
 mod ray_v2;

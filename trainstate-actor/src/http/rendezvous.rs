@@ -110,6 +110,14 @@ async fn answer(
             super::relay::RelayedAnswer::Err(body) => Err(ApiError::from_body(body)),
         };
     }
+    if let RendezvousCall::Heartbeat { id, rank, request } = &call {
+        // Taken here when this head tracks the rank's group; otherwise the
+        // actor decides it (and names what is wrong).
+        let id = run_id(id)?;
+        if let Some(answer) = app.service.reader().heartbeat_rank(&id, *rank, &request.attempt_id) {
+            return Ok(Json(answer));
+        }
+    }
     Ok(Json(call.apply(&app.handle).await?))
 }
 

@@ -14,9 +14,7 @@ use trainstate_client::api::{
     VersionResponse,
 };
 
-use trainstate_client::{
-    NewAttempt, PreparedChange, RunDocument, RunQuery, StateError, StateHandle,
-};
+use trainstate_client::{NewAttempt, PreparedChange, RunDocument, RunQuery, StateError};
 use trainstate_schema::{NewRun, RunId, TrainRunInfo, ray_v2};
 
 use super::AppState;
@@ -24,6 +22,7 @@ use super::answer::CHUNK_BYTES;
 use super::auth::{Grant, check_cluster};
 use super::body::{JsonBody, QueryParams};
 use crate::errors::ApiError;
+use crate::reader::{Found, Reader};
 use crate::state::{RayWrite, json_len};
 
 fn run_id(text: &str) -> Result<RunId, ApiError> {
@@ -51,22 +50,22 @@ const LISTING_PAGE: usize = 500;
 enum Source {
     /// One page, already read: shared references to the stored runs.
     Page(std::vec::IntoIter<RunDocument>),
-    /// Every run, read from the actor a page at a time as the client
-    /// reads: each page is the state of its moment (as paging with a
-    /// cursor is), and a slow reader holds one page, never the store.
-    All { handle: StateHandle, page: std::vec::IntoIter<RunDocument>, next: Option<Cursor> },
+    /// Every run, read from the committed view a page at a time as the
+    /// client reads: each page is the state of its moment (as paging with
+    /// a cursor is), and a slow reader holds one page, never the view.
+    All { reader: Reader, page: std::vec::IntoIter<RunDocument>, next: Option<Cursor> },
 }
 
 impl Source {
     async fn next(&mut self) -> Result<Option<RunDocument>, StateError> {
         match self {
             Source::Page(runs) => Ok(runs.next()),
-            Source::All { handle, page, next } => loop {
+            Source::All { reader, page, next } => loop {
                 if let Some(run) = page.next() {
                     return Ok(Some(run));
                 }
                 let Some(cursor) = next.take() else { return Ok(None) };
-                let more = handle.list(RunQuery::new().limit(LISTING_PAGE).after(cursor)).await?;
+                let more = reader.list(&RunQuery::new().limit(LISTING_PAGE).after(cursor))?;
                 *page = more.runs.into_iter();
                 *next = more.next_cursor;
             },
@@ -175,19 +174,16 @@ async fn stream_listing(app: &AppState, mut listing: Listing) -> Result<Response
 /// Every run, newest first, unpaged: the first page read now, the rest as
 /// the client reads.
 async fn every_run(app: &AppState) -> Result<Source, ApiError> {
-    let first = app.handle.list(RunQuery::new().limit(LISTING_PAGE)).await?;
-    Ok(Source::All {
-        handle: app.handle.clone(),
-        page: first.runs.into_iter(),
-        next: first.next_cursor,
-    })
+    let reader = app.service.reader().clone();
+    let first = reader.list(&RunQuery::new().limit(LISTING_PAGE))?;
+    Ok(Source::All { reader, page: first.runs.into_iter(), next: first.next_cursor })
 }
 
 pub(crate) async fn list_runs(
     State(app): State<AppState>,
     QueryParams(params): QueryParams<ListQuery>,
 ) -> Result<Response, ApiError> {
-    let page = app.handle.list(RunQuery::try_from(params)?).await?;
+    let page = app.service.reader().list(&RunQuery::try_from(params)?)?;
     let next_cursor = serde_json::to_string(&page.next_cursor).expect("a cursor serializes");
     let suffix = format!("],\"next_cursor\":{next_cursor},\"total\":{}}}", page.total);
     let listing = Listing::new(
@@ -298,7 +294,14 @@ pub(crate) async fn get_run(
     State(app): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let run = app.handle.get(run_id(&id)?).await?;
+    let id = run_id(&id)?;
+    let run = match app.service.reader().get(&id) {
+        Found::Run(run) => run,
+        Found::Missing => return Err(StateError::NotFound { id }.into()),
+        // Perhaps another head has just committed it: the actor reads the
+        // store before it answers.
+        Found::AskTheActor => app.handle.get(id).await?,
+    };
     Ok(sized_json(&run, run.approximate_len()))
 }
 
@@ -395,7 +398,11 @@ pub(crate) async fn heartbeat(
     State(app): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
-    let lease = app.handle.heartbeat(run_id(&id)?).await?;
+    let id = run_id(&id)?;
+    let lease = match app.service.reader().heartbeat(&id) {
+        Some(lease) => lease,
+        None => app.handle.heartbeat(id).await?,
+    };
     Ok(Json(HeartbeatResponse::new(lease.as_millis() as u64)))
 }
 
@@ -438,8 +445,12 @@ pub(crate) async fn links(State(app): State<AppState>) -> Json<LinksResponse> {
 }
 
 pub(crate) async fn healthz(State(app): State<AppState>) -> Result<Json<HealthResponse>, ApiError> {
-    // The actor answers a cheap read: it is alive and not wedged.
-    app.handle.list(RunQuery::new().limit(1)).await?;
+    // Never through the actor's mailbox, which a burst of writes may fill:
+    // the supervisor has not given up on the actor, and the actor takes
+    // turns (its lease sweep comes every period).
+    if let Some(err) = app.service.reader().unhealthy() {
+        return Err(err.into());
+    }
     Ok(Json(HealthResponse::ok()))
 }
 

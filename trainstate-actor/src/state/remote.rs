@@ -32,7 +32,7 @@ use crate::change::{Absorb, PendingEvent, StoreOp};
 use crate::record::RunRecord;
 
 /// The "last heard" time of a run this head never sweeps.
-pub(super) const NEVER_SWEPT: u64 = u64::MAX;
+pub(super) use crate::liveness::NEVER_SWEPT;
 
 /// Records, in the record that replaces `previous` in the working state,
 /// the version it was decided on.
@@ -54,10 +54,9 @@ impl Runs {
     /// Marks every run of another cluster as one this head never sweeps
     /// (after loading the store).
     pub(crate) fn exempt_foreign(&mut self, home: Option<&str>) {
-        for entry in self.by_id.values_mut() {
+        for entry in self.by_id.values() {
             if is_foreign(&entry.record, home) {
-                entry.last_heard_ms = NEVER_SWEPT;
-                entry.lease_from_ms = NEVER_SWEPT;
+                entry.beat.set_heard(NEVER_SWEPT, NEVER_SWEPT);
             }
         }
     }
@@ -87,8 +86,15 @@ impl Runs {
                 }
             }
             Absorb::Reload(records) => {
-                *self =
-                    Runs::load_at(records, now_ms, self.monotonic_ms, self.lease, self.retention);
+                let liveness = self.liveness.clone();
+                *self = Runs::load_at(
+                    records,
+                    now_ms,
+                    self.monotonic_ms,
+                    self.lease,
+                    self.retention,
+                    liveness,
+                );
                 self.exempt_foreign(home);
             }
             Absorb::Heard(id, at_ms) => self.heard_elsewhere(id, at_ms, now_ms),
@@ -101,15 +107,15 @@ impl Runs {
     fn heard_elsewhere(&mut self, id: trainstate_schema::RunId, at_ms: u64, now_ms: u64) {
         let mono_now = self.lease_now(now_ms);
         let previous = self.shared_heard.get(&id).copied();
-        let Some(entry) = self.by_id.get_mut(&id) else {
+        let Some(entry) = self.by_id.get(&id) else {
             self.shared_heard.remove(&id);
             return;
         };
-        if entry.record.status.is_terminal() || entry.last_heard_ms == NEVER_SWEPT {
+        if entry.record.status.is_terminal() || entry.last_heard_ms() == NEVER_SWEPT {
             self.shared_heard.remove(&id);
             return;
         }
-        entry.last_heard_ms = entry.last_heard_ms.max(at_ms);
+        entry.beat.raise(at_ms, 0);
         let age = now_ms.saturating_sub(at_ms);
         let converted = match previous {
             // Read before, unchanged: already counted.
@@ -121,7 +127,7 @@ impl Runs {
             None => Some(mono_now.saturating_sub(age).max(self.shared_read_mono_ms.unwrap_or(0))),
         };
         if let Some(heard) = converted {
-            entry.lease_from_ms = entry.lease_from_ms.max(heard.min(mono_now));
+            entry.beat.raise(0, heard.min(mono_now));
             self.shared_heard.insert(id, (at_ms, mono_now));
         }
     }
@@ -156,7 +162,7 @@ impl Runs {
         for (id, record) in committed {
             let heard = match self.by_id.get(&id) {
                 Some(entry) if entry.record.version == record.version => continue,
-                Some(entry) => entry.last_heard_ms,
+                Some(entry) => entry.last_heard_ms(),
                 None => now_ms,
             };
             let heard = if is_foreign(&record, home) { NEVER_SWEPT } else { heard };
@@ -170,7 +176,7 @@ impl Runs {
     /// Makes `record` the run's version, as committed by someone else: a
     /// sign of life of a live run of this cluster.
     fn replace_with(&mut self, record: Arc<RunRecord>, now_ms: u64, home: Option<&str>) {
-        let heard = self.by_id.get(&record.id).map_or(now_ms, |e| e.last_heard_ms.max(now_ms));
+        let heard = self.by_id.get(&record.id).map_or(now_ms, |e| e.last_heard_ms().max(now_ms));
         let heard = if is_foreign(&record, home) { NEVER_SWEPT } else { heard };
         self.remove(&record.id);
         self.put(record, heard);

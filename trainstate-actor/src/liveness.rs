@@ -1,0 +1,270 @@
+//! What is heard from live runs and their ranks: memory only, shared by
+//! the actor and the connections' tasks.
+//!
+//! A heartbeat changes no stored document, so it needs neither the store
+//! nor the actor's turn: the connection that receives it finds the run's
+//! [`Beat`] (or the rank's [`RankBoard`]) here and stamps it, and the
+//! actor's lease sweep and every reader see the stamp. The actor alone
+//! adds and removes entries, as runs and rendezvous groups come and go in
+//! its working state; a heartbeat it has no entry for (an unknown run, an
+//! ended one, another cluster's, a group this head does not track) goes
+//! through the actor's mailbox as before, which gives the answer its
+//! error.
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use trainstate_schema::{RunId, RunStatus};
+
+use crate::record::RunRecord;
+
+/// A lease time no sweep ever reaches: a run this head never sweeps (a
+/// run of another cluster, kept as forwarded).
+pub(crate) const NEVER_SWEPT: u64 = u64::MAX;
+
+/// The heartbeat tables of a head.
+pub(crate) struct Liveness {
+    runs: Shards<Arc<Beat>>,
+    ranks: Shards<Arc<RankBoard>>,
+    /// When the actor last took a turn: a head whose actor takes none for
+    /// several sweep periods is wedged.
+    pub(crate) actor_turns: Turns,
+}
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Self { runs: Shards::new(), ranks: Shards::new(), actor_turns: Turns::default() }
+    }
+}
+
+impl Liveness {
+    /// The beat of a retained run, if the actor has one for it.
+    pub(crate) fn beat(&self, id: &RunId) -> Option<Arc<Beat>> {
+        self.runs.get(id)
+    }
+
+    /// When a live run was last heard from, as readers show it
+    /// (`last_heartbeat_ms`): `None` for an ended run, a run never heard
+    /// from here, or a run this head does not know.
+    pub(crate) fn heartbeat_of(&self, record: &RunRecord) -> Option<u64> {
+        if record.status.is_terminal() {
+            return None;
+        }
+        self.runs.read(&record.id, |beat| beat.heard_ms()).filter(|&t| t != NEVER_SWEPT)
+    }
+
+    /// The rank board of a run whose rendezvous group this head tracks.
+    pub(crate) fn ranks(&self, id: &RunId) -> Option<Arc<RankBoard>> {
+        self.ranks.get(id)
+    }
+
+    pub(crate) fn put_beat(&self, id: RunId, beat: Arc<Beat>) {
+        self.runs.insert(id, beat);
+    }
+
+    pub(crate) fn remove_beat(&self, id: &RunId) {
+        self.runs.remove(id);
+    }
+
+    /// Forgets every run's beat (the working state is rebuilt).
+    pub(crate) fn clear_beats(&self) {
+        self.runs.clear();
+    }
+
+    pub(crate) fn put_ranks(&self, id: RunId, board: Arc<RankBoard>) {
+        self.ranks.insert(id, board);
+    }
+
+    pub(crate) fn remove_ranks(&self, id: &RunId) {
+        self.ranks.remove(id);
+    }
+
+    /// Forgets every rank board (the rendezvous state is rebuilt).
+    pub(crate) fn clear_ranks(&self) {
+        self.ranks.clear();
+    }
+}
+
+/// What is heard from one retained run: when (on the wall clock, shown),
+/// when its lease began (on the monotonic clock, swept), and its status in
+/// the actor's working state (whether a heartbeat may be taken here).
+pub(crate) struct Beat {
+    heard_ms: AtomicU64,
+    lease_from_ms: AtomicU64,
+    status: AtomicU8,
+}
+
+impl Beat {
+    pub(crate) fn new(heard_ms: u64, lease_from_ms: u64, status: RunStatus) -> Self {
+        Self {
+            heard_ms: AtomicU64::new(heard_ms),
+            lease_from_ms: AtomicU64::new(lease_from_ms),
+            status: AtomicU8::new(status_code(status)),
+        }
+    }
+
+    pub(crate) fn heard_ms(&self) -> u64 {
+        self.heard_ms.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn lease_from_ms(&self) -> u64 {
+        self.lease_from_ms.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn status(&self) -> RunStatus {
+        RunStatus::ALL[usize::from(self.status.load(Ordering::Relaxed))]
+    }
+
+    /// Sets every field (the actor, as the run changes).
+    pub(crate) fn set(&self, heard_ms: u64, lease_from_ms: u64, status: RunStatus) {
+        self.heard_ms.store(heard_ms, Ordering::Relaxed);
+        self.lease_from_ms.store(lease_from_ms, Ordering::Relaxed);
+        self.status.store(status_code(status), Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_heard(&self, heard_ms: u64, lease_from_ms: u64) {
+        self.heard_ms.store(heard_ms, Ordering::Relaxed);
+        self.lease_from_ms.store(lease_from_ms, Ordering::Relaxed);
+    }
+
+    /// A sign of life at `heard_ms` (wall) and `lease_from_ms`
+    /// (monotonic): neither time goes back, whichever stamp lands last.
+    pub(crate) fn raise(&self, heard_ms: u64, lease_from_ms: u64) {
+        self.heard_ms.fetch_max(heard_ms, Ordering::Relaxed);
+        self.lease_from_ms.fetch_max(lease_from_ms, Ordering::Relaxed);
+    }
+
+    /// True when a heartbeat may be taken without the actor: the run is
+    /// live and swept by this head (not another cluster's).
+    pub(crate) fn takes_heartbeats(&self) -> bool {
+        !self.status().is_terminal() && self.lease_from_ms() != NEVER_SWEPT
+    }
+}
+
+fn status_code(status: RunStatus) -> u8 {
+    RunStatus::ALL.iter().position(|s| *s == status).expect("every status is in ALL") as u8
+}
+
+/// The ranks of a rendezvous run's current attempt: when each was last
+/// heard from, and how many have ended.
+pub(crate) struct RankBoard {
+    attempt_id: Box<str>,
+    /// Wall ms by world rank; 0: not heard from.
+    heard: Box<[AtomicU64]>,
+    ended: AtomicU32,
+}
+
+impl RankBoard {
+    pub(crate) fn new(attempt_id: &str, heard: impl IntoIterator<Item = Option<u64>>) -> Self {
+        Self {
+            attempt_id: attempt_id.into(),
+            heard: heard.into_iter().map(|t| AtomicU64::new(t.unwrap_or(0))).collect(),
+            ended: AtomicU32::new(0),
+        }
+    }
+
+    pub(crate) fn attempt_id(&self) -> &str {
+        &self.attempt_id
+    }
+
+    /// The world size: how many ranks the attempt has.
+    pub(crate) fn world_size(&self) -> u32 {
+        self.heard.len() as u32
+    }
+
+    pub(crate) fn ended(&self) -> u32 {
+        self.ended.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_ended(&self, ended: u32) {
+        self.ended.store(ended, Ordering::Relaxed);
+    }
+
+    /// Rank `rank` was heard from at `at_ms` (wall); a rank out of range
+    /// is ignored.
+    pub(crate) fn heard(&self, rank: usize, at_ms: u64) {
+        if let Some(slot) = self.heard.get(rank) {
+            slot.fetch_max(at_ms, Ordering::Relaxed);
+        }
+    }
+
+    /// When each rank was last heard from, by world rank.
+    pub(crate) fn by_rank(&self) -> Arc<[Option<u64>]> {
+        self.heard.iter().map(|t| Some(t.load(Ordering::Relaxed)).filter(|&t| t != 0)).collect()
+    }
+}
+
+/// How many locks the tables are split over: a heartbeat takes one read
+/// lock, and only the actor ever takes a write lock.
+const SHARDS: usize = 16;
+
+/// A map by run id split over [`SHARDS`] locks.
+struct Shards<V> {
+    maps: Box<[RwLock<HashMap<RunId, V>>]>,
+    hasher: std::collections::hash_map::RandomState,
+}
+
+impl<V: Clone> Shards<V> {
+    fn new() -> Self {
+        Self {
+            maps: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
+            hasher: std::collections::hash_map::RandomState::new(),
+        }
+    }
+
+    fn shard(&self, id: &RunId) -> &RwLock<HashMap<RunId, V>> {
+        &self.maps[self.hasher.hash_one(id) as usize % SHARDS]
+    }
+
+    fn get(&self, id: &RunId) -> Option<V> {
+        self.read(id, V::clone)
+    }
+
+    fn read<T>(&self, id: &RunId, f: impl FnOnce(&V) -> T) -> Option<T> {
+        self.shard(id).read().unwrap_or_else(|e| e.into_inner()).get(id).map(f)
+    }
+
+    fn insert(&self, id: RunId, value: V) {
+        self.shard(&id).write().unwrap_or_else(|e| e.into_inner()).insert(id, value);
+    }
+
+    fn remove(&self, id: &RunId) {
+        self.shard(id).write().unwrap_or_else(|e| e.into_inner()).remove(id);
+    }
+
+    fn clear(&self) {
+        for map in &self.maps {
+            map.write().unwrap_or_else(|e| e.into_inner()).clear();
+        }
+    }
+}
+
+/// When the actor last took a turn, as time since a fixed instant.
+pub(crate) struct Turns {
+    origin: Instant,
+    last_ms: AtomicU64,
+}
+
+impl Default for Turns {
+    fn default() -> Self {
+        Self { origin: Instant::now(), last_ms: AtomicU64::new(0) }
+    }
+}
+
+impl Turns {
+    /// The actor takes a turn now.
+    pub(crate) fn turn(&self) {
+        let ms = self.origin.elapsed().as_millis() as u64;
+        self.last_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// How long ago the actor last took a turn.
+    pub(crate) fn since_last(&self) -> Duration {
+        let last = self.last_ms.load(Ordering::Relaxed);
+        let now = self.origin.elapsed().as_millis() as u64;
+        Duration::from_millis(now.saturating_sub(last))
+    }
+}

@@ -1,0 +1,139 @@
+//! Reads and heartbeats answered without the actor's turn.
+//!
+//! A read needs only what is committed: the committed view (which the
+//! writer updates after each commit, under its lock for as long as it
+//! takes to apply one) and the liveness tables (when each live run and
+//! rank was last heard from). So a connection reads them itself and never
+//! queues behind the writes in the actor's mailbox. A heartbeat changes
+//! nothing stored: a connection stamps it into the liveness tables when
+//! the actor has an entry for it that takes heartbeats, and otherwise asks
+//! the actor, whose answer carries the error.
+//!
+//! On a store other heads share, the view holds what this head has
+//! committed and what it has followed of the others' commits (their
+//! change log, followed on `NOTIFY`); a run another head has just
+//! registered and this head has not followed yet is looked up by the
+//! actor, which reads the store first, so a read never answers "not
+//! found" for a run another head has committed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use trainstate_client::api::RendezvousResponse;
+use trainstate_client::{RunDocument, RunPage, RunQuery, StateError};
+use trainstate_schema::RunId;
+
+use crate::clock::Clock;
+use crate::liveness::Liveness;
+use crate::writer::Published;
+
+/// The least time the actor may take no turn before `/healthz` says so,
+/// however short its sweep period (tests sweep every few milliseconds).
+const QUIET_FLOOR: Duration = Duration::from_secs(2);
+
+/// The reads of one head, for its connections.
+#[derive(Clone)]
+pub(crate) struct Reader {
+    shared: Arc<Published>,
+    clock: Arc<dyn Clock>,
+    lease: Duration,
+    /// How long the actor may take no turn before `/healthz` says so.
+    quiet_limit: Duration,
+}
+
+/// What a read found in the committed view.
+pub(crate) enum Found {
+    Run(RunDocument),
+    /// Not committed here, and no other head can have committed it.
+    Missing,
+    /// Not in this head's view, but the store is shared: the actor looks.
+    AskTheActor,
+}
+
+impl Reader {
+    pub(crate) fn new(
+        shared: Arc<Published>,
+        clock: Arc<dyn Clock>,
+        lease: Duration,
+        sweep_every: Duration,
+    ) -> Self {
+        let quiet_limit = (sweep_every * 3).max(QUIET_FLOOR);
+        Self { shared, clock, lease, quiet_limit }
+    }
+
+    fn liveness(&self) -> &Liveness {
+        &self.shared.liveness
+    }
+
+    /// One committed run, with when it (and each of its ranks) was last
+    /// heard from.
+    pub(crate) fn get(&self, id: &RunId) -> Found {
+        let view = self.shared.view.read().unwrap_or_else(|e| e.into_inner());
+        let Some(record) = view.get(id) else {
+            return match self.shared.shared_store {
+                Some(_) => Found::AskTheActor,
+                None => Found::Missing,
+            };
+        };
+        let document = record.document(self.liveness().heartbeat_of(record));
+        drop(view);
+        Found::Run(match self.liveness().ranks(id) {
+            Some(board) if board.world_size() > 0 => document.with_rank_heartbeats(board.by_rank()),
+            _ => document,
+        })
+    }
+
+    /// A page of committed runs.
+    pub(crate) fn list(&self, query: &RunQuery) -> Result<RunPage, StateError> {
+        query.check()?;
+        let liveness = self.liveness();
+        let view = self.shared.view.read().unwrap_or_else(|e| e.into_inner());
+        Ok(view.list(query, |record| liveness.heartbeat_of(record)))
+    }
+
+    /// Takes a run's heartbeat here when its run is live and this head's
+    /// own: its lease. `None`: the actor decides it.
+    pub(crate) fn heartbeat(&self, id: &RunId) -> Option<Duration> {
+        let beat = self.liveness().beat(id).filter(|beat| beat.takes_heartbeats())?;
+        let now = self.clock.now_ms();
+        beat.raise(now, self.clock.monotonic_ms());
+        self.shared.note_heartbeat(id, now);
+        Some(self.lease)
+    }
+
+    /// Takes a rank's heartbeat here when this head tracks its group (see
+    /// [`crate::rendezvous::heartbeat_rank_here`]). `None`: the actor
+    /// decides it.
+    pub(crate) fn heartbeat_rank(
+        &self,
+        id: &RunId,
+        rank: u32,
+        attempt_id: &str,
+    ) -> Option<RendezvousResponse> {
+        crate::rendezvous::heartbeat_rank_here(
+            self.liveness(),
+            id,
+            rank,
+            attempt_id,
+            self.lease.as_millis() as u64,
+            self.clock.now_ms(),
+            self.clock.monotonic_ms(),
+        )
+    }
+
+    /// Why the head cannot serve, if it cannot: its supervisor gave up on
+    /// the state actor, or the actor has taken no turn for longer than
+    /// three lease sweeps (it is wedged: its sweep comes every period).
+    pub(crate) fn unhealthy(&self) -> Option<StateError> {
+        if let Some(reason) = self.shared.gave_up.borrow().clone() {
+            return Some(StateError::unavailable(format!("the state actor stopped: {reason}")));
+        }
+        let quiet = self.shared.liveness.actor_turns.since_last();
+        (quiet > self.quiet_limit).then(|| {
+            StateError::unavailable(format!(
+                "the state actor has taken no turn for {} s",
+                quiet.as_secs()
+            ))
+        })
+    }
+}
