@@ -103,7 +103,7 @@ impl Actor for TrainStateActor {
         state.runs.set_wall(now);
         state.catch_up(now);
         match message {
-            StateMessage::Register { run, reply } => {
+            StateMessage::Register { run, reply, .. } => {
                 state.before_write()?;
                 let run = match state.config.cluster.as_deref() {
                     Some(cluster) => run.in_cluster(cluster).map_err(StateError::from),

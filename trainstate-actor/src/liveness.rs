@@ -41,7 +41,8 @@ impl Default for Liveness {
 }
 
 impl Liveness {
-    /// The beat of a retained run, if the actor has one for it.
+    /// The beat of a live run, if the actor has one for it (ended runs
+    /// have none: nothing is heard from them).
     pub(crate) fn beat(&self, id: &RunId) -> Option<Arc<Beat>> {
         self.runs.get(id)
     }
@@ -88,7 +89,7 @@ impl Liveness {
     }
 }
 
-/// What is heard from one retained run: when (on the wall clock, shown),
+/// What is heard from one live run: when (on the wall clock, shown),
 /// when its lease began (on the monotonic clock, swept), and its status in
 /// the actor's working state (whether a heartbeat may be taken here).
 pub(crate) struct Beat {

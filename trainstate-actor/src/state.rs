@@ -71,17 +71,24 @@ struct Entry {
     /// runs; memory only): what `last_heartbeat_ms` shows; and when the
     /// run's lease last began, on the monotonic clock: what the sweep
     /// decides on (see [`Runs::lease_now`]). Shared with the connections
-    /// that take heartbeats without the actor ([`crate::liveness`]).
-    beat: Arc<Beat>,
+    /// that take heartbeats without the actor ([`crate::liveness`]). Live
+    /// runs only: nothing is heard from an ended run.
+    beat: Option<Arc<Beat>>,
 }
 
 impl Entry {
-    fn last_heard_ms(&self) -> u64 {
-        self.beat.heard_ms()
+    /// When a live run was last heard from; `None` for an ended run.
+    fn last_heard_ms(&self) -> Option<u64> {
+        self.beat.as_ref().map(|beat| beat.heard_ms())
     }
 
     fn lease_from_ms(&self) -> u64 {
-        self.beat.lease_from_ms()
+        self.beat.as_ref().map_or(NEVER_SWEPT, |beat| beat.lease_from_ms())
+    }
+
+    /// A live run's beat (every live run has one).
+    fn live_beat(&self) -> Option<&Beat> {
+        self.beat.as_deref()
     }
 }
 
@@ -198,8 +205,8 @@ impl Runs {
         let from = self.lease_now(now_ms);
         let mut renewed = 0;
         for entry in self.by_id.values() {
-            if !entry.record.status.is_terminal() && entry.lease_from_ms() != NEVER_SWEPT {
-                entry.beat.raise(0, from);
+            if let Some(beat) = entry.live_beat().filter(|b| b.lease_from_ms() != NEVER_SWEPT) {
+                beat.raise(0, from);
                 renewed += usize::from(entry.record.leased);
             }
         }
@@ -240,15 +247,20 @@ impl Runs {
             wall_ms => self.lease_now(wall_ms),
         };
         self.bytes += record_bytes(&record);
-        let beat = match self.by_id.get(&id) {
-            Some(previous) => {
-                previous.beat.set(last_heard_ms, lease_from_ms, record.status);
-                previous.beat.clone()
+        let previous_beat = self.by_id.get(&id).and_then(|previous| previous.beat.clone());
+        let beat = match previous_beat {
+            _ if record.status.is_terminal() => {
+                self.liveness.remove_beat(&id);
+                None
+            }
+            Some(beat) => {
+                beat.set(last_heard_ms, lease_from_ms, record.status);
+                Some(beat)
             }
             None => {
                 let beat = Arc::new(Beat::new(last_heard_ms, lease_from_ms, record.status));
                 self.liveness.put_beat(id.clone(), beat.clone());
-                beat
+                Some(beat)
             }
         };
         if let Some(previous) = self.by_id.insert(id, Entry { record, beat }) {
@@ -279,7 +291,7 @@ impl Runs {
         if record.status.is_terminal() {
             return None;
         }
-        self.by_id.get(&record.id).map(Entry::last_heard_ms).filter(|&t| t != NEVER_SWEPT)
+        self.by_id.get(&record.id).and_then(Entry::last_heard_ms).filter(|&t| t != NEVER_SWEPT)
     }
 
     fn document(&self, record: &Arc<RunRecord>) -> RunDocument {
@@ -304,8 +316,8 @@ impl Runs {
                     ),
                 });
             }
-            if !entry.record.status.is_terminal() {
-                entry.beat.set_heard(now_ms, lease_from_ms);
+            if let Some(beat) = entry.live_beat() {
+                beat.set_heard(now_ms, lease_from_ms);
             }
             let record = entry.record.clone();
             return Ok(Outcome::Unchanged(Registration::new(
@@ -602,7 +614,9 @@ impl Runs {
                 reason: "the run has ended; heartbeats are for live runs".into(),
             });
         }
-        entry.beat.set_heard(now_ms, lease_from_ms);
+        if let Some(beat) = entry.live_beat() {
+            beat.set_heard(now_ms, lease_from_ms);
+        }
         Ok(lease)
     }
 
@@ -643,7 +657,8 @@ impl Runs {
             .filter(|e| !e.record.status.is_terminal() && e.record.leased)
             .filter_map(|e| {
                 let silent_ms = lease_now.saturating_sub(e.lease_from_ms());
-                (silent_ms > lease_ms).then(|| (e.record.clone(), e.last_heard_ms(), silent_ms))
+                let heard = e.last_heard_ms().unwrap_or_default();
+                (silent_ms > lease_ms).then(|| (e.record.clone(), heard, silent_ms))
             })
             .collect();
         let mut change = Change { ops: Vec::new(), events: Vec::new(), answer: Vec::new() };

@@ -46,6 +46,10 @@ fn document_bytes(message: &StateMessage) -> u64 {
     }
     let mut count = Count(0);
     let _ = match message {
+        StateMessage::Register { bytes: Some(bytes), .. } => {
+            count.0 = *bytes;
+            Ok(())
+        }
         StateMessage::Register { run, .. } => serde_json::to_writer(&mut count, run.run()),
         StateMessage::StartAttempt { attempt, .. } => {
             serde_json::to_writer(&mut count, &attempt.workers)
@@ -199,7 +203,18 @@ impl StateHandle {
     /// validated no more.
     pub async fn register(&self, run: impl Into<NewRun>) -> Result<Registration, StateError> {
         let run = Box::new(run.into());
-        self.call(|reply| StateMessage::Register { run, reply }).await
+        self.call(|reply| StateMessage::Register { run, bytes: None, reply }).await
+    }
+
+    /// [`StateHandle::register`] of a run received as `bytes` of JSON (an
+    /// HTTP body), which size the call's deadline.
+    pub async fn register_received(
+        &self,
+        run: NewRun,
+        bytes: u64,
+    ) -> Result<Registration, StateError> {
+        let run = Box::new(run);
+        self.call(|reply| StateMessage::Register { run, bytes: Some(bytes), reply }).await
     }
 
     /// Sets a run's status; see [`StateMessage::SetStatus`].

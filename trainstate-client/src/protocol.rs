@@ -60,6 +60,10 @@ pub enum StateMessage {
         /// The run to register, already normalised: the actor stores
         /// [`NewRun::into_run`] at its own clock's time.
         run: Box<NewRun>,
+        /// The bytes of the run's JSON as the caller received it, when it
+        /// knows (an HTTP body's length): what sizes the call's deadline,
+        /// so the run is not serialized again to count them.
+        bytes: Option<u64>,
         /// The stored run and its lease.
         reply: Reply<Registration>,
     },

@@ -156,7 +156,7 @@ impl Remote {
     pub(crate) async fn answer(&self, message: StateMessage, timeout: Duration) {
         // A caller that gave up has dropped its receiver: nothing to tell it.
         match message {
-            StateMessage::Register { run, reply } => {
+            StateMessage::Register { run, reply, .. } => {
                 let _ = reply.send(self.register(run.run(), timeout).await);
             }
             StateMessage::SetStatus { id, update, reply } => {

@@ -61,7 +61,7 @@ impl Actor for ScriptedHead {
             RunDocument::of(runs.get(id).expect("a write to a registered run"))
         };
         match message {
-            StateMessage::Register { run, reply } => {
+            StateMessage::Register { run, reply, .. } => {
                 let run = run.into_run(T0);
                 let answer = Registration::new(RunDocument::of(&run), script.lease, true);
                 script.runs.insert(run.id().clone(), run);

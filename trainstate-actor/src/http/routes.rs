@@ -312,7 +312,12 @@ pub(crate) async fn register_run(
 ) -> Result<Response, ApiError> {
     let run = NewRun::try_from(draft).map_err(StateError::from)?;
     let minimal = prefers_minimal(&headers).then(|| run.run().id().clone());
-    let registration = app.handle.register(run).await?;
+    // The body's length sizes the call's deadline: the run is not
+    // serialized again to count its bytes.
+    let registration = match content_length(&headers) {
+        Some(bytes) => app.handle.register_received(run, bytes).await?,
+        None => app.handle.register(run).await?,
+    };
     let status = if registration.created { StatusCode::CREATED } else { StatusCode::OK };
     let lease_ms = registration.lease.as_millis() as u64;
     if let Some(id) = minimal {
@@ -323,6 +328,11 @@ pub(crate) async fn register_run(
     }
     Ok((status, Json(RegisterResponse::new(registration.run, lease_ms, registration.created)))
         .into_response())
+}
+
+/// The `Content-Length` of a request, when it has one.
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
 }
 
 /// `Preference-Applied` (RFC 7240 §3).

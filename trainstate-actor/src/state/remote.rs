@@ -27,7 +27,7 @@ use std::sync::atomic::Ordering;
 use trainstate_client::{EventKind, RunDocument, StateError};
 use trainstate_schema::TrainRunInfo;
 
-use super::{Change, Outcome, Runs};
+use super::{Change, Entry, Outcome, Runs};
 use crate::change::{Absorb, PendingEvent, StoreOp};
 use crate::record::RunRecord;
 
@@ -55,8 +55,8 @@ impl Runs {
     /// (after loading the store).
     pub(crate) fn exempt_foreign(&mut self, home: Option<&str>) {
         for entry in self.by_id.values() {
-            if is_foreign(&entry.record, home) {
-                entry.beat.set_heard(NEVER_SWEPT, NEVER_SWEPT);
+            if let Some(beat) = entry.live_beat().filter(|_| is_foreign(&entry.record, home)) {
+                beat.set_heard(NEVER_SWEPT, NEVER_SWEPT);
             }
         }
     }
@@ -111,11 +111,11 @@ impl Runs {
             self.shared_heard.remove(&id);
             return;
         };
-        if entry.record.status.is_terminal() || entry.last_heard_ms() == NEVER_SWEPT {
+        let Some(beat) = entry.live_beat().filter(|beat| beat.heard_ms() != NEVER_SWEPT) else {
             self.shared_heard.remove(&id);
             return;
-        }
-        entry.beat.raise(at_ms, 0);
+        };
+        beat.raise(at_ms, 0);
         let age = now_ms.saturating_sub(at_ms);
         let converted = match previous {
             // Read before, unchanged: already counted.
@@ -127,7 +127,7 @@ impl Runs {
             None => Some(mono_now.saturating_sub(age).max(self.shared_read_mono_ms.unwrap_or(0))),
         };
         if let Some(heard) = converted {
-            entry.beat.raise(0, heard.min(mono_now));
+            beat.raise(0, heard.min(mono_now));
             self.shared_heard.insert(id, (at_ms, mono_now));
         }
     }
@@ -162,7 +162,7 @@ impl Runs {
         for (id, record) in committed {
             let heard = match self.by_id.get(&id) {
                 Some(entry) if entry.record.version == record.version => continue,
-                Some(entry) => entry.last_heard_ms(),
+                Some(entry) => entry.last_heard_ms().unwrap_or(now_ms),
                 None => now_ms,
             };
             let heard = if is_foreign(&record, home) { NEVER_SWEPT } else { heard };
@@ -176,7 +176,11 @@ impl Runs {
     /// Makes `record` the run's version, as committed by someone else: a
     /// sign of life of a live run of this cluster.
     fn replace_with(&mut self, record: Arc<RunRecord>, now_ms: u64, home: Option<&str>) {
-        let heard = self.by_id.get(&record.id).map_or(now_ms, |e| e.last_heard_ms().max(now_ms));
+        let heard = self
+            .by_id
+            .get(&record.id)
+            .and_then(Entry::last_heard_ms)
+            .map_or(now_ms, |t| t.max(now_ms));
         let heard = if is_foreign(&record, home) { NEVER_SWEPT } else { heard };
         self.remove(&record.id);
         self.put(record, heard);
