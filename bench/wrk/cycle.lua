@@ -7,9 +7,11 @@
 --   TRAINSTATE_WRK_REQUESTS  (required) a file of requests, one a line:
 --                            METHOD <tab> PATH, or METHOD <tab> PATH <tab> BODY
 --                            (a JSON body, sent with Content-Type: application/json).
--- Argument (after --): the number of wrk threads (-t), so that each thread
--- starts at its own place in the list (thread k of T at line (k-1)·n/T + 1);
--- 1 when absent. Each thread then takes the lines in order, wrapping around.
+-- Arguments (after --): the number of wrk threads (-t), so that each thread
+-- starts at its own place in the list (thread k of T at line (k-1)·n/T + 1),
+-- and of connections (-c); 1 when absent. Each thread then takes the lines in
+-- order, wrapping around. With one connection a thread, each request is also
+-- timed by the script (`service_latency_us` in the report, see report.lua).
 --
 -- done() prints one line, `trainstate-wrk {...}` (JSON, report.lua beside this
 -- script): answers counted by status, requests sent, wrk's socket errors and
@@ -46,7 +48,11 @@ function init(args)
       error(file .. " holds no request")
    end
    local thread_count = tonumber(args[1]) or 1
+   local connections = tonumber(args[2]) or 1
    next_request = math.floor((thread_no - 1) * #requests / thread_count) % #requests + 1
+   if connections == thread_count then
+      report.time_requests()
+   end
 end
 
 function request()

@@ -74,8 +74,12 @@ pub(crate) struct WrkReport {
     pub(crate) duration: Duration,
     /// Socket errors (connect, read, write, timeout).
     pub(crate) socket_errors: u64,
-    /// Latency percentiles, microseconds.
+    /// Latency percentiles, microseconds, as wrk gives them: corrected for
+    /// coordinated omission (see `bench/wrk/report.lua`).
     pub(crate) latency_us: Map<String, Value>,
+    /// Percentiles of each request's time as the script measured it,
+    /// uncorrected, microseconds: only of threads with one connection.
+    pub(crate) service_latency_us: Option<Map<String, Value>>,
 }
 
 impl WrkReport {
@@ -115,11 +119,22 @@ impl WrkReport {
     /// A latency percentile of wrk's (`p50`, `p90`, `p99`, `max`), in
     /// milliseconds; null when wrk did not report it.
     pub(crate) fn latency_ms(&self, key: &str) -> Value {
-        self.latency_us
-            .get(key)
-            .and_then(Value::as_f64)
-            .map_or(json!(null), |us| json!(round(us / 1000.0, 3)))
+        ms_of(Some(&self.latency_us), key)
     }
+
+    /// A percentile of the requests as the script timed them, in
+    /// milliseconds; null when it did not time them.
+    pub(crate) fn service_latency_ms(&self, key: &str) -> Value {
+        ms_of(self.service_latency_us.as_ref(), key)
+    }
+}
+
+/// `percentiles[key]`, microseconds, in milliseconds; null when absent.
+fn ms_of(percentiles: Option<&Map<String, Value>>, key: &str) -> Value {
+    percentiles
+        .and_then(|p| p.get(key))
+        .and_then(Value::as_f64)
+        .map_or(json!(null), |us| json!(round(us / 1000.0, 3)))
 }
 
 /// One wrk load: a script of `bench/wrk/`, its environment, and its shape.
@@ -141,8 +156,9 @@ pub(crate) struct Running {
 
 impl Load {
     /// Starts wrk with this load against `url`. The script is given the
-    /// number of threads as its argument (`cycle.lua` spreads its threads
-    /// over its requests by it).
+    /// numbers of threads and connections as its arguments (`cycle.lua`
+    /// spreads its threads over its requests by them, and times each
+    /// request when a thread has one connection).
     pub(crate) fn start(&self, wrk: &Path, root: &Path, url: &str) -> Result<Running, String> {
         let script = script_path(root, self.script);
         if !script.is_file() {
@@ -158,6 +174,7 @@ impl Load {
             .arg(url)
             .arg("--")
             .arg(self.threads.to_string())
+            .arg(self.connections.to_string())
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -218,6 +235,7 @@ pub(crate) fn parse_output(stdout: &str) -> Result<WrkReport, String> {
         duration: Duration::from_micros(num("duration_us")?),
         socket_errors,
         latency_us: obj("latency_us").unwrap_or_default(),
+        service_latency_us: obj("service_latency_us"),
     })
 }
 
@@ -440,6 +458,20 @@ mod tests {
         assert_eq!(report.socket_errors, 1);
         assert_eq!(report.duration, Duration::from_secs(2));
         assert_eq!(report.latency_us["p99"], json!(3000));
+        assert_eq!(report.service_latency_us, None);
+        assert_eq!(report.service_latency_ms("p50"), json!(null));
+    }
+
+    #[test]
+    fn the_requests_the_script_timed_are_read_beside_wrks_latencies() {
+        let output = OUTPUT.replace(
+            "\"responses\":992,",
+            "\"responses\":992,\"service_latency_us\":{\"count\":992,\"p50\":40,\"p99\":700},",
+        );
+        let report = parse_output(&output).unwrap();
+        assert_eq!(report.service_latency_ms("p50"), json!(0.04));
+        assert_eq!(report.service_latency_ms("p99"), json!(0.7));
+        assert_eq!(report.latency_ms("p99"), json!(3.0));
     }
 
     #[test]

@@ -174,6 +174,13 @@ fn summary(report: &WrkReport, threads: usize, connections: usize) -> Map<String
     {
         out.insert(key.into(), report.latency_ms(wrk_key));
     }
+    // Each request as the script timed it, where it could (one connection
+    // a thread): wrk's own figures are corrected for coordinated omission.
+    if report.service_latency_us.is_some() {
+        for key in ["p50", "p90", "p99", "max"] {
+            out.insert(format!("service_lat_ms_{key}"), report.service_latency_ms(key));
+        }
+    }
     out.insert("threads".into(), json!(threads));
     out.insert("connections".into(), json!(connections));
     out.insert("total_s".into(), json!(round(report.duration.as_secs_f64(), 3)));
@@ -550,6 +557,7 @@ mod tests {
                 ("p50".to_owned(), json!(150)),
                 ("p99".into(), json!(900)),
             ]),
+            service_latency_us: None,
         }
     }
 
@@ -572,6 +580,12 @@ mod tests {
         assert_eq!(summary["lat_ms_p99"], json!(0.9));
         assert_eq!(summary["lat_ms_max"], json!(null));
         assert_eq!(summary["connections"], json!(64));
+        assert!(summary.get("service_lat_ms_p99").is_none());
+        let mut timed = report(&[("200", 10)], 0);
+        timed.service_latency_us = Some(Map::from_iter([("p99".to_owned(), json!(400))]));
+        let summary = super::summary(&timed, 1, 1);
+        assert_eq!(summary["service_lat_ms_p99"], json!(0.4));
+        assert_eq!(summary["service_lat_ms_p50"], json!(null));
     }
 
     #[test]
