@@ -19,7 +19,9 @@ Usage:
 
 --wrk also registers through wrk (apt-get install wrk) in every round and
 configuration (`cargo xtask bench --path wrk`), shown as its own column
-beside the Rust client's (http) and Ray's. --scale N also measures the head
+beside the Rust client's (http) and Ray's, and measures the head's reads and
+heartbeats with wrk (`cargo xtask bench --path wrk-reads`): their gets and
+listings fill the same column, the rest the table "Reads and heartbeats (wrk)". --scale N also measures the head
 with N runs retained (`cargo xtask bench --scale N`): time to ready after a
 restart and filtered pages of 100.
     python3 bench/compare.py --from-results   # the document again, from bench/results.jsonl
@@ -183,8 +185,46 @@ METRICS = [
 
 OURS = [("http", "durable"), ("http", "memory"), ("inproc", "durable"), ("inproc", "memory"),
         ("store", "durable"), ("store", "memory")]
-# Columns shown only when measured (they need wrk).
+# Columns shown only when measured (they need wrk). A column's rows are the
+# lines of `--path wrk` (registrations) and `--path wrk-reads` (gets and
+# listings) of its store: each line fills the rows it has keys for.
 WRK = [("wrk", "durable"), ("wrk", "memory")]
+WRK_PATHS = ("wrk", "wrk-reads")
+
+# The table "Reads and heartbeats (wrk)": (label, getter, digits), from the
+# lines of `--path wrk-reads`.
+# On one connection "timed" is each request as the script timed it; the other
+# latencies are wrk's, corrected for coordinated omission.
+READS = [
+    ("get one run (1 connection), p50 ms", lambda r: get(r, "get_one.lat_ms_p50"), 3),
+    ("get one run (1 connection), p99 ms", lambda r: get(r, "get_one.lat_ms_p99"), 3),
+    ("get one run (1 connection), timed, p50 ms", lambda r: get(r, "get_one.service_lat_ms_p50"), 3),
+    ("get one run (1 connection), timed, p99 ms", lambda r: get(r, "get_one.service_lat_ms_p99"), 3),
+    ("get one run (1 connection), req/s", lambda r: get(r, "get_one.req_per_s"), 0),
+    ("list every run, unpaged (1 connection), p50 ms", lambda r: get(r, "get_all.lat_ms_p50"), 3),
+    ("list every run, unpaged (1 connection), p99 ms", lambda r: get(r, "get_all.lat_ms_p99"), 3),
+    ("list every run, unpaged (1 connection), timed, p99 ms",
+     lambda r: get(r, "get_all.service_lat_ms_p99"), 3),
+    ("list every run, unpaged (1 connection), req/s", lambda r: get(r, "get_all.req_per_s"), 1),
+    ("get one run during a registration burst, p50 ms",
+     lambda r: get(r, "get_during_burst.get.lat_ms_p50"), 3),
+    ("get one run during a registration burst, p99 ms",
+     lambda r: get(r, "get_during_burst.get.lat_ms_p99"), 3),
+    ("get one run during a registration burst, timed, p50 ms",
+     lambda r: get(r, "get_during_burst.get.service_lat_ms_p50"), 3),
+    ("get one run during a registration burst, timed, p99 ms",
+     lambda r: get(r, "get_during_burst.get.service_lat_ms_p99"), 3),
+    ("the registration burst meanwhile, runs/s",
+     lambda r: get(r, "get_during_burst.register.runs_per_s"), 0),
+    ("run heartbeats, req/s", lambda r: get(r, "run_heartbeats.req_per_s"), 0),
+    ("run heartbeats, p50 ms", lambda r: get(r, "run_heartbeats.lat_ms_p50"), 3),
+    ("run heartbeats, p99 ms", lambda r: get(r, "run_heartbeats.lat_ms_p99"), 3),
+    ("run heartbeats: CPU of the head, cores", lambda r: get(r, "run_heartbeats.head_cpu_cores"), 2),
+    ("rank heartbeats, req/s", lambda r: get(r, "rank_heartbeats.req_per_s"), 0),
+    ("rank heartbeats, p50 ms", lambda r: get(r, "rank_heartbeats.lat_ms_p50"), 3),
+    ("rank heartbeats, p99 ms", lambda r: get(r, "rank_heartbeats.lat_ms_p99"), 3),
+    ("rank heartbeats: CPU of the head, cores", lambda r: get(r, "rank_heartbeats.head_cpu_cores"), 2),
+]
 
 
 def med(values):
@@ -224,13 +264,15 @@ def write_doc(results, ray_ok, args, machine, started, finished, load_before, lo
     rays = [r for r in results if r.get("bench") == "ray_train_state_actor" and "error" not in r]
     ready = [r for r in results if r.get("config") == "ready" and "error" not in r]
     scale = [r for r in results if r.get("config") == "scale" and "error" not in r]
-    columns = OURS + [c for c in WRK if any((r["path"], r["store"]) == c for r in ours)]
+    columns = OURS + [c for c in WRK
+                      if any(r["path"] in WRK_PATHS and r["store"] == c[1] for r in ours)]
     errors = [r for r in results if "error" in r]
 
     def pick(n, w, path=None, store=None):
         if path is None:
             return [r for r in rays if r["N"] == n and r["W"] == w]
-        return [r for r in ours if r["N"] == n and r["W"] == w and r["path"] == path and r["store"] == store]
+        paths = WRK_PATHS if path == "wrk" else (path,)
+        return [r for r in ours if r["N"] == n and r["W"] == w and r["path"] in paths and r["store"] == store]
 
     def median_of(rows, getter):
         return med([getter(r) for r in rows])
@@ -275,6 +317,14 @@ def write_doc(results, ray_ok, args, machine, started, finished, load_before, lo
                  "listing's total must hold every acknowledged (201) run, no more than the requests in flight "
                  "when wrk stopped, and no answer may be other than 201. wrk is written in C and uses far less "
                  "CPU per request than the Rust client, so it leaves more of the 2 cores to the server.")
+    reads_rows = [r for r in ours if r["path"] == "wrk-reads"]
+    if reads_rows:
+        r0 = reads_rows[0]
+        L.append("")
+        L.append("In the wrk column, **get one run** and **list all runs** are wrk's median (p50) with "
+                 f"`bench/wrk/cycle.lua` ({get(r0, 'wrk.mode')}), one connection, N runs stored: "
+                 "`GET /api/train/runs/{id}` cycling through the N runs, and `GET /api/train/v2/runs`; "
+                 "the table \"Reads and heartbeats (wrk)\" has the rest.")
     L.append("")
 
     for (n, w) in configs:
@@ -316,6 +366,38 @@ def write_doc(results, ray_ok, args, machine, started, finished, load_before, lo
                          f"{cell([get(r, 'client_ceiling') and r['client_ceiling'].get(route, {}).get('seq_req_per_s') for r in http], 0)} | "
                          f"{cell([get(r, 'client_ceiling') and r['client_ceiling'].get(route, {}).get('pipelined_req_per_s') for r in http], 0)} |")
             L.append("")
+
+    L.append("## Reads and heartbeats (wrk)")
+    L.append("")
+    reads = [r for r in ours if r["path"] == "wrk-reads"]
+    if reads:
+        r0 = reads[0]
+        L.append("`cargo xtask bench --path wrk-reads`: the head loaded by wrk with `bench/wrk/cycle.lua`, "
+                 f"{get(r0, 'wrk.mode')}, each phase against a fresh `trainstate serve` (durable unless the "
+                 "column says otherwise). Gets and listings: 1 thread, 1 connection, N runs stored; during "
+                 "the burst the same get runs beside `bench/wrk/register.lua` (2 threads, 64 connections). "
+                 f"Heartbeats: 2 threads over 64 connections, {get(r0, 'run_heartbeats.runs') or 1000:,} live "
+                 "runs (`POST /api/train/runs/{id}/heartbeat`), or every rank of groups of W assembled "
+                 "through the rendezvous (`POST /api/train/runs/{id}/ranks/{rank}/heartbeat`); the head's CPU "
+                 "is its utime + stime over the phase's wall time. Every answer must be 200 (201 for the "
+                 "burst's registrations, each of them stored). Latencies are wrk's, which wrk 4 corrects for "
+                 "coordinated omission (it adds samples for the requests a slow answer held back, at the "
+                 "mean rate); on one connection the script also times each request as it happens "
+                 "(\"timed\"), which the goals read.")
+    else:
+        L.append("Not measured in this sitting (`python3 bench/compare.py --wrk` measures it).")
+    L.append("")
+    read_columns = [(n, w, s) for (n, w) in configs for s in ("durable", "memory")
+                    if s == "durable" or pick(n, w, "wrk-reads", s)]
+    head = ["metric"] + [f"N = {n:,}, W = {w}" + ("" if s == "durable" else f", {s}")
+                         for n, w, s in read_columns]
+    L.append("| " + " | ".join(head) + " |")
+    L.append("|" + "---|" * len(head))
+    for label, getter, digits in READS:
+        row = [label] + [cell([getter(r) for r in pick(n, w, "wrk-reads", s)], digits)
+                         for n, w, s in read_columns]
+        L.append("| " + " | ".join(row) + " |")
+    L.append("")
 
     if ready:
         L.append("## Time to ready with many runs stored")
@@ -436,6 +518,26 @@ def write_doc(results, ray_ok, args, machine, started, finished, load_before, lo
         x = m(2000, 8, "wrk", "durable", seq_g)
         if x is not None:
             goal("one at a time through wrk, W = 8", "≥ 1,500 runs/s", fmt(x, 0), x >= 1500)
+    def read_goal(text, target, getter, ok):
+        x = m(2000, 8, "wrk-reads", "durable", getter)
+        goal(text, target, "–" if x is None else f"{x:.3f} ms", None if x is None else ok(x))
+
+    read_goal("get one run through wrk (1 connection, 2,000 stored), median, timed", "≤ 0.2 ms",
+              lambda r: get(r, "get_one.service_lat_ms_p50"), lambda x: x <= 0.2)
+    read_goal("list 2,000 runs through wrk (unpaged, 1 connection), median, timed", "≤ 8 ms",
+              lambda r: get(r, "get_all.service_lat_ms_p50"), lambda x: x <= 8)
+    read_goal("get one run during a pipelined registration burst, p99, timed", "≤ 2 ms",
+              lambda r: get(r, "get_during_burst.get.service_lat_ms_p99"), lambda x: x <= 2)
+    for kind in ("run", "rank"):
+        rate = m(2000, 8, "wrk-reads", "durable", lambda r: get(r, f"{kind}_heartbeats.req_per_s"))
+        cores = m(2000, 8, "wrk-reads", "durable", lambda r: get(r, f"{kind}_heartbeats.head_cpu_cores"))
+        if rate is None or cores is None:
+            goal(f"{kind} heartbeats through wrk (2 threads, 64 connections)",
+                 "≥ 30,000/s, head under 1.5 cores", "–", None)
+        else:
+            goal(f"{kind} heartbeats through wrk (2 threads, 64 connections)",
+                 "≥ 30,000/s, head under 1.5 cores", f"{fmt(rate, 0)}/s, {cores:.2f} cores",
+                 rate >= 30000 and cores < 1.5)
     for r in scale:
         x = r["loaded_s_median"]
         goal(f"ready (fully loaded) after a restart with {r['N']:,} runs", "≤ 1 s", f"{x * 1000:.0f} ms", x <= 1.0)
@@ -582,7 +684,8 @@ def main():
     ap.add_argument("--no-build", dest="build", action="store_false",
                     help="use the release binaries already in target/release")
     ap.add_argument("--wrk", action="store_true",
-                    help="also register through wrk (cargo xtask bench --path wrk) in every round")
+                    help="also register through wrk, and load reads and heartbeats with it "
+                         "(cargo xtask bench --path wrk, --path wrk-reads) in every round")
     ap.add_argument("--wrk-prefer", choices=["minimal"], default=None,
                     help="wrk sends `Prefer: return=minimal`")
     ap.add_argument("--scale", type=int, default=0,
@@ -661,6 +764,14 @@ def main():
                 for line in lines:
                     line["round"] = rnd
                 results.extend(lines or [{"bench": "trainstate", "path": "wrk", "store": "durable",
+                                          "N": n, "W": w, "error": f"no result (exit {code})"}])
+                cmd = [XTASK, "bench", "--no-build", "--n", str(n), "--w", str(w),
+                       "--path", "wrk-reads", "--store", "durable"]
+                code, out = run(cmd)
+                lines = json_lines(out)
+                for line in lines:
+                    line["round"] = rnd
+                results.extend(lines or [{"bench": "trainstate", "path": "wrk-reads", "store": "durable",
                                           "N": n, "W": w, "error": f"no result (exit {code})"}])
     if args.ready:
         code, out = run([XTASK, "bench", "--no-build", "--path", "none", "--w", "8",

@@ -13,18 +13,14 @@
 -- wrk runs for its -d duration. Requests in flight when it stops (at most one
 -- per connection) may be committed without their answer being counted.
 --
--- done() prints one line, `trainstate-wrk {...}` (JSON): answers counted by
--- status, requests sent, wrk's socket errors and latency percentiles (µs).
--- Every answer that is not 2xx is a failure.
+-- done() prints one line, `trainstate-wrk {...}` (JSON, report.lua beside
+-- this script): answers counted by status, requests sent, wrk's socket errors
+-- and latency percentiles (µs). Every answer that is not 2xx is a failure.
 
-local threads = {}
-local next_thread = 1
+local report = dofile((string.match(debug.getinfo(1, "S").source, "^@(.*/)") or "") .. "report.lua")
 
-function setup(thread)
-   thread:set("thread_no", next_thread)
-   table.insert(threads, thread)
-   next_thread = next_thread + 1
-end
+setup = report.setup
+done = report.done
 
 local prefix_body, suffix_body, path, headers, run_prefix
 
@@ -48,43 +44,13 @@ function init(args)
    if os.getenv("TRAINSTATE_WRK_PREFER") == "minimal" then
       headers["Prefer"] = "return=minimal"
    end
-   sent = 0
-   answered = 0
-   counts = {}
 end
 
 function request()
-   sent = sent + 1
-   local id = run_prefix .. "-" .. thread_no .. "-" .. sent
+   local id = run_prefix .. "-" .. thread_no .. "-" .. report.sent()
    return wrk.format("POST", path, headers, prefix_body .. id .. suffix_body)
 end
 
 function response(status, headers, body)
-   local key = tostring(status)
-   counts[key] = (counts[key] or 0) + 1
-   answered = answered + 1
-end
-
-function done(summary, latency, requests)
-   local total = {}
-   local sent_all = 0
-   for _, thread in ipairs(threads) do
-      sent_all = sent_all + (thread:get("sent") or 0)
-      for status, n in pairs(thread:get("counts") or {}) do
-         total[status] = (total[status] or 0) + n
-      end
-   end
-   local parts = {}
-   for status, n in pairs(total) do
-      table.insert(parts, string.format("%q:%d", status, n))
-   end
-   local e = summary.errors
-   io.write(string.format(
-      "trainstate-wrk {\"status\":{%s},\"sent\":%d,\"duration_us\":%d,\"responses\":%d," ..
-      "\"errors\":{\"connect\":%d,\"read\":%d,\"write\":%d,\"status\":%d,\"timeout\":%d}," ..
-      "\"latency_us\":{\"min\":%d,\"p50\":%d,\"p90\":%d,\"p99\":%d,\"max\":%d,\"mean\":%.1f}}\n",
-      table.concat(parts, ","), sent_all, summary.duration, summary.requests,
-      e.connect, e.read, e.write, e.status, e.timeout,
-      latency.min, latency:percentile(50), latency:percentile(90), latency:percentile(99),
-      latency.max, latency.mean))
+   report.answered(status)
 end

@@ -220,6 +220,25 @@ impl HttpTarget {
         Ok(body)
     }
 
+    /// POST `path` with a JSON body: the status and the body of the answer.
+    pub(crate) async fn post_json(
+        &self,
+        path: &str,
+        body: Vec<u8>,
+    ) -> Result<(u16, Bytes), String> {
+        let response = self
+            .client
+            .post(self.server.url(path))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| format!("POST {path}: {e}"))?;
+        let status = response.status().as_u16();
+        let body = response.bytes().await.map_err(|e| format!("POST {path}: {e}"))?;
+        Ok((status, body))
+    }
+
     /// Opens the connection, so the first measured request does not pay for it.
     pub(crate) async fn warm_up(&self) {
         let _ = self.get("/api/version").await;

@@ -21,6 +21,7 @@ mod scale;
 mod unit;
 mod util;
 mod wrk;
+mod wrk_reads;
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -31,8 +32,8 @@ use serde_json::{Map, Value, json};
 
 use self::unit::Phase;
 
-pub(crate) const USAGE: &str =
-    "usage: cargo xtask bench [--n 2000] [--w 8] [--path inproc|http|store|all|none]
+pub(crate) const USAGE: &str = "usage: cargo xtask bench [--n 2000] [--w 8]
+                         [--path inproc|http|store|wrk|wrk-reads|all|none]
                          [--store durable|memory|all] [--rounds 1] [--concurrency 64]
                          [--get-calls 20] [--ready N] [--out FILE] [--no-build]
                          [--postgres URL] [--scale N] [--scale-repeats 21]
@@ -52,6 +53,13 @@ pub(crate) const USAGE: &str =
   --wrk-duration seconds each, each against a fresh `trainstate serve`,
   then checks that every acknowledged run is stored.
   --wrk-prefer minimal sends `Prefer: return=minimal`.
+  --path wrk-reads loads the head's reads and heartbeats with `wrk` and
+  bench/wrk/cycle.lua, --wrk-duration seconds a phase, each phase against a
+  fresh `trainstate serve`: one run at a time (1 connection, N stored), every
+  run unpaged (1 connection), one run at a time during a pipelined
+  registration burst, then 1,000 live runs' heartbeats and the heartbeats of
+  1,000 ranks assembled through the rendezvous (2 threads, 64 connections),
+  with the head's CPU in cores.
   --scale N fills a durable store with N runs of W workers, restarts the
   head on it, and times /healthz, full load, filtered pages of 100
   (matching and not; median of --scale-repeats) and RSS.
@@ -72,13 +80,17 @@ pub(crate) enum PathKind {
     Store,
     /// The HTTP API loaded by `wrk` (only when asked: it needs wrk).
     Wrk,
+    /// The head's reads and heartbeats loaded by `wrk` (only when asked).
+    WrkReads,
 }
 
 impl PathKind {
     const ALL: [Self; 3] = [Self::Inproc, Self::Http, Self::Store];
 
     fn parse(text: &str) -> Option<Self> {
-        [Self::Inproc, Self::Http, Self::Store, Self::Wrk].into_iter().find(|p| p.as_str() == text)
+        [Self::Inproc, Self::Http, Self::Store, Self::Wrk, Self::WrkReads]
+            .into_iter()
+            .find(|p| p.as_str() == text)
     }
 
     fn as_str(self) -> &'static str {
@@ -87,6 +99,7 @@ impl PathKind {
             Self::Http => "http",
             Self::Store => "store",
             Self::Wrk => "wrk",
+            Self::WrkReads => "wrk-reads",
         }
     }
 }
@@ -202,7 +215,7 @@ impl Options {
                         "none" => vec![],
                         one => vec![
                             PathKind::parse(one)
-                                .ok_or("--path: inproc, http, store, wrk or all")?,
+                                .ok_or("--path: inproc, http, store, wrk, wrk-reads or all")?,
                         ],
                     }
                 }
@@ -303,10 +316,10 @@ pub(crate) fn main(args: &[&str], root: &Path) -> ExitCode {
     for round in 1..=opts.rounds {
         for &path in &opts.paths {
             for &store in &opts.stores {
-                let measured = if path == PathKind::Wrk {
-                    wrk::configuration(&opts, store)
-                } else {
-                    configuration(&opts, path, store)
+                let measured = match path {
+                    PathKind::Wrk => wrk::configuration(&opts, store),
+                    PathKind::WrkReads => wrk_reads::configuration(&opts, store),
+                    _ => configuration(&opts, path, store),
                 };
                 let line = match measured {
                     Ok(result) => {

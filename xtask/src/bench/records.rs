@@ -22,23 +22,26 @@ pub(crate) fn run(i: u64, workers: u32, start_ms: u64) -> TrainRunInfo {
     draft(i, workers, start_ms).validate().expect("a benchmark run is valid")
 }
 
+/// Worker `w` of run `i`: 8 workers a node on 127.0.0.1, one CPU each.
+pub(crate) fn worker(i: u64, w: u32) -> TrainWorkerInfoDraft {
+    TrainWorkerInfoDraft {
+        actor_id: hexid(i * 100_000 + u64::from(w) + 1, 16),
+        world_rank: w,
+        local_rank: w % 8,
+        node_rank: w / 8,
+        node_id: hexid(u64::from(w / 8) + 1, 28),
+        node_ip: "127.0.0.1".into(),
+        pid: 10_000 + w,
+        gpu_ids: vec![],
+        status: ActorStatus::Alive,
+        resources: resources(),
+        worker_log_file_path: None,
+    }
+}
+
 fn draft(i: u64, workers: u32, start_ms: u64) -> TrainRunInfoDraft {
     TrainRunInfoDraft {
-        workers: (0..workers)
-            .map(|w| TrainWorkerInfoDraft {
-                actor_id: hexid(i * 100_000 + u64::from(w) + 1, 16),
-                world_rank: w,
-                local_rank: w % 8,
-                node_rank: w / 8,
-                node_id: hexid(u64::from(w / 8) + 1, 28),
-                node_ip: "127.0.0.1".into(),
-                pid: 10_000 + w,
-                gpu_ids: vec![],
-                status: ActorStatus::Alive,
-                resources: resources(),
-                worker_log_file_path: None,
-            })
-            .collect(),
+        workers: (0..workers).map(|w| worker(i, w)).collect(),
         datasets: vec![TrainDatasetInfoDraft {
             name: "train".into(),
             dataset_uuid: hexid(i + 7, 16),

@@ -122,7 +122,7 @@ impl Target {
                 let reply = instrument.call(json!({"op": "start"}))?;
                 Ok((Self::InProcess(instrument), reported_time(&reply, "ready_ns")?))
             }
-            PathKind::Wrk => Err("the wrk path runs in the driver".into()),
+            PathKind::Wrk | PathKind::WrkReads => Err("the wrk paths run in the driver".into()),
             PathKind::Http => {
                 let (server, ready) = Server::spawn(&opts.trainstate_bin, dir, store)?;
                 Ok((Self::Http(HttpTarget::new(server, opts.concurrency)?), ready))

@@ -13,9 +13,10 @@
 //! error, and `created ≤ stored ≤ created + connections` and
 //! `stored ≤ sent`.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
 
@@ -26,6 +27,36 @@ use super::{Options, StoreKind, records};
 
 /// The placeholder the Lua script replaces with a fresh run id.
 const ID_PLACEHOLDER: &str = "@RUN_ID@";
+
+/// The options of `serve` the wrk paths set beyond the defaults, so that a
+/// phase measures the head's speed, not its bounds; recorded in each result
+/// line (`serve_args`).
+///
+/// - A pipelined registration phase stores tens of thousands of live runs
+///   in its seconds, more than the head's default bound on live runs
+///   (10,000, which `--max-runs` also sets), past which it answers 503.
+/// - Every connection of the benchmark comes from 127.0.0.1, one client
+///   address to the head, which closes at once a connection past
+///   `--max-connections-per-client` (64 by default): wrk's 64, the driver's
+///   own and, during the burst, the get's would be one too many. It is
+///   raised to the head's default `--max-connections` (512), as for a head
+///   behind a proxy.
+pub(crate) const WRK_SERVE_ARGS: [&str; 4] =
+    ["--max-runs", "1000000", "--max-connections-per-client", "512"];
+
+/// A release `trainstate serve` for a wrk phase on a fresh data directory:
+/// the defaults, [`WRK_SERVE_ARGS`], and `--in-memory` for the memory store.
+pub(crate) fn spawn_server(
+    bin: &Path,
+    data_dir: &Path,
+    store: StoreKind,
+) -> Result<(Server, Duration), String> {
+    let mut extra = WRK_SERVE_ARGS.map(str::to_owned).to_vec();
+    if store == StoreKind::Memory {
+        extra.push("--in-memory".to_owned());
+    }
+    Server::spawn_with(bin, data_dir, &extra)
+}
 
 /// The threads and connections of the pipelined phase.
 pub(crate) const THREADS: usize = 2;
@@ -43,8 +74,12 @@ pub(crate) struct WrkReport {
     pub(crate) duration: Duration,
     /// Socket errors (connect, read, write, timeout).
     pub(crate) socket_errors: u64,
-    /// Latency percentiles, microseconds.
+    /// Latency percentiles, microseconds, as wrk gives them: corrected for
+    /// coordinated omission (see `bench/wrk/report.lua`).
     pub(crate) latency_us: Map<String, Value>,
+    /// Percentiles of each request's time as the script measured it,
+    /// uncorrected, microseconds: only of threads with one connection.
+    pub(crate) service_latency_us: Option<Map<String, Value>>,
 }
 
 impl WrkReport {
@@ -70,6 +105,110 @@ impl WrkReport {
     pub(crate) fn failed(&self) -> u64 {
         self.count(|s| !(200..300).contains(&s))
     }
+
+    /// Every answer, whatever its status.
+    pub(crate) fn answered(&self) -> u64 {
+        self.count(|_| true)
+    }
+
+    /// Answers per second over wrk's measured time.
+    pub(crate) fn per_second(&self, answers: u64) -> f64 {
+        round(answers as f64 / self.duration.as_secs_f64().max(1e-9), 1)
+    }
+
+    /// A latency percentile of wrk's (`p50`, `p90`, `p99`, `max`), in
+    /// milliseconds; null when wrk did not report it.
+    pub(crate) fn latency_ms(&self, key: &str) -> Value {
+        ms_of(Some(&self.latency_us), key)
+    }
+
+    /// A percentile of the requests as the script timed them, in
+    /// milliseconds; null when it did not time them.
+    pub(crate) fn service_latency_ms(&self, key: &str) -> Value {
+        ms_of(self.service_latency_us.as_ref(), key)
+    }
+}
+
+/// `percentiles[key]`, microseconds, in milliseconds; null when absent.
+fn ms_of(percentiles: Option<&Map<String, Value>>, key: &str) -> Value {
+    percentiles
+        .and_then(|p| p.get(key))
+        .and_then(Value::as_f64)
+        .map_or(json!(null), |us| json!(round(us / 1000.0, 3)))
+}
+
+/// One wrk load: a script of `bench/wrk/`, its environment, and its shape.
+pub(crate) struct Load {
+    /// The script's file name in `bench/wrk/`.
+    pub(crate) script: &'static str,
+    pub(crate) threads: usize,
+    pub(crate) connections: usize,
+    pub(crate) seconds: u64,
+    /// Variables the script reads.
+    pub(crate) env: Vec<(&'static str, OsString)>,
+}
+
+/// wrk running a [`Load`].
+pub(crate) struct Running {
+    child: Child,
+    started: Instant,
+}
+
+impl Load {
+    /// Starts wrk with this load against `url`. The script is given the
+    /// numbers of threads and connections as its arguments (`cycle.lua`
+    /// spreads its threads over its requests by them, and times each
+    /// request when a thread has one connection).
+    pub(crate) fn start(&self, wrk: &Path, root: &Path, url: &str) -> Result<Running, String> {
+        let script = script_path(root, self.script);
+        if !script.is_file() {
+            return Err(format!("{} is missing", script.display()));
+        }
+        let mut command = Command::new(wrk);
+        command
+            .arg(format!("-t{}", self.threads))
+            .arg(format!("-c{}", self.connections))
+            .args(["--timeout", "60s", "--latency", "-s"])
+            .arg(script)
+            .arg(format!("-d{}s", self.seconds))
+            .arg(url)
+            .arg("--")
+            .arg(self.threads.to_string())
+            .arg(self.connections.to_string())
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let child = command.spawn().map_err(|e| format!("cannot run {}: {e}", wrk.display()))?;
+        Ok(Running { child, started: Instant::now() })
+    }
+}
+
+impl Running {
+    /// Waits for wrk to stop; its report and the wall time it ran.
+    pub(crate) fn finish(self) -> Result<(WrkReport, Duration), String> {
+        let output = self.child.wait_with_output().map_err(|e| format!("wrk: {e}"))?;
+        let wall = self.started.elapsed();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        if !output.status.success() {
+            return Err(format!(
+                "wrk exited with {}: {stdout}{}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            ));
+        }
+        Ok((parse_output(&stdout)?, wall))
+    }
+}
+
+/// The first line of `wrk -v`: its version.
+pub(crate) fn version(wrk: &Path) -> String {
+    Command::new(wrk)
+        .arg("-v")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).lines().next().map(str::to_owned))
+        .unwrap_or_default()
 }
 
 /// Reads the `trainstate-wrk {...}` line of wrk's output.
@@ -96,6 +235,7 @@ pub(crate) fn parse_output(stdout: &str) -> Result<WrkReport, String> {
         duration: Duration::from_micros(num("duration_us")?),
         socket_errors,
         latency_us: obj("latency_us").unwrap_or_default(),
+        service_latency_us: obj("service_latency_us"),
     })
 }
 
@@ -160,15 +300,41 @@ fn find_wrk_in(path: Option<std::ffi::OsString>) -> Result<PathBuf, String> {
 }
 
 /// One run document of `w` workers with [`ID_PLACEHOLDER`] as its id.
-fn body_template(w: u32) -> Result<String, String> {
+pub(crate) fn body_template(w: u32) -> Result<String, String> {
     let run = records::run(0, w, 1_700_000_000_000);
     let mut doc = serde_json::to_value(&run).map_err(|e| e.to_string())?;
     doc["id"] = json!(ID_PLACEHOLDER);
     Ok(doc.to_string())
 }
 
-fn script(root: &Path) -> PathBuf {
-    root.join("bench").join("wrk").join("register.lua")
+/// The registration script.
+pub(crate) const REGISTER_SCRIPT: &str = "register.lua";
+
+/// A script of `bench/wrk/`.
+pub(crate) fn script_path(root: &Path, name: &str) -> PathBuf {
+    root.join("bench").join("wrk").join(name)
+}
+
+/// The registration load: fresh run documents of the body in `body`, run
+/// ids starting with `prefix`.
+pub(crate) fn register_load(
+    opts: &Options,
+    body: &Path,
+    prefix: String,
+    threads: usize,
+    connections: usize,
+) -> Load {
+    Load {
+        script: REGISTER_SCRIPT,
+        threads,
+        connections,
+        seconds: opts.wrk_duration,
+        env: vec![
+            ("TRAINSTATE_WRK_BODY", body.as_os_str().to_owned()),
+            ("TRAINSTATE_WRK_PREFIX", prefix.into()),
+            ("TRAINSTATE_WRK_PREFER", opts.wrk_prefer.clone().unwrap_or_default().into()),
+        ],
+    }
 }
 
 /// One phase: a fresh server, wrk against it, the check.
@@ -183,36 +349,16 @@ async fn phase(
     let dir = tempdir()?;
     let body = dir.path().join("run.json");
     std::fs::write(&body, body_template(opts.w)?).map_err(|e| e.to_string())?;
-    let (server, ready) = Server::spawn(&opts.trainstate_bin, dir.path(), store)?;
+    let (server, ready) = spawn_server(&opts.trainstate_bin, dir.path(), store)?;
     let pid = server.pid();
     let http = HttpTarget::new(server, 1)?;
     http.get("/healthz").await?;
     let mem_before = proc_mem(pid);
     let cpu_before = cpu_time(pid);
 
-    let mut command = Command::new(wrk);
-    command
-        .arg(format!("-t{threads}"))
-        .arg(format!("-c{connections}"))
-        .args(["--timeout", "60s", "--latency", "-s"])
-        .arg(script(root));
-    command
-        .arg(format!("-d{}s", opts.wrk_duration))
-        .arg(http.server.url(""))
-        .env("TRAINSTATE_WRK_BODY", &body)
-        .env("TRAINSTATE_WRK_PREFIX", format!("wrk{:x}", std::process::id()))
-        .env("TRAINSTATE_WRK_PREFER", opts.wrk_prefer.as_deref().unwrap_or(""))
-        .stdin(Stdio::null());
-    let output = command.output().map_err(|e| format!("cannot run {}: {e}", wrk.display()))?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    if !output.status.success() {
-        return Err(format!(
-            "wrk exited with {}: {stdout}{}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
-        ));
-    }
-    let report = parse_output(&stdout)?;
+    let prefix = format!("wrk{:x}", std::process::id());
+    let load = register_load(opts, &body, prefix, threads, connections);
+    let (report, _) = load.start(wrk, root, &http.server.url(""))?.finish()?;
     let cpu = cpu_time(pid).saturating_sub(cpu_before);
     let mem_after = proc_mem(pid);
     let stored = total_of(&http.get("/api/train/runs?limit=1").await?)? as u64;
@@ -221,13 +367,7 @@ async fn phase(
 
     let created = report.created();
     let secs = report.duration.as_secs_f64();
-    let lat = |k: &str| {
-        report
-            .latency_us
-            .get(k)
-            .and_then(Value::as_f64)
-            .map_or(json!(null), |us| json!(round(us / 1000.0, 3)))
-    };
+    let lat = |k: &str| report.latency_ms(k);
     let mut out = Map::new();
     out.insert("actor_create_s".into(), json!(round(ready.as_secs_f64(), 4)));
     out.insert(
@@ -262,9 +402,6 @@ pub(crate) fn configuration(
 ) -> Result<Map<String, Value>, String> {
     let wrk = find_wrk()?;
     let root = xtask::workspace_root();
-    if !script(&root).is_file() {
-        return Err(format!("{} is missing", script(&root).display()));
-    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -278,13 +415,9 @@ pub(crate) fn configuration(
         opts.w
     );
     let main = runtime.block_on(phase(opts, store, &wrk, &root, THREADS, CONNECTIONS))?;
-    let version = Command::new(&wrk)
-        .arg("-v")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).lines().next().map(str::to_owned))
-        .unwrap_or_default();
+    let version = version(&wrk);
     let mut out = Map::new();
+    out.insert("serve_args".into(), json!(WRK_SERVE_ARGS.join(" ")));
     out.insert("ray_init_s".into(), json!(0.0));
     out.insert("actor_create_s".into(), main["actor_create_s"].clone());
     out.insert("seq".into(), seq["summary"].clone());
@@ -325,6 +458,20 @@ mod tests {
         assert_eq!(report.socket_errors, 1);
         assert_eq!(report.duration, Duration::from_secs(2));
         assert_eq!(report.latency_us["p99"], json!(3000));
+        assert_eq!(report.service_latency_us, None);
+        assert_eq!(report.service_latency_ms("p50"), json!(null));
+    }
+
+    #[test]
+    fn the_requests_the_script_timed_are_read_beside_wrks_latencies() {
+        let output = OUTPUT.replace(
+            "\"responses\":992,",
+            "\"responses\":992,\"service_latency_us\":{\"count\":992,\"p50\":40,\"p99\":700},",
+        );
+        let report = parse_output(&output).unwrap();
+        assert_eq!(report.service_latency_ms("p50"), json!(0.04));
+        assert_eq!(report.service_latency_ms("p99"), json!(0.7));
+        assert_eq!(report.latency_ms("p99"), json!(3.0));
     }
 
     #[test]
