@@ -1,22 +1,30 @@
 //! Reading stored runs back into records at start, on every core.
 //!
-//! A restart is bound by parsing: every stored document is read once to
-//! check it and to take out the fields the actor indexes. The store reads
-//! its rows on the writer thread and hands them over in batches; parser
-//! threads turn them into records meanwhile, so reading and parsing
-//! overlap and the parsing is spread over the machine's cores.
+//! A row whose columns describe its JSON ([`super::columns`]) becomes a
+//! record from its columns: its JSON is only checked to be JSON, never
+//! parsed into fields. Any other row (written before the columns existed,
+//! or changed outside trainstate) is parsed as it always was, so a damaged
+//! document is still named. The store reads its rows on the writer thread
+//! and hands them over in batches; parser threads turn them into records
+//! meanwhile, so reading and checking overlap and the checking is spread
+//! over the machine's cores.
 
 use std::sync::mpsc::{Receiver, sync_channel};
 use std::sync::{Arc, Mutex};
 
-use crate::record::RunRecord;
+use trainstate_schema::RunId;
+
+use super::columns::StoredColumns;
+use crate::record::{RunRecord, versions};
 
 /// One stored run as read: its id, its version when the store keeps one,
-/// and its JSON (or why it cannot be read as text).
+/// its JSON (or why it cannot be read as text) and its columns when it has
+/// them.
 pub(crate) struct StoredRow {
     pub(crate) id: String,
     pub(crate) version: Option<u64>,
     pub(crate) json: Result<String, String>,
+    pub(crate) columns: Option<StoredColumns>,
 }
 
 /// The stored runs as records, and the rows that did not load.
@@ -25,6 +33,9 @@ pub(crate) struct Loaded {
     pub(crate) records: Vec<Arc<RunRecord>>,
     /// `(id, reason)`, in the order the store read them.
     pub(crate) corrupt: Vec<(String, String)>,
+    /// The records that were read from their JSON because their row had no
+    /// columns that describe it: the store writes their columns again.
+    pub(crate) from_json: Vec<Arc<RunRecord>>,
 }
 
 /// Rows a parser takes at once: large enough that handing them over costs
@@ -69,12 +80,13 @@ pub(crate) fn parse_rows<E>(
             let _ = tx.send(batch);
         }
         drop(tx);
-        let mut loaded = Loaded { records: Vec::with_capacity(n), corrupt: Vec::new() };
+        let mut loaded = Loaded { records: Vec::with_capacity(n), ..Loaded::default() };
         let mut corrupt = Vec::new();
         for worker in workers {
-            let (records, bad) = worker.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
-            loaded.records.extend(records);
-            corrupt.extend(bad);
+            let parsed = worker.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+            loaded.records.extend(parsed.records);
+            loaded.from_json.extend(parsed.from_json);
+            corrupt.extend(parsed.corrupt);
         }
         corrupt.sort_unstable_by_key(|(n, _)| *n);
         loaded.corrupt = corrupt.into_iter().map(|(_, bad)| bad).collect();
@@ -94,26 +106,52 @@ pub(crate) fn log_quarantined(corrupt: &[(String, String)], table: &str) {
     }
 }
 
-type Parsed = (Vec<Arc<RunRecord>>, Vec<(usize, (String, String))>);
+/// What one parser made of its batches.
+#[derive(Default)]
+struct Parsed {
+    records: Vec<Arc<RunRecord>>,
+    from_json: Vec<Arc<RunRecord>>,
+    /// `(n, (id, reason))`: `n` is the row's place in the store's order.
+    corrupt: Vec<(usize, (String, String))>,
+}
 
 fn parse_batches(rx: &Mutex<Receiver<Vec<(usize, StoredRow)>>>) -> Parsed {
-    let mut records = Vec::new();
-    let mut corrupt = Vec::new();
+    let mut parsed = Parsed::default();
     loop {
         let batch = match rx.lock().unwrap_or_else(|e| e.into_inner()).recv() {
             Ok(batch) => batch,
-            Err(_) => return (records, corrupt),
+            Err(_) => return parsed,
         };
         for (n, row) in batch {
-            let parsed = row.json.and_then(|json| match row.version {
-                Some(version) => RunRecord::from_stored_version(json, version),
-                None => RunRecord::from_stored(json),
-            });
-            match parsed {
-                Ok(record) if record.id.as_str() == row.id => records.push(record),
-                Ok(record) => corrupt
+            let json = match row.json {
+                Ok(json) => json,
+                Err(reason) => {
+                    parsed.corrupt.push((n, (row.id, reason)));
+                    continue;
+                }
+            };
+            let version = row.version.unwrap_or_else(versions::next);
+            let described = row.columns.filter(|stored| stored.describe(&row.id, &json));
+            let (record, from_json) = match described {
+                Some(stored) => {
+                    let record = RunId::parse(&row.id)
+                        .map_err(|e| e.to_string())
+                        .and_then(|id| RunRecord::from_columns(id, stored.columns, json, version));
+                    (record, false)
+                }
+                None => (RunRecord::from_stored_version(json, version), true),
+            };
+            match record {
+                Ok(record) if record.id.as_str() == row.id => {
+                    if from_json {
+                        parsed.from_json.push(record.clone());
+                    }
+                    parsed.records.push(record);
+                }
+                Ok(record) => parsed
+                    .corrupt
                     .push((n, (row.id, format!("its document names another run, {}", record.id)))),
-                Err(reason) => corrupt.push((n, (row.id, reason))),
+                Err(reason) => parsed.corrupt.push((n, (row.id, reason))),
             }
         }
     }
@@ -124,7 +162,8 @@ mod tests {
     use super::*;
 
     fn row(id: &str, json: Result<&str, &str>) -> StoredRow {
-        StoredRow { id: id.into(), version: None, json: json.map(Into::into).map_err(Into::into) }
+        let json = json.map(Into::into).map_err(Into::into);
+        StoredRow { id: id.into(), version: None, json, columns: None }
     }
 
     #[test]

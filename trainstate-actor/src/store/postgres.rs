@@ -546,15 +546,21 @@ impl Store for PgStore {
                     .await
                     .map_err(pg)?;
                 tx.commit().await.map_err(pg)?;
-                let Loaded { records, corrupt } = parse_rows::<std::convert::Infallible>(|sink| {
-                    for row in rows {
-                        let version: i64 = row.get(1);
-                        let json = Ok(row.get(2));
-                        sink(StoredRow { id: row.get(0), version: Some(version as u64), json });
-                    }
-                    Ok(())
-                })
-                .unwrap_or_else(|never| match never {});
+                let Loaded { records, corrupt, .. } =
+                    parse_rows::<std::convert::Infallible>(|sink| {
+                        for row in rows {
+                            let version: i64 = row.get(1);
+                            let json = Ok(row.get(2));
+                            sink(StoredRow {
+                                id: row.get(0),
+                                version: Some(version as u64),
+                                json,
+                                columns: None,
+                            });
+                        }
+                        Ok(())
+                    })
+                    .unwrap_or_else(|never| match never {});
                 Ok((seq as u64, records, corrupt))
             });
             match attempt {
