@@ -372,6 +372,11 @@ impl Names {
         self.0.split('\n').filter(|name| !name.is_empty())
     }
 
+    /// The names as one text, one per line.
+    pub(crate) fn as_text(&self) -> &str {
+        &self.0
+    }
+
     /// Whether `name` is one of them.
     pub(crate) fn contains(&self, name: &str) -> bool {
         self.iter().any(|n| n == name)

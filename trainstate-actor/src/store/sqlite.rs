@@ -321,7 +321,7 @@ impl SqliteStore {
         let tx = self.conn.transaction()?;
         {
             let mut update = tx.prepare(&format!(
-                "UPDATE runs SET json = ?2, start_time_ms = ?3, end_time_ms = ?4, run_status = ?5,
+                "UPDATE runs SET start_time_ms = ?2, end_time_ms = ?3, run_status = ?4, json = ?5,
                  ({INDEX_COLUMNS}) = (?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) WHERE id = ?1"
             ))?;
             for record in records {
@@ -691,6 +691,12 @@ mod tests {
             .query_row("SELECT job_id FROM runs WHERE id = ?1", [id(2)], |r| r.get(0))
             .unwrap();
         assert_eq!(job, "job", "the columns are written again");
-        assert!(store.load_rows().unwrap().from_json.is_empty());
+        let again = store.load_rows().unwrap();
+        assert!(again.from_json.is_empty() && again.corrupt.is_empty());
+        let mut texts: Vec<_> = again.records.iter().map(|r| r.json().text().into_owned()).collect();
+        texts.sort();
+        let mut before: Vec<_> = runs.iter().map(|r| r.json().text().into_owned()).collect();
+        before.sort();
+        assert_eq!(texts, before, "with the same JSON");
     }
 }
