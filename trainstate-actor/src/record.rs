@@ -176,8 +176,8 @@ impl RunRecord {
             name: Cow::Borrowed(&self.name),
             controller_actor_id: Cow::Borrowed(&self.statics.controller_actor_id),
             cluster: self.cluster.as_deref().map(Cow::Borrowed),
-            node_ids: Cow::Borrowed(&self.node_ids.0),
-            node_ips: Cow::Borrowed(&self.node_ips.0),
+            node_ids: Cow::Borrowed(self.node_ids.as_text()),
+            node_ips: Cow::Borrowed(self.node_ips.as_text()),
         }
     }
 

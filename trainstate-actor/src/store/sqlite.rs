@@ -641,7 +641,7 @@ mod tests {
                 .unwrap();
         }
 
-        let mut store = SqliteStore::open(&path, Synchronous::Full).unwrap();
+        let store = SqliteStore::open(&path, Synchronous::Full).unwrap();
         let version: u32 = store.conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
         assert_eq!(version, SCHEMA_VERSION);
         assert_eq!(
@@ -693,7 +693,8 @@ mod tests {
         assert_eq!(job, "job", "the columns are written again");
         let again = store.load_rows().unwrap();
         assert!(again.from_json.is_empty() && again.corrupt.is_empty());
-        let mut texts: Vec<_> = again.records.iter().map(|r| r.json().text().into_owned()).collect();
+        let mut texts: Vec<_> =
+            again.records.iter().map(|r| r.json().text().into_owned()).collect();
         texts.sort();
         let mut before: Vec<_> = runs.iter().map(|r| r.json().text().into_owned()).collect();
         before.sort();
