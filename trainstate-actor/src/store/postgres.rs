@@ -549,11 +549,12 @@ fn record(json: String, version: i64) -> Result<Arc<RunRecord>, PgError> {
 }
 
 /// A row of [`LOAD_COLUMNS`] as the load takes it.
-fn stored_row(row: &tokio_postgres::Row) -> StoredRow {
+fn stored_row(row: &tokio_postgres::Row) -> StoredRow<'_> {
     let version: i64 = row.get(1);
+    let json: &str = row.get(2);
     // Columns of the wrong type count as none: the JSON is parsed.
     let columns = stored_columns(row).ok().flatten();
-    StoredRow { id: row.get(0), version: Some(version as u64), json: Ok(row.get(2)), columns }
+    StoredRow { id: row.get(0), version: Some(version as u64), json: Ok(json.as_bytes()), columns }
 }
 
 /// The columns of a row of [`LOAD_COLUMNS`], or `None` when it has none.

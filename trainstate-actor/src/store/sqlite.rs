@@ -300,8 +300,7 @@ impl SqliteStore {
             while let Some(row) = rows.next()? {
                 let id = row.get::<_, Option<String>>(0)?.unwrap_or_default();
                 let json = match row.get_ref(1)? {
-                    rusqlite::types::ValueRef::Text(text) => String::from_utf8(text.to_vec())
-                        .map_err(|_| "its JSON is not UTF-8".to_owned()),
+                    rusqlite::types::ValueRef::Text(text) => Ok(text),
                     other => {
                         Err(format!("its JSON column holds {:?}, not text", other.data_type()))
                     }
