@@ -1,7 +1,7 @@
 //! A stored run: its canonical JSON and the few fields the actor indexes.
 
 use std::collections::HashSet;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use std::borrow::Cow;
@@ -75,7 +75,10 @@ impl RunRecord {
         let nodes = attempts.flatten().chain(run.workers()).map(|w| (w.node_id(), w.node_ip()));
         let (node_ids, node_ips) = distinct_nodes(nodes);
         Ok(Arc::new(Self {
-            statics: Statics::of(run),
+            statics: Statics {
+                controller_actor_id: run.controller_actor_id().into(),
+                digests: Digests::known([Statics::datasets_of(run), Statics::workers_of(run)]),
+            },
             id: run.id().clone(),
             start_time_ms: run.start_time_ms(),
             end_time_ms: run.end_time_ms(),
@@ -105,59 +108,77 @@ impl RunRecord {
     /// run's version beside its JSON.
     pub(crate) fn from_stored_version(json: String, version: u64) -> Result<Arc<Self>, String> {
         let json = RunJson::from_text(json, false).map_err(|e| e.to_string())?;
-        let record = {
+        let (id, columns, digests) = {
             let text = json.text();
             let index: StoredIndex<'_> = serde_json::from_str(&text).map_err(|e| e.to_string())?;
             let id = RunId::parse(&index.id).map_err(|e| e.to_string())?;
-            let attempts = index.attempts.iter().filter_map(|a| a.workers.as_deref());
-            let nodes = attempts
-                .flatten()
-                .chain(&index.workers)
-                .map(|w| (w.node_id.as_ref(), w.node_ip.as_ref()));
-            let (node_ids, node_ips) = distinct_nodes(nodes);
-            let first_workers = match index.attempts.first().and_then(|a| a.workers.as_deref()) {
-                Some(workers) => workers,
-                None => &index.workers,
-            };
-            let statics = Statics {
-                controller_actor_id: index.controller_actor_id.as_ref().into(),
-                datasets: digest(|h| {
-                    h.write_usize(index.datasets.len());
-                    for d in &index.datasets {
-                        (d.name.as_ref(), d.dataset_uuid.as_ref(), d.dataset_name.as_deref())
-                            .hash(h);
-                    }
-                }),
-                workers: digest(|h| {
-                    h.write_usize(first_workers.len());
-                    for w in first_workers {
-                        hash_worker(h, &w.identity());
-                    }
-                }),
-            };
-            Self {
-                statics,
-                id,
-                start_time_ms: index.start_time_ms,
-                end_time_ms: index.end_time_ms,
-                // Stores written before V2 statuses have only `run_status`.
-                status: index.status.unwrap_or(index.run_status),
-                lost_controller: index.cause.is_some_and(|c| c.kind == CauseKind::LostController),
-                leased: index.heartbeats.unwrap_or(true),
-                job_id: index.job_id.as_ref().into(),
-                name: index.name.as_ref().into(),
-                node_ids,
-                node_ips,
-                json: json.clone(),
-                fresh_text: Mutex::new(None),
-                cluster: index.cluster.map(|c| c.as_ref().into()),
-                version,
-                base: AtomicU64::new(0),
-            }
+            (id, index.columns(), index.digests())
         };
         // A live run is served with its heartbeat: kept as its members.
-        let json = if record.status.is_live() { json.into_members() } else { Ok(json) };
-        Ok(Arc::new(Self { json: json.map_err(|e| e.to_string())?, ..record }))
+        let json = if columns.status.is_live() { json.into_members() } else { Ok(json) };
+        let json = json.map_err(|e| e.to_string())?;
+        Ok(Self::build(id, columns, json, Digests::known(digests), version))
+    }
+
+    /// Reads a record back from the columns a store keeps beside the run's
+    /// JSON ([`RunRecord::columns`]), without parsing the JSON: it is only
+    /// checked to be JSON (and a live run's split into its members). The
+    /// store vouches that the columns describe the JSON; the digests a
+    /// repeated registration is compared by are computed from the JSON
+    /// when one first needs them.
+    pub(crate) fn from_columns(
+        id: RunId,
+        columns: RunColumns<'_>,
+        json: String,
+        version: u64,
+    ) -> Result<Arc<Self>, String> {
+        let json = RunJson::from_text(json, columns.status.is_live()).map_err(|e| e.to_string())?;
+        Ok(Self::build(id, columns, json, Digests::unknown(), version))
+    }
+
+    fn build(
+        id: RunId,
+        columns: RunColumns<'_>,
+        json: RunJson,
+        digests: Digests,
+        version: u64,
+    ) -> Arc<Self> {
+        let boxed = |text: Cow<'_, str>| text.into_owned().into_boxed_str();
+        Arc::new(Self {
+            statics: Statics { controller_actor_id: boxed(columns.controller_actor_id), digests },
+            id,
+            start_time_ms: columns.start_time_ms,
+            end_time_ms: columns.end_time_ms,
+            status: columns.status,
+            lost_controller: columns.lost_controller,
+            leased: columns.leased,
+            job_id: boxed(columns.job_id),
+            name: boxed(columns.name),
+            node_ids: Names(boxed(columns.node_ids)),
+            node_ips: Names(boxed(columns.node_ips)),
+            json,
+            fresh_text: Mutex::new(None),
+            cluster: columns.cluster.map(boxed),
+            version,
+            base: AtomicU64::new(0),
+        })
+    }
+
+    /// The indexed fields as a store keeps them in columns beside the JSON.
+    pub(crate) fn columns(&self) -> RunColumns<'_> {
+        RunColumns {
+            start_time_ms: self.start_time_ms,
+            end_time_ms: self.end_time_ms,
+            status: self.status,
+            lost_controller: self.lost_controller,
+            leased: self.leased,
+            job_id: Cow::Borrowed(&self.job_id),
+            name: Cow::Borrowed(&self.name),
+            controller_actor_id: Cow::Borrowed(&self.statics.controller_actor_id),
+            cluster: self.cluster.as_deref().map(Cow::Borrowed),
+            node_ids: Cow::Borrowed(self.node_ids.as_text()),
+            node_ips: Cow::Borrowed(self.node_ips.as_text()),
+        }
     }
 
     /// The run's JSON.
@@ -179,25 +200,41 @@ impl RunRecord {
     /// The first field of static metadata in which `run` differs from this
     /// record's run, in the order and with the names of
     /// [`TrainRunInfo::static_difference`], or `None` when they agree.
-    /// Linear in `run`'s first worker group; the stored JSON is not parsed.
+    /// Linear in `run`'s first worker group; the stored JSON is not parsed,
+    /// but for a record read from columns the first time it is asked.
     pub(crate) fn static_difference(&self, run: &TrainRunInfo) -> Option<&'static str> {
         if *self.name != *run.name() {
-            Some("name")
+            return Some("name");
         } else if self.id != *run.id() {
-            Some("id")
+            return Some("id");
         } else if *self.job_id != *run.job_id() {
-            Some("job_id")
+            return Some("job_id");
         } else if *self.statics.controller_actor_id != *run.controller_actor_id() {
-            Some("controller_actor_id")
-        } else if self.statics.datasets != Statics::datasets_of(run) {
+            return Some("controller_actor_id");
+        }
+        // A stored document that no longer parses matches no registration.
+        let Some([datasets, workers]) = self.digests() else { return Some("datasets") };
+        if datasets != Statics::datasets_of(run) {
             Some("datasets")
         } else if self.start_time_ms != run.start_time_ms() {
             Some("start_time_ms")
-        } else if self.statics.workers != Statics::workers_of(run) {
+        } else if workers != Statics::workers_of(run) {
             Some("workers")
         } else {
             None
         }
+    }
+
+    /// The digests of the datasets and of the first attempt's workers:
+    /// kept, or computed from the JSON once (a record read from columns).
+    fn digests(&self) -> Option<[Digest; 2]> {
+        if let Some(digests) = self.statics.digests.get() {
+            return Some(digests);
+        }
+        let text = self.json.text();
+        let digests = serde_json::from_str::<StoredIndex<'_>>(&text).ok()?.digests();
+        self.statics.digests.set(digests);
+        Some(digests)
     }
 
     /// The typed run.
@@ -219,19 +256,41 @@ impl RunRecord {
 #[derive(Debug)]
 struct Statics {
     controller_actor_id: Box<str>,
-    datasets: Digest,
-    workers: Digest,
+    digests: Digests,
+}
+
+/// The digests of the datasets and of the first attempt's workers, in the
+/// space of the digests themselves: a record read from columns has none
+/// until a repeated registration asks ([`RunRecord::digests`]). Every half
+/// 0 means not known yet; a digest with a half that is really 0 is only
+/// computed again when asked, so a value read is always right.
+#[derive(Debug)]
+struct Digests([AtomicU64; 4]);
+
+impl Digests {
+    fn unknown() -> Self {
+        Self(Default::default())
+    }
+
+    fn known(digests: [Digest; 2]) -> Self {
+        let known = Self::unknown();
+        known.set(digests);
+        known
+    }
+
+    fn get(&self) -> Option<[Digest; 2]> {
+        let [a, b, c, d] = self.0.each_ref().map(|half| half.load(Ordering::Relaxed));
+        [a, b, c, d].iter().all(|&half| half != 0).then_some([(a, b), (c, d)])
+    }
+
+    fn set(&self, [(a, b), (c, d)]: [Digest; 2]) {
+        for (half, value) in self.0.iter().zip([a, b, c, d]) {
+            half.store(value, Ordering::Relaxed);
+        }
+    }
 }
 
 impl Statics {
-    fn of(run: &TrainRunInfo) -> Self {
-        Self {
-            controller_actor_id: run.controller_actor_id().into(),
-            datasets: Self::datasets_of(run),
-            workers: Self::workers_of(run),
-        }
-    }
-
     fn datasets_of(run: &TrainRunInfo) -> Digest {
         digest(|h| {
             h.write_usize(run.datasets().len());
@@ -313,10 +372,36 @@ impl Names {
         self.0.split('\n').filter(|name| !name.is_empty())
     }
 
+    /// The names as one text, one per line.
+    pub(crate) fn as_text(&self) -> &str {
+        &self.0
+    }
+
     /// Whether `name` is one of them.
     pub(crate) fn contains(&self, name: &str) -> bool {
         self.iter().any(|n| n == name)
     }
+}
+
+/// The fields of a run a store keeps in columns of their own beside its
+/// JSON: what a record takes out of the JSON, so that a load builds records
+/// from them without parsing the JSON.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RunColumns<'a> {
+    pub(crate) start_time_ms: u64,
+    pub(crate) end_time_ms: Option<u64>,
+    pub(crate) status: RunStatus,
+    pub(crate) lost_controller: bool,
+    pub(crate) leased: bool,
+    pub(crate) job_id: Cow<'a, str>,
+    pub(crate) name: Cow<'a, str>,
+    pub(crate) controller_actor_id: Cow<'a, str>,
+    pub(crate) cluster: Option<Cow<'a, str>>,
+    /// The distinct node ids of every attempt's workers, one per line, in
+    /// order of first appearance (as [`Names`] keeps them).
+    pub(crate) node_ids: Cow<'a, str>,
+    /// The distinct node IPs, in the same form.
+    pub(crate) node_ips: Cow<'a, str>,
 }
 
 /// Distinct node ids and node IPs, in order of first appearance: one
@@ -365,6 +450,57 @@ struct StoredIndex<'a> {
     attempts: Vec<StoredAttempt<'a>>,
     #[serde(default, borrow)]
     cluster: Option<Cow<'a, str>>,
+}
+
+impl StoredIndex<'_> {
+    /// The indexed fields, as a store keeps them in columns.
+    fn columns(&self) -> RunColumns<'static> {
+        let attempts = self.attempts.iter().filter_map(|a| a.workers.as_deref());
+        let nodes = attempts
+            .flatten()
+            .chain(&self.workers)
+            .map(|w| (w.node_id.as_ref(), w.node_ip.as_ref()));
+        let (node_ids, node_ips) = distinct_nodes(nodes);
+        let owned = |text: &str| Cow::Owned(text.to_owned());
+        RunColumns {
+            start_time_ms: self.start_time_ms,
+            end_time_ms: self.end_time_ms,
+            // Stores written before V2 statuses have only `run_status`.
+            status: self.status.unwrap_or(self.run_status),
+            lost_controller: self
+                .cause
+                .as_ref()
+                .is_some_and(|c| c.kind == CauseKind::LostController),
+            leased: self.heartbeats.unwrap_or(true),
+            job_id: owned(&self.job_id),
+            name: owned(&self.name),
+            controller_actor_id: owned(&self.controller_actor_id),
+            cluster: self.cluster.as_deref().map(owned),
+            node_ids: Cow::Owned(node_ids.0.into_string()),
+            node_ips: Cow::Owned(node_ips.0.into_string()),
+        }
+    }
+
+    /// The digests of the datasets and of the first attempt's workers.
+    fn digests(&self) -> [Digest; 2] {
+        let first_workers = match self.attempts.first().and_then(|a| a.workers.as_deref()) {
+            Some(workers) => workers,
+            None => &self.workers,
+        };
+        let datasets = digest(|h| {
+            h.write_usize(self.datasets.len());
+            for d in &self.datasets {
+                (d.name.as_ref(), d.dataset_uuid.as_ref(), d.dataset_name.as_deref()).hash(h);
+            }
+        });
+        let workers = digest(|h| {
+            h.write_usize(first_workers.len());
+            for w in first_workers {
+                hash_worker(h, &w.identity());
+            }
+        });
+        [datasets, workers]
+    }
 }
 
 /// A stored worker: every field of its identity (not its `status`).
@@ -474,12 +610,44 @@ mod tests {
         }
     }
 
-    /// The same run as registered and as read back from the store's JSON.
-    fn records(draft: TrainRunInfoDraft) -> [Arc<RunRecord>; 2] {
+    /// The same run as registered, as read back from the store's JSON and
+    /// as read back from the store's columns.
+    fn records(draft: TrainRunInfoDraft) -> [Arc<RunRecord>; 3] {
         let run = NewRun::new(draft.validate().unwrap()).into_run(1_760_000_000_000);
         let new = RunRecord::new(&run).unwrap();
-        let stored = RunRecord::from_stored(new.json().text().into_owned()).unwrap();
-        [new, stored]
+        let text = new.json().text().into_owned();
+        let stored = RunRecord::from_stored(text.clone()).unwrap();
+        let columns = new.columns();
+        let from_columns = RunRecord::from_columns(new.id.clone(), columns, text, 7).unwrap();
+        [new, stored, from_columns]
+    }
+
+    #[test]
+    fn a_record_read_from_columns_indexes_what_one_parsed_from_its_json_does() {
+        let mut draft = draft();
+        draft.cluster = Some("west".into());
+        for worker in &mut draft.workers[2..] {
+            worker.node_id = "node9".into();
+        }
+        let [new, stored, from_columns] = records(draft);
+        assert_eq!(stored.columns(), new.columns());
+        assert_eq!(from_columns.columns(), new.columns());
+        assert_eq!(from_columns.node_ids.iter().collect::<Vec<_>>(), ["node0", "node9"]);
+        assert_eq!(from_columns.cluster.as_deref(), Some("west"));
+        assert_eq!(from_columns.controller_actor_id(), "ctrl");
+        assert_eq!(from_columns.version, 7);
+        assert_eq!(from_columns.json().text(), new.json().text());
+        assert!(from_columns.status.is_live());
+        assert!(from_columns.statics.digests.get().is_none(), "no digest until one is asked for");
+        assert_eq!(from_columns.static_difference(&new.run().unwrap()), None);
+        assert_eq!(from_columns.statics.digests.get(), new.statics.digests.get());
+    }
+
+    #[test]
+    fn a_record_is_not_read_from_columns_with_text_that_is_not_json() {
+        let [new, ..] = records(draft());
+        let columns = new.columns();
+        assert!(RunRecord::from_columns(new.id.clone(), columns, "{\"id\":".into(), 1).is_err());
     }
 
     type Change = fn(&mut TrainRunInfoDraft);
@@ -495,8 +663,9 @@ mod tests {
         assert_eq!(handed, joined);
         assert!(record.fresh_text.lock().unwrap().is_none(), "and its memory with it");
         assert_eq!(record.stored_text(), joined, "the members are joined after that");
-        let [_, stored] = records(draft());
+        let [_, stored, from_columns] = records(draft());
         assert!(stored.fresh_text.lock().unwrap().is_none());
+        assert!(from_columns.fresh_text.lock().unwrap().is_none());
     }
 
     #[test]

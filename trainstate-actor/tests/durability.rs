@@ -242,4 +242,70 @@ on_both_stores! {
         assert!(message.contains("schema version 99"), "{message}");
         assert!(message.contains("upgrade trainstate"), "{message}");
     }
+
+    /// A run's indexed fields are kept in columns beside its JSON, and a
+    /// load builds records from them. Runs whose columns are gone (stored
+    /// before the columns existed, as on PostgreSQL before its first load
+    /// since the upgrade, or edited by hand) are read from their JSON,
+    /// served and filtered the same, and their columns are written again.
+    async fn runs_without_their_columns_load_from_their_json_and_get_them_again(store) {
+        let fresh = store.fresh("columns_gone").await;
+        let service = launch_state_actor(fresh.config()).await.unwrap();
+        let state = service.handle().with_timeout(Duration::from_secs(30));
+        for i in 0..6 {
+            let r = run(&format!("r{i}"), T0 + i);
+            let id = r.id().clone();
+            state.register(r).await.unwrap();
+            if i % 2 == 0 {
+                state.set_status(id, StatusUpdate::finished().ended_at(T0 + 100)).await.unwrap();
+            }
+        }
+        let before = all_json(&state).await;
+        service.shutdown().await;
+
+        let forget = "UPDATE {runs} SET job_id = NULL, node_ids = NULL, json_check = NULL";
+        let unindexed = "SELECT count(*) FROM {runs} WHERE json_check IS NULL";
+        let sql = |text: &str, runs: &str| text.replace("{runs}", runs);
+        let count_unindexed = async || -> i64 {
+            match fresh.url() {
+                None => rusqlite::Connection::open(fresh.sqlite_path())
+                    .unwrap()
+                    .query_row(&sql(unindexed, "runs"), [], |r| r.get(0))
+                    .unwrap(),
+                Some(url) => crate::stores::connect(url)
+                    .await
+                    .query_one(&sql(unindexed, "trainstate_runs"), &[])
+                    .await
+                    .unwrap()
+                    .get(0),
+            }
+        };
+        match fresh.url() {
+            None => {
+                let conn = rusqlite::Connection::open(fresh.sqlite_path()).unwrap();
+                conn.execute(&sql(forget, "runs"), []).unwrap();
+            }
+            Some(url) => {
+                let forget = sql(forget, "trainstate_runs");
+                crate::stores::connect(url).await.execute(&forget, &[]).await.unwrap();
+            }
+        }
+        assert_eq!(count_unindexed().await, 6);
+
+        let service = launch_state_actor(fresh.config()).await.unwrap();
+        let state = service.handle().with_timeout(Duration::from_secs(30));
+        assert_eq!(all_json(&state).await, before);
+        assert_eq!(state.list(RunQuery::all().job_id("job1")).await.unwrap().total, 6);
+        assert_eq!(state.list(RunQuery::all().node_id("node1")).await.unwrap().total, 6);
+        service.shutdown().await;
+        assert_eq!(count_unindexed().await, 0, "the load wrote the columns again");
+
+        // And the next load reads the same runs from the columns.
+        let service = launch_state_actor(fresh.config()).await.unwrap();
+        let state = service.handle().with_timeout(Duration::from_secs(30));
+        assert_eq!(all_json(&state).await, before);
+        assert_eq!(state.list(RunQuery::all().job_id("job1")).await.unwrap().total, 6);
+        assert_eq!(state.list(RunQuery::all().node_id("node1")).await.unwrap().total, 6);
+        service.shutdown().await;
+    }
 }

@@ -1,22 +1,32 @@
 //! Reading stored runs back into records at start, on every core.
 //!
-//! A restart is bound by parsing: every stored document is read once to
-//! check it and to take out the fields the actor indexes. The store reads
-//! its rows on the writer thread and hands them over in batches; parser
-//! threads turn them into records meanwhile, so reading and parsing
-//! overlap and the parsing is spread over the machine's cores.
+//! A row whose columns describe its JSON ([`super::columns`]) becomes a
+//! record from its columns: its JSON is only checked to be JSON, never
+//! parsed into fields. Any other row (written before the columns existed,
+//! or changed outside trainstate) is parsed as it always was, so a damaged
+//! document is still named. The store reads its rows on the writer thread
+//! and copies each JSON into a batch (one buffer, used again once a parser
+//! is done with it); parser threads turn batches into records meanwhile,
+//! each JSON into a text of its own, so reading and checking overlap and
+//! what a run keeps is allocated and first touched off the reading thread.
 
-use std::sync::mpsc::{Receiver, sync_channel};
+use std::ops::Range;
+use std::sync::mpsc::{Receiver, Sender, channel, sync_channel};
 use std::sync::{Arc, Mutex};
 
-use crate::record::RunRecord;
+use trainstate_schema::RunId;
+
+use super::columns::StoredColumns;
+use crate::record::{RunRecord, versions};
 
 /// One stored run as read: its id, its version when the store keeps one,
-/// and its JSON (or why it cannot be read as text).
-pub(crate) struct StoredRow {
+/// its JSON as stored (or why it cannot be read), and its columns when it
+/// has them.
+pub(crate) struct StoredRow<'a> {
     pub(crate) id: String,
     pub(crate) version: Option<u64>,
-    pub(crate) json: Result<String, String>,
+    pub(crate) json: Result<&'a [u8], String>,
+    pub(crate) columns: Option<StoredColumns>,
 }
 
 /// The stored runs as records, and the rows that did not load.
@@ -25,6 +35,9 @@ pub(crate) struct Loaded {
     pub(crate) records: Vec<Arc<RunRecord>>,
     /// `(id, reason)`, in the order the store read them.
     pub(crate) corrupt: Vec<(String, String)>,
+    /// The records that were read from their JSON because their row had no
+    /// columns that describe it: the store writes their columns again.
+    pub(crate) from_json: Vec<Arc<RunRecord>>,
 }
 
 /// Rows a parser takes at once: large enough that handing them over costs
@@ -32,49 +45,78 @@ pub(crate) struct Loaded {
 /// until the last rows.
 const BATCH: usize = 256;
 
+/// Rows handed to a parser: each row's JSON is a range of `json`.
+struct Batch {
+    json: Vec<u8>,
+    rows: Vec<(usize, Row)>,
+}
+
+/// A [`StoredRow`] in a [`Batch`].
+struct Row {
+    id: String,
+    version: Option<u64>,
+    json: Result<Range<usize>, String>,
+    columns: Option<StoredColumns>,
+}
+
 /// Parses the rows `read` gives to its sink, on parser threads, while
 /// `read` goes on reading; returns every record and every row that did not
 /// load. An error of `read` is returned as it is, after the parsers stop.
 pub(crate) fn parse_rows<E>(
-    read: impl FnOnce(&mut dyn FnMut(StoredRow)) -> Result<(), E>,
+    read: impl FnOnce(&mut dyn FnMut(StoredRow<'_>)) -> Result<(), E>,
 ) -> Result<Loaded, E> {
-    // The reading thread takes a core of its own. A parser per remaining
-    // core, not more: each parser's allocator arena keeps the memory its
-    // temporaries freed, and with a parser per core a store of 20,000 live
-    // runs took 4.11 KiB a run instead of 3.95.
-    let parsers =
-        std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1)).clamp(1, 8);
-    let (tx, rx) = sync_channel::<Vec<(usize, StoredRow)>>(parsers * 4);
+    // A parser per core: the reading thread only copies bytes, so the
+    // parsers do most of the work. Their temporaries are few (a live run's
+    // members), so their allocator arenas hold little but the runs.
+    let parsers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 8);
+    let (tx, rx) = sync_channel::<Batch>(parsers * 4);
     let rx = Mutex::new(rx);
+    // Batches' buffers go back to the reader, which fills them again: the
+    // JSON is copied into memory already touched.
+    let (used, reuse) = channel::<Vec<u8>>();
     std::thread::scope(|scope| {
         let workers: Vec<_> = (0..parsers)
             .map(|_| {
+                let used = used.clone();
+                let rx = &rx;
                 std::thread::Builder::new()
                     .name("trainstate-load".into())
-                    .spawn_scoped(scope, || parse_batches(&rx))
+                    .spawn_scoped(scope, move || parse_batches(rx, &used))
                     .expect("a parser thread starts")
             })
             .collect();
-        let mut batch = Vec::with_capacity(BATCH);
+        drop(used);
+        let new_batch = || Batch {
+            json: reuse.try_recv().unwrap_or_default(),
+            rows: Vec::with_capacity(BATCH),
+        };
+        let mut batch = new_batch();
         let mut n = 0;
         let read = read(&mut |row| {
-            batch.push((n, row));
+            let json = row.json.map(|json| {
+                let start = batch.json.len();
+                batch.json.extend_from_slice(json);
+                start..batch.json.len()
+            });
+            let row = Row { id: row.id, version: row.version, json, columns: row.columns };
+            batch.rows.push((n, row));
             n += 1;
-            if batch.len() == BATCH {
+            if batch.rows.len() == BATCH {
                 // The parsers stop only once this sender is gone.
-                let _ = tx.send(std::mem::replace(&mut batch, Vec::with_capacity(BATCH)));
+                let _ = tx.send(std::mem::replace(&mut batch, new_batch()));
             }
         });
-        if !batch.is_empty() {
+        if !batch.rows.is_empty() {
             let _ = tx.send(batch);
         }
         drop(tx);
-        let mut loaded = Loaded { records: Vec::with_capacity(n), corrupt: Vec::new() };
+        let mut loaded = Loaded { records: Vec::with_capacity(n), ..Loaded::default() };
         let mut corrupt = Vec::new();
         for worker in workers {
-            let (records, bad) = worker.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
-            loaded.records.extend(records);
-            corrupt.extend(bad);
+            let parsed = worker.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+            loaded.records.extend(parsed.records);
+            loaded.from_json.extend(parsed.from_json);
+            corrupt.extend(parsed.corrupt);
         }
         corrupt.sort_unstable_by_key(|(n, _)| *n);
         loaded.corrupt = corrupt.into_iter().map(|(_, bad)| bad).collect();
@@ -94,28 +136,61 @@ pub(crate) fn log_quarantined(corrupt: &[(String, String)], table: &str) {
     }
 }
 
-type Parsed = (Vec<Arc<RunRecord>>, Vec<(usize, (String, String))>);
+/// What one parser made of its batches.
+#[derive(Default)]
+struct Parsed {
+    records: Vec<Arc<RunRecord>>,
+    from_json: Vec<Arc<RunRecord>>,
+    /// `(n, (id, reason))`: `n` is the row's place in the store's order.
+    corrupt: Vec<(usize, (String, String))>,
+}
 
-fn parse_batches(rx: &Mutex<Receiver<Vec<(usize, StoredRow)>>>) -> Parsed {
-    let mut records = Vec::new();
-    let mut corrupt = Vec::new();
+fn parse_batches(rx: &Mutex<Receiver<Batch>>, used: &Sender<Vec<u8>>) -> Parsed {
+    let mut parsed = Parsed::default();
     loop {
-        let batch = match rx.lock().unwrap_or_else(|e| e.into_inner()).recv() {
+        let Batch { mut json, rows } = match rx.lock().unwrap_or_else(|e| e.into_inner()).recv() {
             Ok(batch) => batch,
-            Err(_) => return (records, corrupt),
+            Err(_) => return parsed,
         };
-        for (n, row) in batch {
-            let parsed = row.json.and_then(|json| match row.version {
-                Some(version) => RunRecord::from_stored_version(json, version),
-                None => RunRecord::from_stored(json),
+        for (n, row) in rows {
+            let text = row.json.and_then(|range| {
+                String::from_utf8(json[range].to_vec())
+                    .map_err(|_| "its JSON is not UTF-8".to_owned())
             });
-            match parsed {
-                Ok(record) if record.id.as_str() == row.id => records.push(record),
-                Ok(record) => corrupt
+            let text = match text {
+                Ok(text) => text,
+                Err(reason) => {
+                    parsed.corrupt.push((n, (row.id, reason)));
+                    continue;
+                }
+            };
+            let version = row.version.unwrap_or_else(versions::next);
+            let described = row.columns.filter(|stored| stored.describe(&row.id, &text));
+            let (record, from_json) = match described {
+                Some(stored) => {
+                    let record = RunId::parse(&row.id)
+                        .map_err(|e| e.to_string())
+                        .and_then(|id| RunRecord::from_columns(id, stored.columns, text, version));
+                    (record, false)
+                }
+                None => (RunRecord::from_stored_version(text, version), true),
+            };
+            match record {
+                Ok(record) if record.id.as_str() == row.id => {
+                    if from_json {
+                        parsed.from_json.push(record.clone());
+                    }
+                    parsed.records.push(record);
+                }
+                Ok(record) => parsed
+                    .corrupt
                     .push((n, (row.id, format!("its document names another run, {}", record.id)))),
-                Err(reason) => corrupt.push((n, (row.id, reason))),
+                Err(reason) => parsed.corrupt.push((n, (row.id, reason))),
             }
         }
+        json.clear();
+        // The reader may be done: then the buffer is simply freed.
+        let _ = used.send(json);
     }
 }
 
@@ -123,15 +198,17 @@ fn parse_batches(rx: &Mutex<Receiver<Vec<(usize, StoredRow)>>>) -> Parsed {
 mod tests {
     use super::*;
 
-    fn row(id: &str, json: Result<&str, &str>) -> StoredRow {
-        StoredRow { id: id.into(), version: None, json: json.map(Into::into).map_err(Into::into) }
+    fn row<'a>(id: &str, json: Result<&'a str, &str>) -> StoredRow<'a> {
+        let json = json.map(str::as_bytes).map_err(Into::into);
+        StoredRow { id: id.into(), version: None, json, columns: None }
     }
 
     #[test]
     fn rows_that_do_not_load_are_named_in_the_order_they_were_read() {
-        let rows: Vec<StoredRow> = (0..3 * BATCH + 7)
+        let rows: Vec<StoredRow<'_>> = (0..3 * BATCH + 7)
             .map(|i| match i % 100 {
-                5 => row(&format!("bad-{i:04}"), Err("its JSON is not UTF-8")),
+                5 => row(&format!("bad-{i:04}"), Err("its JSON column holds Integer, not text")),
+                7 => StoredRow { json: Ok(b"{\"\xff\"}"), ..row(&format!("bad-{i:04}"), Ok("")) },
                 9 => row(&format!("bad-{i:04}"), Ok("{not json")),
                 _ => row(&format!("bad-{i:04}"), Ok("[]")),
             })
@@ -147,7 +224,8 @@ mod tests {
         sorted.sort_unstable();
         assert_eq!(ids, sorted, "in the order read");
         assert_eq!(ids.len(), 3 * BATCH + 7);
-        assert_eq!(loaded.corrupt[5].1, "its JSON is not UTF-8");
+        assert_eq!(loaded.corrupt[5].1, "its JSON column holds Integer, not text");
+        assert_eq!(loaded.corrupt[7].1, "its JSON is not UTF-8");
     }
 
     #[test]

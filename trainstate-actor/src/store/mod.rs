@@ -25,6 +25,7 @@
 // Parts serve only the PostgreSQL store or forwarding.
 #![cfg_attr(not(all(feature = "postgres", feature = "forward")), allow(dead_code))]
 
+pub(crate) mod columns;
 pub(crate) mod load;
 pub(crate) mod memory;
 pub(crate) mod sqlite;

@@ -28,6 +28,7 @@
 //! database are separate deployments (the lock and channel names include
 //! the schema).
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -40,8 +41,9 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures_util::StreamExt;
 use tokio::runtime::Runtime;
 use tokio_postgres::{AsyncMessage, NoTls};
-use trainstate_schema::RunId;
+use trainstate_schema::{RunId, RunStatus};
 
+use super::columns::{StoredColumns, check};
 use super::load::{Loaded, StoredRow, log_quarantined, parse_rows};
 use super::{
     ChangedRun, Committed, Followed, JobChanges, Position, SharedStore, SharedStoreHandle, Store,
@@ -50,7 +52,7 @@ use super::{
 use crate::change::{RemoteChange, StoreOp};
 use crate::config::PostgresConfig;
 use crate::errors::StoreError;
-use crate::record::RunRecord;
+use crate::record::{RunColumns, RunRecord};
 use crate::tokens::StoredToken;
 
 /// The schema migrations, in order; `trainstate_version.version` is the
@@ -115,7 +117,24 @@ const MIGRATIONS: &[&str] = &[
         created_at_ms BIGINT NOT NULL,
         revoked_at_ms BIGINT
     );",
+    // 4: the fields the actor indexes in columns of their own beside the
+    // JSON, with the check that they describe it (`store/columns.rs`), so
+    // a load builds records without parsing the JSON. Runs stored before
+    // have none: the first load reads them from their JSON and writes them.
+    "ALTER TABLE trainstate_runs
+        ADD COLUMN job_id TEXT,
+        ADD COLUMN name TEXT,
+        ADD COLUMN controller_actor_id TEXT,
+        ADD COLUMN node_ids TEXT,
+        ADD COLUMN node_ips TEXT,
+        ADD COLUMN lost_controller BOOLEAN,
+        ADD COLUMN leased BOOLEAN,
+        ADD COLUMN json_check BIGINT;",
 ];
+
+/// The columns a load reads, in the order [`stored_row`] takes them.
+const LOAD_COLUMNS: &str = "id, version, json, start_time_ms, end_time_ms, run_status, job_id, \
+     name, controller_actor_id, cluster, node_ids, node_ips, lost_controller, leased, json_check";
 
 /// The schema version this build writes.
 pub(crate) const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
@@ -286,6 +305,62 @@ impl PgStore {
         })?;
         log_quarantined(corrupt, QUARANTINE_TABLE);
         Ok(())
+    }
+
+    /// Writes the columns of runs read from their JSON (stored before the
+    /// columns existed, or changed outside trainstate), so that the next
+    /// load need not parse them. Only a run still at the version read is
+    /// written, and neither its version nor its commit sequence changes:
+    /// its content is the same, so no other head needs to hear of it. A
+    /// failure only costs the next load the same parsing.
+    fn index_again(&self, records: &[Arc<RunRecord>]) {
+        let pool = self.pool.clone();
+        let mut puts = Puts::default();
+        records.iter().for_each(|record| puts.push(record));
+        let written = self.block_on("indexing runs", async move {
+            let client = pool.get().await.map_err(pg)?;
+            client
+                .execute(
+                    "UPDATE trainstate_runs r SET json = t.json, job_id = t.job_id,
+                         name = t.name, controller_actor_id = t.controller_actor_id,
+                         node_ids = t.node_ids, node_ips = t.node_ips,
+                         lost_controller = t.lost_controller, leased = t.leased,
+                         json_check = t.json_check
+                     FROM UNNEST($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[],
+                                 $6::text[], $7::text[], $8::text[], $9::bool[], $10::bool[],
+                                 $11::bigint[])
+                         AS t(id, version, json, job_id, name, controller_actor_id, node_ids,
+                              node_ips, lost_controller, leased, json_check)
+                     WHERE r.id = t.id AND r.version = t.version",
+                    &[
+                        &puts.id,
+                        &puts.version,
+                        &puts.json,
+                        &puts.job_id,
+                        &puts.name,
+                        &puts.controller_actor_id,
+                        &puts.node_ids,
+                        &puts.node_ips,
+                        &puts.lost_controller,
+                        &puts.leased,
+                        &puts.check,
+                    ],
+                )
+                .await
+                .map_err(pg)
+        });
+        match written {
+            Ok(runs) => tracing::info!(
+                runs,
+                url = %self.url,
+                "stored runs without columns that describe them were read from their JSON; their columns are written"
+            ),
+            Err(error) => tracing::warn!(
+                runs = records.len(),
+                %error,
+                "stored runs were read from their JSON, but their columns could not be written"
+            ),
+        }
     }
 
     fn block_on<T>(
@@ -473,6 +548,48 @@ fn record(json: String, version: i64) -> Result<Arc<RunRecord>, PgError> {
     RunRecord::from_stored_version(json, version as u64)
 }
 
+/// A row of [`LOAD_COLUMNS`] as the load takes it.
+fn stored_row(row: &tokio_postgres::Row) -> StoredRow<'_> {
+    let version: i64 = row.get(1);
+    let json: &str = row.get(2);
+    // Columns of the wrong type count as none: the JSON is parsed.
+    let columns = stored_columns(row).ok().flatten();
+    StoredRow { id: row.get(0), version: Some(version as u64), json: Ok(json.as_bytes()), columns }
+}
+
+/// The columns of a row of [`LOAD_COLUMNS`], or `None` when it has none.
+fn stored_columns(
+    row: &tokio_postgres::Row,
+) -> Result<Option<StoredColumns>, tokio_postgres::Error> {
+    let Some(check) = row.try_get::<_, Option<i64>>(14)? else { return Ok(None) };
+    let Some(status) = RunStatus::parse(row.try_get(5)?) else { return Ok(None) };
+    let text = |i| row.try_get::<_, Option<String>>(i).map(|t| t.map(Cow::Owned));
+    let (Some(job_id), Some(name), Some(controller_actor_id), Some(node_ids), Some(node_ips)) =
+        (text(6)?, text(7)?, text(8)?, text(10)?, text(11)?)
+    else {
+        return Ok(None);
+    };
+    let (Some(lost_controller), Some(leased)) =
+        (row.try_get::<_, Option<bool>>(12)?, row.try_get::<_, Option<bool>>(13)?)
+    else {
+        return Ok(None);
+    };
+    let columns = RunColumns {
+        start_time_ms: row.try_get::<_, i64>(3)? as u64,
+        end_time_ms: row.try_get::<_, Option<i64>>(4)?.map(|t| t as u64),
+        status,
+        lost_controller,
+        leased,
+        job_id,
+        name,
+        controller_actor_id,
+        cluster: text(9)?,
+        node_ids,
+        node_ips,
+    };
+    Ok(Some(StoredColumns { columns, check: check as u32 }))
+}
+
 /// Changes committed with sequence numbers in `(after, before)`, each
 /// with its run as stored now.
 async fn read_changes(
@@ -542,24 +659,23 @@ impl Store for PgStore {
                 let seq: i64 =
                     tx.query_one("SELECT seq FROM trainstate_meta", &[]).await.map_err(pg)?.get(0);
                 let rows = tx
-                    .query("SELECT id, version, json FROM trainstate_runs", &[])
+                    .query(&format!("SELECT {LOAD_COLUMNS} FROM trainstate_runs"), &[])
                     .await
                     .map_err(pg)?;
                 tx.commit().await.map_err(pg)?;
-                let Loaded { records, corrupt } = parse_rows::<std::convert::Infallible>(|sink| {
-                    for row in rows {
-                        let version: i64 = row.get(1);
-                        let json = Ok(row.get(2));
-                        sink(StoredRow { id: row.get(0), version: Some(version as u64), json });
-                    }
+                let loaded = parse_rows::<std::convert::Infallible>(|sink| {
+                    rows.iter().map(stored_row).for_each(sink);
                     Ok(())
                 })
                 .unwrap_or_else(|never| match never {});
-                Ok((seq as u64, records, corrupt))
+                Ok((seq as u64, loaded))
             });
             match attempt {
-                Ok((seq, records, mut corrupt)) => {
+                Ok((seq, Loaded { records, mut corrupt, from_json })) => {
                     self.last_seen = seq;
+                    if !from_json.is_empty() {
+                        self.index_again(&from_json);
+                    }
                     if corrupt.is_empty() {
                         return Ok(records);
                     }
@@ -966,18 +1082,33 @@ async fn commit(
     if !puts.id.is_empty() {
         tx.execute(
             "INSERT INTO trainstate_runs
-                 (id, start_time_ms, end_time_ms, run_status, cluster, version, seq, json)
-             SELECT id, start_time_ms, end_time_ms, run_status, cluster, version, $1, json
+                 (id, start_time_ms, end_time_ms, run_status, cluster, version, seq, json,
+                  job_id, name, controller_actor_id, node_ids, node_ips, lost_controller,
+                  leased, json_check)
+             SELECT id, start_time_ms, end_time_ms, run_status, cluster, version, $1, json,
+                 job_id, name, controller_actor_id, node_ids, node_ips, lost_controller,
+                 leased, json_check
              FROM UNNEST($2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::text[],
-                         $7::bigint[], $8::text[])
-                 AS t(id, start_time_ms, end_time_ms, run_status, cluster, version, json)
+                         $7::bigint[], $8::text[], $9::text[], $10::text[], $11::text[],
+                         $12::text[], $13::text[], $14::bool[], $15::bool[], $16::bigint[])
+                 AS t(id, start_time_ms, end_time_ms, run_status, cluster, version, json,
+                      job_id, name, controller_actor_id, node_ids, node_ips, lost_controller,
+                      leased, json_check)
              ON CONFLICT (id) DO UPDATE SET
                  end_time_ms = EXCLUDED.end_time_ms,
                  run_status = EXCLUDED.run_status,
                  cluster = EXCLUDED.cluster,
                  version = EXCLUDED.version,
                  seq = EXCLUDED.seq,
-                 json = EXCLUDED.json",
+                 json = EXCLUDED.json,
+                 job_id = EXCLUDED.job_id,
+                 name = EXCLUDED.name,
+                 controller_actor_id = EXCLUDED.controller_actor_id,
+                 node_ids = EXCLUDED.node_ids,
+                 node_ips = EXCLUDED.node_ips,
+                 lost_controller = EXCLUDED.lost_controller,
+                 leased = EXCLUDED.leased,
+                 json_check = EXCLUDED.json_check",
             &[
                 &(seq as i64),
                 &puts.id,
@@ -987,6 +1118,14 @@ async fn commit(
                 &puts.cluster,
                 &puts.version,
                 &puts.json,
+                &puts.job_id,
+                &puts.name,
+                &puts.controller_actor_id,
+                &puts.node_ids,
+                &puts.node_ips,
+                &puts.lost_controller,
+                &puts.leased,
+                &puts.check,
             ],
         )
         .await
@@ -1056,16 +1195,33 @@ struct Puts<'a> {
     cluster: Vec<Option<&'a str>>,
     version: Vec<i64>,
     json: Vec<String>,
+    job_id: Vec<&'a str>,
+    name: Vec<&'a str>,
+    controller_actor_id: Vec<&'a str>,
+    node_ids: Vec<&'a str>,
+    node_ips: Vec<&'a str>,
+    lost_controller: Vec<bool>,
+    leased: Vec<bool>,
+    check: Vec<i64>,
 }
 
 impl<'a> Puts<'a> {
     fn push(&mut self, record: &'a RunRecord) {
+        let json = record.stored_text().into_owned();
+        self.check.push(i64::from(check(record.id.as_str(), &record.columns(), &json)));
         self.id.push(record.id.as_str());
         self.start.push(record.start_time_ms as i64);
         self.end.push(record.end_time_ms.map(|t| t as i64));
         self.status.push(record.status.as_str());
         self.cluster.push(record.cluster.as_deref());
         self.version.push(record.version as i64);
-        self.json.push(record.stored_text().into_owned());
+        self.json.push(json);
+        self.job_id.push(&record.job_id);
+        self.name.push(&record.name);
+        self.controller_actor_id.push(record.controller_actor_id());
+        self.node_ids.push(record.node_ids.as_text());
+        self.node_ips.push(record.node_ips.as_text());
+        self.lost_controller.push(record.lost_controller);
+        self.leased.push(record.leased);
     }
 }

@@ -1,11 +1,13 @@
 //! The SQLite store: schema, migrations, load and batched commits.
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
-use trainstate_schema::{ActorStatus, TrainRunInfo};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, ToSql, params};
+use trainstate_schema::{ActorStatus, RunStatus, TrainRunInfo};
 
+use super::columns::{StoredColumns, check};
 use super::load::{Loaded, StoredRow, log_quarantined, parse_rows};
 use super::{
     ChangedRun, Committed, JobChanges, Position, Store, TOKEN_COLUMNS, token_from_columns,
@@ -13,7 +15,7 @@ use super::{
 use crate::change::StoreOp;
 use crate::config::Synchronous;
 use crate::errors::StoreError;
-use crate::record::RunRecord;
+use crate::record::{RunColumns, RunRecord};
 use crate::tokens::StoredToken;
 
 /// One step of the store's schema.
@@ -69,7 +71,106 @@ const MIGRATIONS: &[Migration] = &[
         revoked_at_ms INTEGER
     ) WITHOUT ROWID;",
     ),
+    // 5: the fields the actor indexes in columns of their own beside the
+    // JSON, with the check that they describe it (`store/columns.rs`), so
+    // a load builds records without parsing the JSON.
+    Migration::Rewrite(add_index_columns),
 ];
+
+/// The columns a run's row keeps beside its JSON, in the order
+/// [`index_values`] gives their values.
+const INDEX_COLUMNS: &str = "job_id, name, controller_actor_id, cluster, node_ids, node_ips, \
+     lost_controller, leased, json_check";
+
+/// The values of [`INDEX_COLUMNS`] for `columns` and their `check`.
+fn index_values<'a>(columns: &'a RunColumns<'_>, check: &'a u32) -> [&'a dyn ToSql; 9] {
+    [
+        &columns.job_id,
+        &columns.name,
+        &columns.controller_actor_id,
+        &columns.cluster,
+        &columns.node_ids,
+        &columns.node_ips,
+        &columns.lost_controller,
+        &columns.leased,
+        check,
+    ]
+}
+
+/// Calls `write` with a run's 14 values: id, start, end, status, its JSON
+/// as one text, then those of [`INDEX_COLUMNS`], whose check covers that
+/// very text.
+fn bind_run<T>(
+    record: &RunRecord,
+    write: impl FnOnce(&[&dyn ToSql]) -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    let id = record.id.as_str();
+    let text = record.stored_text();
+    let json: &str = &text;
+    let columns = record.columns();
+    let check = check(id, &columns, json);
+    let start = record.start_time_ms as i64;
+    let end = record.end_time_ms.map(|t| t as i64);
+    let status = record.status.as_str();
+    let [a, b, c, d, e, f, g, h, i] = index_values(&columns, &check);
+    write(&[&id, &start, &end, &status, &json, a, b, c, d, e, f, g, h, i])
+}
+
+/// The columns of a row read by [`SqliteStore::load_rows`] (from its third
+/// column on), or `None` when it has none (no check).
+fn read_columns(row: &rusqlite::Row<'_>) -> rusqlite::Result<Option<StoredColumns>> {
+    let Some(check) = row.get::<_, Option<u32>>(13)? else { return Ok(None) };
+    let Some(status) = RunStatus::parse(row.get_ref(4)?.as_str()?) else { return Ok(None) };
+    let text = |i| row.get::<_, String>(i).map(Cow::Owned);
+    let columns = RunColumns {
+        start_time_ms: row.get::<_, i64>(2)? as u64,
+        end_time_ms: row.get::<_, Option<i64>>(3)?.map(|t| t as u64),
+        status,
+        job_id: text(5)?,
+        name: text(6)?,
+        controller_actor_id: text(7)?,
+        cluster: row.get::<_, Option<String>>(8)?.map(Cow::Owned),
+        node_ids: text(9)?,
+        node_ips: text(10)?,
+        lost_controller: row.get(11)?,
+        leased: row.get(12)?,
+    };
+    Ok(Some(StoredColumns { columns, check }))
+}
+
+/// Adds the index columns and fills them from every stored run's JSON. A
+/// run that does not parse keeps none: the load parses it and names it.
+fn add_index_columns(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
+    tx.execute_batch(
+        "ALTER TABLE runs ADD COLUMN job_id TEXT;
+        ALTER TABLE runs ADD COLUMN name TEXT;
+        ALTER TABLE runs ADD COLUMN controller_actor_id TEXT;
+        ALTER TABLE runs ADD COLUMN cluster TEXT;
+        ALTER TABLE runs ADD COLUMN node_ids TEXT;
+        ALTER TABLE runs ADD COLUMN node_ips TEXT;
+        ALTER TABLE runs ADD COLUMN lost_controller INTEGER;
+        ALTER TABLE runs ADD COLUMN leased INTEGER;
+        ALTER TABLE runs ADD COLUMN json_check INTEGER;",
+    )?;
+    let mut select = tx.prepare("SELECT CAST(id AS TEXT), json FROM runs")?;
+    let mut rows = select.query([])?;
+    let mut update = tx.prepare(&format!(
+        "UPDATE runs SET ({INDEX_COLUMNS}) = (?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) WHERE id = ?1"
+    ))?;
+    while let Some(row) = rows.next()? {
+        let (Some(id), Ok(json)) = (row.get::<_, Option<String>>(0)?, row.get::<_, String>(1))
+        else {
+            continue;
+        };
+        let Ok(record) = RunRecord::from_stored(json.clone()) else { continue };
+        let columns = record.columns();
+        let check = check(&id, &columns, &json);
+        let mut values: Vec<&dyn ToSql> = vec![&id];
+        values.extend(index_values(&columns, &check));
+        update.execute(values.as_slice())?;
+    }
+    Ok(())
+}
 
 /// Rewrites every stored run in today's canonical form: attempts with
 /// their (derived) statuses, and the workers of ended runs marked DEAD. A
@@ -187,25 +288,46 @@ impl SqliteStore {
         |source| StoreError::Sqlite { path: self.path.clone(), source }
     }
 
-    /// Every stored run, read in the store's order and parsed meanwhile
-    /// (see [`parse_rows`]).
+    /// Every stored run, read in the store's order and made into records
+    /// meanwhile (see [`parse_rows`]).
     fn load_rows(&self) -> Result<Loaded, rusqlite::Error> {
-        let mut stmt = self.conn.prepare("SELECT CAST(id AS TEXT), json FROM runs")?;
+        let mut stmt = self.conn.prepare(&format!(
+            "SELECT CAST(id AS TEXT), json, start_time_ms, end_time_ms, run_status, {INDEX_COLUMNS}
+             FROM runs"
+        ))?;
         parse_rows(|sink| {
             let mut rows = stmt.query([])?;
             while let Some(row) = rows.next()? {
                 let id = row.get::<_, Option<String>>(0)?.unwrap_or_default();
                 let json = match row.get_ref(1)? {
-                    rusqlite::types::ValueRef::Text(text) => String::from_utf8(text.to_vec())
-                        .map_err(|_| "its JSON is not UTF-8".to_owned()),
+                    rusqlite::types::ValueRef::Text(text) => Ok(text),
                     other => {
                         Err(format!("its JSON column holds {:?}, not text", other.data_type()))
                     }
                 };
-                sink(StoredRow { id, version: None, json });
+                // Columns of the wrong type count as none: the JSON is parsed.
+                let columns = read_columns(row).ok().flatten();
+                sink(StoredRow { id, version: None, json, columns });
             }
             Ok(())
         })
+    }
+
+    /// Writes the columns of runs read from their JSON again (with their
+    /// JSON, as it is served), so that the next load need not parse them;
+    /// their commit sequence is left as it is, since nothing changed.
+    fn index_again(&mut self, records: &[Arc<RunRecord>]) -> Result<(), rusqlite::Error> {
+        let tx = self.conn.transaction()?;
+        {
+            let mut update = tx.prepare(&format!(
+                "UPDATE runs SET start_time_ms = ?2, end_time_ms = ?3, run_status = ?4, json = ?5,
+                 ({INDEX_COLUMNS}) = (?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) WHERE id = ?1"
+            ))?;
+            for record in records {
+                bind_run(record, |values| update.execute(values).map(drop))?;
+            }
+        }
+        tx.commit()
     }
 
     /// Applies `ops` in one transaction.
@@ -220,23 +342,19 @@ impl SqliteStore {
                 [],
                 |row| row.get(0),
             )?;
-            let mut put = tx.prepare_cached(
-                "INSERT OR REPLACE INTO runs (id, start_time_ms, end_time_ms, run_status, json, seq)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )?;
+            let mut put = tx.prepare_cached(&format!(
+                "INSERT OR REPLACE INTO runs
+                 (id, start_time_ms, end_time_ms, run_status, json, {INDEX_COLUMNS}, seq)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
+            ))?;
             let mut delete = tx.prepare_cached("DELETE FROM runs WHERE id = ?1")?;
             for op in ops {
                 match op {
-                    StoreOp::Put(record) => {
-                        put.execute(params![
-                            record.id.as_str(),
-                            record.start_time_ms as i64,
-                            record.end_time_ms.map(|t| t as i64),
-                            record.status.as_str(),
-                            &*record.stored_text(),
-                            seq,
-                        ])?;
-                    }
+                    StoreOp::Put(record) => bind_run(record, |values| {
+                        let mut values = values.to_vec();
+                        values.push(&seq);
+                        put.execute(values.as_slice()).map(drop)
+                    })?,
                     StoreOp::Delete(id) => {
                         delete.execute(params![id.as_str()])?;
                     }
@@ -249,7 +367,23 @@ impl SqliteStore {
 
 impl Store for SqliteStore {
     fn load(&mut self) -> Result<Vec<Arc<RunRecord>>, StoreError> {
-        let Loaded { records, mut corrupt } = self.load_rows().map_err(self.at())?;
+        let Loaded { records, mut corrupt, from_json } = self.load_rows().map_err(self.at())?;
+        if !from_json.is_empty() {
+            // Only rows changed outside trainstate lack columns that
+            // describe them (the migration gave every other row its own).
+            match self.index_again(&from_json) {
+                Ok(()) => tracing::warn!(
+                    runs = from_json.len(),
+                    store = %self.path.display(),
+                    "stored runs whose columns did not describe their JSON were read from the JSON; their columns are written again"
+                ),
+                Err(err) => tracing::warn!(
+                    runs = from_json.len(),
+                    error = %err,
+                    "stored runs were read from their JSON, but their columns could not be written again"
+                ),
+            }
+        }
         if corrupt.is_empty() {
             return Ok(records);
         }
@@ -420,4 +554,149 @@ fn migrate(conn: &mut Connection) -> Result<(), MigrateError> {
         tx.commit()?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use trainstate_schema::{
+        ActorStatus, NewRun, Resources, RunStatus, TrainRunInfoDraft, TrainWorkerInfoDraft,
+    };
+
+    use super::*;
+
+    const T0: u64 = 1_760_000_000_000;
+
+    fn record(id: &str, ended: bool, cluster: Option<&str>) -> Arc<RunRecord> {
+        let mut draft = TrainRunInfoDraft {
+            workers: vec![TrainWorkerInfoDraft {
+                actor_id: format!("actor-{id}"),
+                world_rank: 0,
+                local_rank: 0,
+                node_rank: 0,
+                node_id: format!("node-{id}"),
+                node_ip: "10.0.0.1".into(),
+                pid: 100,
+                gpu_ids: vec![],
+                status: ActorStatus::Alive,
+                resources: Resources::from_iter([("CPU", 1.0)]),
+                worker_log_file_path: None,
+            }],
+            cluster: cluster.map(Into::into),
+            ..TrainRunInfoDraft::new(id, format!("run-{id}"), "job", "ctrl", T0)
+        };
+        if ended {
+            draft.run_status = RunStatus::Finished;
+            draft.status = Some(RunStatus::Finished);
+            draft.end_time_ms = Some(T0 + 1);
+        }
+        let run = NewRun::new(draft.validate().unwrap()).into_run(T0 + 2);
+        RunRecord::new(&run).unwrap()
+    }
+
+    fn id(n: u8) -> String {
+        format!("{n:032x}")
+    }
+
+    /// Every row's id, and whether it has a check.
+    fn checked(conn: &Connection) -> Vec<(String, bool)> {
+        let mut stmt =
+            conn.prepare("SELECT id, json_check IS NOT NULL FROM runs ORDER BY id").unwrap();
+        stmt.query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_store_of_the_previous_schema_gets_its_columns_once_and_loads_from_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("trainstate.db");
+        let runs = [record(&id(1), false, None), record(&id(2), true, Some("west"))];
+        {
+            // The store as the schema before the columns (version 4) wrote it.
+            let mut conn = Connection::open(&path).unwrap();
+            for migration in &MIGRATIONS[..4] {
+                let tx = conn.transaction().unwrap();
+                match migration {
+                    Migration::Sql(sql) => tx.execute_batch(sql).unwrap(),
+                    Migration::Rewrite(rewrite) => rewrite(&tx).unwrap(),
+                }
+                tx.commit().unwrap();
+            }
+            conn.pragma_update(None, "user_version", 4).unwrap();
+            let mut put = conn
+                .prepare(
+                    "INSERT INTO runs (id, start_time_ms, end_time_ms, run_status, json, seq)
+                     VALUES (?1, ?2, ?3, ?4, ?5, 1)",
+                )
+                .unwrap();
+            for run in &runs {
+                let (start, end) = (run.start_time_ms as i64, run.end_time_ms.map(|t| t as i64));
+                let json = run.json().text();
+                put.execute(params![run.id.as_str(), start, end, run.status.as_str(), json])
+                    .unwrap();
+            }
+            put.execute(params![id(3), T0 as i64, None::<i64>, "RUNNING", "{\"id\": \"cut"])
+                .unwrap();
+        }
+
+        let store = SqliteStore::open(&path, Synchronous::Full).unwrap();
+        let version: u32 = store.conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+        assert_eq!(
+            checked(&store.conn),
+            [(id(1), true), (id(2), true), (id(3), false)],
+            "every run that parses has its columns; the damaged one has none"
+        );
+        let loaded = store.load_rows().unwrap();
+        assert!(loaded.from_json.is_empty(), "every run is read from its columns");
+        let mut records = loaded.records;
+        records.sort_by(|a, b| a.id.cmp(&b.id));
+        assert_eq!(records.len(), 2);
+        for (loaded, run) in records.iter().zip(&runs) {
+            assert_eq!(loaded.columns(), run.columns());
+            assert_eq!(loaded.json().text(), run.json().text());
+        }
+        let [(damaged, reason)] = &loaded.corrupt[..] else { panic!("{:?}", loaded.corrupt) };
+        assert_eq!(*damaged, id(3));
+        assert!(reason.contains("EOF"), "the parser's reason, as before: {reason}");
+        drop(store);
+
+        // Once: a second open migrates nothing and the columns stay.
+        let store = SqliteStore::open(&path, Synchronous::Full).unwrap();
+        assert_eq!(checked(&store.conn), [(id(1), true), (id(2), true), (id(3), false)]);
+    }
+
+    #[test]
+    fn a_row_whose_columns_do_not_describe_its_json_is_read_from_the_json_and_indexed_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("trainstate.db");
+        let mut store = SqliteStore::open(&path, Synchronous::Full).unwrap();
+        let runs = [record(&id(1), false, None), record(&id(2), true, None)];
+        let ops: Vec<StoreOp> = runs.iter().cloned().map(StoreOp::Put).collect();
+        store.commit_ops(ops.iter()).unwrap();
+        store.conn.execute("UPDATE runs SET job_id = 'forged' WHERE id = ?1", [id(2)]).unwrap();
+
+        let loaded = store.load_rows().unwrap();
+        assert_eq!(loaded.records.len(), 2);
+        let [from_json] = &loaded.from_json[..] else { panic!("one run read from its JSON") };
+        assert_eq!(from_json.id.as_str(), id(2));
+        assert_eq!(&*from_json.job_id, "job", "the JSON is the truth");
+
+        let records = store.load().unwrap();
+        assert!(records.iter().all(|r| &*r.job_id == "job"));
+        let job: String = store
+            .conn
+            .query_row("SELECT job_id FROM runs WHERE id = ?1", [id(2)], |r| r.get(0))
+            .unwrap();
+        assert_eq!(job, "job", "the columns are written again");
+        let again = store.load_rows().unwrap();
+        assert!(again.from_json.is_empty() && again.corrupt.is_empty());
+        let mut texts: Vec<_> =
+            again.records.iter().map(|r| r.json().text().into_owned()).collect();
+        texts.sort();
+        let mut before: Vec<_> = runs.iter().map(|r| r.json().text().into_owned()).collect();
+        before.sort();
+        assert_eq!(texts, before, "with the same JSON");
+    }
 }
