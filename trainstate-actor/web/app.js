@@ -144,6 +144,27 @@
   }, 1000);
 
   const badge = (status) => h('span', { class: `badge s-${String(status).toLowerCase()}` }, status);
+  /** A live run that stopped making progress: its STALLED badge (null otherwise). */
+  const stalledBadge = (run) => (run.health && run.health.state === 'STALLED' && !run.end_time_ms
+    ? h('span', { class: 'badge h-stalled', 'data-health': 'STALLED', title: run.health.detail || null }, 'STALLED')
+    : null);
+
+  /**
+   * A run's progress from its ranks' reports: the highest step, the
+   * largest total, and an ETA at the run's average pace since it started
+   * (null without a step).
+   */
+  function progressOf(run) {
+    const ranks = Array.isArray(run.rank_progress) ? run.rank_progress.filter((p) => p && Number.isFinite(p.step)) : [];
+    if (!ranks.length) return null;
+    const step = Math.max(...ranks.map((p) => p.step));
+    const totals = ranks.map((p) => p.total_steps).filter((t) => Number.isFinite(t) && t > 0);
+    const total = totals.length ? Math.max(...totals) : null;
+    const live = run.end_time_ms === null || run.end_time_ms === undefined;
+    const elapsed = Date.now() - run.start_time_ms;
+    const eta = live && total && step > 0 && step < total && elapsed > 0 ? (elapsed / step) * (total - step) : null;
+    return { step, total, eta, ranks };
+  }
   /** A run's lifecycle status: Ray Train V2's sub-status when it has one. */
   const statusOf = (run) => run.status || run.run_status;
 
@@ -592,7 +613,7 @@
           h('a', { href: runHref(run.id), 'data-nav': true, 'data-key': `run-${run.id}` }, run.name)),
         h('td', { 'data-col': 'id', class: 'mono nowrap opt' },
           h('span', { title: run.id }, short(run.id)), ' ', copyButton(run.id, 'run id')),
-        h('td', { 'data-col': 'status' }, badge(statusOf(run))),
+        h('td', { 'data-col': 'status' }, badge(statusOf(run)), stalledBadge(run) ? ' ' : null, stalledBadge(run)),
         h('td', { 'data-col': 'job', class: 'mono opt' }, run.job_id),
         h('td', { 'data-col': 'start', class: 'nowrap opt' }, timeEl(run.start_time_ms)),
         h('td', { 'data-col': 'duration', class: 'num' }, durationEl(run.start_time_ms, run.end_time_ms)),
@@ -681,10 +702,11 @@
         back,
         h('div', { class: 'run-head' },
           h('h1', null, run.name),
-          h('span', { id: 'run-status', 'data-col': 'status' }, badge(statusOf(run)))),
+          h('span', { id: 'run-status', 'data-col': 'status' }, badge(statusOf(run)), stalledBadge(run) ? ' ' : null, stalledBadge(run))),
         goneNote,
         st.error ? errorNote(st.error) : null,
         overview(run),
+        progressSection(run),
         detailSection(run),
         historySection(run),
         datasetsSection(run),
@@ -734,6 +756,27 @@
           }
         },
       }, String(rank));
+    }
+
+    /** The run's health and progress: a bar with the step, the total and an ETA. */
+    function progressSection(run) {
+      const progress = progressOf(run);
+      const health = run.health;
+      if (!progress && !health) return null;
+      const bar = progress ? h('div', { class: 'progress' },
+        progress.total
+          ? h('progress', { id: 'run-progress', max: String(progress.total), value: String(Math.min(progress.step, progress.total)) })
+          : null,
+        h('span', { id: 'run-step' },
+          progress.total
+            ? `step ${num(progress.step)} of ${num(progress.total)} (${Math.floor((100 * Math.min(progress.step, progress.total)) / progress.total)} %)`
+            : `step ${num(progress.step)}`,
+          progress.eta !== null ? h('span', { class: 'muted', id: 'run-eta' }, ` · about ${formatDuration(progress.eta)} left`) : null)) : null;
+      const healthLine = health ? h('p', { id: 'run-health', 'data-health': health.state },
+        h('span', { class: `badge h-${String(health.state).toLowerCase()}` }, health.state), ' since ', timeEl(health.since_ms),
+        health.ranks && health.ranks.length ? [', ranks ', ...health.ranks.flatMap((r, i) => (i ? [', ', rankLink(r)] : [rankLink(r)]))] : null,
+        health.detail ? h('span', { class: 'change-detail' }, ` ${line(health.detail)}`) : null) : null;
+      return section('Progress', healthLine, bar);
     }
 
     function detailSection(run) {
@@ -810,6 +853,17 @@
       return section(title, h('ol', { class: 'timeline' }, items));
     }
 
+    /** A rank's step, phase and last advance, as table cells. */
+    function progressCells(p) {
+      const none = () => h('span', { class: 'muted' }, '—');
+      if (!p) return [h('td', { class: 'num', 'data-col': 'step' }, none()), h('td', { 'data-col': 'phase' }, none()), h('td', { 'data-col': 'last_advance' }, none())];
+      return [
+        h('td', { class: 'num', 'data-col': 'step' }, Number.isFinite(p.step) ? num(p.step) : none()),
+        h('td', { 'data-col': 'phase' }, p.phase ? line(p.phase) : none()),
+        h('td', { 'data-col': 'last_advance' }, timeEl(p.last_advance_ms)),
+      ];
+    }
+
     function workerSections(run) {
       const attempts = run.attempts || [];
       const old = st.attempt === null ? null : attempts.find((a) => a.attempt_id === st.attempt && a.workers);
@@ -817,6 +871,9 @@
       const all = old ? old.workers : run.workers;
       // When each rank was last heard from (rendezvous runs, current attempt only).
       const heard = !old && Array.isArray(run.rank_last_heartbeat_ms) ? run.rank_last_heartbeat_ms : null;
+      // Each rank's progress (current attempt only), and the ranks health names.
+      const progress = !old && Array.isArray(run.rank_progress) && run.rank_progress.some(Boolean) ? run.rank_progress : null;
+      const named = new Set(run.health && run.health.state === 'STALLED' && Array.isArray(run.health.ranks) ? run.health.ranks : []);
       const of = old ? ` of attempt ${line(old.attempt_id)}` : '';
 
       // One row per node, by node rank.
@@ -875,6 +932,8 @@
       const start = st.workerPage * WORKER_PAGE;
       const rows = shown.slice(start, start + WORKER_PAGE).map((w) => h('tr', {
         'data-world-rank': w.world_rank, 'data-node-id': w.node_id, tabindex: '-1',
+        class: named.has(w.world_rank) ? 'culprit' : null,
+        title: named.has(w.world_rank) ? 'named by the run\'s health' : null,
       },
       h('td', { class: 'num', 'data-col': 'world_rank' }, String(w.world_rank)),
       h('td', { class: 'num' }, String(w.local_rank)),
@@ -885,6 +944,7 @@
       h('td', { class: 'mono' }, w.gpu_ids.length ? w.gpu_ids.join(', ') : h('span', { class: 'muted' }, '—')),
       h('td', { 'data-col': 'status' }, h('span', { class: `badge w-${String(w.status).toLowerCase()}` }, w.status)),
       heard ? h('td', { 'data-col': 'last_heard' }, timeEl(heard[w.world_rank])) : null,
+      ...(progress ? progressCells(progress[w.world_rank]) : []),
       ...(workerLinks ? [h('td', { class: 'links' }, ...linksOf(run, w).flatMap((a, i) => (i ? [' · ', a] : [a])))] : [])));
       const sortHead = (label, field, cls) => {
         const sorted = st.sort === field;
@@ -908,8 +968,9 @@
           sortHead('Node rank', 'node_rank', 'num'), sortHead('Node ID', 'node_id'), sortHead('Node IP', 'node_ip'),
           sortHead('PID', 'pid', 'num'), sortHead('GPU IDs', 'gpu_ids'), sortHead('Status', 'status'),
           heard ? h('th', { scope: 'col' }, 'Last heard') : null,
+          ...(progress ? ['Step', 'Phase', 'Last advance'].map((t) => h('th', { scope: 'col' }, t)) : []),
           ...(workerLinks ? [h('th', { scope: 'col' }, 'Links')] : []),
-        ].filter(Boolean), rows.length ? rows : h('tr', null, h('td', { colspan: 8 + (heard ? 1 : 0) + (workerLinks ? 1 : 0), class: 'empty' }, 'No workers.')), { id: 'workers' }),
+        ].filter(Boolean), rows.length ? rows : h('tr', null, h('td', { colspan: 8 + (heard ? 1 : 0) + (progress ? 3 : 0) + (workerLinks ? 1 : 0), class: 'empty' }, 'No workers.')), { id: 'workers' }),
         shown.length > WORKER_PAGE ? pager('workers', 'Pages of workers', {
           from: start + 1, to: Math.min(shown.length, start + WORKER_PAGE), total: shown.length,
           first: st.workerPage > 0 ? () => { st.workerPage = 0; rerender(); } : null,
