@@ -9,6 +9,7 @@ use serde::de::{MapAccess, Visitor};
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
+use trainstate_schema::HealthState;
 use trainstate_schema::api::RankProgressServed;
 use trainstate_schema::ray_v2;
 use trainstate_schema::{
@@ -294,6 +295,41 @@ impl RunJson {
             }
             Repr::Members(members, _) => {
                 largest(&mut members.iter().map(|(k, v)| (*k, v.get().len())))
+            }
+        }
+    }
+
+    /// The state of the run's `health` (`STALLED`, `PROGRESSING`), read
+    /// without parsing the whole run: from its members, or from the end of
+    /// its whole text, where the canonical order puts `health` (only
+    /// `health_history` follows it). `None` for a run with no health.
+    pub fn health_state(&self) -> Option<HealthState> {
+        #[derive(Deserialize)]
+        struct StateOnly {
+            state: HealthState,
+        }
+        match &self.0 {
+            Repr::Members(members, _) => {
+                let (_, raw) = members.iter().find(|(k, _)| *k == "health")?;
+                serde_json::from_str::<StateOnly>(raw.get()).ok().map(|h| h.state)
+            }
+            Repr::Whole(raw) => {
+                const KEY: &str = ",\"health\":";
+                const HISTORY: &str = ",\"health_history\":";
+                let text = raw.get();
+                let tail = &text[text.rfind(KEY)? + KEY.len()..];
+                let mut values = serde_json::Deserializer::from_str(tail).into_iter::<StateOnly>();
+                let state = values.next()?.ok()?.state;
+                let mut rest = &tail[values.byte_offset()..];
+                if let Some(history) = rest.strip_prefix(HISTORY) {
+                    let mut values = serde_json::Deserializer::from_str(history)
+                        .into_iter::<serde::de::IgnoredAny>();
+                    values.next()?.ok()?;
+                    rest = &history[values.byte_offset()..];
+                }
+                // A `health` nested deeper (in `run_settings`) is followed
+                // by more than the run's closing brace.
+                (rest == "}").then_some(state)
             }
         }
     }

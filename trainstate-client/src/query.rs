@@ -1,8 +1,8 @@
 //! Listing runs: filters, keyset paging and the page that comes back.
 
-use trainstate_schema::{HealthState, RunStatus};
 pub use trainstate_schema::api::Cursor;
 use trainstate_schema::api::{ListQuery, StatusFilter};
+use trainstate_schema::{HealthState, RunStatus};
 
 use crate::error::StateError;
 use crate::protocol::RunDocument;

@@ -129,3 +129,16 @@ pub struct RankProgressServed {
     #[serde(default)]
     pub metrics: BTreeMap<String, f64>,
 }
+
+impl RankProgressServed {
+    /// A rank's latest report as served.
+    pub fn new(
+        step: Option<u64>,
+        total_steps: Option<u64>,
+        phase: Option<String>,
+        last_advance_ms: Option<u64>,
+        metrics: BTreeMap<String, f64>,
+    ) -> Self {
+        Self { step, total_steps, phase, last_advance_ms, metrics }
+    }
+}
