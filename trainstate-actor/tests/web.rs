@@ -625,3 +625,96 @@ async fn regression_a_run_with_an_unparseable_time_shows_a_dash_and_the_list_ren
     browser.quit().await;
     server.stop().await;
 }
+
+/// Run health on the page: a live rendezvous run whose ranks reported
+/// progress and then stopped advancing shows the STALLED badge in the list,
+/// and on its page the health with the ranks it names (their rows
+/// highlighted), a progress bar at the reported step of the total, and each
+/// rank's step and phase.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(has_browser), ignore = "needs chromium and chromedriver")]
+async fn the_page_shows_a_stalled_run_its_progress_and_the_ranks_named() {
+    let (chromium, chromedriver) = browser();
+    let clock = std::sync::Arc::new(trainstate_actor::ManualClock::new(now_ms()));
+    let server = Server::start(
+        StateConfig::in_memory()
+            .with_name(unique_name("web-health"))
+            .with_clock(clock.clone())
+            .with_stall_after(Duration::from_secs(60))
+            // The test drives the sweep itself.
+            .with_sweep_interval(Duration::from_secs(3600)),
+        HttpConfig::default(),
+    )
+    .await;
+    let api = Api::new(&server, None);
+    let group = workers(2, 2, "h-");
+    let mut id = String::new();
+    for worker in &group {
+        let join = json!({"world_size": 2, "worker": worker, "name": "stalls", "job_id": "9"});
+        id = api.post("/api/train/rendezvous/web-health/join", join).await["run_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+    }
+    for (rank, step, phase) in [(0, 40, "train"), (1, 37, "eval")] {
+        let progress = json!({"attempt_id": "0", "progress": {
+            "step": step, "total_steps": 100, "phase": phase, "metrics": {"loss": 0.5}}});
+        api.post(&format!("/api/train/runs/{id}/ranks/{rank}/heartbeat"), progress).await;
+    }
+    let handle = server.service.handle();
+    handle.sweep_leases().await.unwrap();
+    // No rank advances for longer than the window; the ranks stay alive.
+    clock.advance_ms(61_000);
+    for rank in 0..2 {
+        let beat = json!({"attempt_id": "0"});
+        api.post(&format!("/api/train/runs/{id}/ranks/{rank}/heartbeat"), beat).await;
+    }
+    handle.sweep_leases().await.unwrap();
+    let run = handle.get_run(trainstate_schema::RunId::parse(&id).unwrap()).await.unwrap();
+    let health = run.health().expect("the run has health");
+    assert_eq!(health.state.as_str(), "STALLED", "{health:?}");
+
+    let browser = Browser::start(&chromium, &chromedriver, "health").await;
+    browser.goto(&format!("{}/", server.url)).await;
+    browser
+        .wait_for(
+            "the STALLED badge in the list",
+            &format!(
+                "const row = document.querySelector(`#runs tr[data-run-id='{id}']`);
+                 return row && row.querySelector('[data-health=STALLED]') !== null;"
+            ),
+        )
+        .await;
+    browser.goto(&format!("{}/runs/{id}", server.url)).await;
+    let shown = browser
+        .wait_for(
+            "the run's health, progress bar and ranks",
+            "const bar = document.querySelector('#run-progress');
+             const health = document.querySelector('#run-health');
+             const rows = [...document.querySelectorAll('#workers tbody tr')];
+             if (!bar || !health || rows.length < 2) return null;
+             return {
+               value: bar.getAttribute('value'), max: bar.getAttribute('max'),
+               step: document.querySelector('#run-step').textContent,
+               health: health.getAttribute('data-health'),
+               stalledBadge: document.querySelector('#run-status [data-health=STALLED]') !== null,
+               culprits: rows.filter((r) => r.classList.contains('culprit')).map((r) => Number(r.dataset.worldRank)),
+               steps: rows.map((r) => r.querySelector('[data-col=step]').textContent),
+               phases: rows.map((r) => r.querySelector('[data-col=phase]').textContent),
+             };",
+        )
+        .await;
+    assert_eq!(shown["value"], "40", "{shown}");
+    assert_eq!(shown["max"], "100", "{shown}");
+    assert!(shown["step"].as_str().unwrap().contains("step 40 of 100"), "{shown}");
+    assert_eq!(shown["health"], "STALLED", "{shown}");
+    assert_eq!(shown["stalledBadge"], true, "{shown}");
+    let named: Vec<u64> = health.ranks.iter().map(|r| u64::from(*r)).collect();
+    assert!(!named.is_empty(), "{health:?}");
+    assert_eq!(shown["culprits"], json!(named), "the ranks health names are highlighted: {shown}");
+    assert_eq!(shown["steps"], json!(["40", "37"]), "{shown}");
+    assert_eq!(shown["phases"], json!(["train", "eval"]), "{shown}");
+    browser.screenshot(&output_dir().join("run-health.png")).await;
+    browser.quit().await;
+    server.stop().await;
+}
