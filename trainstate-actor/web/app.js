@@ -775,8 +775,9 @@
       const healthLine = health ? h('p', { id: 'run-health', 'data-health': health.state },
         h('span', { class: `badge h-${String(health.state).toLowerCase()}` }, health.state), ' since ', timeEl(health.since_ms),
         health.ranks && health.ranks.length ? [', ranks ', ...health.ranks.flatMap((r, i) => (i ? [', ', rankLink(r)] : [rankLink(r)]))] : null,
-        health.detail ? h('span', { class: 'change-detail' }, ` ${line(health.detail)}`) : null) : null;
-      return section('Progress', healthLine, bar);
+        ) : null;
+      const detail = health && health.detail ? h('p', { class: 'health-detail', id: 'run-health-detail' }, line(health.detail)) : null;
+      return section('Progress', healthLine, detail, bar);
     }
 
     function detailSection(run) {
