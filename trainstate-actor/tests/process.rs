@@ -643,3 +643,61 @@ fn regression_sigterm_completes_whatever_clients_do() {
     assert!(status.success(), "{status}");
     drop((half, deaf));
 }
+
+/// `runs show` prints a run's health (with the ranks it names and its
+/// detail) and its progress: the step of the total, for a rendezvous run of
+/// a real head whose only rank reported step 5 of 10 and then stopped
+/// advancing (it keeps heartbeating, so only its progress stalls).
+#[test]
+fn runs_show_prints_health_and_progress() {
+    let dir = tempfile::tempdir().unwrap();
+    let head = start_head(dir.path(), &["--lease", "4s", "--stall-after", "1s"]).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let client = reqwest::Client::new();
+    let post = |path: String, body: Value| {
+        let (client, url) = (client.clone(), format!("{}{path}", head.url));
+        runtime.block_on(async move {
+            let answer = client.post(&url).json(&body).send().await.unwrap();
+            assert!(answer.status().is_success(), "POST {url}: {}", answer.status());
+            answer.json::<Value>().await.unwrap()
+        })
+    };
+    let worker = serde_json::to_value(&crate::common::workers(1, 1, "cli-")[0]).unwrap();
+    let join =
+        serde_json::json!({"world_size": 1, "worker": worker, "name": "stalls", "job_id": "5"});
+    let id = post("/api/train/rendezvous/cli-health/join".into(), join)["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let beat = format!("/api/train/runs/{id}/ranks/0/heartbeat");
+    let progress =
+        serde_json::json!({"attempt_id": "0", "progress": {"step": 5, "total_steps": 10}});
+    post(beat.clone(), progress);
+    let until = Instant::now() + Duration::from_secs(30);
+    let health = loop {
+        let run = post(beat.clone(), serde_json::json!({"attempt_id": "0"}));
+        assert_eq!(run["run_id"], id.as_str());
+        let url = format!("{}/api/train/runs/{id}", head.url);
+        let got: Value = runtime
+            .block_on(async { client.get(&url).send().await.unwrap().json().await.unwrap() });
+        if got["health"]["state"] == "STALLED" {
+            break got["health"].clone();
+        }
+        assert!(Instant::now() < until, "the run never stalled: {got}");
+        std::thread::sleep(Duration::from_millis(100)); // the pace of a rank's heartbeats, not a wait for a result
+    };
+    let shown = Command::new(env!("CARGO_BIN_EXE_trainstate"))
+        .args(["runs", "show", &id, "--url", &head.url])
+        .output()
+        .unwrap();
+    assert!(shown.status.success(), "{}", String::from_utf8_lossy(&shown.stderr));
+    let text = String::from_utf8(shown.stdout).unwrap();
+    let health_line =
+        text.lines().find(|l| l.starts_with("health")).unwrap_or_else(|| panic!("{text}"));
+    assert!(health_line.contains("STALLED since") && health_line.contains("ranks 0"), "{text}");
+    let detail = health["detail"].as_str().unwrap();
+    assert!(text.contains(detail), "the detail is printed: {text}");
+    let progress_line =
+        text.lines().find(|l| l.starts_with("progress")).unwrap_or_else(|| panic!("{text}"));
+    assert!(progress_line.contains("step 5 of 10 (50 %)"), "{text}");
+}

@@ -8,7 +8,7 @@ use trainstate_schema::ray_v2::attempt_budget;
 use trainstate_schema::text::escape_control;
 
 use super::{HeadArgs, RunsCommand};
-use crate::api::{LinksResponse, RunListResponse, StatusFilter};
+use crate::api::{LinksResponse, RankProgressServed, RunListResponse, StatusFilter};
 use crate::links::{fill, is_per_worker};
 use crate::{RunQuery, StateHandle};
 
@@ -80,7 +80,8 @@ async fn run_command(command: RunsCommand) -> Result<String, String> {
             }
             // Links are a nicety: a head without them (or an older one) still shows the run.
             let links = state.links().await.unwrap_or_default();
-            show(&run.parse().map_err(|e| e.to_string())?, &links)
+            let progress = Progress::of(&served_progress(&run));
+            show(&run.parse().map_err(|e| e.to_string())?, &links, progress.as_ref())
         }
     }
 }
@@ -94,7 +95,56 @@ pub(super) fn unreachable_head(url: &str, err: crate::StateError) -> String {
     }
 }
 
-fn show(run: &TrainRunInfo, links: &LinksResponse) -> Result<String, String> {
+/// Each rank's progress as the head served it with the run (the
+/// `rank_progress` member of a remote answer, which is kept as it came).
+fn served_progress(run: &crate::RunDocument) -> Vec<Option<RankProgressServed>> {
+    #[derive(serde::Deserialize)]
+    struct Served {
+        #[serde(default)]
+        rank_progress: Vec<Option<RankProgressServed>>,
+    }
+    match run.rank_progress() {
+        Some(ranks) => ranks.to_vec(),
+        None => serde_json::from_str::<Served>(&run.to_json())
+            .map(|served| served.rank_progress)
+            .unwrap_or_default(),
+    }
+}
+
+/// A run's progress as its ranks last reported it: the highest step and
+/// the largest total.
+struct Progress {
+    step: u64,
+    total: Option<u64>,
+}
+
+impl Progress {
+    fn of(ranks: &[Option<RankProgressServed>]) -> Option<Self> {
+        let reported = ranks.iter().flatten();
+        let step = reported.clone().filter_map(|p| p.step).max()?;
+        let total = reported.filter_map(|p| p.total_steps).filter(|&t| t > 0).max();
+        Some(Self { step, total })
+    }
+
+    /// `step 40 of 100 (40 %), about 3m00s left`: the estimate at the run's
+    /// average pace since it started (`elapsed_ms`), for a live run.
+    fn text(&self, elapsed_ms: Option<u64>) -> String {
+        let Some(total) = self.total else { return format!("step {}", self.step) };
+        let done = self.step.min(total);
+        let mut text = format!("step {} of {total} ({} %)", self.step, done * 100 / total);
+        if let Some(elapsed) = elapsed_ms.filter(|_| self.step > 0 && self.step < total) {
+            let left = elapsed as u128 * u128::from(total - self.step) / u128::from(self.step);
+            text.push_str(&format!(", about {} left", duration(0, Some(left as u64))));
+        }
+        text
+    }
+}
+
+fn show(
+    run: &TrainRunInfo,
+    links: &LinksResponse,
+    progress: Option<&Progress>,
+) -> Result<String, String> {
     let mut out = String::new();
     let line = |out: &mut String, key: &str, value: &str| {
         out.push_str(&format!("{key:<16}{}\n", escape_control(value)));
@@ -118,6 +168,25 @@ fn show(run: &TrainRunInfo, links: &LinksResponse) -> Result<String, String> {
     }
     if let Some(from) = run.restored_from() {
         line(&mut out, "restored from", from.as_str());
+    }
+    if let Some(health) = run.health() {
+        let ranks = match health.ranks.as_slice() {
+            [] => String::new(),
+            ranks => format!(
+                ", ranks {}",
+                ranks.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+            ),
+        };
+        let since = utc(health.since_ms);
+        line(&mut out, "health", &format!("{} since {since} UTC{ranks}", health.state.as_str()));
+        if !health.detail.is_empty() {
+            line(&mut out, "", &health.detail);
+        }
+    }
+    if let Some(progress) = progress {
+        let elapsed =
+            run.end_time_ms().is_none().then(|| now_ms().saturating_sub(run.start_time_ms()));
+        line(&mut out, "progress", &progress.text(elapsed));
     }
     let named = [("logs", links.logs.as_deref()), ("metrics", links.metrics.as_deref())];
     let run_links =
@@ -256,13 +325,14 @@ pub(super) fn utc(ms: u64) -> String {
     format!("{year:04}-{month:02}-{day:02} {hour:02}:{minute:02}:{second:02}")
 }
 
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 fn duration(start: u64, end: Option<u64>) -> String {
-    let end = end.unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(start)
-    });
+    let end = end.unwrap_or_else(|| now_ms().max(start));
     let secs = end.saturating_sub(start) / 1000;
     match secs {
         s if s < 60 => format!("{s}s"),
@@ -274,6 +344,22 @@ fn duration(start: u64, end: Option<u64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn progress_reads_the_highest_step_the_largest_total_and_an_estimate() {
+        let rank = |step: Option<u64>, total: Option<u64>| {
+            Some(RankProgressServed::new(step, total, None, None, Default::default()))
+        };
+        assert!(Progress::of(&[None, rank(None, Some(10))]).is_none(), "no step, no progress");
+        let progress =
+            Progress::of(&[rank(Some(40), Some(100)), None, rank(Some(37), None)]).unwrap();
+        assert_eq!((progress.step, progress.total), (40, Some(100)));
+        assert_eq!(progress.text(None), "step 40 of 100 (40 %)");
+        // 40 steps took 2 minutes: the 60 left take 3 more at that pace.
+        assert_eq!(progress.text(Some(120_000)), "step 40 of 100 (40 %), about 3m00s left");
+        let unknown = Progress::of(&[rank(Some(7), None)]).unwrap();
+        assert_eq!(unknown.text(Some(1_000)), "step 7");
+    }
 
     #[test]
     fn utc_renders_civil_time() {
