@@ -153,10 +153,10 @@ class Progress:
                 urgent = self._take_expect(expect_next_within)
             self._dirty = True
             due = urgent or time.monotonic() >= self._due
-        if self._flusher is None:
-            self._start_flusher()
         if due:
             self.flush()
+        if self._flusher is None:
+            self._start_flusher()
 
     def _take_step(self, step: Any) -> None:
         value = self._count("step", step)
@@ -185,14 +185,14 @@ class Progress:
             if taken >= MAX_METRIC_NAMES_PER_REPORT:
                 self._warn("metric_names_per_report", f"more than {MAX_METRIC_NAMES_PER_REPORT} metrics in one report; {name!r} and later ones are dropped")
                 break
-            if name not in names:
+            new = name not in names
+            if new:
                 if not isinstance(name, str) or not valid_metric_name(name):
                     self._warn("metric_name", f"metric name {name!r} is not 1 to {MAX_METRIC_NAME_LEN} characters of [A-Za-z0-9_.:/-]")
                     continue
                 if len(names) >= MAX_METRIC_NAMES_PER_RUN:
                     self._warn("metric_names_per_run", f"metric {name!r} would make more than {MAX_METRIC_NAMES_PER_RUN} names in the run")
                     continue
-                names.add(name)
             if type(value) is not float:
                 try:
                     value = float(value)
@@ -201,6 +201,8 @@ class Progress:
             if value - value != 0.0:  # NaN or an infinity
                 self._warn("metric_value", f"metric {name!r} is not a finite number ({value!r})")
                 continue
+            if new:
+                names.add(name)
             self._metrics[name] = value
             taken += 1
 
@@ -267,11 +269,11 @@ class Progress:
         while True:
             with self._lock:
                 wait = self._due - time.monotonic()
-                dirty = self._dirty
-            if dirty and wait <= 0:
+            time.sleep(min(max(wait, 0.05), self._interval))
+            with self._lock:
+                due = self._dirty and time.monotonic() >= self._due
+            if due:
                 try:
                     self.flush()
                 except Exception:  # noqa: BLE001 - training must go on
                     pass
-                wait = self._interval
-            time.sleep(min(max(wait, 0.05), self._interval))
