@@ -201,3 +201,34 @@ def test_the_cost_of_a_report(pipe: Pipe) -> None:
         print(f"report() with {what}: {best * 1e6:.2f} µs per call (best of 5 x {number})")
         assert math.isfinite(best)
     print(f"hand-overs to the watcher meanwhile: {progress.handed_over}")
+
+
+def test_the_watcher_sends_the_whole_latest_state_with_what_is_left_of_a_wait(pipe: Pipe) -> None:
+    import os
+
+    from trainstate._watch import Watcher
+
+    watcher = Watcher({"url": "http://127.0.0.1:9", "rank": 0, "pid": os.getpid(), "warn": False}, os.dup(pipe.watcher.fileno()))
+    try:
+        assert watcher.take_progress_to_send() is None, "nothing reported: no progress in the heartbeat"
+        with watcher.lock:
+            watcher.take_progress({"step": 10, "total_steps": 100, "phase": "train", "metrics": {f"m{i}": float(i) for i in range(30)}})
+            watcher.take_progress({"step": 10, "phase": "checkpoint", "expect_next_within_ms": 30_000, "metrics": {f"n{i}": float(i) for i in range(5)}})
+        assert watcher.progress_new
+        first = watcher.take_progress_to_send()
+        assert first is not None and not watcher.progress_new
+        assert (first["step"], first["total_steps"], first["phase"]) == (10, 100, "checkpoint")
+        # The 32 most recently changed metrics: the 5 new ones, and the last 27 of the 30 before.
+        assert set(first["metrics"]) == {f"n{i}" for i in range(5)} | {f"m{i}" for i in range(3, 30)}
+        assert 29_000 < (first.get("expect_next_within_ms") or 0) <= 30_000
+        again = watcher.take_progress_to_send()
+        assert again is not None
+        assert again["metrics"] == first["metrics"], "every heartbeat carries the whole state: the head keeps the latest report"
+        assert (again.get("expect_next_within_ms") or 0) <= (first.get("expect_next_within_ms") or 0), "the same end of the wait, not a new one"
+        with watcher.lock:
+            watcher.take_progress({"step": 11, "phase": "train"})
+        advanced = watcher.take_progress_to_send()
+        assert advanced is not None and "expect_next_within_ms" not in advanced, "it advanced: the wait is over"
+        assert advanced["step"] == 11
+    finally:
+        watcher.out.close()

@@ -11,9 +11,12 @@ because a write to it can refuse ``SIGPIPE`` (``MSG_NOSIGNAL``): a rank
 whose watcher is gone must not die of writing to it. The watcher
 joins the group (retrying with backoff), heartbeats every quarter lease,
 and reports the rank's end. The rank's progress (:mod:`trainstate._progress`)
-rides on its heartbeats: while there is new progress the watcher heartbeats
-every second; progress the head refuses (a step that went back, a bad
-value) is logged once and dropped, and heartbeats go on without it.
+rides on its heartbeats: the head keeps each rank's latest report as it
+is, so every heartbeat carries the whole latest state (step, total, phase,
+the 32 most recently changed metrics, and what is left of an announced
+wait). While there is new progress the watcher heartbeats every second;
+progress the head refuses (a step that went back, a bad value) is logged
+once and dropped, and heartbeats go on without it.
 
 Why a process and not a thread of the rank: a rank blocked in C++ while
 holding the GIL (``init_process_group`` waiting for a peer) starves every
@@ -95,12 +98,12 @@ class Watcher:
         self.gone = False
         self.pipe_lost = False
         self.last_sent: Optional[str] = None
-        # The rank's progress: the latest step, total and phase (sent with
-        # every heartbeat once known), the metrics and announced wait not
-        # sent yet, and whether any of it is new since the last heartbeat.
+        # The rank's latest progress: step, total and phase; its metrics,
+        # the most recently changed last; when an announced wait ends
+        # (monotonic); and whether any of it is new since the last heartbeat.
         self.progress: RankProgress = {}
         self.progress_metrics: Dict[str, float] = {}
-        self.progress_expect_ms: Optional[int] = None
+        self.progress_wait_until: Optional[float] = None
         self.progress_new = False
         self.progress_warned = False
         self.last_beat = 0.0
@@ -146,14 +149,20 @@ class Watcher:
 
     def take_progress(self, progress: Dict[str, Any]) -> None:
         """Keeps the latest progress the rank handed over (under the lock)."""
+        step, previous = progress.get("step"), self.progress.get("step")
+        if isinstance(step, int) and (previous is None or step > previous):
+            self.progress_wait_until = None  # it advanced: an announced wait is over
         for field in ("step", "total_steps", "phase"):
             if progress.get(field) is not None:
                 self.progress[field] = progress[field]
         metrics = progress.get("metrics")
         if isinstance(metrics, dict):
-            self.progress_metrics.update(metrics)
-        if progress.get("expect_next_within_ms") is not None:
-            self.progress_expect_ms = progress["expect_next_within_ms"]
+            for name, value in metrics.items():
+                self.progress_metrics.pop(name, None)
+                self.progress_metrics[name] = value
+        wait_ms = progress.get("expect_next_within_ms")
+        if isinstance(wait_ms, int):
+            self.progress_wait_until = time.monotonic() + wait_ms / 1000.0
         self.progress_new = True
 
     def rank_gone(self, seen_ms: int, wait_for_reparent: bool) -> None:
@@ -353,34 +362,36 @@ class Watcher:
         self.accept(answer)
 
     def take_progress_to_send(self) -> Optional[RankProgress]:
-        """The progress the next heartbeat carries: the latest step, total
-        and phase, up to 32 metrics not sent yet, and an announced wait
-        (sent once). ``None`` before the rank reported any."""
+        """The progress the next heartbeat carries, whole: the latest step,
+        total and phase, the 32 most recently changed metrics, and what is
+        left of an announced wait (the same end, however often it is sent).
+        ``None`` before the rank reported any."""
         with self.lock:
             progress: RankProgress = dict(self.progress)  # type: ignore[assignment]
             if self.progress_metrics:
-                names = list(self.progress_metrics)[:MAX_METRIC_NAMES_PER_REPORT]
-                progress["metrics"] = {name: self.progress_metrics.pop(name) for name in names}
-            if self.progress_expect_ms is not None:
-                progress["expect_next_within_ms"] = self.progress_expect_ms
-                self.progress_expect_ms = None
-            self.progress_new = bool(self.progress_metrics)
+                names = list(self.progress_metrics)[-MAX_METRIC_NAMES_PER_REPORT:]
+                progress["metrics"] = {name: self.progress_metrics[name] for name in names}
+            if self.progress_wait_until is not None:
+                left = self.progress_wait_until - time.monotonic()
+                if left > 0:
+                    progress["expect_next_within_ms"] = int(left * 1000)
+                else:
+                    self.progress_wait_until = None
+            self.progress_new = False
         return progress or None
 
-    def keep_unsent(self, progress: RankProgress) -> None:
-        """Puts back what a heartbeat that got no answer carried, under
-        anything newer."""
+    def keep_unsent(self) -> None:
+        """A heartbeat carried progress but got no answer: the next one
+        carries it again, as soon as it may."""
         with self.lock:
-            for name, value in (progress.get("metrics") or {}).items():
-                self.progress_metrics.setdefault(name, value)
-            if self.progress_expect_ms is None:
-                self.progress_expect_ms = progress.get("expect_next_within_ms")
             self.progress_new = True
 
     def drop_progress(self, err: _http.HeadError) -> None:
         """The head refused the progress itself: forget it, and say so once."""
         with self.lock:
             self.progress = {}
+            self.progress_metrics = {}
+            self.progress_wait_until = None
             warn = not self.progress_warned and self.warn_enabled
             self.progress_warned = True
         if warn:
@@ -415,11 +426,11 @@ class Watcher:
                 self.drop_progress(err)
         except _http.Unreachable:
             if progress is not None:
-                self.keep_unsent(progress)
+                self.keep_unsent()
             raise
         except _http.HeadError as err:
             if progress is not None:
-                self.keep_unsent(progress)
+                self.keep_unsent()
             with self.lock:
                 if err.status == 404:
                     # The head forgot the group (a restart): join again, keeping the run id.
