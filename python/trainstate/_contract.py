@@ -146,7 +146,7 @@ TERMINAL_RUN_STATUSES: Final[Tuple[RunStatus, ...]] = ("FINISHED", "ERRORED", "A
 V1_RUN_STATUSES: Final[Tuple[RunStatus, ...]] = ("RUNNING", "FINISHED", "ERRORED", "ABORTED")
 """The statuses a V1 reader sees: every live status is RUNNING."""
 
-EVENT_KINDS: Final[Tuple[EventKind, ...]] = ("registered", "status_changed", "attempt_started", "evicted", "deleted")
+EVENT_KINDS: Final[Tuple[EventKind, ...]] = ("registered", "status_changed", "attempt_started", "evicted", "deleted", "health_changed")
 """The event kinds of the live stream."""
 
 

@@ -21,7 +21,9 @@ __all__ = [
     "ErrorResponse",
     "EventKind",
     "FailureMode",
+    "HealthChange",
     "HealthResponse",
+    "HealthState",
     "HealthStatus",
     "HeartbeatResponse",
     "JoinRequest",
@@ -29,6 +31,7 @@ __all__ = [
     "ListQuery",
     "RankEndRequest",
     "RankHeartbeatRequest",
+    "RankProgress",
     "RayDecoratedTrainRun",
     "RayDecoratedTrainRunAttempt",
     "RayDecoratedTrainWorker",
@@ -45,6 +48,7 @@ __all__ = [
     "RunAttempt",
     "RunCause",
     "RunEvent",
+    "RunHealth",
     "RunId",
     "RunListResponse",
     "RunStatus",
@@ -76,11 +80,14 @@ Cursor = str
 ErrorCode = Literal["bad_request", "invalid", "unsupported_media_type", "payload_too_large", "unauthorized", "forbidden", "not_found", "no_such_route", "method_not_allowed", "misdirected_request", "conflict", "illegal_transition", "unavailable", "overloaded", "timeout", "too_many_subscribers", "request_timeout", "corrupt", "internal"]
 """The machine-readable code of an error answer. Each has one HTTP status."""
 
-EventKind = Literal["registered", "status_changed", "attempt_started", "evicted", "deleted"]
+EventKind = Literal["registered", "status_changed", "attempt_started", "evicted", "deleted", "health_changed"]
 """What happened to a run, as the live stream names it (the SSE event name)."""
 
 FailureMode = Literal["RAISED", "EXITED", "KILLED", "VANISHED"]
 """How a failed rank is known to have failed."""
+
+HealthState = Literal["PROGRESSING", "STALLED"]
+"""Whether a run's ranks still advance."""
 
 HealthStatus = Literal["ok"]
 """How the head is."""
@@ -204,6 +211,26 @@ class ErrorResponse(_ErrorResponseRequired, _ErrorResponseOptional):
     """Every error answer of the HTTP API."""
 
 
+_HealthChangeRequired = TypedDict(
+    "_HealthChangeRequired",
+    {
+        "state": "HealthState",
+        "at_ms": "int",
+    },
+)
+_HealthChangeOptional = TypedDict(
+    "_HealthChangeOptional",
+    {
+        "ranks": "List[int]",
+    },
+    total=False,
+)
+
+
+class HealthChange(_HealthChangeRequired, _HealthChangeOptional):
+    """Extension: one change of a run's health, as its `health_history` keeps it."""
+
+
 _HealthResponseRequired = TypedDict(
     "_HealthResponseRequired",
     {
@@ -257,6 +284,7 @@ _JoinRequestOptional = TypedDict(
         "join_timeout_ms": "Optional[int]",
         "run_id": "Optional[RunId]",
         "process_start_ms": "Optional[int]",
+        "stall_after_ms": "Optional[int]",
     },
     total=False,
 )
@@ -280,6 +308,7 @@ _ListQueryOptional = TypedDict(
         "node_id": "Optional[str]",
         "node_ip": "Optional[str]",
         "cluster": "Optional[str]",
+        "health": "Optional[HealthState]",
         "limit": "Optional[int]",
         "cursor": "Optional[Cursor]",
     },
@@ -324,6 +353,7 @@ _RankHeartbeatRequestRequired = TypedDict(
 _RankHeartbeatRequestOptional = TypedDict(
     "_RankHeartbeatRequestOptional",
     {
+        "progress": "Optional[RankProgress]",
     },
     total=False,
 )
@@ -331,6 +361,28 @@ _RankHeartbeatRequestOptional = TypedDict(
 
 class RankHeartbeatRequest(_RankHeartbeatRequestRequired, _RankHeartbeatRequestOptional):
     """Body of `POST /api/train/runs/{id}/ranks/{rank}/heartbeat`."""
+
+
+_RankProgressRequired = TypedDict(
+    "_RankProgressRequired",
+    {
+    },
+)
+_RankProgressOptional = TypedDict(
+    "_RankProgressOptional",
+    {
+        "step": "Optional[int]",
+        "total_steps": "Optional[int]",
+        "phase": "Optional[str]",
+        "expect_next_within_ms": "Optional[int]",
+        "metrics": "Dict[str, float]",
+    },
+    total=False,
+)
+
+
+class RankProgress(_RankProgressRequired, _RankProgressOptional):
+    """One rank's progress: where its training loop is. Every field is optional; a report replaces the rank's previous one."""
 
 
 _RayDecoratedTrainRunRequired = TypedDict(
@@ -684,6 +736,27 @@ class RunEvent(_RunEventRequired, _RunEventOptional):
     """The data of a change event of `GET /api/train/events`; the SSE event's name is its `kind` and its id its `seq`."""
 
 
+_RunHealthRequired = TypedDict(
+    "_RunHealthRequired",
+    {
+        "state": "HealthState",
+        "since_ms": "int",
+    },
+)
+_RunHealthOptional = TypedDict(
+    "_RunHealthOptional",
+    {
+        "ranks": "List[int]",
+        "detail": "str",
+    },
+    total=False,
+)
+
+
+class RunHealth(_RunHealthRequired, _RunHealthOptional):
+    """Extension: a run's current health, as the head last decided it."""
+
+
 _RunListResponseRequired = TypedDict(
     "_RunListResponseRequired",
     {
@@ -857,7 +930,10 @@ _TrainRunInfoOptional = TypedDict(
         "heartbeats": "Optional[bool]",
         "cluster": "Optional[str]",
         "status_history": "List[StatusChange]",
+        "health": "Optional[RunHealth]",
+        "health_history": "List[HealthChange]",
         "rank_last_heartbeat_ms": "List[Optional[int]]",
+        "rank_progress": "List[Optional[Dict[str, Any]]]",
     },
     total=False,
 )

@@ -32,6 +32,10 @@ pub const DEFAULT_EVENT_BACKLOG: usize = 4_096;
 /// JSON they carry): 64 MiB.
 pub const DEFAULT_EVENT_BACKLOG_BYTES: usize = 64 * 1024 * 1024;
 
+/// The default stall window: a run none of whose ranks advanced for 15
+/// minutes is STALLED.
+pub const DEFAULT_STALL_AFTER: Duration = Duration::from_secs(15 * 60);
+
 /// How the state actor is configured.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -48,6 +52,10 @@ pub struct StateConfig {
     pub max_in_flight_writes: usize,
     /// How often the liveness sweep runs; `None` picks a quarter of the lease.
     pub sweep_interval: Option<Duration>,
+    /// How long none of a run's ranks may advance before the run is
+    /// STALLED, for a run whose joins ask for no window of their own
+    /// (`stall_after_ms`). 15 minutes by default.
+    pub stall_after: Duration,
     /// How many recent events are kept for subscribers that resume.
     pub event_backlog: usize,
     /// How many bytes of recent events (the runs' JSON they carry) are
@@ -95,6 +103,7 @@ impl StateConfig {
             retention: Retention::default(),
             max_in_flight_writes: DEFAULT_MAX_IN_FLIGHT_WRITES,
             sweep_interval: None,
+            stall_after: DEFAULT_STALL_AFTER,
             event_backlog: DEFAULT_EVENT_BACKLOG,
             event_backlog_bytes: DEFAULT_EVENT_BACKLOG_BYTES,
             clock: Arc::new(SystemClock),
@@ -115,6 +124,17 @@ impl StateConfig {
     pub fn with_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
+    }
+
+    /// Sets the stall window of runs that ask for none.
+    pub fn with_stall_after(mut self, stall_after: Duration) -> Self {
+        self.stall_after = stall_after;
+        self
+    }
+
+    /// The stall window of runs that ask for none, in ms.
+    pub(crate) fn stall_after_ms(&self) -> u64 {
+        u64::try_from(self.stall_after.as_millis()).unwrap_or(u64::MAX)
     }
 
     /// Sets the retention policy.

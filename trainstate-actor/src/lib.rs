@@ -47,6 +47,7 @@ mod errors;
 mod faults;
 #[cfg(feature = "forward")]
 pub mod forward;
+mod health;
 #[cfg(feature = "server")]
 pub mod http;
 mod liveness;
@@ -67,8 +68,8 @@ mod writer;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{
     DEFAULT_EVENT_BACKLOG, DEFAULT_EVENT_BACKLOG_BYTES, DEFAULT_LEASE,
-    DEFAULT_MAX_IN_FLIGHT_WRITES, DEFAULT_MAX_RETAINED_BYTES, DEFAULT_MAX_RUNS, PostgresConfig,
-    Retention, StateConfig, StoreConfig, Synchronous,
+    DEFAULT_MAX_IN_FLIGHT_WRITES, DEFAULT_MAX_RETAINED_BYTES, DEFAULT_MAX_RUNS,
+    DEFAULT_STALL_AFTER, PostgresConfig, Retention, StateConfig, StoreConfig, Synchronous,
 };
 pub use errors::{LaunchError, StoreError};
 #[cfg(feature = "fault-injection")]

@@ -11,13 +11,16 @@
 //! through the actor's mailbox as before, which gives the answer its
 //! error.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use trainstate_schema::{RunId, RunStatus};
+use trainstate_client::StateError;
+use trainstate_schema::api::{RankProgress, RankProgressServed};
+use trainstate_schema::limits::MAX_METRIC_NAMES_PER_RUN;
+use trainstate_schema::{Rule, RunId, RunStatus, ValidationError};
 
 use crate::record::RunRecord;
 
@@ -150,12 +153,42 @@ fn status_code(status: RunStatus) -> u8 {
 }
 
 /// The ranks of a rendezvous run's current attempt: when each was last
-/// heard from, and how many have ended.
+/// heard from, how many have ended, and each rank's latest progress.
 pub(crate) struct RankBoard {
     attempt_id: Box<str>,
     /// Wall ms by world rank; 0: not heard from.
     heard: Box<[AtomicU64]>,
     ended: AtomicU32,
+    /// Each rank's latest progress report (one report per rank per
+    /// heartbeat: a lock per board is enough).
+    progress: Mutex<ProgressTable>,
+}
+
+/// One rank's progress as the head keeps it.
+#[derive(Debug, Clone)]
+pub(crate) struct Progress {
+    pub(crate) step: Option<u64>,
+    pub(crate) total_steps: Option<u64>,
+    pub(crate) phase: Option<Box<str>>,
+    pub(crate) metrics: BTreeMap<String, f64>,
+    /// When the rank's step last grew (wall ms), or, before it grew on
+    /// this head, when this head first heard its progress: after a
+    /// restart, the stall window starts again.
+    pub(crate) last_advance_ms: u64,
+    /// The step grew on this head at least once.
+    pub(crate) advanced: bool,
+    /// Until when (wall ms) the rank's announced pause
+    /// (`expect_next_within_ms`) covers it; 0: none.
+    pub(crate) expect_until_ms: u64,
+}
+
+/// The progress of every rank of a board, and every metric name its
+/// ranks reported.
+#[derive(Default)]
+struct ProgressTable {
+    /// By world rank; empty until a rank reports.
+    ranks: Vec<Option<Progress>>,
+    names: BTreeSet<String>,
 }
 
 impl RankBoard {
@@ -164,7 +197,107 @@ impl RankBoard {
             attempt_id: attempt_id.into(),
             heard: heard.into_iter().map(|t| AtomicU64::new(t.unwrap_or(0))).collect(),
             ended: AtomicU32::new(0),
+            progress: Mutex::default(),
         }
+    }
+
+    /// Records rank `rank`'s progress report `report`, received at
+    /// `now_ms` (wall), for run `id`. Refuses, changing nothing, a step
+    /// below the rank's previous one (409) and a report that would bring
+    /// the run past [`MAX_METRIC_NAMES_PER_RUN`] metric names (422, naming
+    /// the first new name). A rank out of range is ignored.
+    pub(crate) fn report(
+        &self,
+        id: &RunId,
+        rank: u32,
+        report: &RankProgress,
+        now_ms: u64,
+    ) -> Result<(), StateError> {
+        let slot = rank as usize;
+        if slot >= self.heard.len() {
+            return Ok(());
+        }
+        let mut table = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        let previous = table.ranks.get(slot).and_then(Option::as_ref);
+        if let (Some(step), Some(before)) = (report.step, previous.and_then(|p| p.step))
+            && step < before
+        {
+            return Err(StateError::Conflict {
+                id: id.clone(),
+                reason: format!(
+                    "rank {rank} reported step {step} after step {before} in attempt {:?}: steps never go back",
+                    self.attempt_id
+                ),
+            });
+        }
+        let new_names: Vec<&String> =
+            report.metrics.keys().filter(|name| !table.names.contains(*name)).collect();
+        if let Some(first) = new_names.first()
+            && table.names.len() + new_names.len() > MAX_METRIC_NAMES_PER_RUN
+        {
+            let rule = Rule::TooManyMetricNames { max: MAX_METRIC_NAMES_PER_RUN };
+            return Err(ValidationError::new(format!("progress.metrics[{first:?}]"), rule).into());
+        }
+        let advanced = match (report.step, previous.and_then(|p| p.step)) {
+            (Some(step), Some(before)) => step > before,
+            _ => false,
+        };
+        let expect_until_ms =
+            report.expect_next_within_ms.map_or(0, |ms| now_ms.saturating_add(ms));
+        let progress = match previous {
+            Some(before) => Progress {
+                step: report.step.or(before.step),
+                total_steps: report.total_steps.or(before.total_steps),
+                phase: report.phase.as_deref().map(Into::into),
+                metrics: report.metrics.clone(),
+                last_advance_ms: if advanced { now_ms } else { before.last_advance_ms },
+                advanced: advanced || before.advanced,
+                expect_until_ms: expect_until_ms.max(before.expect_until_ms),
+            },
+            None => Progress {
+                step: report.step,
+                total_steps: report.total_steps,
+                phase: report.phase.as_deref().map(Into::into),
+                metrics: report.metrics.clone(),
+                last_advance_ms: now_ms,
+                advanced: false,
+                expect_until_ms,
+            },
+        };
+        let names: Vec<String> = new_names.into_iter().cloned().collect();
+        table.names.extend(names);
+        if table.ranks.is_empty() {
+            table.ranks = vec![None; self.heard.len()];
+        }
+        table.ranks[slot] = Some(progress);
+        Ok(())
+    }
+
+    /// Each rank's progress, by world rank; `None` when no rank reported.
+    pub(crate) fn progress(&self) -> Option<Vec<Option<Progress>>> {
+        let table = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        (!table.ranks.is_empty()).then(|| table.ranks.clone())
+    }
+
+    /// Each rank's progress as a run serves it (`rank_progress`); `None`
+    /// when no rank reported.
+    pub(crate) fn served_progress(&self) -> Option<Arc<[Option<RankProgressServed>]>> {
+        let table = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        if table.ranks.is_empty() {
+            return None;
+        }
+        let served = table.ranks.iter().map(|rank| {
+            rank.as_ref().map(|p| {
+                RankProgressServed::new(
+                    p.step,
+                    p.total_steps,
+                    p.phase.as_deref().map(str::to_owned),
+                    Some(p.last_advance_ms),
+                    p.metrics.clone(),
+                )
+            })
+        });
+        Some(served.collect())
     }
 
     pub(crate) fn attempt_id(&self) -> &str {

@@ -22,6 +22,7 @@ use std::time::Duration;
 use trainstate_client::api::RendezvousResponse;
 use trainstate_client::{RunDocument, RunPage, RunQuery, StateError};
 use trainstate_schema::RunId;
+use trainstate_schema::api::RankProgress;
 
 use crate::clock::Clock;
 use crate::liveness::Liveness;
@@ -78,7 +79,9 @@ impl Reader {
         let document = record.document(self.liveness().heartbeat_of(record));
         drop(view);
         Found::Run(match self.liveness().ranks(id) {
-            Some(board) if board.world_size() > 0 => document.with_rank_heartbeats(board.by_rank()),
+            Some(board) if board.world_size() > 0 => {
+                crate::rendezvous::with_board(document, &board)
+            }
             _ => document,
         })
     }
@@ -109,12 +112,14 @@ impl Reader {
         id: &RunId,
         rank: u32,
         attempt_id: &str,
-    ) -> Option<RendezvousResponse> {
+        progress: Option<&RankProgress>,
+    ) -> Option<Result<RendezvousResponse, StateError>> {
         crate::rendezvous::heartbeat_rank_here(
             self.liveness(),
             id,
             rank,
             attempt_id,
+            progress,
             self.lease.as_millis() as u64,
             self.clock.now_ms(),
             self.clock.monotonic_ms(),

@@ -12,7 +12,8 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use serde::Deserialize;
 use trainstate_schema::limits::MAX_RUN_BYTES;
 use trainstate_schema::{
-    CauseKind, Resources, Rule, RunCause, RunId, RunStatus, TrainRunInfo, ValidationError,
+    CauseKind, HealthState, Resources, Rule, RunCause, RunId, RunStatus, TrainRunInfo,
+    ValidationError,
 };
 
 /// One run as the actor keeps it in memory: the canonical JSON it serves,
@@ -44,6 +45,8 @@ pub(crate) struct RunRecord {
     fresh_text: Mutex<Option<Box<str>>>,
     /// The cluster the run belongs to (`None` for runs registered without one).
     pub(crate) cluster: Option<Box<str>>,
+    /// The state of the run's `health` (`None` for a run with none).
+    pub(crate) health: Option<HealthState>,
     /// Which version of the run this is: unique to this record, so a
     /// shared store can tell whether a change was decided on the version
     /// it holds (see [`versions`]).
@@ -92,6 +95,7 @@ impl RunRecord {
             json,
             fresh_text: Mutex::new(fresh_text.map(Into::into)),
             cluster: run.cluster().map(Into::into),
+            health: run.health().map(|health| health.state),
             version: versions::next(),
             base: AtomicU64::new(0),
         }))
@@ -144,6 +148,7 @@ impl RunRecord {
         version: u64,
     ) -> Arc<Self> {
         let boxed = |text: Cow<'_, str>| text.into_owned().into_boxed_str();
+        let health = json.health_state();
         Arc::new(Self {
             statics: Statics { controller_actor_id: boxed(columns.controller_actor_id), digests },
             id,
@@ -159,6 +164,7 @@ impl RunRecord {
             json,
             fresh_text: Mutex::new(None),
             cluster: columns.cluster.map(boxed),
+            health,
             version,
             base: AtomicU64::new(0),
         })

@@ -22,10 +22,11 @@ use trainstate_client::api::RendezvousResponse;
 use trainstate_client::{
     Join, NewAttempt, RankEnd, RendezvousMessage, Reply, RunDocument, StateError, StatusUpdate,
 };
+use trainstate_schema::api::RankProgress;
 use trainstate_schema::text::last_chars;
 use trainstate_schema::{
-    CauseKind, FailureMode, NewRun, RunAttemptDraft, RunCause, RunId, RunStatus, TrainRunInfoDraft,
-    TrainWorkerInfo,
+    CauseKind, FailureMode, HealthState, NewRun, RunAttemptDraft, RunCause, RunId, RunStatus,
+    TrainRunInfoDraft, TrainWorkerInfo,
 };
 
 use crate::liveness::{Liveness, RankBoard};
@@ -113,12 +114,16 @@ pub(crate) struct Rendezvous {
     wakeup: bool,
     /// The bytes of the workers that waiting groups hold.
     pending_bytes: usize,
+    /// The stall window of a run whose joins asked for none (the head's
+    /// `--stall-after`), in ms.
+    stall_after_ms: u64,
 }
 
 impl Rendezvous {
     /// No group yet; `liveness` is where the tracked groups' rank boards
-    /// are published (every board it held is forgotten).
-    pub(crate) fn new(liveness: Arc<Liveness>) -> Self {
+    /// are published (every board it held is forgotten); `stall_after_ms`
+    /// is the stall window of a run that asks for none.
+    pub(crate) fn new(liveness: Arc<Liveness>, stall_after_ms: u64) -> Self {
         liveness.clear_ranks();
         Self {
             pending: HashMap::new(),
@@ -128,6 +133,7 @@ impl Rendezvous {
             mono_ms: 0,
             wakeup: false,
             pending_bytes: 0,
+            stall_after_ms,
         }
     }
 }
@@ -187,15 +193,22 @@ impl Groups {
 /// (see `Rendezvous::heartbeat`). `None` when the actor must decide it (a
 /// waiting group, a group not tracked, a replaced attempt, a rank out of
 /// range, an unknown or foreign run): its answer carries the error.
+///
+/// A progress report (checked on the connection's task before) is
+/// recorded on the rank's board while the run is RUNNING; a report the
+/// board refuses (a step that goes back, too many metric names) is the
+/// answer, and the heartbeat is not taken.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn heartbeat_rank_here(
     liveness: &Liveness,
     id: &RunId,
     rank: u32,
     attempt_id: &str,
+    progress: Option<&RankProgress>,
     lease_ms: u64,
     now_ms: u64,
     monotonic_ms: u64,
-) -> Option<RendezvousResponse> {
+) -> Option<Result<RendezvousResponse, StateError>> {
     let board = liveness.ranks(id)?;
     if board.attempt_id() != attempt_id || rank >= board.world_size() {
         return None;
@@ -205,6 +218,11 @@ pub(crate) fn heartbeat_rank_here(
         return None;
     }
     let status = beat.status();
+    if let Some(report) = progress.filter(|_| status == RunStatus::Running)
+        && let Err(err) = board.report(id, rank, report, now_ms)
+    {
+        return Some(Err(err));
+    }
     if !status.is_terminal() {
         beat.raise(now_ms, monotonic_ms);
     }
@@ -212,7 +230,7 @@ pub(crate) fn heartbeat_rank_here(
         board.heard(rank as usize, now_ms);
     }
     let n = board.world_size();
-    Some(RendezvousResponse::new(
+    Some(Ok(RendezvousResponse::new(
         id.clone(),
         board.attempt_id(),
         n,
@@ -220,7 +238,17 @@ pub(crate) fn heartbeat_rank_here(
         board.ended(),
         Some(status),
         lease_ms,
-    ))
+    )))
+}
+
+/// `document` with what `board` holds: when each rank was last heard
+/// from and, once a rank reported, each rank's progress.
+pub(crate) fn with_board(document: RunDocument, board: &RankBoard) -> RunDocument {
+    let document = document.with_rank_heartbeats(board.by_rank());
+    match board.served_progress() {
+        Some(progress) => document.with_rank_progress(progress),
+        None => document,
+    }
 }
 
 /// A group waiting for its ranks.
@@ -241,6 +269,8 @@ struct Pending {
     /// The bytes of its members' workers, as JSON.
     bytes: usize,
     timeout_ms: u64,
+    /// The stall window the first join that asked for one gave.
+    stall_after_ms: Option<u64>,
     members: BTreeMap<u32, Member>,
     placement: Placement,
 }
@@ -321,6 +351,11 @@ struct Group {
     window_from_ms: Option<u64>,
     /// The attempt's failure was decided: the run ended or restarts.
     decided: bool,
+    /// The run's stall window, when its joins asked for one.
+    stall_after_ms: Option<u64>,
+    /// The run's health as last written (state, since), once read from
+    /// the run (`None` until then).
+    health: Option<Option<(HealthState, u64)>>,
 }
 
 #[derive(Clone)]
@@ -364,6 +399,8 @@ impl Group {
             failures: Vec::new(),
             window_from_ms: None,
             decided: false,
+            stall_after_ms: None,
+            health: None,
         }
     }
 
@@ -628,8 +665,11 @@ impl Rendezvous {
             RendezvousMessage::Join { join, reply } => {
                 (reply, self.join(*join, runs, view, admitted, lease_ms, now_ms))
             }
-            RendezvousMessage::Heartbeat { id, rank, attempt_id, reply } => {
-                (reply, self.heartbeat(&id, rank, &attempt_id, runs, view, lease_ms, now_ms))
+            RendezvousMessage::Heartbeat { id, rank, attempt_id, progress, reply } => {
+                let progress = progress.as_deref();
+                let step =
+                    self.heartbeat(&id, rank, &attempt_id, progress, runs, view, lease_ms, now_ms);
+                (reply, step)
             }
             RendezvousMessage::End { id, rank, end, reply } => {
                 (reply, self.end(&id, rank, end, runs, view, admitted, lease_ms, now_ms))
@@ -718,6 +758,7 @@ impl Rendezvous {
             admitted?;
         }
         pending.placement.add(&join.worker);
+        pending.stall_after_ms = pending.stall_after_ms.or(join.stall_after_ms);
         pending.bytes += bytes;
         self.pending_bytes += bytes;
         if rank == 0 {
@@ -855,6 +896,7 @@ impl Rendezvous {
                 heard_mono_ms: self.mono_ms,
                 bytes: 0,
                 timeout_ms: join.join_timeout.as_millis() as u64,
+                stall_after_ms: join.stall_after_ms,
                 members: BTreeMap::new(),
                 placement: Placement::default(),
             },
@@ -913,7 +955,9 @@ impl Rendezvous {
                 .map(|w| Slot { identity: identity_of(w), who: who_of(w), end: SlotEnd::Running })
                 .collect::<Vec<_>>();
             let heard = vec![None; slots.len()];
-            self.groups.insert(id.clone(), Group::new(attempt_id, slots, heard, 0, self.mono_ms));
+            let mut group = Group::new(attempt_id, slots, heard, 0, self.mono_ms);
+            group.health = Some(run.health().map(|h| (h.state, h.since_ms)));
+            self.groups.insert(id.clone(), group);
         }
         Ok(self.groups.get_mut(id).expect("tracked above"))
     }
@@ -961,6 +1005,7 @@ impl Rendezvous {
         };
         let id = pending.run_id.clone();
         let world_size = pending.world_size;
+        let (existing, stall_after_ms) = (pending.existing, pending.stall_after_ms);
         let outcome = if pending.existing {
             let attempt = NewAttempt::new(&attempt_id, start_ms, workers);
             let started = answered(runs.start_attempt(&id, attempt, now_ms)?, ());
@@ -1005,6 +1050,10 @@ impl Rendezvous {
         self.keys.insert(key.0, id.clone());
         let mut group = Group::new(attempt_id.clone(), slots, heard, ended, self.mono_ms);
         group.decided = decided;
+        group.stall_after_ms = stall_after_ms;
+        if !existing {
+            group.health = Some(None);
+        }
         self.groups.insert(id.clone(), group);
         let answer = RendezvousResponse::new(
             id,
@@ -1024,6 +1073,7 @@ impl Rendezvous {
         id: &RunId,
         rank: u32,
         attempt_id: &str,
+        progress: Option<&RankProgress>,
         runs: &mut Runs,
         view: &RwLock<View>,
         lease_ms: u64,
@@ -1040,8 +1090,12 @@ impl Rendezvous {
             pending.heard_mono_ms = self.mono_ms;
             return Ok(Step::Answer(pending.response(&key, lease_ms)));
         }
-        let status = touch(runs, id, now_ms)?;
         let group = self.group_of(id, rank, attempt_id, view)?;
+        if let Some(report) = progress.filter(|_| runs.status_of(id) == Some(RunStatus::Running)) {
+            group.board.report(id, rank, report, now_ms)?;
+        }
+        let status = touch(runs, id, now_ms)?;
+        let group = self.groups.get_mut(id).expect("tracked above");
         if status == RunStatus::Running {
             group.board.heard(rank as usize, now_ms);
         }
@@ -1238,8 +1292,46 @@ impl Rendezvous {
             Some(record) => !record.status.is_terminal() || record.lost_controller,
             None => mono_ms.saturating_sub(group.since_ms) < UNCOMMITTED_GRACE_MS,
         });
+        drop(view);
         let groups = &self.groups;
         self.keys.retain(|_, id| groups.contains_key(id));
+        self.decide_health(runs, now_ms, change);
+    }
+
+    /// Decides the health of every RUNNING run whose ranks report
+    /// progress (see [`crate::health`]); a change is written through
+    /// [`Runs::set_health`].
+    fn decide_health(&mut self, runs: &mut Runs, now_ms: u64, change: &mut Change<Vec<RunId>>) {
+        let default_window = self.stall_after_ms;
+        for (id, group) in self.groups.iter_mut() {
+            if group.slots.is_empty() || runs.status_of(id) != Some(RunStatus::Running) {
+                continue;
+            }
+            let Some(ranks) = group.board.progress() else { continue };
+            let current = match group.health {
+                Some(current) => current,
+                None => {
+                    let current = runs.health_of(id);
+                    group.health = Some(current);
+                    current
+                }
+            };
+            let window = group.stall_after_ms.unwrap_or(default_window);
+            let Some(next) = crate::health::decide(&ranks, current, window, now_ms) else {
+                continue;
+            };
+            let decided = (next.state, next.since_ms);
+            match runs.set_health(id, next, now_ms) {
+                Ok(Outcome::Changed(written)) => {
+                    tracing::info!(run = %id, health = %decided.0, "a run's health changed");
+                    change.ops.extend(written.ops);
+                    change.events.extend(written.events);
+                    group.health = Some(Some(decided));
+                }
+                Ok(Outcome::Unchanged(())) => {}
+                Err(err) => tracing::error!(run = %id, error = %err, "cannot write a run's health"),
+            }
+        }
     }
 
     /// Ends the run of a group that did not assemble in time: ERRORED if a
@@ -1316,9 +1408,7 @@ impl Rendezvous {
     /// while the head tracks the group.
     pub(crate) fn decorate(&self, id: &RunId, document: RunDocument) -> RunDocument {
         match self.groups.get(id) {
-            Some(group) if !group.slots.is_empty() => {
-                document.with_rank_heartbeats(group.board.by_rank())
-            }
+            Some(group) if !group.slots.is_empty() => with_board(document, &group.board),
             _ => document,
         }
     }

@@ -14,9 +14,9 @@ use trainstate_client::{
 use trainstate_schema::limits::{MAX_ATTEMPT_HISTORY_BYTES, MAX_STATUS_DETAIL_LEN};
 use trainstate_schema::text::{errored_status_detail, last_chars};
 use trainstate_schema::{
-    ActorStatus, AttemptStatus, CauseKind, NewRun, Rule, RunAttemptDraft, RunCause, RunId,
-    RunStatus, TrainRunInfo, TrainRunInfoDraft, TrainWorkerInfoDraft, ValidationError,
-    validate_client_cause, validate_time,
+    ActorStatus, AttemptStatus, CauseKind, HealthState, NewRun, Rule, RunAttemptDraft, RunCause,
+    RunHealth, RunId, RunStatus, TrainRunInfo, TrainRunInfoDraft, TrainWorkerInfoDraft,
+    ValidationError, validate_client_cause, validate_time,
 };
 
 use crate::change::{PendingEvent, StoreOp};
@@ -618,6 +618,54 @@ impl Runs {
             beat.set_heard(now_ms, lease_from_ms);
         }
         Ok(lease)
+    }
+
+    /// The health of run `id` as last written (state, since); `None` for
+    /// a run with none, or one not known.
+    pub(crate) fn health_of(&self, id: &RunId) -> Option<(HealthState, u64)> {
+        let record = &self.by_id.get(id)?.record;
+        record.health?;
+        let run = record.run().ok()?;
+        run.health().map(|health| (health.state, health.since_ms))
+    }
+
+    /// Writes a live run's new health (and appends it to its
+    /// `health_history`), as the lease sweep decided it. Not a sign of
+    /// life: the run's lease stays as it was. An ended run keeps the
+    /// health it had.
+    pub(crate) fn set_health(
+        &mut self,
+        id: &RunId,
+        health: RunHealth,
+        now_ms: u64,
+    ) -> Result<Outcome<()>, StateError> {
+        let record = self.entry(id)?.record.clone();
+        if record.status.is_terminal() {
+            return Ok(Outcome::Unchanged(()));
+        }
+        let run = record.run()?.with_health(health)?;
+        let record = self.recorded(run, now_ms)?;
+        self.replace_keeping_beat(record.clone());
+        Ok(Outcome::Changed(Change {
+            ops: vec![StoreOp::Put(record.clone())],
+            events: vec![PendingEvent {
+                kind: EventKind::HealthChanged,
+                run_id: id.clone(),
+                record: Some(record),
+            }],
+            answer: (),
+        }))
+    }
+
+    /// Makes `record` its run's latest version, with the same status, and
+    /// leaves the run's beat as it is (a write of the head's own, not a
+    /// sign of life).
+    fn replace_keeping_beat(&mut self, record: Arc<RunRecord>) {
+        let bytes = record_bytes(&record);
+        let Some(entry) = self.by_id.get_mut(&record.id) else { return };
+        let previous = std::mem::replace(&mut entry.record, record);
+        self.bytes = self.bytes + bytes - record_bytes(&previous);
+        remote::note_base(&entry.record, &previous);
     }
 
     /// Deletes an ended run.

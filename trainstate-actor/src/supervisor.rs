@@ -260,6 +260,12 @@ impl StateService {
         self.shared.view.read().unwrap_or_else(|e| e.into_inner()).count_by_status()
     }
 
+    /// Committed runs, by health, in `HealthState::ALL` order (a run with
+    /// no health is in none).
+    pub fn runs_by_health(&self) -> [usize; trainstate_schema::HealthState::ALL.len()] {
+        self.shared.view.read().unwrap_or_else(|e| e.into_inner()).count_by_health()
+    }
+
     /// Committed runs.
     pub fn run_count(&self) -> usize {
         self.shared.view.read().unwrap_or_else(|e| e.into_inner()).len()

@@ -10,7 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{broadcast, watch};
 use trainstate_client::{Cursor, EventKind, RunPage, RunQuery, StateEvent, Subscription};
-use trainstate_schema::{RunId, RunStatus};
+use trainstate_schema::{HealthState, RunId, RunStatus};
 
 use crate::change::StoreOp;
 use crate::record::RunRecord;
@@ -113,6 +113,8 @@ type Set = BTreeSet<Key>;
 struct Indexes {
     /// In [`RunStatus::ALL`] order.
     status: [Set; RunStatus::ALL.len()],
+    /// In [`HealthState::ALL`] order; a run with no health is in none.
+    health: [Set; HealthState::ALL.len()],
     job: HashMap<Box<str>, Set>,
     node_id: HashMap<Box<str>, Set>,
     node_ip: HashMap<Box<str>, Set>,
@@ -126,6 +128,10 @@ struct Indexes {
 
 fn status_index(status: RunStatus) -> usize {
     RunStatus::ALL.iter().position(|s| *s == status).unwrap_or(0)
+}
+
+fn health_index(state: HealthState) -> usize {
+    HealthState::ALL.iter().position(|s| *s == state).unwrap_or(0)
 }
 
 fn insert_into(map: &mut HashMap<Box<str>, Set>, name: &str, key: Key) {
@@ -164,11 +170,15 @@ impl Indexes {
             .collect();
         runs.sort_unstable_by_key(|(key, _)| *key);
         let mut status: [Vec<Key>; RunStatus::ALL.len()] = Default::default();
+        let mut health: [Vec<Key>; HealthState::ALL.len()] = Default::default();
         let [mut job, mut node_id, mut node_ip, mut cluster, mut rendezvous] =
             std::array::from_fn(|_| HashMap::<&str, Vec<Key>>::new());
         let mut names = names::Names::default();
         for &(key, record) in &runs {
             status[status_index(record.status)].push(key);
+            if let Some(state) = record.health {
+                health[health_index(state)].push(key);
+            }
             job.entry(&record.job_id).or_default().push(key);
             for node in record.node_ids.iter() {
                 node_id.entry(node).or_default().push(key);
@@ -189,6 +199,7 @@ impl Indexes {
         };
         Self {
             status: status.map(Set::from_iter),
+            health: health.map(Set::from_iter),
             job: sets(job),
             node_id: sets(node_id),
             node_ip: sets(node_ip),
@@ -201,6 +212,9 @@ impl Indexes {
     /// Adds `record` under `key`; its name only with `name`.
     fn add(&mut self, key: Key, record: &RunRecord, name: bool) {
         self.status[status_index(record.status)].insert(key);
+        if let Some(state) = record.health {
+            self.health[health_index(state)].insert(key);
+        }
         insert_into(&mut self.job, &record.job_id, key);
         for node in record.node_ids.iter() {
             insert_into(&mut self.node_id, node, key);
@@ -222,6 +236,9 @@ impl Indexes {
     /// Removes `record` from under `key`; its name only with `name`.
     fn remove(&mut self, key: Key, record: &RunRecord, name: bool) {
         self.status[status_index(record.status)].remove(&key);
+        if let Some(state) = record.health {
+            self.health[health_index(state)].remove(&key);
+        }
         remove_from(&mut self.job, &record.job_id, key);
         for node in record.node_ids.iter() {
             remove_from(&mut self.node_id, node, key);
@@ -470,6 +487,11 @@ impl View {
         std::array::from_fn(|i| self.indexes.status[i].len())
     }
 
+    /// Counts of committed runs by health, in [`HealthState::ALL`] order.
+    pub(crate) fn count_by_health(&self) -> [usize; HealthState::ALL.len()] {
+        std::array::from_fn(|i| self.indexes.health[i].len())
+    }
+
     /// One page of runs, newest first. `heartbeat` gives a live run's last
     /// heartbeat time, kept outside the stored JSON.
     pub(crate) fn list(
@@ -484,13 +506,15 @@ impl View {
                 && query.node_id.as_deref().is_none_or(|n| record.node_ids.contains(n))
                 && query.node_ip.as_deref().is_none_or(|n| record.node_ips.contains(n))
                 && query.cluster.as_deref().is_none_or(|c| record.cluster.as_deref() == Some(c))
+                && query.health.is_none_or(|h| record.health == Some(h))
         };
         let unfiltered = query.statuses.is_empty()
             && query.job_id.is_none()
             && query.name_contains.is_none()
             && query.node_id.is_none()
             && query.node_ip.is_none()
-            && query.cluster.is_none();
+            && query.cluster.is_none()
+            && query.health.is_none();
         let limit = query.limit.unwrap_or(usize::MAX);
         let mut runs: Vec<&Arc<RunRecord>> = Vec::with_capacity(limit.min(self.runs.len()));
         let mut more = false;
@@ -596,6 +620,11 @@ impl View {
         if let Some(cluster) = query.cluster.as_deref() {
             filters += 1;
             sources.push(by_name(&self.indexes.cluster, cluster));
+        }
+        if let Some(state) = query.health {
+            filters += 1;
+            let set = &self.indexes.health[health_index(state)];
+            sources.push(Source { sets: vec![Keys::Set(set)], exact: true });
         }
         if let Some(found) = found {
             filters += 1;

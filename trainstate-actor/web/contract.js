@@ -183,7 +183,8 @@ const CONTRACT = deepFreeze({
     "status_changed",
     "attempt_started",
     "evicted",
-    "deleted"
+    "deleted",
+    "health_changed"
   ],
   "runLinkPlaceholders": [
     "run_id",

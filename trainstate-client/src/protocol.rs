@@ -9,6 +9,8 @@ use serde::de::{MapAccess, Visitor};
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
+use trainstate_schema::HealthState;
+use trainstate_schema::api::RankProgressServed;
 use trainstate_schema::ray_v2;
 use trainstate_schema::{
     CauseKind, NewRun, RunCause, RunId, RunStatus, TrainRunInfo, TrainWorkerInfo,
@@ -297,6 +299,41 @@ impl RunJson {
         }
     }
 
+    /// The state of the run's `health` (`STALLED`, `PROGRESSING`), read
+    /// without parsing the whole run: from its members, or from the end of
+    /// its whole text, where the canonical order puts `health` (only
+    /// `health_history` follows it). `None` for a run with no health.
+    pub fn health_state(&self) -> Option<HealthState> {
+        #[derive(Deserialize)]
+        struct StateOnly {
+            state: HealthState,
+        }
+        match &self.0 {
+            Repr::Members(members, _) => {
+                let (_, raw) = members.iter().find(|(k, _)| *k == "health")?;
+                serde_json::from_str::<StateOnly>(raw.get()).ok().map(|h| h.state)
+            }
+            Repr::Whole(raw) => {
+                const KEY: &str = ",\"health\":";
+                const HISTORY: &str = ",\"health_history\":";
+                let text = raw.get();
+                let tail = &text[text.rfind(KEY)? + KEY.len()..];
+                let mut values = serde_json::Deserializer::from_str(tail).into_iter::<StateOnly>();
+                let state = values.next()?.ok()?.state;
+                let mut rest = &tail[values.byte_offset()..];
+                if let Some(history) = rest.strip_prefix(HISTORY) {
+                    let mut values = serde_json::Deserializer::from_str(history)
+                        .into_iter::<serde::de::IgnoredAny>();
+                    values.next()?.ok()?;
+                    rest = &history[values.byte_offset()..];
+                }
+                // A `health` nested deeper (in `run_settings`) is followed
+                // by more than the run's closing brace.
+                (rest == "}").then_some(state)
+            }
+        }
+    }
+
     /// The JSON text (without a heartbeat time).
     pub fn text(&self) -> Cow<'_, str> {
         match &self.0 {
@@ -311,10 +348,13 @@ impl RunJson {
         &self,
         heartbeat: Option<u64>,
         ranks: Option<&[Option<u64>]>,
+        progress: Option<&[Option<RankProgressServed>]>,
         serializer: S,
     ) -> Result<S::Ok, S::Error> {
-        let served = |k: &str| k != LAST_HEARTBEAT && k != RANK_HEARTBEATS;
-        let extra = usize::from(heartbeat.is_some()) + usize::from(ranks.is_some());
+        let served = |k: &str| k != LAST_HEARTBEAT && k != RANK_HEARTBEATS && k != RANK_PROGRESS;
+        let extra = usize::from(heartbeat.is_some())
+            + usize::from(ranks.is_some())
+            + usize::from(progress.is_some());
         match (&self.0, extra) {
             (Repr::Whole(raw), 0) => raw.serialize(serializer),
             (Repr::Whole(raw), _) => {
@@ -325,7 +365,7 @@ impl RunJson {
                 for (key, value) in members.0.iter().filter(|(k, _)| served(k)) {
                     map.serialize_entry(key, value)?;
                 }
-                serialize_times(&mut map, heartbeat, ranks)?;
+                serialize_times(&mut map, heartbeat, ranks, progress)?;
                 map.end()
             }
             (Repr::Members(members, _), _) => {
@@ -333,7 +373,7 @@ impl RunJson {
                 for (key, value) in members.iter().filter(|(k, _)| served(k)) {
                     map.serialize_entry(key, value)?;
                 }
-                serialize_times(&mut map, heartbeat, ranks)?;
+                serialize_times(&mut map, heartbeat, ranks, progress)?;
                 map.end()
             }
         }
@@ -345,6 +385,7 @@ fn serialize_times<M: SerializeMap>(
     map: &mut M,
     heartbeat: Option<u64>,
     ranks: Option<&[Option<u64>]>,
+    progress: Option<&[Option<RankProgressServed>]>,
 ) -> Result<(), M::Error> {
     if let Some(at) = heartbeat {
         map.serialize_entry(LAST_HEARTBEAT, &at)?;
@@ -352,12 +393,15 @@ fn serialize_times<M: SerializeMap>(
     if let Some(by_rank) = ranks {
         map.serialize_entry(RANK_HEARTBEATS, by_rank)?;
     }
+    if let Some(by_rank) = progress {
+        map.serialize_entry(RANK_PROGRESS, by_rank)?;
+    }
     Ok(())
 }
 
 impl Serialize for RunJson {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.serialize_with(None, None, serializer)
+        self.serialize_with(None, None, None, serializer)
     }
 }
 
@@ -387,8 +431,11 @@ fn intern(key: &str) -> Option<&'static str> {
         "heartbeats",
         "cluster",
         "status_history",
+        "health",
+        "health_history",
         LAST_HEARTBEAT,
         RANK_HEARTBEATS,
+        RANK_PROGRESS,
     ];
     KNOWN.iter().find(|k| **k == key).copied()
 }
@@ -406,6 +453,9 @@ pub struct RunDocument {
     /// When each rank of a rendezvous group was last heard from, by world
     /// rank (memory only, like the heartbeat time).
     rank_heartbeats: Option<Arc<[Option<u64>]>>,
+    /// Each rank's latest progress report, by world rank (memory only,
+    /// like the heartbeat times).
+    rank_progress: Option<Arc<[Option<RankProgressServed>]>>,
 }
 
 impl PartialEq for RunDocument {
@@ -413,6 +463,7 @@ impl PartialEq for RunDocument {
         self.body() == other.body()
             && self.last_heartbeat_ms == other.last_heartbeat_ms
             && self.rank_heartbeats == other.rank_heartbeats
+            && self.rank_progress == other.rank_progress
     }
 }
 
@@ -421,7 +472,21 @@ impl Eq for RunDocument {}
 impl RunDocument {
     /// A run's JSON and the time its controller was last heard from.
     pub fn new(json: RunJson, last_heartbeat_ms: Option<u64>) -> Self {
-        Self { json, last_heartbeat_ms, rank_heartbeats: None }
+        Self { json, last_heartbeat_ms, rank_heartbeats: None, rank_progress: None }
+    }
+
+    /// The same document, with each rank's latest progress report (by
+    /// world rank; `None` for a rank that never reported), served as the
+    /// `rank_progress` member.
+    pub fn with_rank_progress(mut self, by_rank: Arc<[Option<RankProgressServed>]>) -> Self {
+        self.rank_progress = Some(by_rank);
+        self
+    }
+
+    /// Each rank's latest progress report, by world rank, while the head
+    /// tracks the run's group and a rank has reported.
+    pub fn rank_progress(&self) -> Option<&[Option<RankProgressServed>]> {
+        self.rank_progress.as_deref()
     }
 
     /// The same document, with when each rank of its rendezvous group was
@@ -475,6 +540,7 @@ impl Serialize for RunDocument {
         self.json.serialize_with(
             self.last_heartbeat_ms,
             self.rank_heartbeats.as_deref(),
+            self.rank_progress.as_deref(),
             serializer,
         )
     }
@@ -511,6 +577,9 @@ const LAST_HEARTBEAT: &str = "last_heartbeat_ms";
 
 /// The member the ranks' heartbeat times of a rendezvous group are written as.
 const RANK_HEARTBEATS: &str = "rank_last_heartbeat_ms";
+
+/// The member each rank's latest progress report is written as.
+const RANK_PROGRESS: &str = "rank_progress";
 
 /// The top-level members of a stored run, in stored order, values unparsed.
 struct Members<'a>(Vec<(&'a str, &'a RawValue)>);

@@ -1,8 +1,8 @@
 //! Listing runs: filters, keyset paging and the page that comes back.
 
-use trainstate_schema::RunStatus;
 pub use trainstate_schema::api::Cursor;
 use trainstate_schema::api::{ListQuery, StatusFilter};
+use trainstate_schema::{HealthState, RunStatus};
 
 use crate::error::StateError;
 use crate::protocol::RunDocument;
@@ -27,6 +27,8 @@ pub struct RunQuery {
     pub node_ip: Option<String>,
     /// Only runs of this cluster.
     pub cluster: Option<String>,
+    /// Only runs whose `health` is this state.
+    pub health: Option<HealthState>,
     /// Page size, 1..=[`MAX_PAGE_LIMIT`]; `None` lists every matching run
     /// in one page (Ray's unpaged route).
     pub limit: Option<usize>,
@@ -43,6 +45,7 @@ impl Default for RunQuery {
             node_id: None,
             node_ip: None,
             cluster: None,
+            health: None,
             limit: Some(100),
             cursor: None,
         }
@@ -108,6 +111,12 @@ impl RunQuery {
         self
     }
 
+    /// Keeps only runs whose `health` is `state`.
+    pub fn health(mut self, state: HealthState) -> Self {
+        self.health = Some(state);
+        self
+    }
+
     /// The query of `GET /api/train/runs` that asks for this page, or
     /// `None` for an unpaged listing (Ray's route, which takes no filters).
     pub fn to_list_query(&self) -> Option<ListQuery> {
@@ -119,6 +128,7 @@ impl RunQuery {
         query.node_id.clone_from(&self.node_id);
         query.node_ip.clone_from(&self.node_ip);
         query.cluster.clone_from(&self.cluster);
+        query.health = self.health;
         query.limit = Some(u32::try_from(limit).unwrap_or(u32::MAX));
         query.cursor.clone_from(&self.cursor);
         Some(query)
@@ -132,6 +142,7 @@ impl RunQuery {
             || self.node_id.is_some()
             || self.node_ip.is_some()
             || self.cluster.is_some()
+            || self.health.is_some()
     }
 
     /// Checks the page size.
@@ -159,6 +170,7 @@ impl TryFrom<ListQuery> for RunQuery {
             node_id: query.node_id,
             node_ip: query.node_ip,
             cluster: query.cluster,
+            health: query.health,
             limit: query.limit.map_or(defaults.limit, |l| Some(l as usize)),
             cursor: query.cursor,
         };

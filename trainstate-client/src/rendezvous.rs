@@ -27,9 +27,11 @@ use std::time::Duration;
 
 use trainstate_schema::api::{
     DEFAULT_JOIN_TIMEOUT_MS, JoinRequest, MAX_JOIN_TIMEOUT_MS, RENDEZVOUS_KEY_PATTERN,
-    RankEndRequest, RendezvousResponse, is_rendezvous_key,
+    RankEndRequest, RankProgress, RendezvousResponse, is_rendezvous_key,
 };
-use trainstate_schema::limits::{MAX_STATUS_DETAIL_LEN, MAX_WORKERS};
+use trainstate_schema::limits::{
+    MAX_STALL_WINDOW_MS, MAX_STATUS_DETAIL_LEN, MAX_WORKERS, MIN_STALL_WINDOW_MS,
+};
 use trainstate_schema::{
     CauseKind, FailureMode, RunId, RunStatus, TrainWorkerInfo, validate_name, validate_time,
 };
@@ -61,6 +63,8 @@ pub struct Join {
     pub run_id: Option<RunId>,
     /// When the rank's process started (Unix ms), if the rank said.
     pub process_start_ms: Option<u64>,
+    /// The run's stall window, if the rank asks for one (1 s to 7 days).
+    pub stall_after_ms: Option<u64>,
 }
 
 impl Join {
@@ -83,9 +87,18 @@ impl Join {
             join_timeout: Duration::from_millis(DEFAULT_JOIN_TIMEOUT_MS),
             run_id: None,
             process_start_ms: None,
+            stall_after_ms: None,
         };
         join.check()?;
         Ok(join)
+    }
+
+    /// The same join, asking for a stall window of `stall_after_ms` for the
+    /// run (1 s to 7 days); the first join that asks sets it.
+    pub fn with_stall_after(mut self, stall_after_ms: u64) -> Result<Self, StateError> {
+        self.stall_after_ms = Some(stall_after_ms);
+        self.check()?;
+        Ok(self)
     }
 
     /// The same join, for attempt `attempt` (the launcher's restart count).
@@ -137,6 +150,7 @@ impl Join {
             join_timeout: Duration::from_millis(timeout_ms),
             run_id: request.run_id,
             process_start_ms: request.process_start_ms,
+            stall_after_ms: request.stall_after_ms,
         };
         join.check()?;
         Ok(join)
@@ -154,6 +168,7 @@ impl Join {
         request.join_timeout_ms = Some(self.join_timeout.as_millis() as u64);
         request.run_id = self.run_id.clone();
         request.process_start_ms = self.process_start_ms;
+        request.stall_after_ms = self.stall_after_ms;
         request
     }
 
@@ -181,6 +196,14 @@ impl Join {
         }
         if let Some(start) = self.process_start_ms {
             validate_time("process_start_ms", start)?;
+        }
+        if let Some(window) = self.stall_after_ms
+            && !(MIN_STALL_WINDOW_MS..=MAX_STALL_WINDOW_MS).contains(&window)
+        {
+            return Err(StateError::invalid(
+                "stall_after_ms",
+                format!("must be {MIN_STALL_WINDOW_MS} to {MAX_STALL_WINDOW_MS} (1 s to 7 days)"),
+            ));
         }
         Ok(())
     }
@@ -339,6 +362,8 @@ pub enum RendezvousMessage {
         rank: u32,
         /// The rank's attempt.
         attempt_id: String,
+        /// The rank's progress, checked, if the heartbeat carries it.
+        progress: Option<Box<RankProgress>>,
         /// Where the group stands.
         reply: Reply<RendezvousResponse>,
     },
@@ -381,7 +406,42 @@ impl StateHandle {
     ) -> Result<RendezvousResponse, StateError> {
         let attempt_id = attempt_id.into();
         self.call(|reply| {
-            StateMessage::Rendezvous(RendezvousMessage::Heartbeat { id, rank, attempt_id, reply })
+            StateMessage::Rendezvous(RendezvousMessage::Heartbeat {
+                id,
+                rank,
+                attempt_id,
+                progress: None,
+                reply,
+            })
+        })
+        .await
+    }
+
+    /// Says rank `rank` of `attempt_id` is alive, as
+    /// [`heartbeat_rank`](Self::heartbeat_rank), and where its training
+    /// loop is: its step, phase and latest metrics, from which the head
+    /// decides the run's health. A report that breaks a rule is refused
+    /// ([`StateError::Invalid`], naming the field) and nothing is recorded;
+    /// a step lower than the rank's previous one is refused
+    /// ([`StateError::Conflict`]).
+    pub async fn heartbeat_rank_with_progress(
+        &self,
+        id: RunId,
+        rank: u32,
+        attempt_id: impl Into<String>,
+        progress: RankProgress,
+    ) -> Result<RendezvousResponse, StateError> {
+        progress.check()?;
+        let attempt_id = attempt_id.into();
+        let progress = Some(Box::new(progress));
+        self.call(|reply| {
+            StateMessage::Rendezvous(RendezvousMessage::Heartbeat {
+                id,
+                rank,
+                attempt_id,
+                progress,
+                reply,
+            })
         })
         .await
     }

@@ -18,8 +18,10 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::{RunCause, RunId, RunStatus, TrainRunInfo, TrainRunInfoDraft, TrainWorkerInfoDraft};
 
+mod progress;
 mod rendezvous;
 mod tokens;
+pub use progress::*;
 pub use rendezvous::*;
 pub use tokens::*;
 
@@ -314,6 +316,9 @@ pub enum EventKind {
     Evicted,
     /// An ended run was deleted on request.
     Deleted,
+    /// A run's `health` changed (STALLED, or PROGRESSING again), as the
+    /// head's lease sweep decided it.
+    HealthChanged,
 }
 
 impl EventKind {
@@ -325,6 +330,7 @@ impl EventKind {
             EventKind::AttemptStarted => "attempt_started",
             EventKind::Evicted => "evicted",
             EventKind::Deleted => "deleted",
+            EventKind::HealthChanged => "health_changed",
         }
     }
 }
@@ -420,6 +426,9 @@ pub struct ListQuery {
     /// Only runs of this cluster (their `cluster`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<String>,
+    /// Only runs whose `health` is this state (`STALLED` or `PROGRESSING`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<crate::HealthState>,
     /// Page size, 1 to 1000; 100 when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "schemars", schemars(range(min = 1, max = 1000)))]

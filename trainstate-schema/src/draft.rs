@@ -299,6 +299,25 @@ pub struct TrainRunInfoDraft {
     )]
     #[cfg_attr(feature = "schemars", schemars(length(max = 64)))]
     pub status_history: Vec<StatusChange>,
+    /// Extension: the run's health as the head last decided it from its ranks' progress
+    /// (`STALLED` when no rank advanced for the run's stall window, `PROGRESSING` again when
+    /// one did). Set by the head: a registration's value is ignored. Absent for a run that
+    /// never reported progress.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::object::option"
+    )]
+    pub health: Option<crate::RunHealth>,
+    /// Extension: the run's health changes, oldest first; at most 32 (the oldest are dropped).
+    /// Set by the head: a registration's value is ignored.
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "crate::object::vec"
+    )]
+    #[cfg_attr(feature = "schemars", schemars(length(max = 32)))]
+    pub health_history: Vec<crate::HealthChange>,
 }
 
 impl TrainRunInfoDraft {
@@ -346,6 +365,8 @@ impl TrainRunInfoDraft {
             heartbeats: None,
             cluster: None,
             status_history: Vec::new(),
+            health: None,
+            health_history: Vec::new(),
         }
     }
 

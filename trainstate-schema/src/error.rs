@@ -163,6 +163,22 @@ pub enum Rule {
     /// `dropped_workers` is only on an ended attempt that is not the
     /// current one, with `workers` empty.
     DroppedWorkersListed,
+    /// A metric name must be 1 to 128 of `A-Z a-z 0-9 _ . : / -`.
+    MetricNameFormat,
+    /// The text must be printable ASCII (no control characters).
+    PrintableAscii,
+    /// A number outside its allowed range.
+    OutOfRange {
+        /// The least value allowed.
+        min: u64,
+        /// The greatest value allowed.
+        max: u64,
+    },
+    /// A report would bring a run past the limit of distinct metric names.
+    TooManyMetricNames {
+        /// The limit, in names per run.
+        max: usize,
+    },
 }
 
 impl fmt::Display for Rule {
@@ -253,6 +269,17 @@ impl fmt::Display for Rule {
             ),
             Rule::DroppedWorkersListed => f.write_str(
                 "only an ended attempt before the current one has dropped_workers, and then workers is []",
+            ),
+            Rule::MetricNameFormat => {
+                f.write_str("must be 1 to 128 characters of A-Z a-z 0-9 _ . : / -")
+            }
+            Rule::PrintableAscii => {
+                f.write_str("must be printable ASCII, without control characters")
+            }
+            Rule::OutOfRange { min, max } => write!(f, "must be {min} to {max}"),
+            Rule::TooManyMetricNames { max } => write!(
+                f,
+                "would bring the run past {max} distinct metric names: a run keeps at most {max}"
             ),
         }
     }

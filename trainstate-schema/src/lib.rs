@@ -60,6 +60,7 @@
 pub mod api;
 mod draft;
 mod error;
+mod health;
 mod id;
 mod json;
 pub mod limits;
@@ -79,6 +80,7 @@ pub use draft::{
     RunAttemptDraft, StatusChange, TrainDatasetInfoDraft, TrainRunInfoDraft, TrainWorkerInfoDraft,
 };
 pub use error::{Rule, ValidationError};
+pub use health::{HealthChange, HealthState, RunHealth};
 pub use id::RunId;
 pub use json::JsonValue;
 pub use model::{NewRun, RunAttempt, TrainDatasetInfo, TrainRunInfo, TrainWorkerInfo};

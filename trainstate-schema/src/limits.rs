@@ -86,3 +86,35 @@ pub const MIN_TIME_MS: u64 = 946_684_800_000;
 
 /// Latest time a client may write (Unix ms): 2200-01-01T00:00:00Z.
 pub const MAX_TIME_MS: u64 = 7_258_118_400_000;
+
+/// Most metric names in one rank's progress report.
+pub const MAX_METRIC_NAMES_PER_REPORT: usize = 32;
+
+/// Longest metric name, in characters (`A-Z a-z 0-9 _ . : / -`).
+pub const MAX_METRIC_NAME_LEN: usize = 128;
+
+/// Longest `phase` of a progress report, in characters (printable ASCII).
+pub const MAX_PHASE_LEN: usize = 64;
+
+/// Most distinct metric names one run's ranks may report, all reports
+/// together: a report that would bring a run past it is refused (422),
+/// naming the first new name.
+pub const MAX_METRIC_NAMES_PER_RUN: usize = 64;
+
+/// The longest a rank may announce its next advance will take
+/// (`expect_next_within_ms`), and the longest stall window a run may ask
+/// for (`stall_after_ms`): 7 days, in ms.
+pub const MAX_STALL_WINDOW_MS: u64 = 604_800_000;
+
+/// The shortest stall window a run may ask for (`stall_after_ms`): 1 s.
+pub const MIN_STALL_WINDOW_MS: u64 = 1_000;
+
+/// Most entries of a run's `health_history`: the latest 32 (the oldest
+/// are dropped).
+pub const MAX_HEALTH_HISTORY: usize = 32;
+
+/// Most ranks a run's `health` names as culprits.
+pub const MAX_HEALTH_RANKS: usize = 1_024;
+
+/// Longest `detail` of a run's `health`, in characters.
+pub const MAX_HEALTH_DETAIL_LEN: usize = 4_096;

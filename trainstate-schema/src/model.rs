@@ -11,6 +11,7 @@ use crate::draft::{
     RunAttemptDraft, StatusChange, TrainDatasetInfoDraft, TrainRunInfoDraft, TrainWorkerInfoDraft,
 };
 use crate::error::{Rule, ValidationError};
+use crate::health::{HealthChange, RunHealth};
 use crate::id::RunId;
 use crate::json::JsonValue;
 use crate::limits::{
@@ -305,9 +306,43 @@ pub struct TrainRunInfo {
     heartbeats: bool,
     cluster: Option<String>,
     status_history: Vec<StatusChange>,
+    health: Option<RunHealth>,
+    health_history: Vec<HealthChange>,
 }
 
 impl TrainRunInfo {
+    /// The run with health `health`, its change appended to its
+    /// `health_history` (bounded: the oldest entries are dropped past
+    /// [`MAX_HEALTH_HISTORY`](crate::limits::MAX_HEALTH_HISTORY)). Fails
+    /// when `health` breaks a rule (too many ranks, too long a detail).
+    pub fn with_health(mut self, health: RunHealth) -> Result<Self, ValidationError> {
+        crate::health::check(Some(&health), &[])?;
+        let max = crate::limits::MAX_HEALTH_HISTORY;
+        if self.health_history.len() >= max {
+            let excess = self.health_history.len() + 1 - max;
+            self.health_history.drain(..excess);
+        }
+        self.health_history.push(HealthChange::new(
+            health.state,
+            health.since_ms,
+            health.ranks.clone(),
+        ));
+        self.health = Some(health);
+        Ok(self)
+    }
+
+    /// The run's health as the head last decided it; `None` for a run
+    /// that never reported progress.
+    pub fn health(&self) -> Option<&RunHealth> {
+        self.health.as_ref()
+    }
+
+    /// The run's health changes, oldest first (the latest
+    /// [`MAX_HEALTH_HISTORY`](crate::limits::MAX_HEALTH_HISTORY)).
+    pub fn health_history(&self) -> &[HealthChange] {
+        &self.health_history
+    }
+
     /// The run with its current status appended to its `status_history`,
     /// as changed at `at_ms` (Unix ms): with its current attempt's id and
     /// the first [`MAX_STATUS_CHANGE_DETAIL_LEN`] characters of its status
@@ -509,6 +544,8 @@ impl TrainRunInfo {
             heartbeats: (!self.heartbeats).then_some(false),
             cluster: self.cluster,
             status_history: self.status_history,
+            health: self.health,
+            health_history: self.health_history,
         }
     }
 }
@@ -604,6 +641,7 @@ impl TryFrom<TrainRunInfoDraft> for TrainRunInfo {
             validate::name(|| "cluster".into(), cluster)?;
         }
         check_status_history(&d.status_history)?;
+        crate::health::check(d.health.as_ref(), &d.health_history)?;
 
         Ok(Self {
             name: d.name,
@@ -626,6 +664,8 @@ impl TryFrom<TrainRunInfoDraft> for TrainRunInfo {
             heartbeats: d.heartbeats.unwrap_or(true),
             cluster: d.cluster,
             status_history: d.status_history,
+            health: d.health,
+            health_history: d.health_history,
         })
     }
 }
@@ -768,7 +808,9 @@ impl Serialize for TrainRunInfo {
             + usize::from(self.run_settings.is_some())
             + usize::from(!self.heartbeats)
             + usize::from(self.cluster.is_some())
-            + usize::from(!self.status_history.is_empty());
+            + usize::from(!self.status_history.is_empty())
+            + usize::from(self.health.is_some())
+            + usize::from(!self.health_history.is_empty());
         // `status` is written only when it says more than `run_status`: a
         // live sub-status. A V1 document stays exactly a V1 document.
         let detailed = self.status != self.status.v1();
@@ -819,6 +861,12 @@ impl Serialize for TrainRunInfo {
         }
         if !self.status_history.is_empty() {
             s.serialize_field("status_history", &self.status_history)?;
+        }
+        if let Some(health) = &self.health {
+            s.serialize_field("health", health)?;
+        }
+        if !self.health_history.is_empty() {
+            s.serialize_field("health_history", &self.health_history)?;
         }
         s.end()
     }

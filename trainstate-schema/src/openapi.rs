@@ -14,7 +14,7 @@ use serde_json::{Map, Value, json};
 
 use crate::api::{
     AttemptRequest, Cursor, ErrorCode, ErrorResponse, EventKind, HealthResponse, HeartbeatResponse,
-    JoinRequest, ListQuery, RankEndRequest, RankHeartbeatRequest, RayRunListResponse,
+    JoinRequest, ListQuery, RankEndRequest, RankHeartbeatRequest, RankProgress, RayRunListResponse,
     RegisterMinimalResponse, RegisterResponse, RendezvousResponse, RunEvent, RunListResponse,
     SnapshotEvent, StatusRequest, VersionResponse,
 };
@@ -70,6 +70,7 @@ pub fn wire_schemas() -> Vec<(&'static str, Schema)> {
         // The rendezvous.
         of::<JoinRequest>("JoinRequest"),
         of::<RankHeartbeatRequest>("RankHeartbeatRequest"),
+        of::<RankProgress>("RankProgress"),
         of::<RankEndRequest>("RankEndRequest"),
         of::<RendezvousResponse>("RendezvousResponse"),
         // Token administration.
@@ -90,8 +91,29 @@ fn add_served_members(run: &mut Map<String, Value>) {
         "items": { "type": ["integer", "null"], "format": "uint64", "minimum": 0 },
         "description": "Extension, served only: for a run assembled by the rendezvous, when each rank of its current attempt was last heard from (Unix ms), indexed by world rank; null for a rank not heard from. Kept in the head's memory while it tracks the group (a live run, or one aborted for a lost controller); absent otherwise. Ignored on input."
     });
+    let progress = json!({
+        "type": "array",
+        "items": {
+            "anyOf": [
+                {
+                    "type": "object",
+                    "properties": {
+                        "step": { "type": ["integer", "null"], "format": "uint64", "minimum": 0 },
+                        "total_steps": { "type": ["integer", "null"], "format": "uint64", "minimum": 0 },
+                        "phase": { "type": ["string", "null"] },
+                        "last_advance_ms": { "type": ["integer", "null"], "format": "uint64", "minimum": 0 },
+                        "metrics": { "type": "object", "additionalProperties": { "type": "number" } }
+                    },
+                    "required": ["step", "total_steps", "phase", "last_advance_ms", "metrics"]
+                },
+                { "type": "null" }
+            ]
+        },
+        "description": "Extension, served only: for a run assembled by the rendezvous whose ranks report progress, each rank's latest progress report, indexed by world rank (null for a rank that never reported): its step, total_steps, phase and metrics, and last_advance_ms, when its step last grew (Unix ms, the head's clock; after a head restart, from the restart). Kept in the head's memory while it tracks the group; absent otherwise. Ignored on input."
+    });
     if let Some(Value::Object(properties)) = run.get_mut("properties") {
         properties.insert("rank_last_heartbeat_ms".into(), member);
+        properties.insert("rank_progress".into(), progress);
     }
 }
 

@@ -96,6 +96,11 @@ struct ServeArgs {
     /// How long a live run stays live without a heartbeat (e.g. 2s, 60s, 5m).
     #[arg(long, env = "TRAINSTATE_LEASE", default_value = "60s", value_parser = duration::parse)]
     lease: Duration,
+    /// How long none of a run's ranks may advance before the run is STALLED
+    /// (e.g. 90s, 15m, 2h), for a run whose ranks ask for no window of their
+    /// own; 1s to 7 days.
+    #[arg(long, env = "TRAINSTATE_STALL_AFTER", default_value = "15m", value_parser = duration::parse)]
+    stall_after: Duration,
     /// The most runs kept; the oldest ended runs are evicted first.
     #[arg(long, env = "TRAINSTATE_MAX_RUNS", default_value_t = trainstate_actor::DEFAULT_MAX_RUNS)]
     max_runs: usize,

@@ -170,7 +170,8 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
     if let Some(age) = args.max_age {
         retention = retention.with_max_age(age);
     }
-    config = config.with_lease(args.lease).with_retention(retention);
+    config =
+        config.with_lease(args.lease).with_retention(retention).with_stall_after(args.stall_after);
     config = config
         .with_event_backlog(args.event_backlog)
         .with_event_backlog_bytes(args.event_backlog_bytes);
@@ -334,6 +335,8 @@ fn faults_from_env() -> Arc<trainstate_actor::Faults> {
     faults
 }
 
+use trainstate_schema::limits::{MAX_STALL_WINDOW_MS, MIN_STALL_WINDOW_MS};
+
 /// The shortest `--lease`: below it a heartbeat's round trip and the sweep's
 /// own period (a quarter of the lease) leave no room for a healthy run.
 pub(crate) const MIN_LEASE: Duration = Duration::from_secs(1);
@@ -350,6 +353,16 @@ fn check_limits(args: &ServeArgs) -> Result<(), String> {
             "--lease {:?}: must be between {MIN_LEASE:?} and {}h",
             args.lease,
             MAX_LEASE.as_secs() / 3600
+        ));
+    }
+    let stall_after_ms = args.stall_after.as_millis();
+    if !(u128::from(MIN_STALL_WINDOW_MS)..=u128::from(MAX_STALL_WINDOW_MS))
+        .contains(&stall_after_ms)
+    {
+        return Err(format!(
+            "--stall-after {:?}: must be between 1s and {}h (7 days)",
+            args.stall_after,
+            MAX_STALL_WINDOW_MS / 3_600_000
         ));
     }
     if let Some(age) = args.max_age

@@ -11,7 +11,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
-use trainstate_schema::RunStatus;
+use trainstate_schema::{HealthState, RunStatus};
 
 use crate::StateService;
 
@@ -34,6 +34,11 @@ struct RequestLabels {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct StatusLabels {
     status: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct HealthLabels {
+    health: &'static str,
 }
 
 /// Request counters, by route and status code, and their latency; the
@@ -90,6 +95,19 @@ impl HttpMetrics {
             runs.get_or_create(&StatusLabels { status: status.as_str() }).set(count as i64);
         }
         registry.register("runs", "Retained runs by status", runs);
+        let by_health = service.runs_by_health();
+        let runs = Family::<HealthLabels, Gauge>::default();
+        for (state, count) in HealthState::ALL.iter().zip(by_health) {
+            runs.get_or_create(&HealthLabels { health: state.as_str() }).set(count as i64);
+        }
+        registry.register("runs_by_health", "Retained runs by health", runs);
+        let stalled = by_health
+            [HealthState::ALL.iter().position(|s| *s == HealthState::Stalled).unwrap_or(0)];
+        registry.register(
+            "runs_stalled",
+            "Retained runs whose health is STALLED",
+            ConstGauge::new(stalled as i64),
+        );
 
         let stats = service.store_stats();
         registry.register(

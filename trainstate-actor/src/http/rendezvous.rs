@@ -57,7 +57,10 @@ impl RendezvousCall {
     pub(crate) fn check(&self) -> Result<(), StateError> {
         match self {
             Self::Join { key, request } => Join::from_request(key, request.clone()).map(drop),
-            Self::Heartbeat { id, .. } => run_id(id).map(drop),
+            Self::Heartbeat { id, request, .. } => {
+                run_id(id)?;
+                check_progress(request)
+            }
             Self::End { id, request, .. } => {
                 run_id(id)?;
                 RankEnd::try_from(request.clone()).map(drop)
@@ -74,13 +77,27 @@ impl RendezvousCall {
             Self::Join { key, request } => {
                 handle.join_rendezvous(Join::from_request(&key, request)?).await
             }
-            Self::Heartbeat { id, rank, request } => {
-                handle.heartbeat_rank(run_id(&id)?, rank, request.attempt_id).await
-            }
+            Self::Heartbeat { id, rank, request } => match request.progress {
+                Some(progress) => {
+                    let id = run_id(&id)?;
+                    handle
+                        .heartbeat_rank_with_progress(id, rank, request.attempt_id, progress)
+                        .await
+                }
+                None => handle.heartbeat_rank(run_id(&id)?, rank, request.attempt_id).await,
+            },
             Self::End { id, rank, request } => {
                 handle.end_rank(run_id(&id)?, rank, RankEnd::try_from(request)?).await
             }
         }
+    }
+}
+
+/// Checks a heartbeat's progress report, before either path takes it.
+fn check_progress(request: &RankHeartbeatRequest) -> Result<(), StateError> {
+    match &request.progress {
+        Some(progress) => progress.check().map_err(StateError::from),
+        None => Ok(()),
     }
 }
 
@@ -114,8 +131,11 @@ async fn answer(
         // Taken here when this head tracks the rank's group; otherwise the
         // actor decides it (and names what is wrong).
         let id = run_id(id)?;
-        if let Some(answer) = app.service.reader().heartbeat_rank(&id, *rank, &request.attempt_id) {
-            return Ok(Json(answer));
+        check_progress(request)?;
+        let reader = app.service.reader();
+        let progress = request.progress.as_ref();
+        if let Some(answer) = reader.heartbeat_rank(&id, *rank, &request.attempt_id, progress) {
+            return Ok(Json(answer?));
         }
     }
     Ok(Json(call.apply(&app.handle).await?))

@@ -17,8 +17,10 @@ impl Remote {
             RendezvousMessage::Join { join, reply } => {
                 let _ = reply.send(self.join(&join, timeout).await);
             }
-            RendezvousMessage::Heartbeat { id, rank, attempt_id, reply } => {
-                let _ = reply.send(self.heartbeat_rank(&id, rank, attempt_id, timeout).await);
+            RendezvousMessage::Heartbeat { id, rank, attempt_id, progress, reply } => {
+                let mut request = RankHeartbeatRequest::new(attempt_id);
+                request.progress = progress.map(|p| *p);
+                let _ = reply.send(self.heartbeat_rank(&id, rank, &request, timeout).await);
             }
             RendezvousMessage::End { id, rank, end, reply } => {
                 let _ = reply.send(self.end_rank(&id, rank, end, timeout).await);
@@ -36,13 +38,12 @@ impl Remote {
         &self,
         id: &RunId,
         rank: u32,
-        attempt_id: String,
+        request: &RankHeartbeatRequest,
         timeout: Duration,
     ) -> Result<RendezvousResponse, StateError> {
         let rank = rank.to_string();
         let params = [("id", id.as_str()), ("rank", rank.as_str())];
-        let call = Call::to(Operation::HeartbeatRank, &params, Some(id))
-            .body(&RankHeartbeatRequest::new(attempt_id));
+        let call = Call::to(Operation::HeartbeatRank, &params, Some(id)).body(request);
         parse(&self.send(call, timeout).await?)
     }
 

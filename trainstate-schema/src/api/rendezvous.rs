@@ -84,6 +84,14 @@ pub struct JoinRequest {
     /// refused (422).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub process_start_ms: Option<u64>,
+    /// The run's stall window, in ms: the run is STALLED when none of its
+    /// ranks advanced for this long (see the heartbeat's `progress`).
+    /// Overrides the head's `--stall-after` (15 minutes by default); the
+    /// first join that carries one sets it for the run. 1000 (1 s) to
+    /// 604800000 (7 days).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schemars", schemars(range(min = 1000, max = 604_800_000_u64)))]
+    pub stall_after_ms: Option<u64>,
 }
 
 impl JoinRequest {
@@ -103,24 +111,39 @@ impl JoinRequest {
             join_timeout_ms: None,
             run_id: None,
             process_start_ms: None,
+            stall_after_ms: None,
         }
     }
 }
 
 /// Body of `POST /api/train/runs/{id}/ranks/{rank}/heartbeat`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[non_exhaustive]
 pub struct RankHeartbeatRequest {
     /// The attempt the rank belongs to, as the join answered it.
     #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = 1024)))]
     pub attempt_id: String,
+    /// The rank's progress: its step, phase and latest metrics. A bad
+    /// report is refused (422 naming the field) and nothing is recorded.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::object::option"
+    )]
+    pub progress: Option<crate::api::RankProgress>,
 }
 
 impl RankHeartbeatRequest {
     /// A heartbeat of a rank of `attempt_id`.
     pub fn new(attempt_id: impl Into<String>) -> Self {
-        Self { attempt_id: attempt_id.into() }
+        Self { attempt_id: attempt_id.into(), progress: None }
+    }
+
+    /// The same heartbeat, carrying `progress`.
+    pub fn with_progress(mut self, progress: crate::api::RankProgress) -> Self {
+        self.progress = Some(progress);
+        self
     }
 }
 

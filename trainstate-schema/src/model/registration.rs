@@ -58,6 +58,9 @@ impl NewRun {
     pub fn new(mut run: TrainRunInfo) -> Self {
         run.last_heartbeat_ms = None;
         run.heartbeats = true;
+        // The head decides a run's health; a registration's is ignored.
+        run.health = None;
+        run.health_history = Vec::new();
         if run.attempts.is_empty() {
             // One attempt, a valid id, starting with the run, no workers of
             // its own, not ended: valid for any valid run.
@@ -97,6 +100,8 @@ impl NewRun {
     /// itself, each under its own id.
     pub fn from_ray(mut run: TrainRunInfo) -> Self {
         run.last_heartbeat_ms = None;
+        run.health = None;
+        run.health_history = Vec::new();
         Self { run }
     }
 

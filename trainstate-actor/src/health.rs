@@ -1,0 +1,201 @@
+//! A run's health, decided from its ranks' progress (pure: no I/O).
+//!
+//! The lease sweep asks, for each RUNNING rendezvous run whose ranks
+//! report progress, whether its health changes: STALLED when no rank
+//! advanced for the run's stall window (and no rank's announced pause
+//! still covers now), PROGRESSING again when a rank advances after that.
+//! The rules, and what they cannot see, are in `docs/health.md`.
+
+use trainstate_schema::limits::MAX_HEALTH_RANKS;
+use trainstate_schema::{HealthState, RunHealth};
+
+use crate::liveness::Progress;
+use crate::time_text::{iso_ms, seconds};
+
+/// How many ranks a detail names one by one.
+const MAX_RANKS_NAMED: usize = 8;
+
+/// The run's new health, if it changes: `ranks` is each rank's progress
+/// by world rank, `current` the health last written (state, since),
+/// `window_ms` the run's stall window, `now_ms` the head's wall clock.
+///
+/// A run with no health yet becomes PROGRESSING (or STALLED) at its first
+/// decision. A STALLED run becomes PROGRESSING only when a rank's step grew
+/// on this head after the stall: after a head restart, ranks that report
+/// the same step again are not an advance.
+pub(crate) fn decide(
+    ranks: &[Option<Progress>],
+    current: Option<(HealthState, u64)>,
+    window_ms: u64,
+    now_ms: u64,
+) -> Option<RunHealth> {
+    let reported: Vec<(u32, &Progress)> =
+        (0u32..).zip(ranks).filter_map(|(rank, p)| Some((rank, p.as_ref()?))).collect();
+    let newest = reported.iter().map(|(_, p)| p.last_advance_ms).max()?;
+    let covered_until = reported.iter().map(|(_, p)| p.expect_until_ms).max().unwrap_or(0);
+    let stalled = now_ms >= newest.saturating_add(window_ms).max(covered_until);
+    let lagging = lagging(&reported);
+    match current {
+        Some((HealthState::Stalled, since)) => {
+            let advanced = reported
+                .iter()
+                .filter(|(_, p)| p.advanced && p.last_advance_ms > since)
+                .max_by_key(|(_, p)| p.last_advance_ms);
+            let (rank, progress) = advanced.filter(|_| !stalled)?;
+            Some(progressing(*rank, progress, &lagging, &reported, now_ms))
+        }
+        Some((HealthState::Progressing, _)) if !stalled => None,
+        _ if stalled => Some(stalled_health(&reported, &lagging, newest, now_ms)),
+        _ => {
+            let (rank, progress) = reported.iter().max_by_key(|(_, p)| p.last_advance_ms)?;
+            Some(progressing(*rank, progress, &lagging, &reported, now_ms))
+        }
+    }
+}
+
+/// The ranks whose step is behind the highest step of the attempt by more
+/// than max(1, 1% of it).
+fn lagging(reported: &[(u32, &Progress)]) -> Vec<u32> {
+    let Some(highest) = reported.iter().filter_map(|(_, p)| p.step).max() else {
+        return Vec::new();
+    };
+    let slack = (highest / 100).max(1);
+    reported
+        .iter()
+        .filter(|(_, p)| p.step.is_some_and(|step| step.saturating_add(slack) < highest))
+        .map(|(rank, _)| *rank)
+        .collect()
+}
+
+fn stalled_health(
+    reported: &[(u32, &Progress)],
+    lagging: &[u32],
+    newest: u64,
+    now_ms: u64,
+) -> RunHealth {
+    let oldest = reported.iter().map(|(_, p)| p.last_advance_ms).min().unwrap_or(newest);
+    let mut culprits: Vec<u32> = reported
+        .iter()
+        .filter(|(_, p)| p.last_advance_ms == oldest)
+        .map(|(rank, _)| *rank)
+        .chain(lagging.iter().copied())
+        .collect();
+    culprits.sort_unstable();
+    culprits.dedup();
+    culprits.truncate(MAX_HEALTH_RANKS);
+    let mut by_advance: Vec<&(u32, &Progress)> = reported.iter().collect();
+    by_advance.sort_by_key(|(rank, p)| (p.last_advance_ms, *rank));
+    let mut detail = format!("No rank has advanced for {}; ", seconds(now_ms - newest));
+    for (i, (rank, progress)) in by_advance.iter().take(MAX_RANKS_NAMED).enumerate() {
+        let lead = if i == 0 { "rank" } else { ", rank" };
+        let advanced = if i == 0 { "last advanced at" } else { "at" };
+        detail.push_str(&format!(
+            "{lead} {rank} {advanced} {} ({})",
+            iso_ms(progress.last_advance_ms),
+            where_text(progress)
+        ));
+    }
+    if by_advance.len() > MAX_RANKS_NAMED {
+        detail.push_str(&format!(", and {} more ranks", by_advance.len() - MAX_RANKS_NAMED));
+    }
+    detail.push('.');
+    push_lagging(&mut detail, lagging, reported);
+    RunHealth::new(HealthState::Stalled, now_ms, culprits, detail)
+}
+
+fn progressing(
+    rank: u32,
+    progress: &Progress,
+    lagging: &[u32],
+    reported: &[(u32, &Progress)],
+    now_ms: u64,
+) -> RunHealth {
+    let mut detail = format!(
+        "Rank {rank} advanced at {} ({}).",
+        iso_ms(progress.last_advance_ms),
+        where_text(progress)
+    );
+    push_lagging(&mut detail, lagging, reported);
+    let mut ranks = lagging.to_vec();
+    ranks.truncate(MAX_HEALTH_RANKS);
+    RunHealth::new(HealthState::Progressing, now_ms, ranks, detail)
+}
+
+/// `step 20, phase checkpoint`.
+fn where_text(progress: &Progress) -> String {
+    let step = progress.step.map_or_else(|| "no step reported".to_owned(), |s| format!("step {s}"));
+    match &progress.phase {
+        Some(phase) => format!("{step}, phase {phase}"),
+        None => step,
+    }
+}
+
+/// Names the lagging ranks, with their steps and the highest step.
+fn push_lagging(detail: &mut String, lagging: &[u32], reported: &[(u32, &Progress)]) {
+    if lagging.is_empty() {
+        return;
+    }
+    let highest = reported.iter().filter_map(|(_, p)| p.step).max().unwrap_or(0);
+    let step_of = |rank: u32| reported.iter().find(|(r, _)| *r == rank).and_then(|(_, p)| p.step);
+    let named: Vec<String> = lagging
+        .iter()
+        .take(MAX_RANKS_NAMED)
+        .map(|&rank| format!("rank {rank} at step {}", step_of(rank).unwrap_or(0)))
+        .collect();
+    detail.push_str(&format!(" Lagging behind the highest step ({highest}): {}", named.join(", ")));
+    if lagging.len() > MAX_RANKS_NAMED {
+        detail.push_str(&format!(", and {} more ranks", lagging.len() - MAX_RANKS_NAMED));
+    }
+    detail.push('.');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(step: u64, last_advance_ms: u64, advanced: bool) -> Option<Progress> {
+        Some(Progress {
+            step: Some(step),
+            total_steps: None,
+            phase: None,
+            metrics: Default::default(),
+            last_advance_ms,
+            advanced,
+            expect_until_ms: 0,
+        })
+    }
+
+    const T: u64 = 1_780_000_000_000;
+
+    #[test]
+    fn a_run_stalls_after_its_window_and_names_the_rank_that_stopped_first() {
+        let ranks = [at(20, T + 5_000, true), at(20, T + 1_000, true)];
+        let current = Some((HealthState::Progressing, T));
+        assert!(decide(&ranks, current, 10_000, T + 14_999).is_none());
+        let health = decide(&ranks, current, 10_000, T + 15_000).expect("stalled");
+        assert_eq!(health.state, HealthState::Stalled);
+        assert_eq!(health.ranks, vec![1]);
+        assert!(
+            health.detail.starts_with("No rank has advanced for 10 s; rank 1 last advanced at")
+        );
+        assert!(!health.detail.contains(&T.to_string()), "{}", health.detail);
+    }
+
+    #[test]
+    fn a_stalled_run_progresses_only_on_an_advance_after_the_stall() {
+        let stalled = Some((HealthState::Stalled, T + 20_000));
+        let heard_again = [at(20, T + 30_000, false)];
+        assert!(decide(&heard_again, stalled, 60_000, T + 31_000).is_none());
+        let advanced = [at(21, T + 30_000, true)];
+        let health = decide(&advanced, stalled, 60_000, T + 31_000).expect("progressing");
+        assert_eq!(health.state, HealthState::Progressing);
+    }
+
+    #[test]
+    fn a_rank_behind_the_highest_step_lags() {
+        let ranks = [at(1000, T, true), at(989, T, true), at(990, T, true)];
+        let health = decide(&ranks, None, 60_000, T + 1).expect("first decision");
+        assert_eq!(health.state, HealthState::Progressing);
+        assert_eq!(health.ranks, vec![1]);
+    }
+}

@@ -1,0 +1,130 @@
+//! A run's health as the head decides it: whether its ranks still advance.
+//!
+//! The head's lease sweep marks a live run whose ranks report progress
+//! `STALLED` when none of them advanced for the run's stall window, and
+//! `PROGRESSING` again when one does. The run keeps its current health
+//! ([`RunHealth`]) and a bounded history of changes ([`HealthChange`]);
+//! both are the head's own: a registration's are ignored.
+
+use serde::{Deserialize, Serialize};
+
+use crate::limits::{MAX_HEALTH_DETAIL_LEN, MAX_HEALTH_HISTORY, MAX_HEALTH_RANKS};
+use crate::{Rule, ValidationError};
+
+/// Whether a run's ranks still advance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[non_exhaustive]
+pub enum HealthState {
+    /// A rank advanced within the run's stall window.
+    Progressing,
+    /// No rank advanced for the run's stall window.
+    Stalled,
+}
+
+impl HealthState {
+    /// Every state, in a fixed order.
+    pub const ALL: [HealthState; 2] = [HealthState::Progressing, HealthState::Stalled];
+
+    /// The wire name, for example `STALLED`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HealthState::Progressing => "PROGRESSING",
+            HealthState::Stalled => "STALLED",
+        }
+    }
+
+    /// The state named `text` (`STALLED`, `PROGRESSING`).
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.as_str() == text)
+    }
+}
+
+impl std::fmt::Display for HealthState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Extension: a run's current health, as the head last decided it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[non_exhaustive]
+pub struct RunHealth {
+    /// `STALLED` or `PROGRESSING`.
+    pub state: HealthState,
+    /// Since when (Unix ms, the head's clock).
+    pub since_ms: u64,
+    /// The culprits, by world rank: for `STALLED`, the ranks whose last
+    /// advance is the oldest and the ranks that lag behind the highest step;
+    /// for `PROGRESSING`, the ranks that lag. At most 1,024.
+    #[serde(default)]
+    #[cfg_attr(feature = "schemars", schemars(length(max = 1024)))]
+    pub ranks: Vec<u32>,
+    /// What the head saw, in words for a person (times as RFC 3339, never
+    /// raw ms). At most 4,096 characters, no NUL.
+    #[serde(default)]
+    #[cfg_attr(feature = "schemars", schemars(length(max = 4096)))]
+    pub detail: String,
+}
+
+impl RunHealth {
+    /// Health `state` since `since_ms`, naming `ranks`, described by `detail`.
+    pub fn new(state: HealthState, since_ms: u64, ranks: Vec<u32>, detail: String) -> Self {
+        Self { state, since_ms, ranks, detail }
+    }
+}
+
+/// Extension: one change of a run's health, as its `health_history` keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[non_exhaustive]
+pub struct HealthChange {
+    /// The state the run moved to.
+    pub state: HealthState,
+    /// When (Unix ms, the head's clock).
+    pub at_ms: u64,
+    /// The ranks its health named then. At most 1,024.
+    #[serde(default)]
+    #[cfg_attr(feature = "schemars", schemars(length(max = 1024)))]
+    pub ranks: Vec<u32>,
+}
+
+impl HealthChange {
+    /// A change to `state` at `at_ms`, naming `ranks`.
+    pub fn new(state: HealthState, at_ms: u64, ranks: Vec<u32>) -> Self {
+        Self { state, at_ms, ranks }
+    }
+}
+
+/// The rules of a run's `health` and `health_history`.
+pub(crate) fn check(
+    health: Option<&RunHealth>,
+    history: &[HealthChange],
+) -> Result<(), ValidationError> {
+    if let Some(health) = health {
+        if health.ranks.len() > MAX_HEALTH_RANKS {
+            let rule = Rule::TooMany { max: MAX_HEALTH_RANKS };
+            return Err(ValidationError::new("health.ranks", rule));
+        }
+        if health.detail.contains('\0') {
+            return Err(ValidationError::new("health.detail", Rule::NulCharacter));
+        }
+        if health.detail.chars().count() > MAX_HEALTH_DETAIL_LEN {
+            let rule = Rule::TooLong { max: MAX_HEALTH_DETAIL_LEN };
+            return Err(ValidationError::new("health.detail", rule));
+        }
+    }
+    if history.len() > MAX_HEALTH_HISTORY {
+        let rule = Rule::TooMany { max: MAX_HEALTH_HISTORY };
+        return Err(ValidationError::new("health_history", rule));
+    }
+    for (i, change) in history.iter().enumerate() {
+        if change.ranks.len() > MAX_HEALTH_RANKS {
+            let rule = Rule::TooMany { max: MAX_HEALTH_RANKS };
+            return Err(ValidationError::new(format!("health_history[{i}].ranks"), rule));
+        }
+    }
+    Ok(())
+}
