@@ -13,9 +13,7 @@ Invalid input (a value that is not a finite number, a bad name, too many
 names, a step that goes back) is dropped, with at most one warning line per
 kind; nothing here raises into the caller.
 
-The wire types below (``RankProgress``, and ``JoinRequest`` and
-``RankHeartbeatRequest`` with their new fields) stand in for the generated
-ones of :mod:`trainstate.types` until those carry run health.
+The limits are the head's (``trainstate-schema``'s ``limits.rs``).
 """
 
 import logging
@@ -24,9 +22,9 @@ import operator
 import re
 import threading
 import time
-from typing import Any, Callable, Dict, Mapping, Optional, Set, TypedDict
+from typing import Any, Callable, Dict, Mapping, Optional, Set
 
-from . import types
+from .types import RankProgress
 
 logger = logging.getLogger("trainstate")
 
@@ -51,28 +49,6 @@ HAND_OVER_INTERVAL = 1.0
 """How often, at most, the coalesced state goes to the watcher, in seconds."""
 
 _METRIC_NAME = re.compile(r"[A-Za-z0-9_.:/-]{1,%d}" % MAX_METRIC_NAME_LEN)
-
-
-class RankProgress(TypedDict, total=False):
-    """A rank's progress, as a heartbeat carries it."""
-
-    step: Optional[int]
-    total_steps: Optional[int]
-    phase: Optional[str]
-    expect_next_within_ms: Optional[int]
-    metrics: Dict[str, float]
-
-
-class JoinRequest(types.JoinRequest, total=False):
-    """A join, with the run's stall window."""
-
-    stall_after_ms: Optional[int]
-
-
-class RankHeartbeatRequest(types.RankHeartbeatRequest, total=False):
-    """A rank's heartbeat, with its progress."""
-
-    progress: Optional[RankProgress]
 
 
 def valid_phase(phase: str) -> bool:

@@ -47,8 +47,8 @@ from typing import Any, Dict, Optional, cast
 
 from . import _http, _proc
 from ._contract import END_RANK, HEARTBEAT_RANK, JOIN_RENDEZVOUS, MAX_TRACE_LEN, TERMINAL_RUN_STATUSES, Route
-from ._progress import MAX_METRIC_NAMES_PER_REPORT, JoinRequest, RankHeartbeatRequest, RankProgress
-from .types import RankEndRequest, RendezvousResponse, RunStatus
+from ._progress import MAX_METRIC_NAMES_PER_REPORT
+from .types import JoinRequest, RankEndRequest, RankHeartbeatRequest, RankProgress, RendezvousResponse, RunStatus
 
 _MAX_BACKOFF = 30.0
 _POLL = 0.2
