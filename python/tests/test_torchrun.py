@@ -314,7 +314,7 @@ HEALTH_TRAIN = """
     rank = dist.get_rank()
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    steps = 30
+    steps = 60
     for step in range(1, steps + 1):
         loss = model(torch.randn(8, 4)).pow(2).mean()
         optimizer.zero_grad()
@@ -327,10 +327,10 @@ HEALTH_TRAIN = """
             # waits for rank 0 in the next step's collective meanwhile.
             trainstate.report(step=step, total_steps=steps, phase="checkpoint", expect_next_within=30)
             time.sleep(15)
-        if step == 20 and rank == 1:
-            time.sleep(40)  # hangs inside step 20: rank 0 waits in step 21's collective
+        if step == 50 and rank == 1:
+            time.sleep(40)  # hangs inside step 50: rank 0 waits in step 51's collective
         trainstate.report({"loss": loss.item()}, step=step, total_steps=steps, phase="train")
-        time.sleep(0.1)
+        time.sleep(0.5)
     dist.barrier()
     dist.destroy_process_group()
 """
@@ -338,10 +338,12 @@ HEALTH_TRAIN = """
 
 def test_a_hung_rank_stalls_the_run_and_an_announced_checkpoint_does_not(head, name, tmp_path):
     """Two ranks report every step; rank 0 checkpoints for 15 s having
-    announced 30 s (no stall), then rank 1 hangs 40 s inside step 20: with a
+    announced 30 s (no stall), then rank 1 hangs 40 s inside step 50: with a
     10 s stall window the run is STALLED within the window and a sweep (the
     `head` fixture sweeps every 0.5 s), naming rank 1, and PROGRESSING again
-    once rank 1 wakes. Needs run health on the head's side."""
+    once rank 1 wakes. The hang starts after the announced 30 s are over
+    (the head keeps an announced wait to its end, advance or not), so only
+    the window decides when it is seen. Needs run health on the head's side."""
     events = Events(head, name)
     path = script(tmp_path, HEALTH_TRAIN)
     command = [
@@ -371,8 +373,8 @@ def test_a_hung_rank_stalls_the_run_and_an_announced_checkpoint_does_not(head, n
         run = head.get(f"/api/train/runs/{run_id}")
         assert "STALLED" not in [h["state"] for h in run.get("health_history", [])], run.get("health_history")
 
-        # Rank 1 hangs inside step 20.
-        wait_until("rank 0 at step 20", lambda: steps()[:1] == [20], deadline=30, every=0.1)
+        # Rank 1 hangs inside step 50.
+        wait_until("rank 0 at step 50", lambda: steps()[:1] == [50], deadline=60, every=0.1)
         stalled = health_of(head, run_id, "STALLED", deadline=10 + 0.5 + 5)
         now_ms = int(time.time() * 1000)
         last_advance_ms = max(p["last_advance_ms"] for p in stalled["rank_progress"])
