@@ -244,7 +244,7 @@ class Progress:
         that went quiet right after reporting is still heard."""
         while True:
             with self._lock:
-                wait = self._due - time.monotonic()
+                wait = self._due - time.monotonic() if self._dirty else self._interval
             time.sleep(min(max(wait, 0.05), self._interval))
             with self._lock:
                 due = self._dirty and time.monotonic() >= self._due
