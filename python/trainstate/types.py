@@ -382,7 +382,7 @@ _RankProgressOptional = TypedDict(
 
 
 class RankProgress(_RankProgressRequired, _RankProgressOptional):
-    """One rank's progress: where its training loop is. Every field is optional; a report replaces the rank's previous one."""
+    """One rank's progress: where its training loop is. Every field is optional: a report replaces what it carries of the rank's previous one and keeps what it leaves out (its step, phase, metrics)."""
 
 
 _RayDecoratedTrainRunRequired = TypedDict(

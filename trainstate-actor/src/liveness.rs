@@ -248,8 +248,12 @@ impl RankBoard {
             Some(before) => Progress {
                 step: report.step.or(before.step),
                 total_steps: report.total_steps.or(before.total_steps),
-                phase: report.phase.as_deref().map(Into::into),
-                metrics: report.metrics.clone(),
+                phase: report.phase.as_deref().map(Into::into).or_else(|| before.phase.clone()),
+                metrics: if report.metrics.is_empty() {
+                    before.metrics.clone()
+                } else {
+                    report.metrics.clone()
+                },
                 last_advance_ms: if advanced { now_ms } else { before.last_advance_ms },
                 advanced: advanced || before.advanced,
                 expect_until_ms: expect_until_ms.max(before.expect_until_ms),

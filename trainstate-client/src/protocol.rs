@@ -721,6 +721,27 @@ mod tests {
     }
 
     #[test]
+    fn a_runs_health_is_read_from_its_end_and_never_from_its_settings() {
+        let health = r#""health":{"state":"STALLED","since_ms":1,"ranks":[],"detail":""}"#;
+        let history = r#""health_history":[{"state":"STALLED","at_ms":1,"ranks":[]}]"#;
+        let cases = [
+            (format!(r#"{{"id":"r1",{health}}}"#), Some(HealthState::Stalled)),
+            (format!(r#"{{"id":"r1",{health},{history}}}"#), Some(HealthState::Stalled)),
+            (format!(r#"{{"id":"r1","run_settings":{{{health}}}}}"#), None),
+            (format!(r#"{{"id":"r1","run_settings":{{"a":1,{health},{history}}}}}"#), None),
+            (r#"{"id":"r1"}"#.to_owned(), None),
+        ];
+        for (text, expected) in cases {
+            let whole = RunJson::from_text(text.clone(), false).unwrap();
+            assert_eq!(whole.health_state(), expected, "whole: {text}");
+        }
+        let live = format!(r#"{{"id":"r1",{health}}}"#);
+        let members = RunJson::from_text(live, true).unwrap();
+        assert!(matches!(members.0, Repr::Members(..)));
+        assert_eq!(members.health_state(), Some(HealthState::Stalled));
+    }
+
+    #[test]
     fn a_live_run_with_a_member_this_version_does_not_know_is_served_whole() {
         let text = r#"{"id":"r1","from_a_newer_head":1}"#;
         let json = RunJson::from_text(text.to_owned(), true).unwrap();

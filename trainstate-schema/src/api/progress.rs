@@ -17,7 +17,8 @@ use crate::limits::{
 use crate::{Rule, ValidationError};
 
 /// One rank's progress: where its training loop is. Every field is
-/// optional; a report replaces the rank's previous one.
+/// optional: a report replaces what it carries of the rank's previous one
+/// and keeps what it leaves out (its step, phase, metrics).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[non_exhaustive]

@@ -1,0 +1,411 @@
+//! Run health: a rendezvous run whose ranks report progress is STALLED
+//! when none of them advanced for its stall window, PROGRESSING again when
+//! one does; the culprits are named, an announced pause and a per-run
+//! window are kept, a restart of the head raises no false alarm, the
+//! listing filters by health, and every bad report is refused naming its
+//! field with nothing recorded.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::{Client, Method, StatusCode};
+use serde_json::{Value, json};
+use trainstate_actor::http::HttpConfig;
+use trainstate_actor::{ManualClock, StateConfig};
+use trainstate_client::{EventKind, StateEvent};
+use trainstate_schema::RunId;
+
+use crate::common::{Server, eventually, run, unique_name, workers};
+use crate::contract::send;
+
+const T0: u64 = 1_760_000_000_000;
+/// Long enough that no run is aborted for a lost controller here.
+const LEASE: Duration = Duration::from_secs(24 * 3600);
+const STALL_AFTER: Duration = Duration::from_secs(10);
+const DEADLINE: Duration = Duration::from_secs(10);
+
+fn body(value: &Value) -> Option<(&'static str, Vec<u8>)> {
+    Some(("application/json", serde_json::to_vec(value).unwrap()))
+}
+
+fn config(what: &str, clock: &Arc<ManualClock>) -> StateConfig {
+    configured(StateConfig::in_memory(), what, clock)
+}
+
+fn configured(config: StateConfig, what: &str, clock: &Arc<ManualClock>) -> StateConfig {
+    config
+        .with_name(unique_name(what))
+        .with_clock(clock.clone())
+        .with_lease(LEASE)
+        .with_stall_after(STALL_AFTER)
+        // The tests drive the sweep themselves.
+        .with_sweep_interval(Duration::from_secs(3600))
+}
+
+/// One head over HTTP, its clock, and the run of a group of `world_size`
+/// ranks that joined under `key` (each join with `extra` members).
+struct Fixture {
+    server: Server,
+    client: Client,
+    _clock: Arc<ManualClock>,
+}
+
+impl Fixture {
+    async fn start(config: StateConfig, clock: Arc<ManualClock>) -> Self {
+        let server = Server::start(config, HttpConfig::default()).await;
+        Self { server, client: Client::new(), _clock: clock }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.server.url)
+    }
+
+    async fn join(&self, key: &str, world_size: u32, extra: Value) -> String {
+        let mut id = String::new();
+        for (rank, worker) in workers(world_size, 1, &format!("{key}-")).iter().enumerate() {
+            let mut join =
+                json!({"world_size": world_size, "worker": worker, "name": key, "job_id": "7"});
+            for (k, v) in extra.as_object().unwrap() {
+                join[k] = v.clone();
+            }
+            let path = format!("/api/train/rendezvous/{key}/join");
+            let (status, answer) =
+                send(&self.client, Method::POST, &self.url(&path), body(&join), None).await;
+            assert_eq!(status, StatusCode::OK, "rank {rank}: {answer}");
+            id = answer["run_id"].as_str().unwrap().to_owned();
+        }
+        id
+    }
+
+    /// Rank `rank`'s heartbeat with `progress`: the status and answer.
+    async fn report(&self, id: &str, rank: u32, progress: Value) -> (StatusCode, Value) {
+        let path = format!("/api/train/runs/{id}/ranks/{rank}/heartbeat");
+        let beat = json!({"attempt_id": "0", "progress": progress});
+        send(&self.client, Method::POST, &self.url(&path), body(&beat), None).await
+    }
+
+    async fn reported(&self, id: &str, rank: u32, progress: Value) {
+        let (status, answer) = self.report(id, rank, progress).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+    }
+
+    async fn get(&self, id: &str) -> Value {
+        let path = format!("/api/train/runs/{id}");
+        let (status, run) = send(&self.client, Method::GET, &self.url(&path), None, None).await;
+        assert_eq!(status, StatusCode::OK, "{run}");
+        run
+    }
+
+    async fn sweep(&self) {
+        self.server.service.handle().sweep_leases().await.unwrap();
+    }
+
+    async fn listed(&self, health: &str) -> Vec<String> {
+        let path = format!("/api/train/runs?health={health}");
+        let (status, page) = send(&self.client, Method::GET, &self.url(&path), None, None).await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        page["train_runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["id"].as_str().unwrap().into())
+            .collect()
+    }
+
+    async fn stop(self) {
+        self.server.stop().await;
+    }
+}
+
+fn health_changes(receiver: &mut tokio::sync::broadcast::Receiver<StateEvent>) -> Vec<RunId> {
+    std::iter::from_fn(|| receiver.try_recv().ok())
+        .filter(|event| event.kind == EventKind::HealthChanged)
+        .map(|event| event.run_id)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_stalls_after_its_window_names_the_rank_that_stopped_first_and_progresses_again() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let f = Fixture::start(config("health-stall", &clock), clock.clone()).await;
+    let id = f.join("stall", 2, json!({})).await;
+    let mut events = f.server.service.handle().subscribe(None).await.unwrap().receiver;
+
+    f.sweep().await;
+    assert!(f.get(&id).await.get("health").is_none(), "no progress, no health");
+
+    f.reported(&id, 0, json!({"step": 10, "phase": "train", "metrics": {"loss": 2.5}})).await;
+    f.reported(&id, 1, json!({"step": 10, "total_steps": 100})).await;
+    f.sweep().await;
+    let run = f.get(&id).await;
+    assert_eq!(run["health"]["state"], "PROGRESSING", "{run}");
+    assert_eq!(run["rank_progress"][0]["metrics"]["loss"], 2.5, "{run}");
+    assert_eq!(run["rank_progress"][0]["phase"], "train", "{run}");
+    assert_eq!(run["rank_progress"][1]["total_steps"], 100, "{run}");
+    assert_eq!(run["rank_progress"][1]["last_advance_ms"], T0, "{run}");
+
+    // Rank 0 advances once more, then neither does: rank 1 stopped first.
+    clock.advance_ms(2_000);
+    f.reported(&id, 0, json!({"step": 11})).await;
+    f.reported(&id, 1, json!({"step": 10})).await;
+    clock.advance_ms(9_999);
+    f.sweep().await;
+    assert_eq!(f.get(&id).await["health"]["state"], "PROGRESSING", "within the window");
+    clock.advance_ms(1);
+    f.sweep().await;
+    let run = f.get(&id).await;
+    let health = &run["health"];
+    assert_eq!(health["state"], "STALLED", "{run}");
+    assert_eq!(health["ranks"], json!([1]), "the rank that stopped first: {run}");
+    assert_eq!(health["since_ms"], T0 + 12_000, "{run}");
+    let detail = health["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with("No rank has advanced for 10 s; rank 1 last advanced at"),
+        "{detail}"
+    );
+    assert!(detail.contains("(step 10)") && detail.contains("(step 11, phase train)"), "{detail}");
+    assert!(!detail.contains(&T0.to_string()), "no raw ms in words: {detail}");
+    assert_eq!(f.listed("STALLED").await, vec![id.clone()]);
+    assert!(f.listed("PROGRESSING").await.is_empty());
+    assert_eq!(run["status"].as_str().unwrap_or("RUNNING"), "RUNNING", "health is not status");
+
+    // The same step again is no advance; a higher one is.
+    clock.advance_ms(5_000);
+    f.reported(&id, 1, json!({"step": 10})).await;
+    f.sweep().await;
+    assert_eq!(f.get(&id).await["health"]["state"], "STALLED");
+    f.reported(&id, 1, json!({"step": 11})).await;
+    f.sweep().await;
+    let run = f.get(&id).await;
+    assert_eq!(run["health"]["state"], "PROGRESSING", "{run}");
+    let history: Vec<&str> = run["health_history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|change| change["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(history, ["PROGRESSING", "STALLED", "PROGRESSING"], "{run}");
+    let id_typed = RunId::parse(&id).unwrap();
+    eventually("three health changes announced", DEADLINE, || {
+        let seen = health_changes(&mut events);
+        std::future::ready(seen.len() == 3 && seen.iter().all(|r| *r == id_typed))
+    })
+    .await;
+
+    let (status, metrics) = {
+        let response = f.client.get(f.url("/metrics")).send().await.unwrap();
+        (response.status(), response.text().await.unwrap())
+    };
+    assert_eq!(status, StatusCode::OK);
+    assert!(metrics.contains("trainstate_runs_stalled 0"), "{metrics}");
+    assert!(metrics.contains("trainstate_runs_by_health{health=\"PROGRESSING\"} 1"), "{metrics}");
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_announced_pause_and_a_runs_own_window_delay_the_stall() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let f = Fixture::start(config("health-windows", &clock), clock.clone()).await;
+    let paused = f.join("paused", 1, json!({})).await;
+    let patient = f.join("patient", 1, json!({"stall_after_ms": 60_000})).await;
+    f.reported(
+        &paused,
+        0,
+        json!({"step": 5, "phase": "checkpoint", "expect_next_within_ms": 30_000}),
+    )
+    .await;
+    f.reported(&patient, 0, json!({"step": 5})).await;
+    f.sweep().await;
+
+    clock.advance_ms(29_999);
+    f.sweep().await;
+    assert_eq!(f.get(&paused).await["health"]["state"], "PROGRESSING", "the pause covers it");
+    assert_eq!(f.get(&patient).await["health"]["state"], "PROGRESSING", "its own window");
+    clock.advance_ms(1);
+    f.sweep().await;
+    assert_eq!(f.get(&paused).await["health"]["state"], "STALLED", "past the pause");
+    assert_eq!(f.get(&patient).await["health"]["state"], "PROGRESSING");
+    clock.advance_ms(30_000);
+    f.sweep().await;
+    assert_eq!(f.get(&patient).await["health"]["state"], "STALLED", "past its 60 s window");
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_behind_the_highest_step_is_named_lagging() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let f = Fixture::start(config("health-lagging", &clock), clock.clone()).await;
+    let id = f.join("lagging", 3, json!({})).await;
+    for (rank, step) in [(0, 500), (1, 500), (2, 480)] {
+        f.reported(&id, rank, json!({"step": step})).await;
+    }
+    f.sweep().await;
+    let run = f.get(&id).await;
+    assert_eq!(run["health"]["state"], "PROGRESSING", "{run}");
+    assert_eq!(run["health"]["ranks"], json!([2]), "{run}");
+    let detail = run["health"]["detail"].as_str().unwrap();
+    assert!(detail.contains("rank 2 at step 480"), "{detail}");
+
+    clock.advance_ms(10_000);
+    f.sweep().await;
+    let run = f.get(&id).await;
+    assert_eq!(run["health"]["state"], "STALLED", "{run}");
+    assert_eq!(run["health"]["ranks"], json!([0, 1, 2]), "every rank stopped at once: {run}");
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_bad_report_is_refused_naming_its_field_and_nothing_is_recorded() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let f = Fixture::start(config("health-refusals", &clock), clock.clone()).await;
+    let id = f.join("refusals", 1, json!({})).await;
+    f.reported(&id, 0, json!({"step": 7, "phase": "train", "metrics": {"loss": 1.0}})).await;
+    let before = f.get(&id).await["rank_progress"].clone();
+
+    let long_name = "m".repeat(129);
+    let too_many: serde_json::Map<String, Value> =
+        (0..33).map(|i| (format!("m{i}"), json!(1.0))).collect();
+    let refused = [
+        (json!({"phase": ""}), "progress.phase"),
+        (json!({"phase": "x".repeat(65)}), "progress.phase"),
+        (json!({"phase": "tab\there"}), "progress.phase"),
+        (json!({"phase": "évaluation"}), "progress.phase"),
+        (json!({"expect_next_within_ms": 604_800_001_u64}), "progress.expect_next_within_ms"),
+        (json!({"metrics": {"loss rate": 1.0}}), "progress.metrics[\"loss rate\"]"),
+        (
+            json!({"metrics": {long_name.clone(): 1.0}}),
+            &format!("progress.metrics[\"{long_name}\"]"),
+        ),
+        (json!({"metrics": Value::Object(too_many)}), "progress.metrics"),
+    ];
+    for (progress, field) in &refused {
+        let (status, answer) = f.report(&id, 0, progress.clone()).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{progress}: {answer}");
+        assert_eq!(answer["error"]["code"], "invalid", "{answer}");
+        assert_eq!(answer["error"]["field"], *field, "{progress}: {answer}");
+    }
+    // A non-finite number is not JSON: the body itself is refused.
+    let path = format!("/api/train/runs/{id}/ranks/0/heartbeat");
+    let raw = r#"{"attempt_id": "0", "progress": {"metrics": {"loss": NaN}}}"#;
+    let (status, answer) = send(
+        &f.client,
+        Method::POST,
+        &f.url(&path),
+        Some(("application/json", raw.as_bytes().to_vec())),
+        None,
+    )
+    .await;
+    assert!(status.is_client_error(), "{answer}");
+
+    let (status, answer) = f.report(&id, 0, json!({"step": 6})).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{answer}");
+    assert!(
+        answer["error"]["message"].as_str().unwrap().contains("steps never go back"),
+        "{answer}"
+    );
+
+    // 64 names in all, then the 65th is refused, naming it.
+    for batch in 0..2 {
+        let names: serde_json::Map<String, Value> =
+            (0..32).map(|i| (format!("n{batch}_{i:02}"), json!(0.5))).collect();
+        let metrics = if batch == 0 { names } else { names.into_iter().take(31).collect() };
+        f.reported(&id, 0, json!({"step": 7, "metrics": metrics})).await;
+    }
+    let (status, answer) = f.report(&id, 0, json!({"metrics": {"zz_new": 1.0}})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+    assert_eq!(answer["error"]["field"], "progress.metrics[\"zz_new\"]", "{answer}");
+
+    let after = f.get(&id).await["rank_progress"].clone();
+    assert_eq!(after[0]["step"], before[0]["step"], "refused reports change nothing");
+    assert_eq!(after[0]["last_advance_ms"], before[0]["last_advance_ms"]);
+
+    let join = json!({"world_size": 1, "worker": workers(1, 1, "w-")[0], "name": "w",
+        "job_id": "7", "stall_after_ms": 999});
+    let (status, answer) = send(
+        &f.client,
+        Method::POST,
+        &f.url("/api/train/rendezvous/window/join"),
+        body(&join),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+    assert_eq!(answer["error"]["field"], "stall_after_ms", "{answer}");
+
+    // A registration's own health is the head's to decide: ignored.
+    let mut registered = serde_json::to_value(run("registered", T0)).unwrap();
+    registered["health"] =
+        json!({"state": "STALLED", "since_ms": T0, "ranks": [0], "detail": "made up"});
+    registered["health_history"] = json!([{"state": "STALLED", "at_ms": T0, "ranks": [0]}]);
+    let (status, answer) =
+        send(&f.client, Method::POST, &f.url("/api/train/runs"), body(&registered), None).await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    let stored = f.get(registered["id"].as_str().unwrap()).await;
+    assert!(stored.get("health").is_none() && stored.get("health_history").is_none(), "{stored}");
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_the_window_starts_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.sqlite");
+    let clock = Arc::new(ManualClock::new(T0));
+    let f = Fixture::start(
+        configured(StateConfig::sqlite(&path), "health-restart", &clock),
+        clock.clone(),
+    )
+    .await;
+    let id = f.join("restart", 1, json!({})).await;
+    f.reported(&id, 0, json!({"step": 3})).await;
+    f.sweep().await;
+    assert_eq!(f.get(&id).await["health"]["state"], "PROGRESSING");
+    f.stop().await;
+
+    // The head was down for longer than the window; the rank reports the
+    // same step when it is back.
+    clock.advance_ms(60_000);
+    let f = Fixture::start(
+        configured(StateConfig::sqlite(&path), "health-restart", &clock),
+        clock.clone(),
+    )
+    .await;
+    assert_eq!(f.listed("PROGRESSING").await, vec![id.clone()], "the health survives");
+    f.reported(&id, 0, json!({"step": 3})).await;
+    clock.advance_ms(9_999);
+    f.sweep().await;
+    assert_eq!(f.get(&id).await["health"]["state"], "PROGRESSING", "no false alarm");
+    clock.advance_ms(1);
+    f.sweep().await;
+    assert_eq!(f.get(&id).await["health"]["state"], "STALLED", "a window after the restart");
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_is_taken_while_the_actor_is_held() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let config = config("health-held", &clock);
+    let faults = config.faults.clone();
+    let f = Fixture::start(config, clock.clone()).await;
+    let id = f.join("held", 2, json!({})).await;
+
+    faults.hold_actor();
+    let late = {
+        let (client, url) = (f.client.clone(), f.url("/api/train/runs"));
+        let late = serde_json::to_value(run("late", T0)).unwrap();
+        tokio::spawn(async move { send(&client, Method::POST, &url, body(&late), None).await })
+    };
+    eventually("the actor to be held", DEADLINE, || std::future::ready(faults.actor_waiting()))
+        .await;
+    clock.advance_ms(1_000);
+    f.reported(&id, 1, json!({"step": 42, "metrics": {"loss": 0.25}})).await;
+    let (status, answer) = f.report(&id, 1, json!({"step": 41})).await;
+    assert_eq!(status, StatusCode::CONFLICT, "refused on the connection too: {answer}");
+    let run = f.get(&id).await;
+    assert_eq!(run["rank_progress"][1]["step"], 42, "{run}");
+    assert_eq!(run["rank_progress"][0], Value::Null, "{run}");
+    assert!(!late.is_finished(), "the registration still waits for the actor");
+    faults.release_actor();
+    let (status, answer) = late.await.unwrap();
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    f.stop().await;
+}
