@@ -155,3 +155,67 @@ def run_script(path: Path, env: Dict[str, str], timeout: float = 120, args: Opti
         timeout=timeout,
         cwd=str(path.parent),
     )
+
+
+def health_of(head: Head, run_id: str, state: str, deadline: float) -> Dict[str, Any]:
+    """The run once its ``health`` is ``state``. Fails (never skips) when
+    the head serves no ``health`` at all: run health must be on the head's
+    side for the tests that call this."""
+
+    def reached() -> Optional[Dict[str, Any]]:
+        run = head.get(f"/api/train/runs/{run_id}")
+        health = run.get("health")
+        return run if isinstance(health, dict) and health.get("state") == state else None
+
+    try:
+        return wait_until(f"run {run_id} {state}", reached, deadline)
+    except AssertionError as err:
+        run = head.get(f"/api/train/runs/{run_id}")
+        if "health" not in run and "rank_progress" not in run:
+            raise AssertionError(
+                f"{err}: the head serves neither `health` nor `rank_progress` for the run; "
+                f"is run health on the head's side (the binary at {binary()})?"
+            ) from None
+        raise AssertionError(f"{err}; health is {run.get('health')}, rank_progress {run.get('rank_progress')}") from None
+
+
+class Events:
+    """Every event of the head's live stream about the run named ``name``:
+    ``(kind, run)`` pairs, in order."""
+
+    def __init__(self, head: Head, name: str) -> None:
+        self.name = name
+        self.seen: List[Any] = []
+        self.stream = urllib.request.urlopen(head.url + "/api/train/events", timeout=600, context=head.context)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        kind = ""
+        data: List[str] = []
+        try:
+            for raw in self.stream:
+                line = raw.decode("utf-8").rstrip("\n")
+                if line.startswith("event:"):
+                    kind = line[6:].strip()
+                elif line.startswith("data:"):
+                    data.append(line[5:].strip())
+                elif not line and data:
+                    self._take(kind, "\n".join(data))
+                    kind, data = "", []
+        except Exception:  # noqa: BLE001 - the stream was closed under the reader
+            pass
+
+    def _take(self, kind: str, text: str) -> None:
+        try:
+            event = json.loads(text)
+        except ValueError:
+            return
+        run = event.get("run") if isinstance(event, dict) else None
+        if isinstance(run, dict) and run.get("name") == self.name:
+            self.seen.append((event.get("kind") or kind, run))
+
+    def kinds(self) -> List[str]:
+        return [kind for kind, _ in self.seen]
+
+    def close(self) -> None:
+        self.stream.close()

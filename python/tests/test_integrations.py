@@ -6,6 +6,7 @@ Lightning calls it, with Lightning absent."""
 
 import importlib.util
 import os
+import textwrap
 
 import pytest
 
@@ -114,3 +115,80 @@ def test_callbacks_import_without_their_frameworks():
             importlib.import_module(framework)
         except Exception:  # absent, or broken as Lightning is with Debian's torch
             assert base is object
+
+
+PROGRESS_CALLBACKS = """
+    import os, time
+    from types import SimpleNamespace
+    from trainstate.integrations.{module} import TrainstateCallback
+
+    callback = TrainstateCallback(timeout=1.0)
+    {calls}
+    print("reported", callback.run.run_id, flush=True)
+    until = time.monotonic() + 60
+    while not os.path.exists("done") and time.monotonic() < until:
+        time.sleep(0.05)
+"""
+
+HF_CALLS = """
+    state = SimpleNamespace(global_step=0, max_steps=40)
+    callback.on_train_begin(None, state, None)
+    for step in range(1, 8):
+        state.global_step = step
+        callback.on_step_end(None, state, None)
+    callback.on_log(None, state, None, logs={"loss": 0.25, "learning_rate": 1e-4, "epoch": 0.5, "note": "text"})
+"""
+
+LIGHTNING_CALLS = """
+    class Tensor:
+        def __init__(self, value):
+            self.value = value
+        def numel(self):
+            return 1
+        def __float__(self):
+            return self.value
+    trainer = SimpleNamespace(global_step=0, max_steps=40, logged_metrics={"train_loss": Tensor(0.25), "lr": 1e-4})
+    callback.on_fit_start(trainer, None)
+    for step in range(1, 8):
+        trainer.global_step = step
+        callback.on_train_batch_end(trainer, None, None, None, step)
+"""
+
+
+@pytest.mark.parametrize(
+    "module, calls, metrics",
+    [
+        ("huggingface", HF_CALLS, {"loss": 0.25, "learning_rate": 1e-4, "epoch": 0.5}),
+        ("lightning", LIGHTNING_CALLS, {"train_loss": 0.25, "lr": 1e-4}),
+    ],
+)
+def test_callbacks_report_step_max_steps_and_logged_scalars(head, name, tmp_path, module, calls, metrics):
+    import subprocess
+    import sys
+
+    from conftest import health_of, wait_until
+
+    path = script(tmp_path, PROGRESS_CALLBACKS.format(module=module, calls=textwrap.indent(textwrap.dedent(calls), "    ")))
+    child = subprocess.Popen([sys.executable, str(path)], env=child_env(head.url, name), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(tmp_path))
+    try:
+        first = child.stdout.readline()
+        assert first.startswith("reported "), (first, child.stderr.read() if child.poll() is not None else "")
+        run_id = first.split()[1]
+
+        def at_step_7():
+            served = (head.get(f"/api/train/runs/{run_id}").get("rank_progress") or [None])[0]
+            return served if served and served.get("step") == 7 and served.get("metrics") else None
+
+        try:
+            progress = wait_until("the callback's progress", at_step_7, deadline=15)
+        except AssertionError:
+            health_of(head, run_id, "PROGRESSING", deadline=0)  # says whether the head serves progress at all
+            raise
+        assert progress["total_steps"] == 40
+        assert progress["metrics"] == metrics
+        (tmp_path / "done").touch()
+        assert child.wait(30) == 0, child.stderr.read()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()

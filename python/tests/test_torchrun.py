@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
-from conftest import Head, child_env, script, wait_until
+from conftest import Events, Head, child_env, health_of, script, wait_until
 
 if importlib.util.find_spec("torch") is None:
     if os.environ.get("CI"):
@@ -301,3 +301,107 @@ def test_a_job_killed_outright_is_aborted_after_its_lease(head, name, tmp_path):
     run = head.run_named(name, "ABORTED", deadline=30)
     assert run["cause"]["kind"] == "LOST_CONTROLLER", run
     assert "lease" in run["status_detail"], run["status_detail"]
+
+
+HEALTH_TRAIN = """
+    import os, time
+    import trainstate
+    trainstate.init(stall_after=10)
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps = 60
+    for step in range(1, steps + 1):
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+        optimizer.step()
+        if step == 10 and rank == 0:
+            # A checkpoint longer than the stall window, announced: rank 1
+            # waits for rank 0 in the next step's collective meanwhile.
+            trainstate.report(step=step, total_steps=steps, phase="checkpoint", expect_next_within=30)
+            time.sleep(15)
+        if step == 50 and rank == 1:
+            time.sleep(40)  # hangs inside step 50: rank 0 waits in step 51's collective
+        trainstate.report({"loss": loss.item()}, step=step, total_steps=steps, phase="train")
+        time.sleep(0.5)
+    dist.barrier()
+    dist.destroy_process_group()
+"""
+
+
+def test_a_hung_rank_stalls_the_run_and_an_announced_checkpoint_does_not(head, name, tmp_path):
+    """Two ranks report every step; rank 0 checkpoints for 15 s having
+    announced 30 s (no stall), then rank 1 hangs 40 s inside step 50: with a
+    10 s stall window the run is STALLED within the window and a sweep (the
+    `head` fixture sweeps every 0.5 s), naming rank 1, and PROGRESSING again
+    once rank 1 wakes. The hang starts after the announced 30 s are over
+    (the head keeps an announced wait to its end, advance or not), so only
+    the window decides when it is seen. Needs run health on the head's side."""
+    events = Events(head, name)
+    path = script(tmp_path, HEALTH_TRAIN)
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+        "--redirects", "2", "--tee", "2", "--monitor_interval", "0.2", str(path),
+    ]
+    errors = tmp_path / "torchrun.err"
+    with open(errors, "w") as stderr:
+        job = subprocess.Popen(command, env=child_env(head.url, name, OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+    try:
+        run_id = head.run_named(name, "RUNNING", deadline=120)["id"]
+
+        def steps() -> List[Optional[int]]:
+            served = head.get(f"/api/train/runs/{run_id}").get("rank_progress") or []
+            return [p.get("step") if p else None for p in served]
+
+        def health_state() -> Optional[str]:
+            return (head.get(f"/api/train/runs/{run_id}").get("health") or {}).get("state")
+
+        try:
+            wait_until("rank 0 in its checkpoint", lambda: steps()[:1] == [10] and health_state() is not None, deadline=60, every=0.2)
+        except AssertionError:
+            health_of(head, run_id, "PROGRESSING", deadline=0)  # says whether the head serves health at all
+            raise
+        # The checkpoint takes 15 s, longer than the window, but was announced.
+        wait_until("training after the checkpoint", lambda: min(s or 0 for s in steps()) > 10, deadline=30, every=0.2)
+        run = head.get(f"/api/train/runs/{run_id}")
+        assert "STALLED" not in [h["state"] for h in run.get("health_history", [])], run.get("health_history")
+
+        # Rank 1 hangs inside step 50.
+        wait_until("rank 0 at step 50", lambda: steps()[:1] == [50], deadline=60, every=0.1)
+        stalled = health_of(head, run_id, "STALLED", deadline=10 + 0.5 + 5)
+        now_ms = int(time.time() * 1000)
+        last_advance_ms = max(p["last_advance_ms"] for p in stalled["rank_progress"])
+        print(f"STALLED seen {(now_ms - last_advance_ms) / 1000:.2f} s after the last advance (window 10 s, sweep 0.5 s)")
+        assert now_ms - last_advance_ms < 10_000 + 500 + 2_000
+        health = stalled["health"]
+        # Rank 1 is the one behind: its last step is 49, rank 0's 50. Which
+        # rank the head names first is the one whose last advance reached it
+        # first: with reports coalesced to about one a second, a step apart
+        # at 0.5 s a step is within that, so either may be named.
+        served = stalled["rank_progress"]
+        assert served[1]["step"] < served[0]["step"], served
+        assert health["ranks"] and set(health["ranks"]) <= {0, 1}, health
+        assert "rank 1" in health["detail"] and "step 49" in health["detail"], health
+        print(f"STALLED names ranks {health['ranks']}: {health['detail']}")
+        wait_until(
+            "a health_changed event to STALLED",
+            lambda: any(kind == "health_changed" and (run.get("health") or {}).get("state") == "STALLED" for kind, run in events.seen),
+            deadline=10,
+        )
+
+        progressing = health_of(head, run_id, "PROGRESSING", deadline=40 + 15)
+        assert [h["state"] for h in progressing["health_history"]][-2:] == ["STALLED", "PROGRESSING"]
+        assert job.wait(120) == 0, errors.read_text()[-3000:]
+        head.run_named(name, "FINISHED")
+    finally:
+        events.close()
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()

@@ -5,6 +5,9 @@ torchrun, Slurm's ``srun`` or another launcher starts, or a plain script)::
 
     import trainstate
     trainstate.init()   # reads TRAINSTATE_URL and TRAINSTATE_TOKEN
+    for step in range(steps):
+        ...
+        trainstate.report({"loss": loss}, step=step, total_steps=steps)
 
 Each rank starts a small watcher process that joins its launch's group at
 the head (which registers the run once every rank has joined), heartbeats,
@@ -13,7 +16,9 @@ and reports the rank's end: FINISHED when every rank exits cleanly, ERRORED
 a rank that dies without reporting, what its death shows (killed by
 SIGKILL, exited with status 3; ABORTED when SIGTERM, SIGINT or SIGHUP ended
 it). A job killed outright, watchers included, is ABORTED for a lost
-controller after its lease.
+controller after its lease. With :func:`report`, each rank's heartbeat
+carries its progress (step, phase, latest scalars), and the head tells a
+run that stopped advancing (STALLED) from one that goes on.
 
 Nothing here breaks training: the rank itself makes no request, installs
 no signal handler and never blocks on trainstate; a head that is down is
@@ -34,7 +39,7 @@ from ._run import TERMINAL, Run, current
 from ._run import _set_current as _set_current
 from .types import TrainWorkerInfo
 
-__all__ = ["Run", "TERMINAL", "current", "fail", "finish", "init", "__version__"]
+__all__ = ["Run", "TERMINAL", "current", "fail", "finish", "init", "report", "__version__"]
 
 __version__ = "0.1.0"
 
@@ -53,6 +58,7 @@ def init(
     job_id: Optional[str] = None,
     timeout: float = DEFAULT_TIMEOUT,
     join_timeout: Optional[float] = None,
+    stall_after: Optional[float] = None,
     env: Optional[Mapping[str, str]] = None,
 ) -> Run:
     """Reports this process's rank of the run to the head; returns its :class:`Run`.
@@ -72,6 +78,10 @@ def init(
     - ``timeout``: the deadline of each request, in seconds.
     - ``join_timeout``: how long the head waits for the other ranks to join,
       in seconds (the head's default, 5 minutes, when not given).
+    - ``stall_after``: how long the run may go without any rank's step
+      advancing before the head calls it STALLED, in seconds (1 s to 7
+      days; the head's ``--stall-after`` when not given). The first rank
+      that joins with one sets it for the run.
     - ``env``: the environment to read instead of ``os.environ``.
 
     Calling it again in the same process returns the same run. In a child
@@ -82,7 +92,7 @@ def init(
     if existing is not None and existing._pid == os.getpid():
         return existing
     try:
-        run = _make(url, token, name, key, job_id, timeout, join_timeout, os.environ if env is None else env)
+        run = _make(url, token, name, key, job_id, timeout, join_timeout, stall_after, os.environ if env is None else env)
     except Exception as err:  # noqa: BLE001 - training must go on
         logger.warning("trainstate: cannot report this rank (%s); training goes on", err)
         run = Run(url=None, token=None, launch=None, worker=None, name="", timeout=timeout, join_timeout=None, reason=str(err))
@@ -99,6 +109,7 @@ def _make(
     job_id: Optional[str],
     timeout: float,
     join_timeout: Optional[float],
+    stall_after: Optional[float],
     env: Mapping[str, str],
 ) -> Run:
     def disabled(reason: str) -> Run:
@@ -148,6 +159,7 @@ def _make(
         timeout=timeout,
         join_timeout=join_timeout,
         process_start_ms=_proc.start_ms(pid) or _proc.now_ms(),
+        stall_after=stall_after,
     )
 
 
@@ -169,3 +181,18 @@ def fail(error: Optional[BaseException] = None, detail: Optional[str] = None) ->
     run = current()
     if run is not None:
         run.fail(error, detail)
+
+
+def report(
+    metrics: Optional[Mapping[str, float]] = None,
+    *,
+    step: Optional[int] = None,
+    total_steps: Optional[int] = None,
+    phase: Optional[str] = None,
+    expect_next_within: Optional[float] = None,
+) -> None:
+    """Reports this rank's progress (see :meth:`Run.report`); does nothing
+    before :func:`init`. A few microseconds, never blocks, never raises."""
+    run = current()
+    if run is not None:
+        run.report(metrics, step=step, total_steps=total_steps, phase=phase, expect_next_within=expect_next_within)

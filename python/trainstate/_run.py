@@ -23,9 +23,10 @@ import time
 import traceback
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Callable, Dict, Optional, Tuple, Type
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Type
 
 from . import _launch, _proc
+from ._progress import Progress, stall_after_ms
 from ._contract import MAX_TRACE_LEN, TERMINAL_RUN_STATUSES
 from .types import CauseKind, FailureMode, RunStatus, TrainWorkerInfo
 
@@ -74,6 +75,7 @@ class Run:
         join_timeout: Optional[float],
         reason: Optional[str] = None,
         process_start_ms: Optional[int] = None,
+        stall_after: Optional[float] = None,
     ) -> None:
         self._url = url
         self._token = token
@@ -84,6 +86,7 @@ class Run:
         self._timeout = timeout
         self._join_timeout = join_timeout
         self._process_start_ms = process_start_ms
+        self._stall_after_ms = stall_after_ms(stall_after)
         self._pid = os.getpid()
         self._enabled = reason is None and url is not None and launch is not None
         self._disabled_reason = reason
@@ -102,6 +105,7 @@ class Run:
         self._exit_status: Optional[Any] = None
         self._socket: Optional[socket.socket] = None
         self._watcher: Optional["subprocess.Popen[bytes]"] = None
+        self._progress = Progress(self._send)
 
     # What the rank is.
 
@@ -168,6 +172,36 @@ class Run:
             f"<trainstate.Run {self._run_id or '(joining)'} rank {self.rank}/{self.world_size}"
             f" attempt {self._attempt_id} {self._run_status or 'PENDING'}>"
         )
+
+    # Progress.
+
+    def report(
+        self,
+        metrics: Optional[Mapping[str, float]] = None,
+        *,
+        step: Optional[int] = None,
+        total_steps: Optional[int] = None,
+        phase: Optional[str] = None,
+        expect_next_within: Optional[float] = None,
+    ) -> None:
+        """Reports this rank's progress: its ``step`` (the global step, as
+        the training loop counts it), ``total_steps`` when known, its
+        ``phase`` (``"train"``, ``"eval"``, ``"checkpoint"``...), the latest
+        value of some scalar ``metrics``, and, before something long (a
+        checkpoint, an evaluation), that its next step may take up to
+        ``expect_next_within`` seconds: the head does not call the run
+        stalled meanwhile.
+
+        Costs a few microseconds and never blocks: the latest state is kept
+        and handed to the watcher about once a second, which sends it with
+        the rank's heartbeat. Invalid input is dropped with one warning line
+        per kind. Never raises."""
+        if not self._enabled or os.getpid() != self._pid:
+            return
+        try:
+            self._progress.report(metrics, step, total_steps, phase, expect_next_within)
+        except Exception as err:  # noqa: BLE001 - training must go on
+            logger.debug("trainstate: %r", err, exc_info=True)
 
     # Explicit ends.
 
@@ -280,6 +314,7 @@ class Run:
             "job_id": self._launch.job_id,
             "join_timeout_ms": None if self._join_timeout is None else max(1, int(self._join_timeout * 1000)),
             "process_start_ms": self._process_start_ms,
+            "stall_after_ms": self._stall_after_ms,
             "pid": self._pid,
             "start_ticks": _proc.start_ticks(self._pid),
             "warn": logger.isEnabledFor(logging.WARNING),
@@ -336,15 +371,20 @@ class Run:
             self._given_up = bool(state.get("given_up"))
             self._changed.notify_all()
 
-    def _send(self, message: Dict[str, Any]) -> bool:
+    def _send(self, message: Dict[str, Any], wait: bool = True) -> bool:
         """Writes one line to the watcher without blocking: a full pipe, or
-        a watcher that is gone, drops it. True when it was written."""
+        a watcher that is gone, drops it. True when it was written. With
+        ``wait`` False it does not wait for another thread's write, nor to
+        finish a line the pipe took only part of (progress: the next
+        hand-over carries the latest anyway)."""
         sock = self._socket
         if sock is None or os.getpid() != self._pid:
             return False
         data = json.dumps(message, separators=(",", ":")).encode("utf-8") + b"\n"
         flags = socket.MSG_DONTWAIT | getattr(socket, "MSG_NOSIGNAL", 0)
-        with self._write_lock:
+        if not self._write_lock.acquire(blocking=wait):
+            return False
+        try:
             if self._line_broken:
                 data = b"\n" + data  # ends the line a dropped message left unfinished
             written = 0
@@ -355,6 +395,9 @@ class Run:
                 except (BlockingIOError, InterruptedError):
                     if written == 0:
                         return False
+                    if not wait:
+                        self._line_broken = True
+                        return False
                     until = until or time.monotonic() + _WRITE_BOUND
                     if time.monotonic() > until:
                         self._line_broken = True
@@ -364,6 +407,8 @@ class Run:
                     return False
             self._line_broken = False
             return True
+        finally:
+            self._write_lock.release()
 
     def _owned(self) -> bool:
         """False in a forked child: only the process that called init reports."""
@@ -386,6 +431,7 @@ class Run:
             if self._ended:
                 return
             self._ended = True
+        self._progress.flush()
         end: Dict[str, Any] = {"status": status, "detail": detail[-MAX_TRACE_LEN:], "ended_at_ms": at_ms}
         if cause is not None:
             end["cause"] = cause
@@ -411,6 +457,7 @@ class Run:
         with self._lock:
             if self._ended:
                 return
+        self._progress.flush()
         status, message = _exit_status(self._exit_status)
         self._send({"exit": {"at_ms": _proc.now_ms(), "status": status, "message": message}})
 

@@ -10,7 +10,13 @@ answers back, one JSON line per change. A socket rather than a plain pipe
 because a write to it can refuse ``SIGPIPE`` (``MSG_NOSIGNAL``): a rank
 whose watcher is gone must not die of writing to it. The watcher
 joins the group (retrying with backoff), heartbeats every quarter lease,
-and reports the rank's end.
+and reports the rank's end. The rank's progress (:mod:`trainstate._progress`)
+rides on its heartbeats: the head keeps each rank's latest report as it
+is, so every heartbeat carries the whole latest state (step, total, phase,
+the 32 most recently changed metrics, and what is left of an announced
+wait). While there is new progress the watcher heartbeats every second;
+progress the head refuses (a step that went back, a bad value) is logged
+once and dropped, and heartbeats go on without it.
 
 Why a process and not a thread of the rank: a rank blocked in C++ while
 holding the GIL (``init_process_group`` waiting for a peer) starves every
@@ -41,7 +47,8 @@ from typing import Any, Dict, Optional, cast
 
 from . import _http, _proc
 from ._contract import END_RANK, HEARTBEAT_RANK, JOIN_RENDEZVOUS, MAX_TRACE_LEN, TERMINAL_RUN_STATUSES, Route
-from .types import JoinRequest, RankEndRequest, RankHeartbeatRequest, RendezvousResponse, RunStatus
+from ._progress import MAX_METRIC_NAMES_PER_REPORT
+from .types import JoinRequest, RankEndRequest, RankHeartbeatRequest, RankProgress, RendezvousResponse, RunStatus
 
 _MAX_BACKOFF = 30.0
 _POLL = 0.2
@@ -51,6 +58,8 @@ _REPARENT_WAIT = 0.5
 """How long end of file waits for the rank's exit to re-parent the watcher."""
 _FINAL_TRIES = 3
 """How many requests' deadlines the end of a dead rank may take."""
+_PROGRESS_INTERVAL = 1.0
+"""How often, at most, a heartbeat carries new progress, in seconds."""
 
 
 class Watcher:
@@ -89,6 +98,15 @@ class Watcher:
         self.gone = False
         self.pipe_lost = False
         self.last_sent: Optional[str] = None
+        # The rank's latest progress: step, total and phase; its metrics,
+        # the most recently changed last; when an announced wait ends
+        # (monotonic); and whether any of it is new since the last heartbeat.
+        self.progress: RankProgress = {}
+        self.progress_metrics: Dict[str, float] = {}
+        self.progress_wait_until: Optional[float] = None
+        self.progress_new = False
+        self.progress_warned = False
+        self.last_beat = 0.0
 
     # What the rank says.
 
@@ -125,7 +143,27 @@ class Watcher:
                 self.exit_note = message["exit"]
             elif message.get("close"):
                 self.closed = True
+            elif isinstance(message.get("progress"), dict):
+                self.take_progress(message["progress"])
             self.changed.notify_all()
+
+    def take_progress(self, progress: Dict[str, Any]) -> None:
+        """Keeps the latest progress the rank handed over (under the lock)."""
+        step, previous = progress.get("step"), self.progress.get("step")
+        if isinstance(step, int) and (previous is None or step > previous):
+            self.progress_wait_until = None  # it advanced: an announced wait is over
+        for field in ("step", "total_steps", "phase"):
+            if progress.get(field) is not None:
+                self.progress[field] = progress[field]
+        metrics = progress.get("metrics")
+        if isinstance(metrics, dict):
+            for name, value in metrics.items():
+                self.progress_metrics.pop(name, None)
+                self.progress_metrics[name] = value
+        wait_ms = progress.get("expect_next_within_ms")
+        if isinstance(wait_ms, int):
+            self.progress_wait_until = time.monotonic() + wait_ms / 1000.0
+        self.progress_new = True
 
     def rank_gone(self, seen_ms: int, wait_for_reparent: bool) -> None:
         """The rank's end of the pipe closed (or its parent changed): once the kernel
@@ -305,6 +343,8 @@ class Watcher:
             body["join_timeout_ms"] = config["join_timeout_ms"]
         if config.get("process_start_ms") is not None:
             body["process_start_ms"] = config["process_start_ms"]
+        if config.get("stall_after_ms") is not None:
+            body["stall_after_ms"] = config["stall_after_ms"]
         if self.run_id is not None:
             body["run_id"] = self.run_id
         try:
@@ -321,12 +361,76 @@ class Watcher:
             self.tried = True
         self.accept(answer)
 
+    def take_progress_to_send(self) -> Optional[RankProgress]:
+        """The progress the next heartbeat carries, whole: the latest step,
+        total and phase, the 32 most recently changed metrics, and what is
+        left of an announced wait (the same end, however often it is sent).
+        ``None`` before the rank reported any."""
+        with self.lock:
+            progress: RankProgress = dict(self.progress)  # type: ignore[assignment]
+            if self.progress_metrics:
+                names = list(self.progress_metrics)[-MAX_METRIC_NAMES_PER_REPORT:]
+                progress["metrics"] = {name: self.progress_metrics[name] for name in names}
+            if self.progress_wait_until is not None:
+                left = self.progress_wait_until - time.monotonic()
+                if left > 0:
+                    progress["expect_next_within_ms"] = int(left * 1000)
+                else:
+                    self.progress_wait_until = None
+            self.progress_new = False
+        return progress or None
+
+    def keep_unsent(self) -> None:
+        """A heartbeat carried progress but got no answer: the next one
+        carries it again, as soon as it may."""
+        with self.lock:
+            self.progress_new = True
+
+    def drop_progress(self, err: _http.HeadError) -> None:
+        """The head refused the progress itself: forget it, and say so once."""
+        with self.lock:
+            self.progress = {}
+            self.progress_metrics = {}
+            self.progress_wait_until = None
+            warn = not self.progress_warned and self.warn_enabled
+            self.progress_warned = True
+        if warn:
+            try:
+                os.write(2, f"trainstate: the head refused rank {self.rank}'s progress ({err}); it is dropped, training goes on\n".encode("utf-8", "replace"))
+            except OSError:
+                pass
+
+    def progress_due(self) -> Optional[float]:
+        """When new progress makes a heartbeat due (monotonic), if it does."""
+        with self.lock:
+            new = self.progress_new
+        return self.last_beat + _PROGRESS_INTERVAL if new else None
+
     def heartbeat(self) -> None:
         path = _http.url_path(HEARTBEAT_RANK, id=str(self.run_id), rank=self.rank)
         body: RankHeartbeatRequest = {"attempt_id": self.attempt_id}
+        progress = self.take_progress_to_send()
+        if progress is not None:
+            body["progress"] = progress
+        self.last_beat = time.monotonic()
         try:
-            answer = self.call(HEARTBEAT_RANK, path, body)
+            try:
+                answer = self.call(HEARTBEAT_RANK, path, body)
+            except _http.HeadError as err:
+                if progress is None or err.status not in (409, 422):
+                    raise
+                # A step that went back, or progress the head finds invalid:
+                # if the same heartbeat without it is taken, the progress was
+                # what it refused.
+                answer = self.call(HEARTBEAT_RANK, path, {"attempt_id": self.attempt_id})
+                self.drop_progress(err)
+        except _http.Unreachable:
+            if progress is not None:
+                self.keep_unsent()
+            raise
         except _http.HeadError as err:
+            if progress is not None:
+                self.keep_unsent()
             with self.lock:
                 if err.status == 404:
                     # The head forgot the group (a restart): join again, keeping the run id.
@@ -399,7 +503,7 @@ class Watcher:
                     if not self.joined:
                         self.join()
                         next_beat = time.monotonic() + self.interval()
-                    elif not self.heartbeats_stopped and now >= next_beat:
+                    elif not self.heartbeats_stopped and (now >= next_beat or now >= (self.progress_due() or next_beat)):
                         self.heartbeat()
                         next_beat = time.monotonic() + self.interval()
                     backoff = 0.5
@@ -412,7 +516,7 @@ class Watcher:
             if time.monotonic() < retry_at:
                 due = retry_at
             elif self.joined and not self.heartbeats_stopped:
-                due = next_beat
+                due = min(next_beat, self.progress_due() or next_beat)
             else:
                 due = time.monotonic() + _POLL
             wake = min(max(due - time.monotonic(), 0.01), _POLL)

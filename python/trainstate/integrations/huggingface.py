@@ -8,7 +8,7 @@
 Importable without ``transformers``: the class then derives from ``object``.
 """
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 import trainstate
 
@@ -23,7 +23,9 @@ else:
 
 
 class TrainstateCallback(_Base):
-    """Joins the run when training begins.
+    """Joins the run when training begins, and reports each rank's
+    progress: the global step and ``max_steps`` after every step, and the
+    scalars the Trainer logs (``loss``, ``learning_rate``, ``eval_loss``...).
 
     The Trainer calls its callbacks on every process, so every rank
     reports. The end of training is not the rank's end: the rank's end is
@@ -38,3 +40,15 @@ class TrainstateCallback(_Base):
 
     def on_train_begin(self, args: Any = None, state: Any = None, control: Any = None, **kwargs: Any) -> None:
         self.run = trainstate.init(**self._init_kwargs)
+
+    def on_step_end(self, args: Any = None, state: Any = None, control: Any = None, **kwargs: Any) -> None:
+        run = self.run
+        if run is not None and state is not None:
+            max_steps = getattr(state, "max_steps", 0)
+            run.report(step=getattr(state, "global_step", None), total_steps=max_steps if max_steps and max_steps > 0 else None)
+
+    def on_log(self, args: Any = None, state: Any = None, control: Any = None, logs: Optional[Dict[str, Any]] = None, **kwargs: Any) -> None:
+        run = self.run
+        if run is not None and logs:
+            scalars = {name: value for name, value in logs.items() if isinstance(value, (int, float)) and not isinstance(value, bool)}
+            run.report(scalars, step=getattr(state, "global_step", None))

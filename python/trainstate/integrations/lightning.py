@@ -9,7 +9,8 @@ Importable without Lightning (``lightning`` or ``pytorch_lightning``): the
 class then derives from ``object``.
 """
 
-from typing import TYPE_CHECKING, Any, Optional
+import time
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 import trainstate
 
@@ -27,8 +28,10 @@ else:
 
 
 class TrainstateCallback(_Base):
-    """Joins the run when fitting starts, and reports an exception (or an
-    interrupt) that Lightning catches.
+    """Joins the run when fitting starts, reports each rank's progress (the
+    global step and ``max_steps`` after every batch, and the scalars logged
+    with ``self.log``, read about once a second), and reports an exception
+    (or an interrupt) that Lightning catches.
 
     The end of fitting is not the rank's end: a clean end is reported when
     the process ends, with its real outcome. Keyword arguments go to
@@ -39,12 +42,47 @@ class TrainstateCallback(_Base):
         super().__init__()
         self._init_kwargs = init_kwargs
         self.run: Optional[trainstate.Run] = None
+        self._metrics_read_at = 0.0
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self.run = trainstate.init(**self._init_kwargs)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any = None, batch: Any = None, batch_idx: int = 0) -> None:
+        run = self.run
+        if run is None:
+            return
+        max_steps = getattr(trainer, "max_steps", -1)
+        metrics: Optional[Dict[str, float]] = None
+        now = time.monotonic()
+        # Reading a logged tensor's value may wait for the device: not every batch.
+        if now - self._metrics_read_at >= 1.0:
+            self._metrics_read_at = now
+            metrics = _scalars(getattr(trainer, "logged_metrics", None))
+        run.report(metrics, step=getattr(trainer, "global_step", None), total_steps=max_steps if max_steps and max_steps > 0 else None)
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.run is not None:
+            self.run.report(_scalars(getattr(trainer, "logged_metrics", None)))
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         # Lightning catches KeyboardInterrupt (and may go on to exit
         # cleanly), so the interrupt is reported here.
         if self.run is not None:
             self.run.fail(exception)
+
+
+def _scalars(logged: Any) -> Dict[str, float]:
+    """The logged values that are one number (plain, or a one-element tensor)."""
+    scalars: Dict[str, float] = {}
+    if not isinstance(logged, dict):
+        return scalars
+    for name, value in logged.items():
+        if isinstance(value, bool):
+            continue
+        try:
+            if not isinstance(value, (int, float)) and value.numel() != 1:
+                continue
+            scalars[str(name)] = float(value)
+        except Exception:  # noqa: BLE001 - not a number: not a scalar to report
+            continue
+    return scalars

@@ -1,0 +1,255 @@
+"""A rank's progress: what :func:`trainstate.report` keeps, checks and hands
+to the watcher.
+
+A report only updates the rank's latest state (its step, total steps,
+phase and the scalars that changed since the last hand-over), which costs a
+few microseconds; about once a second that coalesced state is handed to the
+watcher as one JSON line ``{"progress": {...}}``, written without blocking.
+When the socket would block, the line is not written and the state stays
+coalesced for the next hand-over: only the latest values matter. A daemon
+thread hands over what a rank reported just before it went quiet.
+
+Invalid input (a value that is not a finite number, a bad name, too many
+names, a step that goes back) is dropped, with at most one warning line per
+kind; nothing here raises into the caller.
+
+The limits are the head's (``trainstate-schema``'s ``limits.rs``).
+"""
+
+import logging
+import math
+import operator
+import re
+import threading
+import time
+from typing import Any, Callable, Dict, Mapping, Optional, Set
+
+from .types import RankProgress
+
+logger = logging.getLogger("trainstate")
+
+MAX_METRIC_NAMES_PER_REPORT = 32
+"""The most metric names one heartbeat's progress may carry."""
+MAX_METRIC_NAMES_PER_RUN = 64
+"""The most distinct metric names a run may have."""
+MAX_METRIC_NAME_LEN = 128
+"""The longest metric name, in characters."""
+MAX_PHASE_LEN = 64
+"""The longest phase, in characters."""
+MAX_EXPECT_NEXT_WITHIN_MS = 604_800_000
+"""The longest announced wait for the next advance: 7 days."""
+MIN_STALL_AFTER_MS = 1_000
+"""The shortest stall window a run may ask for."""
+MAX_STALL_AFTER_MS = 604_800_000
+"""The longest stall window a run may ask for: 7 days."""
+MAX_STEP = 2**64 - 1
+"""Steps are unsigned 64-bit integers on the wire."""
+
+HAND_OVER_INTERVAL = 1.0
+"""How often, at most, the coalesced state goes to the watcher, in seconds."""
+
+_METRIC_NAME = re.compile(r"[A-Za-z0-9_.:/-]{1,%d}" % MAX_METRIC_NAME_LEN)
+
+
+def valid_phase(phase: str) -> bool:
+    """1 to 64 characters of printable ASCII."""
+    return 1 <= len(phase) <= MAX_PHASE_LEN and all(" " <= c <= "~" for c in phase)
+
+
+def valid_metric_name(name: str) -> bool:
+    """1 to 128 characters of ``[A-Za-z0-9_.:/-]``."""
+    return _METRIC_NAME.fullmatch(name) is not None
+
+
+def stall_after_ms(seconds: Optional[float]) -> Optional[int]:
+    """The join's ``stall_after_ms`` for ``init(stall_after=seconds)``, or
+    ``None`` (with one warning) when it is out of range."""
+    if seconds is None:
+        return None
+    try:
+        value = float(seconds)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value) or not MIN_STALL_AFTER_MS <= value * 1000 <= MAX_STALL_AFTER_MS:
+        logger.warning("trainstate: stall_after=%r is not between 1 s and 7 days; the head's stall window applies", seconds)
+        return None
+    return int(round(value * 1000))
+
+
+class Progress:
+    """The rank's latest progress, and its hand-over to the watcher.
+
+    ``send`` writes one message to the watcher without blocking and answers
+    whether it was written; ``wait=False`` asks it not to wait for a line
+    half written either.
+    """
+
+    def __init__(self, send: Callable[[Dict[str, Any], bool], bool], interval: float = HAND_OVER_INTERVAL) -> None:
+        self._send = send
+        self._interval = interval
+        self._lock = threading.Lock()
+        self._step: Optional[int] = None
+        self._total_steps: Optional[int] = None
+        self._phase: Optional[str] = None
+        self._expect_ms: Optional[int] = None
+        self._metrics: Dict[str, float] = {}
+        self._names: Set[str] = set()
+        self._dirty = False
+        self._due = 0.0
+        self._warned: Set[str] = set()
+        self._flusher: Optional[threading.Thread] = None
+        self.handed_over = 0
+        """How many hand-overs were written (for tests and curiosity)."""
+
+    def report(
+        self,
+        metrics: Optional[Mapping[str, Any]],
+        step: Optional[Any],
+        total_steps: Optional[Any],
+        phase: Optional[str],
+        expect_next_within: Optional[float],
+    ) -> None:
+        """Takes one report; hands the state over when it is due."""
+        with self._lock:
+            if step is not None:
+                self._take_step(step)
+            if total_steps is not None:
+                total = self._count("total_steps", total_steps)
+                if total is not None:
+                    self._total_steps = total
+            if phase is not None and phase != self._phase:
+                if isinstance(phase, str) and valid_phase(phase):
+                    self._phase = phase
+                else:
+                    self._warn("phase", f"phase {phase!r} is not 1 to {MAX_PHASE_LEN} printable ASCII characters")
+            if metrics:
+                self._take_metrics(metrics)
+            urgent = False
+            if expect_next_within is not None:
+                urgent = self._take_expect(expect_next_within)
+            self._dirty = True
+            due = urgent or time.monotonic() >= self._due
+        if due:
+            self.flush()
+        if self._flusher is None:
+            self._start_flusher()
+
+    def _take_step(self, step: Any) -> None:
+        value = self._count("step", step)
+        if value is None:
+            return
+        if self._step is not None and value < self._step:
+            self._warn("step_back", f"step {value} is lower than the step {self._step} reported before (steps never go back)")
+            return
+        self._step = value
+
+    def _count(self, kind: str, value: Any) -> Optional[int]:
+        if type(value) is not int:
+            try:
+                value = None if isinstance(value, bool) else operator.index(value)
+            except TypeError:
+                value = None
+        if value is None or not 0 <= value <= MAX_STEP:
+            self._warn(kind, f"{kind} must be a whole number from 0 to 2**64-1")
+            return None
+        return int(value)
+
+    def _take_metrics(self, metrics: Mapping[str, Any]) -> None:
+        names = self._names
+        taken = 0
+        for name, value in metrics.items():
+            if taken >= MAX_METRIC_NAMES_PER_REPORT:
+                self._warn("metric_names_per_report", f"more than {MAX_METRIC_NAMES_PER_REPORT} metrics in one report; {name!r} and later ones are dropped")
+                break
+            new = name not in names
+            if new:
+                if not isinstance(name, str) or not valid_metric_name(name):
+                    self._warn("metric_name", f"metric name {name!r} is not 1 to {MAX_METRIC_NAME_LEN} characters of [A-Za-z0-9_.:/-]")
+                    continue
+                if len(names) >= MAX_METRIC_NAMES_PER_RUN:
+                    self._warn("metric_names_per_run", f"metric {name!r} would make more than {MAX_METRIC_NAMES_PER_RUN} names in the run")
+                    continue
+            if type(value) is not float:
+                try:
+                    value = float(value)
+                except (TypeError, ValueError, OverflowError):
+                    value = math.nan
+            if value - value != 0.0:  # NaN or an infinity
+                self._warn("metric_value", f"metric {name!r} is not a finite number ({value!r})")
+                continue
+            if new:
+                names.add(name)
+            self._metrics[name] = value
+            taken += 1
+
+    def _take_expect(self, seconds: Any) -> bool:
+        try:
+            value = float(seconds)
+        except (TypeError, ValueError, OverflowError):
+            value = math.nan
+        if not math.isfinite(value) or not 0 <= value * 1000 <= MAX_EXPECT_NEXT_WITHIN_MS:
+            self._warn("expect_next_within", f"expect_next_within={seconds!r} is not between 0 s and 7 days")
+            return False
+        self._expect_ms = int(round(value * 1000))
+        return True
+
+    def _warn(self, kind: str, message: str) -> None:
+        if kind in self._warned:
+            return
+        self._warned.add(kind)
+        logger.warning("trainstate: %s; dropped (training goes on)", message)
+
+    def flush(self) -> bool:
+        """Hands the coalesced state to the watcher now, without blocking;
+        True when it went (or there was nothing new)."""
+        with self._lock:
+            if not self._dirty:
+                return True
+            progress: RankProgress = {}
+            if self._step is not None:
+                progress["step"] = self._step
+            if self._total_steps is not None:
+                progress["total_steps"] = self._total_steps
+            if self._phase is not None:
+                progress["phase"] = self._phase
+            if self._expect_ms is not None:
+                progress["expect_next_within_ms"] = self._expect_ms
+            metrics, self._metrics = self._metrics, {}
+            if metrics:
+                progress["metrics"] = metrics
+            expect, self._expect_ms = self._expect_ms, None
+            self._dirty = False
+            self._due = time.monotonic() + self._interval
+        if self._send({"progress": progress}, False):
+            self.handed_over += 1
+            return True
+        # The socket would block: keep the latest for the next hand-over.
+        with self._lock:
+            for name, value in metrics.items():
+                self._metrics.setdefault(name, value)
+            if self._expect_ms is None:
+                self._expect_ms = expect
+            self._dirty = True
+        return False
+
+    def _start_flusher(self) -> None:
+        with self._lock:
+            if self._flusher is not None:
+                return
+            self._flusher = threading.Thread(target=self._flush_when_due, name="trainstate-progress", daemon=True)
+        self._flusher.start()
+
+    def _flush_when_due(self) -> None:
+        """Hands over what a report left pending once it is due, so a rank
+        that went quiet right after reporting is still heard."""
+        while True:
+            with self._lock:
+                wait = self._due - time.monotonic() if self._dirty else self._interval
+            time.sleep(min(max(wait, 0.05), self._interval))
+            with self._lock:
+                due = self._dirty and time.monotonic() >= self._due
+            if due:
+                try:
+                    self.flush()
+                except Exception:  # noqa: BLE001 - training must go on
+                    pass
