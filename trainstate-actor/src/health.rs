@@ -73,10 +73,20 @@ fn stalled_health(
     newest: u64,
     now_ms: u64,
 ) -> RunHealth {
+    // In lock-step training a hung rank never finishes its step while its
+    // peers finish theirs and wait for it in the next collective: when the
+    // steps differ, the ranks at the lowest step are the ones that stopped.
+    // When they agree, the ranks whose last advance is the oldest.
+    let steps = reported.iter().filter_map(|(_, p)| p.step);
+    let (lowest, highest) = (steps.clone().min(), steps.max());
     let oldest = reported.iter().map(|(_, p)| p.last_advance_ms).min().unwrap_or(newest);
+    let stopped = |p: &Progress| match (lowest, highest) {
+        (Some(lowest), Some(highest)) if lowest < highest => p.step == Some(lowest),
+        _ => p.last_advance_ms == oldest,
+    };
     let mut culprits: Vec<u32> = reported
         .iter()
-        .filter(|(_, p)| p.last_advance_ms == oldest)
+        .filter(|(_, p)| stopped(p))
         .map(|(rank, _)| *rank)
         .chain(lagging.iter().copied())
         .collect();
@@ -179,6 +189,17 @@ mod tests {
             health.detail.starts_with("No rank has advanced for 10 s; rank 1 last advanced at")
         );
         assert!(!health.detail.contains(&T.to_string()), "{}", health.detail);
+    }
+
+    #[test]
+    fn the_rank_at_the_lowest_step_is_named_though_its_last_report_came_later() {
+        // Rank 1 hung inside step 50: it reported step 49 last, after rank
+        // 0 reported step 50 and went on to wait for it.
+        let ranks = [at(50, T + 1_000, true), at(49, T + 1_400, true)];
+        let current = Some((HealthState::Progressing, T));
+        let health = decide(&ranks, current, 10_000, T + 11_400).expect("stalled");
+        assert_eq!(health.state, HealthState::Stalled);
+        assert_eq!(health.ranks, vec![1], "{}", health.detail);
     }
 
     #[test]
