@@ -40,6 +40,9 @@ UPSERT_RAY_ATTEMPT: Final = Route("PUT", "/api/train/v2/runs/{id}/attempts/{atte
 GET_RUN: Final = Route("GET", "/api/train/runs/{id}")
 """``getRun``: One run."""
 
+GET_RUN_METRICS: Final = Route("GET", "/api/train/runs/{id}/metrics")
+"""``getRunMetrics``: The history of each metric the ranks of a rendezvous run reported with their progress (current attempt, memory only), downsampled to at most 1,000 points a metric; optionally one name, one rank and a range of steps."""
+
 DELETE_RUN: Final = Route("DELETE", "/api/train/runs/{id}")
 """``deleteRun``: Delete an ended run (409 while it is live)."""
 

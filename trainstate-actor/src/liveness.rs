@@ -18,8 +18,10 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use trainstate_client::StateError;
-use trainstate_schema::api::{RankProgress, RankProgressServed};
-use trainstate_schema::limits::MAX_METRIC_NAMES_PER_RUN;
+use trainstate_schema::api::{
+    MetricPoint, MetricSeries, MetricsQuery, RankProgress, RankProgressServed,
+};
+use trainstate_schema::limits::{MAX_METRIC_NAMES_PER_RUN, MAX_METRIC_POINTS};
 use trainstate_schema::{Rule, RunId, RunStatus, ValidationError};
 
 use crate::record::RunRecord;
@@ -189,6 +191,40 @@ struct ProgressTable {
     /// By world rank; empty until a rank reports.
     ranks: Vec<Option<Progress>>,
     names: BTreeSet<String>,
+    /// Each metric's history, by name.
+    history: BTreeMap<String, Series>,
+}
+
+/// One metric's history: at most [`MAX_METRIC_POINTS`] points. When full,
+/// every other point is dropped and from then on only every other report
+/// is kept (twice the stride), so the series spans the whole attempt at a
+/// grain that halves each time it fills.
+#[derive(Default)]
+struct Series {
+    points: Vec<MetricPoint>,
+    /// Keep one report in `stride`.
+    stride: u64,
+    /// Reports seen.
+    seen: u64,
+}
+
+impl Series {
+    fn add(&mut self, point: MetricPoint) {
+        self.stride = self.stride.max(1);
+        self.seen += 1;
+        if (self.seen - 1) % self.stride != 0 {
+            return;
+        }
+        if self.points.len() >= MAX_METRIC_POINTS {
+            let mut i = 0;
+            self.points.retain(|_| {
+                i += 1;
+                i % 2 == 1
+            });
+            self.stride *= 2;
+        }
+        self.points.push(point);
+    }
 }
 
 impl RankBoard {
@@ -270,11 +306,39 @@ impl RankBoard {
         };
         let names: Vec<String> = new_names.into_iter().cloned().collect();
         table.names.extend(names);
+        if let Some(step) = report.step {
+            for (name, value) in &report.metrics {
+                let series = table.history.entry(name.clone()).or_default();
+                series.add(MetricPoint::new(rank, step, *value));
+            }
+        }
         if table.ranks.is_empty() {
             table.ranks = vec![None; self.heard.len()];
         }
         table.ranks[slot] = Some(progress);
         Ok(())
+    }
+
+    /// The history of each metric reported with a step, by name, as
+    /// `query` selects it (a name, a rank, a range of steps).
+    pub(crate) fn metrics(&self, query: &MetricsQuery) -> Vec<MetricSeries> {
+        let table = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        let keep = |p: &&MetricPoint| {
+            query.rank.is_none_or(|rank| p.rank == rank)
+                && query.from_step.is_none_or(|from| p.step >= from)
+                && query.to_step.is_none_or(|to| p.step <= to)
+        };
+        table
+            .history
+            .iter()
+            .filter(|(name, _)| query.name.as_deref().is_none_or(|n| n == name.as_str()))
+            .map(|(name, series)| {
+                MetricSeries::new(
+                    name.clone(),
+                    series.points.iter().filter(keep).copied().collect(),
+                )
+            })
+            .collect()
     }
 
     /// Each rank's progress, by world rank; `None` when no rank reported.

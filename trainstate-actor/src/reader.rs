@@ -19,7 +19,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use trainstate_client::api::RendezvousResponse;
+use trainstate_client::api::{MetricsQuery, MetricsResponse, RendezvousResponse};
 use trainstate_client::{RunDocument, RunPage, RunQuery, StateError};
 use trainstate_schema::RunId;
 use trainstate_schema::api::RankProgress;
@@ -84,6 +84,23 @@ impl Reader {
             }
             _ => document,
         })
+    }
+
+    /// The metric series of a committed run's current attempt, as the
+    /// ranks of its rendezvous group reported them here (memory only: none
+    /// for a run this head does not track, and none from before a restart).
+    pub(crate) fn metrics(
+        &self,
+        id: &RunId,
+        query: &MetricsQuery,
+    ) -> Result<MetricsResponse, StateError> {
+        let known = self.shared.view.read().unwrap_or_else(|e| e.into_inner()).get(id).is_some();
+        if !known {
+            return Err(StateError::NotFound { id: id.clone() });
+        }
+        let series =
+            self.liveness().ranks(id).map(|board| board.metrics(query)).unwrap_or_default();
+        Ok(MetricsResponse::new(id.clone(), series))
     }
 
     /// A page of committed runs.

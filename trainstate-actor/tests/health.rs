@@ -409,3 +409,76 @@ async fn progress_is_taken_while_the_actor_is_held() {
     assert_eq!(status, StatusCode::CREATED, "{answer}");
     f.stop().await;
 }
+
+/// `GET /api/train/runs/{id}/metrics`: each metric reported with a step,
+/// a point per report and rank, filtered by name, rank and steps; at most
+/// 1,000 points a metric, the history decimated as it grows so that it
+/// still spans the first step to the last; 404 for a run that does not
+/// exist, and no series for a run whose ranks reported none.
+#[tokio::test]
+async fn the_metrics_route_serves_each_metrics_history_bounded_and_filtered() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let fixture = Fixture::start(config("health-metrics", &clock), clock).await;
+    let id = fixture.join("metrics", 2, json!({})).await;
+    let metrics = |query: &str| {
+        let url = fixture.url(&format!("/api/train/runs/{id}/metrics{query}"));
+        let client = fixture.client.clone();
+        async move {
+            let (status, answer) = send(&client, Method::GET, &url, None, None).await;
+            assert_eq!(status, StatusCode::OK, "{answer}");
+            answer
+        }
+    };
+    assert_eq!(metrics("").await["series"], json!([]), "nothing reported yet");
+    for step in 1..=3u64 {
+        for rank in 0..2u32 {
+            let loss = 1.0 / step as f64 + f64::from(rank);
+            fixture
+                .reported(&id, rank, json!({"step": step, "metrics": {"loss": loss, "lr": 0.1}}))
+                .await;
+        }
+    }
+    // A report without a step adds no point.
+    fixture.reported(&id, 0, json!({"metrics": {"loss": 9.0}})).await;
+    let all = metrics("").await;
+    let names: Vec<&str> =
+        all["series"].as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["loss", "lr"]);
+    assert_eq!(all["series"][0]["points"].as_array().unwrap().len(), 6);
+    assert_eq!(all["series"][0]["points"][1], json!({"rank": 1, "step": 1, "value": 2.0}));
+    let one = metrics("?name=loss&rank=1&from_step=2&to_step=3").await;
+    assert_eq!(
+        one["series"],
+        json!([{"name": "loss", "points": [
+            {"rank": 1, "step": 2, "value": 1.5},
+            {"rank": 1, "step": 3, "value": 1.0 + 1.0 / 3.0}
+        ]}])
+    );
+
+    // 2,500 reports of one rank: bounded, decimated, still from the start.
+    for step in 4..=2_503u64 {
+        fixture.reported(&id, 0, json!({"step": step, "metrics": {"loss": 0.5}})).await;
+    }
+    let long = metrics("?name=loss&rank=0").await;
+    let points = long["series"][0]["points"].as_array().unwrap();
+    assert!(points.len() <= 1_000 && points.len() > 250, "{} points", points.len());
+    assert_eq!(points[0]["step"], 1, "the history keeps its start");
+    assert!(
+        points.last().unwrap()["step"].as_u64().unwrap() > 2_000,
+        "and reaches the recent steps"
+    );
+
+    let missing = fixture.url("/api/train/runs/01890000-0000-7000-8000-000000000000/metrics");
+    let (status, answer) = send(&fixture.client, Method::GET, &missing, None, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
+    let (status, answer) = send(
+        &fixture.client,
+        Method::GET,
+        &fixture.url(&format!("/api/train/runs/{id}/metrics?rank=x")),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+    fixture.stop().await;
+}

@@ -629,8 +629,8 @@ async fn regression_a_run_with_an_unparseable_time_shows_a_dash_and_the_list_ren
 /// Run health on the page: a live rendezvous run whose ranks reported
 /// progress and then stopped advancing shows the STALLED badge in the list,
 /// and on its page the health with the ranks it names (their rows
-/// highlighted), a progress bar at the reported step of the total, and each
-/// rank's step and phase.
+/// highlighted), a progress bar at the reported step of the total, each
+/// rank's step and phase, and a plot of the reported metric, a line per rank.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(not(has_browser), ignore = "needs chromium and chromedriver")]
 async fn the_page_shows_a_stalled_run_its_progress_and_the_ranks_named() {
@@ -656,10 +656,14 @@ async fn the_page_shows_a_stalled_run_its_progress_and_the_ranks_named() {
             .unwrap()
             .to_owned();
     }
-    for (rank, step, phase) in [(0, 40, "train"), (1, 37, "eval")] {
-        let progress = json!({"attempt_id": "0", "progress": {
-            "step": step, "total_steps": 100, "phase": phase, "metrics": {"loss": 0.5}}});
-        api.post(&format!("/api/train/runs/{id}/ranks/{rank}/heartbeat"), progress).await;
+    // Each rank reports a few steps with its loss, then stops advancing.
+    for (rank, steps, phase) in [(0, [10, 20, 30, 40], "train"), (1, [10, 20, 30, 37], "eval")] {
+        for (i, step) in steps.into_iter().enumerate() {
+            let loss = 1.0 - 0.2 * i as f64 + 0.05 * f64::from(rank);
+            let progress = json!({"attempt_id": "0", "progress": {
+                "step": step, "total_steps": 100, "phase": phase, "metrics": {"loss": loss}}});
+            api.post(&format!("/api/train/runs/{id}/ranks/{rank}/heartbeat"), progress).await;
+        }
     }
     let handle = server.service.handle();
     handle.sweep_leases().await.unwrap();
@@ -688,11 +692,11 @@ async fn the_page_shows_a_stalled_run_its_progress_and_the_ranks_named() {
     browser.goto(&format!("{}/runs/{id}", server.url)).await;
     let shown = browser
         .wait_for(
-            "the run's health, progress bar and ranks",
+            "the run's health, progress bar, ranks and plot",
             "const bar = document.querySelector('#run-progress');
              const health = document.querySelector('#run-health');
              const rows = [...document.querySelectorAll('#workers tbody tr')];
-             if (!bar || !health || rows.length < 2) return null;
+             if (!bar || !health || rows.length < 2 || !document.querySelector('#metrics svg')) return null;
              return {
                value: bar.getAttribute('value'), max: bar.getAttribute('max'),
                step: document.querySelector('#run-step').textContent,
@@ -701,6 +705,8 @@ async fn the_page_shows_a_stalled_run_its_progress_and_the_ranks_named() {
                culprits: rows.filter((r) => r.classList.contains('culprit')).map((r) => Number(r.dataset.worldRank)),
                steps: rows.map((r) => r.querySelector('[data-col=step]').textContent),
                phases: rows.map((r) => r.querySelector('[data-col=phase]').textContent),
+               plotted: [...document.querySelectorAll('#metrics svg[data-metric=loss] polyline')]
+                 .map((l) => [Number(l.dataset.rank), l.getAttribute('points').trim().split(' ').length]),
              };",
         )
         .await;
@@ -714,6 +720,11 @@ async fn the_page_shows_a_stalled_run_its_progress_and_the_ranks_named() {
     assert_eq!(shown["culprits"], json!(named), "the ranks health names are highlighted: {shown}");
     assert_eq!(shown["steps"], json!(["40", "37"]), "{shown}");
     assert_eq!(shown["phases"], json!(["train", "eval"]), "{shown}");
+    assert_eq!(
+        shown["plotted"],
+        json!([[0, 4], [1, 4]]),
+        "a line per rank, a point per report: {shown}"
+    );
     browser.screenshot(&output_dir().join("run-health.png")).await;
     browser.quit().await;
     server.stop().await;

@@ -666,8 +666,10 @@
       const seq = ++st.seq;
       try {
         const run = await api(pathOf('getRun', { id }));
+        // The metric histories of a run whose ranks report progress.
+        const metrics = Array.isArray(run.rank_progress) ? await api(pathOf('getRunMetrics', { id })).catch(() => null) : null;
         if (seq !== st.seq || st.closed) return;
-        Object.assign(st, { run, gone: null, error: null });
+        Object.assign(st, { run, metrics, gone: null, error: null });
       } catch (err) {
         if (seq !== st.seq || st.closed) return;
         if (err.status === NOT_FOUND) st.gone = st.run ? 'deleted' : 'missing';
@@ -707,6 +709,7 @@
         st.error ? errorNote(st.error) : null,
         overview(run),
         progressSection(run),
+        metricsSection(st.metrics),
         detailSection(run),
         historySection(run),
         datasetsSection(run),
@@ -778,6 +781,55 @@
         ) : null;
       const detail = health && health.detail ? h('p', { class: 'health-detail', id: 'run-health-detail' }, line(health.detail)) : null;
       return section('Progress', healthLine, detail, bar);
+    }
+
+    /** One plot per metric: its value over steps, a line per rank (SVG, drawn here). */
+    function metricsSection(metrics) {
+      const series = metrics && Array.isArray(metrics.series) ? metrics.series.filter((s) => s.points.length) : [];
+      if (!series.length) return null;
+      return section('Metrics', h('div', { class: 'plots', id: 'metrics' }, ...series.map(plot)));
+    }
+
+    function plot(series) {
+      const [width, height, padX, padY] = [360, 140, 44, 14];
+      const points = series.points;
+      const steps = points.map((p) => p.step);
+      const values = points.map((p) => p.value);
+      const [x0, x1] = [Math.min(...steps), Math.max(...steps)];
+      const [y0, y1] = [Math.min(...values), Math.max(...values)];
+      const x = (step) => padX + (x1 > x0 ? ((step - x0) / (x1 - x0)) * (width - padX - 8) : (width - padX - 8) / 2);
+      const y = (value) => height - padY - (y1 > y0 ? ((value - y0) / (y1 - y0)) * (height - 2 * padY) : (height - 2 * padY) / 2);
+      const byRank = new Map();
+      for (const p of points) {
+        if (!byRank.has(p.rank)) byRank.set(p.rank, []);
+        byRank.get(p.rank).push(p);
+      }
+      const svg = document.createElementNS('http://www.w3.org/2000/svg', 'svg');
+      svg.setAttribute('viewBox', `0 0 ${width} ${height}`);
+      svg.setAttribute('role', 'img');
+      svg.setAttribute('aria-label', `${series.name} over steps ${x0} to ${x1}`);
+      svg.setAttribute('data-metric', series.name);
+      const add = (tag, attrs, text) => {
+        const el = document.createElementNS('http://www.w3.org/2000/svg', tag);
+        for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, String(v));
+        if (text !== undefined) el.textContent = text;
+        svg.appendChild(el);
+        return el;
+      };
+      add('line', { x1: padX, y1: height - padY, x2: width - 8, y2: height - padY, class: 'axis' });
+      add('line', { x1: padX, y1: padY, x2: padX, y2: height - padY, class: 'axis' });
+      const label = (v) => (Math.abs(v) >= 1e4 || (Math.abs(v) < 1e-2 && v !== 0) ? v.toExponential(2) : String(Number(v.toFixed(3))));
+      add('text', { x: padX - 4, y: padY + 4, class: 'tick', 'text-anchor': 'end' }, label(y1));
+      add('text', { x: padX - 4, y: height - padY, class: 'tick', 'text-anchor': 'end' }, label(y0));
+      add('text', { x: padX, y: height - 1, class: 'tick' }, `step ${x0}`);
+      add('text', { x: width - 8, y: height - 1, class: 'tick', 'text-anchor': 'end' }, `${x1}`);
+      [...byRank.entries()].sort((a, b) => a[0] - b[0]).forEach(([rank, pts], i) => {
+        add('polyline', {
+          points: pts.map((p) => `${x(p.step).toFixed(1)},${y(p.value).toFixed(1)}`).join(' '),
+          class: `series c${i % 6}`, 'data-rank': rank,
+        }).appendChild(Object.assign(document.createElementNS('http://www.w3.org/2000/svg', 'title'), { textContent: `rank ${rank}` }));
+      });
+      return h('figure', { class: 'plot' }, svg, h('figcaption', null, line(series.name)));
     }
 
     function detailSection(run) {

@@ -36,6 +36,10 @@ const CONTRACT = deepFreeze({
       "method": "GET",
       "path": "/api/train/runs/{id}"
     },
+    "getRunMetrics": {
+      "method": "GET",
+      "path": "/api/train/runs/{id}/metrics"
+    },
     "deleteRun": {
       "method": "DELETE",
       "path": "/api/train/runs/{id}"

@@ -101,6 +101,10 @@ pub const MAX_PHASE_LEN: usize = 64;
 /// naming the first new name.
 pub const MAX_METRIC_NAMES_PER_RUN: usize = 64;
 
+/// The points a run keeps of each metric (per attempt, in the head's
+/// memory): a longer history is decimated, every other point dropped.
+pub const MAX_METRIC_POINTS: usize = 1_000;
+
 /// The longest a rank may announce its next advance will take
 /// (`expect_next_within_ms`), and the longest stall window a run may ask
 /// for (`stall_after_ms`): 7 days, in ms.

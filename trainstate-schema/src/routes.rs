@@ -14,9 +14,9 @@ use schemars::{JsonSchema, Schema, SchemaGenerator};
 
 use crate::api::{
     AttemptRequest, ErrorCode, EventsQuery, HealthResponse, HeartbeatResponse, JoinRequest,
-    ListQuery, RankEndRequest, RankHeartbeatRequest, RayRunListResponse, RayWriteQuery,
-    RegisterMinimalResponse, RegisterRequest, RegisterResponse, RendezvousResponse, RunEvent,
-    RunListResponse, SnapshotEvent, StatusRequest, VersionResponse,
+    ListQuery, MetricsQuery, MetricsResponse, RankEndRequest, RankHeartbeatRequest,
+    RayRunListResponse, RayWriteQuery, RegisterMinimalResponse, RegisterRequest, RegisterResponse,
+    RendezvousResponse, RunEvent, RunListResponse, SnapshotEvent, StatusRequest, VersionResponse,
 };
 use crate::api::{CreateTokenRequest, CreateTokenResponse, TokenListResponse, TokenScope};
 use crate::{TrainRunInfo, ray_v2};
@@ -39,6 +39,8 @@ pub enum Operation {
     UpsertRayAttempt,
     /// `GET /api/train/runs/{id}`.
     GetRun,
+    /// `GET /api/train/runs/{id}/metrics`.
+    GetRunMetrics,
     /// `DELETE /api/train/runs/{id}`.
     DeleteRun,
     /// `POST /api/train/runs/{id}/status`.
@@ -510,6 +512,31 @@ pub fn routes() -> Vec<Route> {
                 ErrorCode::Timeout,
             ],
             ..route(Operation::GetRun, "getRun", Get, "/api/train/runs/{id}", "One run.", Read)
+        },
+        Route {
+            path_params: &[RUN_ID],
+            query: Some(inline_schema_of::<MetricsQuery>),
+            success: &[Success {
+                status: 200,
+                description: "The run's metric series.",
+                body: Body::Json(schema_of::<MetricsResponse>),
+            }],
+            errors: &[
+                ErrorCode::Invalid,
+                ErrorCode::Unauthorized,
+                ErrorCode::Forbidden,
+                ErrorCode::NotFound,
+                ErrorCode::Unavailable,
+                ErrorCode::Timeout,
+            ],
+            ..route(
+                Operation::GetRunMetrics,
+                "getRunMetrics",
+                Get,
+                "/api/train/runs/{id}/metrics",
+                "The history of each metric the ranks of a rendezvous run reported with their progress (current attempt, memory only), downsampled to at most 1,000 points a metric; optionally one name, one rank and a range of steps.",
+                Read,
+            )
         },
         Route {
             path_params: &[RUN_ID],

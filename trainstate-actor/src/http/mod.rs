@@ -611,6 +611,7 @@ fn handler(operation: Operation, filter: MethodFilter) -> MethodRouter<AppState>
         Operation::UpsertRayRun => on(filter, routes::upsert_ray_run),
         Operation::UpsertRayAttempt => on(filter, routes::upsert_ray_attempt),
         Operation::GetRun => on(filter, routes::get_run),
+        Operation::GetRunMetrics => on(filter, routes::get_run_metrics),
         Operation::DeleteRun => on(filter, routes::delete_run),
         Operation::SetRunStatus => on(filter, routes::set_status),
         Operation::StartRunAttempt => on(filter, routes::start_attempt),

@@ -10,8 +10,8 @@ use futures_util::stream::{self, StreamExt};
 use std::sync::Arc;
 use trainstate_client::api::{
     AttemptRequest, Cursor, ErrorCode, HealthResponse, HeartbeatResponse, LinksResponse, ListQuery,
-    RayWriteQuery, RegisterMinimalResponse, RegisterRequest, RegisterResponse, StatusRequest,
-    VersionResponse,
+    MetricsQuery, MetricsResponse, RayWriteQuery, RegisterMinimalResponse, RegisterRequest,
+    RegisterResponse, StatusRequest, VersionResponse,
 };
 
 use trainstate_client::{NewAttempt, PreparedChange, RunDocument, RunQuery, StateError};
@@ -303,6 +303,15 @@ pub(crate) async fn get_run(
         Found::AskTheActor => app.handle.get(id).await?,
     };
     Ok(sized_json(&run, run.approximate_len()))
+}
+
+pub(crate) async fn get_run_metrics(
+    State(app): State<AppState>,
+    Path(id): Path<String>,
+    QueryParams(query): QueryParams<MetricsQuery>,
+) -> Result<Json<MetricsResponse>, ApiError> {
+    let id = run_id(&id)?;
+    Ok(Json(app.service.reader().metrics(&id, &query)?))
 }
 
 pub(crate) async fn register_run(

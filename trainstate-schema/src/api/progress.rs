@@ -143,3 +143,84 @@ impl RankProgressServed {
         Self { step, total_steps, phase, last_advance_ms, metrics }
     }
 }
+
+/// Query of `GET /api/train/runs/{id}/metrics`: which series, and which
+/// part of each. Every filter is optional.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[non_exhaustive]
+pub struct MetricsQuery {
+    /// Only the series of this metric name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Only the points reported by this world rank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
+    /// Only points at this step or later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_step: Option<u64>,
+    /// Only points at this step or earlier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_step: Option<u64>,
+}
+
+/// One reported value of a metric.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[non_exhaustive]
+pub struct MetricPoint {
+    /// The world rank that reported it.
+    pub rank: u32,
+    /// The rank's step when it reported it.
+    pub step: u64,
+    /// The value (always finite).
+    pub value: f64,
+}
+
+impl MetricPoint {
+    /// A point.
+    pub fn new(rank: u32, step: u64, value: f64) -> Self {
+        Self { rank, step, value }
+    }
+}
+
+/// The history of one metric of a run: at most
+/// [`MAX_METRIC_POINTS`](crate::limits::MAX_METRIC_POINTS) points, in the
+/// order they were reported; as it grows it is decimated (every other
+/// point dropped, and from then on every other report kept), so it spans
+/// the whole run at a coarser grain.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[non_exhaustive]
+pub struct MetricSeries {
+    /// The metric's name.
+    pub name: String,
+    /// The points kept.
+    pub points: Vec<MetricPoint>,
+}
+
+impl MetricSeries {
+    /// A series.
+    pub fn new(name: impl Into<String>, points: Vec<MetricPoint>) -> Self {
+        Self { name: name.into(), points }
+    }
+}
+
+/// Answer of `GET /api/train/runs/{id}/metrics`: the run's metric series
+/// of its current attempt, by name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[non_exhaustive]
+pub struct MetricsResponse {
+    /// The run.
+    pub run_id: crate::RunId,
+    /// The series, by name.
+    pub series: Vec<MetricSeries>,
+}
+
+impl MetricsResponse {
+    /// An answer.
+    pub fn new(run_id: crate::RunId, series: Vec<MetricSeries>) -> Self {
+        Self { run_id, series }
+    }
+}
