@@ -212,7 +212,7 @@ impl Series {
     fn add(&mut self, point: MetricPoint) {
         self.stride = self.stride.max(1);
         self.seen += 1;
-        if (self.seen - 1) % self.stride != 0 {
+        if !(self.seen - 1).is_multiple_of(self.stride) {
             return;
         }
         if self.points.len() >= MAX_METRIC_POINTS {
