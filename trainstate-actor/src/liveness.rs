@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use trainstate_client::StateError;
+use trainstate_client::api::RendezvousResponse;
 use trainstate_schema::api::{
     MetricPoint, MetricSeries, MetricsQuery, RankProgress, RankProgressServed,
 };
@@ -379,6 +380,27 @@ impl RankBoard {
 
     pub(crate) fn ended(&self) -> u32 {
         self.ended.load(Ordering::Relaxed)
+    }
+
+    /// What a rank's request is answered while the group is tracked: the
+    /// attempt, the world size (every rank joined), the ranks ended, the
+    /// run's status and the lease.
+    pub(crate) fn response(
+        &self,
+        id: &RunId,
+        status: RunStatus,
+        lease_ms: u64,
+    ) -> RendezvousResponse {
+        let n = self.world_size();
+        RendezvousResponse::new(
+            id.clone(),
+            self.attempt_id(),
+            n,
+            n,
+            self.ended(),
+            Some(status),
+            lease_ms,
+        )
     }
 
     pub(crate) fn set_ended(&self, ended: u32) {

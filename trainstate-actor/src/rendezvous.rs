@@ -229,16 +229,7 @@ pub(crate) fn heartbeat_rank_here(
     if status == RunStatus::Running {
         board.heard(rank as usize, now_ms);
     }
-    let n = board.world_size();
-    Some(Ok(RendezvousResponse::new(
-        id.clone(),
-        board.attempt_id(),
-        n,
-        n,
-        board.ended(),
-        Some(status),
-        lease_ms,
-    )))
+    Some(Ok(board.response(id, status, lease_ms)))
 }
 
 /// `document` with what `board` holds: when each rank was last heard
@@ -341,7 +332,6 @@ struct Group {
     /// When each rank was last heard from and how many ended, shared with
     /// the connections that take rank heartbeats (see [`crate::liveness`]).
     board: Arc<RankBoard>,
-    ended: u32,
     /// When the group was tracked, on the monotonic clock.
     since_ms: u64,
     /// The failures of this attempt's ranks, in the order they arrived,
@@ -394,7 +384,6 @@ impl Group {
             attempt_id,
             slots,
             board: Arc::new(board),
-            ended,
             since_ms,
             failures: Vec::new(),
             window_from_ms: None,
@@ -405,23 +394,13 @@ impl Group {
     }
 
     fn response(&self, id: &RunId, status: RunStatus, lease_ms: u64) -> RendezvousResponse {
-        let n = self.slots.len() as u32;
-        RendezvousResponse::new(
-            id.clone(),
-            &self.attempt_id,
-            n,
-            n,
-            self.ended,
-            Some(status),
-            lease_ms,
-        )
+        self.board.response(id, status, lease_ms)
     }
 
     fn end(&mut self, rank: usize, end: SlotEnd) {
         let slot = &mut self.slots[rank];
         if slot.end == SlotEnd::Running {
-            self.ended += 1;
-            self.board.set_ended(self.ended);
+            self.board.set_ended(self.board.ended() + 1);
         }
         if slot.end != SlotEnd::Finished {
             slot.end = end;

@@ -628,7 +628,7 @@ pub fn routes() -> Vec<Route> {
                 "heartbeatRank",
                 Post,
                 "/api/train/runs/{id}/ranks/{rank}/heartbeat",
-                "A rank is alive: renews the run's lease and records when the rank was last heard from (memory only; served as the run's rank_last_heartbeat_ms). 404 when the head does not know the rank's group (after a head restart, join again); 409 when the rank's attempt was replaced.",
+                "A rank is alive: renews the run's lease and records when the rank was last heard from and, when the body carries progress, its step, phase and metrics (memory only; served as the run's rank_last_heartbeat_ms and rank_progress, from which the head decides its health). 404 when the head does not know the rank's group (after a head restart, join again); 409 when the rank's attempt was replaced.",
                 Write,
             )
         },
