@@ -67,6 +67,11 @@ fn lagging(reported: &[(u32, &Progress)]) -> Vec<u32> {
         .collect()
 }
 
+/// Ranks whose last advances lie within this of each other stopped
+/// together, as far as the head can tell: a rank's reports reach it about
+/// once a second, so a smaller gap is the reports' grain, not an order.
+const TOGETHER_MS: u64 = 2_000;
+
 fn stalled_health(
     reported: &[(u32, &Progress)],
     lagging: &[u32],
@@ -76,13 +81,16 @@ fn stalled_health(
     // In lock-step training a hung rank never finishes its step while its
     // peers finish theirs and wait for it in the next collective: when the
     // steps differ, the ranks at the lowest step are the ones that stopped.
-    // When they agree, the ranks whose last advance is the oldest.
+    // When they agree, the ranks whose last advance is clearly the oldest;
+    // when every rank stopped within the reports' own grain of the others,
+    // nothing tells which one holds the others up, and none is named.
     let steps = reported.iter().filter_map(|(_, p)| p.step);
     let (lowest, highest) = (steps.clone().min(), steps.max());
     let oldest = reported.iter().map(|(_, p)| p.last_advance_ms).min().unwrap_or(newest);
+    let together = newest.saturating_sub(oldest) <= TOGETHER_MS && reported.len() > 1;
     let stopped = |p: &Progress| match (lowest, highest) {
         (Some(lowest), Some(highest)) if lowest < highest => p.step == Some(lowest),
-        _ => p.last_advance_ms == oldest,
+        _ => !together && p.last_advance_ms == oldest,
     };
     let mut culprits: Vec<u32> = reported
         .iter()
@@ -109,6 +117,12 @@ fn stalled_health(
         detail.push_str(&format!(", and {} more ranks", by_advance.len() - MAX_RANKS_NAMED));
     }
     detail.push('.');
+    if culprits.is_empty() && together {
+        detail.push_str(
+            " Every rank stopped at the same step within moments of the others: the steps do \
+             not tell which rank holds the others up; compare their phases and stacks.",
+        );
+    }
     push_lagging(&mut detail, lagging, reported);
     RunHealth::new(HealthState::Stalled, now_ms, culprits, detail)
 }
@@ -200,6 +214,18 @@ mod tests {
         let health = decide(&ranks, current, 10_000, T + 11_400).expect("stalled");
         assert_eq!(health.state, HealthState::Stalled);
         assert_eq!(health.ranks, vec![1], "{}", health.detail);
+    }
+
+    #[test]
+    fn ranks_that_stopped_together_at_one_step_are_not_told_apart() {
+        // Rank 1 hung before step 15's collective; rank 0 waits in it. Both
+        // reported step 14 last, 12 ms apart: nothing names either.
+        let ranks = [at(14, T + 1_000, true), at(14, T + 1_012, true)];
+        let current = Some((HealthState::Progressing, T));
+        let health = decide(&ranks, current, 5_000, T + 7_000).expect("stalled");
+        assert_eq!(health.state, HealthState::Stalled);
+        assert!(health.ranks.is_empty(), "{:?}", health.ranks);
+        assert!(health.detail.contains("do not tell which rank"), "{}", health.detail);
     }
 
     #[test]
