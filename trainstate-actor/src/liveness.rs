@@ -19,13 +19,17 @@ use std::time::{Duration, Instant};
 
 use trainstate_client::StateError;
 use trainstate_client::api::RendezvousResponse;
-use trainstate_schema::api::{
-    MetricPoint, MetricSeries, MetricsQuery, RankProgress, RankProgressServed,
-};
-use trainstate_schema::limits::{MAX_METRIC_NAMES_PER_RUN, MAX_METRIC_POINTS};
+use trainstate_schema::api::{MetricPoint, RankProgress, RankProgressServed};
+use trainstate_schema::limits::MAX_METRIC_NAMES_PER_RUN;
 use trainstate_schema::{Rule, RunId, RunStatus, ValidationError};
 
 use crate::record::RunRecord;
+use crate::store::metrics::{MetricBatch, NamedPoint};
+
+/// The most metric points a rank board holds between two flushes to the
+/// store (about a second): past it, points are dropped and counted, never
+/// queued without bound.
+const MAX_PENDING_POINTS: usize = 65_536;
 
 /// A lease time no sweep ever reaches: a run this head never sweeps (a
 /// run of another cluster, kept as forwarded).
@@ -35,6 +39,9 @@ pub(crate) const NEVER_SWEPT: u64 = u64::MAX;
 pub(crate) struct Liveness {
     runs: Shards<Arc<Beat>>,
     ranks: Shards<Arc<RankBoard>>,
+    /// The metric points of boards removed before their points were
+    /// flushed: the next flush takes them.
+    retired: Mutex<Vec<MetricBatch>>,
     /// When the actor last took a turn: a head whose actor takes none for
     /// several sweep periods is wedged.
     pub(crate) actor_turns: Turns,
@@ -42,7 +49,12 @@ pub(crate) struct Liveness {
 
 impl Default for Liveness {
     fn default() -> Self {
-        Self { runs: Shards::new(), ranks: Shards::new(), actor_turns: Turns::default() }
+        Self {
+            runs: Shards::new(),
+            ranks: Shards::new(),
+            retired: Mutex::default(),
+            actor_turns: Turns::default(),
+        }
     }
 }
 
@@ -82,16 +94,44 @@ impl Liveness {
     }
 
     pub(crate) fn put_ranks(&self, id: RunId, board: Arc<RankBoard>) {
-        self.ranks.insert(id, board);
+        let replaced = self.ranks.insert(id.clone(), board);
+        self.retire(&id, replaced);
     }
 
     pub(crate) fn remove_ranks(&self, id: &RunId) {
-        self.ranks.remove(id);
+        let removed = self.ranks.remove(id);
+        self.retire(id, removed);
     }
 
     /// Forgets every rank board (the rendezvous state is rebuilt).
     pub(crate) fn clear_ranks(&self) {
-        self.ranks.clear();
+        for (id, board) in self.ranks.clear() {
+            self.retire(&id, Some(board));
+        }
+    }
+
+    /// Keeps the metric points a board leaves pending for the next flush.
+    fn retire(&self, id: &RunId, board: Option<Arc<RankBoard>>) {
+        if let Some(batch) = board.and_then(|board| board.take_points(id)) {
+            self.retired.lock().unwrap_or_else(|e| e.into_inner()).push(batch);
+        }
+    }
+
+    /// Takes the metric points reported since the last call, a batch per
+    /// run, for the store.
+    pub(crate) fn take_metric_points(&self) -> Vec<MetricBatch> {
+        let mut batches =
+            std::mem::take(&mut *self.retired.lock().unwrap_or_else(|e| e.into_inner()));
+        self.ranks.for_each(|id, board| batches.extend(board.take_points(id)));
+        batches
+    }
+
+    /// Takes the count of metric points dropped because a board's pending
+    /// points were full, since the last call.
+    pub(crate) fn take_points_dropped(&self) -> u64 {
+        let mut dropped = 0;
+        self.ranks.for_each(|_, board| dropped += board.take_dropped());
+        dropped
     }
 }
 
@@ -185,47 +225,18 @@ pub(crate) struct Progress {
     pub(crate) expect_until_ms: u64,
 }
 
-/// The progress of every rank of a board, and every metric name its
-/// ranks reported.
+/// The progress of every rank of a board, every metric name its ranks
+/// reported, and the metric points not yet handed to the store.
 #[derive(Default)]
 struct ProgressTable {
     /// By world rank; empty until a rank reports.
     ranks: Vec<Option<Progress>>,
-    names: BTreeSet<String>,
-    /// Each metric's history, by name.
-    history: BTreeMap<String, Series>,
-}
-
-/// One metric's history: at most [`MAX_METRIC_POINTS`] points. When full,
-/// every other point is dropped and from then on only every other report
-/// is kept (twice the stride), so the series spans the whole attempt at a
-/// grain that halves each time it fills.
-#[derive(Default)]
-struct Series {
-    points: Vec<MetricPoint>,
-    /// Keep one report in `stride`.
-    stride: u64,
-    /// Reports seen.
-    seen: u64,
-}
-
-impl Series {
-    fn add(&mut self, point: MetricPoint) {
-        self.stride = self.stride.max(1);
-        self.seen += 1;
-        if !(self.seen - 1).is_multiple_of(self.stride) {
-            return;
-        }
-        if self.points.len() >= MAX_METRIC_POINTS {
-            let mut i = 0;
-            self.points.retain(|_| {
-                i += 1;
-                i % 2 == 1
-            });
-            self.stride *= 2;
-        }
-        self.points.push(point);
-    }
+    names: BTreeSet<Arc<str>>,
+    /// Points reported with a step since the last flush, in order; at most
+    /// [`MAX_PENDING_POINTS`].
+    pending: Vec<NamedPoint>,
+    /// Points dropped because `pending` was full, since the last flush.
+    dropped: u64,
 }
 
 impl RankBoard {
@@ -268,7 +279,7 @@ impl RankBoard {
             });
         }
         let new_names: Vec<&String> =
-            report.metrics.keys().filter(|name| !table.names.contains(*name)).collect();
+            report.metrics.keys().filter(|name| !table.names.contains(name.as_str())).collect();
         if let Some(first) = new_names.first()
             && table.names.len() + new_names.len() > MAX_METRIC_NAMES_PER_RUN
         {
@@ -305,12 +316,18 @@ impl RankBoard {
                 expect_until_ms,
             },
         };
-        let names: Vec<String> = new_names.into_iter().cloned().collect();
+        let names: Vec<Arc<str>> = new_names.into_iter().map(|n| Arc::from(n.as_str())).collect();
         table.names.extend(names);
         if let Some(step) = report.step {
             for (name, value) in &report.metrics {
-                let series = table.history.entry(name.clone()).or_default();
-                series.add(MetricPoint::new(rank, step, *value));
+                if table.pending.len() >= MAX_PENDING_POINTS {
+                    table.dropped += 1;
+                    continue;
+                }
+                let name =
+                    table.names.get(name.as_str()).cloned().unwrap_or_else(|| name.as_str().into());
+                let point = MetricPoint::new(rank, step, *value);
+                table.pending.push(NamedPoint { name, point });
             }
         }
         if table.ranks.is_empty() {
@@ -320,26 +337,20 @@ impl RankBoard {
         Ok(())
     }
 
-    /// The history of each metric reported with a step, by name, as
-    /// `query` selects it (a name, a rank, a range of steps).
-    pub(crate) fn metrics(&self, query: &MetricsQuery) -> Vec<MetricSeries> {
-        let table = self.progress.lock().unwrap_or_else(|e| e.into_inner());
-        let keep = |p: &&MetricPoint| {
-            query.rank.is_none_or(|rank| p.rank == rank)
-                && query.from_step.is_none_or(|from| p.step >= from)
-                && query.to_step.is_none_or(|to| p.step <= to)
-        };
-        table
-            .history
-            .iter()
-            .filter(|(name, _)| query.name.as_deref().is_none_or(|n| n == name.as_str()))
-            .map(|(name, series)| {
-                MetricSeries::new(
-                    name.clone(),
-                    series.points.iter().filter(keep).copied().collect(),
-                )
-            })
-            .collect()
+    /// Takes the metric points reported since the last call, as run `id`'s
+    /// batch for the store; `None` when there are none.
+    pub(crate) fn take_points(&self, id: &RunId) -> Option<MetricBatch> {
+        let mut table = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        if table.pending.is_empty() {
+            return None;
+        }
+        let points = std::mem::take(&mut table.pending);
+        Some(MetricBatch { run_id: id.clone(), attempt_id: self.attempt_id.clone(), points })
+    }
+
+    /// Takes the count of points dropped since the last call.
+    fn take_dropped(&self) -> u64 {
+        std::mem::take(&mut self.progress.lock().unwrap_or_else(|e| e.into_inner()).dropped)
     }
 
     /// Each rank's progress, by world rank; `None` when no rank reported.
@@ -451,17 +462,29 @@ impl<V: Clone> Shards<V> {
         self.shard(id).read().unwrap_or_else(|e| e.into_inner()).get(id).map(f)
     }
 
-    fn insert(&self, id: RunId, value: V) {
-        self.shard(&id).write().unwrap_or_else(|e| e.into_inner()).insert(id, value);
+    fn insert(&self, id: RunId, value: V) -> Option<V> {
+        self.shard(&id).write().unwrap_or_else(|e| e.into_inner()).insert(id, value)
     }
 
-    fn remove(&self, id: &RunId) {
-        self.shard(id).write().unwrap_or_else(|e| e.into_inner()).remove(id);
+    fn remove(&self, id: &RunId) -> Option<V> {
+        self.shard(id).write().unwrap_or_else(|e| e.into_inner()).remove(id)
     }
 
-    fn clear(&self) {
+    /// Empties every shard; answers what they held.
+    fn clear(&self) -> Vec<(RunId, V)> {
+        let mut all = Vec::new();
         for map in &self.maps {
-            map.write().unwrap_or_else(|e| e.into_inner()).clear();
+            all.extend(map.write().unwrap_or_else(|e| e.into_inner()).drain());
+        }
+        all
+    }
+
+    /// Calls `f` with every entry, one shard's read lock at a time.
+    fn for_each(&self, mut f: impl FnMut(&RunId, &V)) {
+        for map in &self.maps {
+            for (id, value) in map.read().unwrap_or_else(|e| e.into_inner()).iter() {
+                f(id, value);
+            }
         }
     }
 }

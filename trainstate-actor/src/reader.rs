@@ -86,20 +86,30 @@ impl Reader {
         })
     }
 
-    /// The metric series of a committed run's current attempt, as the
-    /// ranks of its rendezvous group reported them here (memory only: none
-    /// for a run this head does not track, and none from before a restart).
+    /// The metric series of a committed run's current attempt, read from
+    /// the store (blocking: call it where blocking is allowed). Points
+    /// reach the store about a second after they are reported.
     pub(crate) fn metrics(
         &self,
         id: &RunId,
         query: &MetricsQuery,
     ) -> Result<MetricsResponse, StateError> {
-        let known = self.shared.view.read().unwrap_or_else(|e| e.into_inner()).get(id).is_some();
-        if !known {
-            return Err(StateError::NotFound { id: id.clone() });
-        }
-        let series =
-            self.liveness().ranks(id).map(|board| board.metrics(query)).unwrap_or_default();
+        let attempt = match self.liveness().ranks(id) {
+            Some(board) => Some(board.attempt_id().to_owned()),
+            None => {
+                let view = self.shared.view.read().unwrap_or_else(|e| e.into_inner());
+                let record = view.get(id).ok_or_else(|| StateError::NotFound { id: id.clone() })?;
+                let record = record.clone();
+                drop(view);
+                record.run()?.attempts().last().map(|a| a.attempt_id().to_owned())
+            }
+        };
+        let series = match attempt {
+            Some(attempt) => self.shared.metric_reader.read(id, &attempt, query).map_err(|e| {
+                StateError::unavailable(format!("cannot read metric histories: {e}"))
+            })?,
+            None => Vec::new(),
+        };
         Ok(MetricsResponse::new(id.clone(), series))
     }
 

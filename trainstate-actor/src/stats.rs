@@ -15,6 +15,14 @@ pub struct StoreStats {
     pub commit_micros: AtomicU64,
     /// Commits that failed.
     pub failures: AtomicU64,
+    /// Transactions that added metric points to their histories.
+    pub metric_flushes: AtomicU64,
+    /// Metric points handed to the store (before its series kept or
+    /// dropped each by its stride).
+    pub metric_points: AtomicU64,
+    /// Metric points lost: their flush failed, or a rank board's pending
+    /// points were full.
+    pub metric_points_dropped: AtomicU64,
 }
 
 /// Counters of forwarding.

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{broadcast, oneshot};
 use trainstate_client::{EventKind, StateError, StateEvent};
@@ -19,6 +19,7 @@ use crate::errors::StoreError;
 use crate::log_throttle::LogThrottle;
 use crate::record::RunRecord;
 use crate::stats::StoreStats;
+use crate::store::metrics::MetricReader;
 use crate::store::{
     self, ChangedRun, Committed, Followed, JobChanges, Position, SharedStoreHandle, Store,
 };
@@ -27,6 +28,10 @@ use crate::view::View;
 
 /// The most writes committed in one transaction.
 const MAX_BATCH: usize = 4_096;
+
+/// How often the points of metric histories reported meanwhile are handed
+/// to the store: one transaction for every rank's reports of the period.
+const METRICS_FLUSH_EVERY: Duration = Duration::from_secs(1);
 
 /// The capacity of the event channel per subscriber before it lags.
 const EVENT_CHANNEL_CAPACITY: usize = 4_096;
@@ -120,6 +125,8 @@ pub(crate) struct Published {
     /// actor keeps its entries, connections stamp heartbeats into them.
     /// Here so that it outlives restarts of the actor, as readers do.
     pub(crate) liveness: Arc<crate::liveness::Liveness>,
+    /// Reads the metric histories from the store, on a connection of its own.
+    pub(crate) metric_reader: Arc<dyn MetricReader>,
     /// The service's clock, for what is stamped outside the writer thread
     /// (forwarding's last success).
     #[cfg_attr(not(feature = "forward"), allow(dead_code))]
@@ -199,7 +206,14 @@ impl Writer {
                     }
                 };
                 let shared_store = store.shared().map(|s| s.handle());
-                let _ = opened.send(Ok(shared_store));
+                let reader = match store.metric_reader() {
+                    Ok(reader) => reader,
+                    Err(err) => {
+                        let _ = opened.send(Err(err));
+                        return;
+                    }
+                };
+                let _ = opened.send(Ok((shared_store, reader)));
                 let Ok(shared) = take_shared.recv() else { return };
                 let follow_pending = Arc::new(AtomicBool::new(false));
                 if let Some(wakeups) = store.shared().and_then(|s| s.take_wakeups()) {
@@ -212,14 +226,15 @@ impl Writer {
                     follow_pending,
                     last_failure: String::new(),
                     failure_log: FailureLog::default(),
+                    metrics_flushed: Instant::now(),
                     #[cfg(feature = "fault-injection")]
                     faults,
                 };
                 thread.run(rx);
             })
             .map_err(|_| StoreError::Writer("thread could not start"))?;
-        let shared_store = match is_open.recv() {
-            Ok(Ok(shared_store)) => shared_store,
+        let (shared_store, metric_reader) = match is_open.recv() {
+            Ok(Ok(opened)) => opened,
             Ok(Err(err)) => {
                 let _ = handle.join();
                 return Err(err);
@@ -240,6 +255,7 @@ impl Writer {
             inbox_pending: AtomicBool::new(false),
             beats: Mutex::default(),
             liveness: Arc::default(),
+            metric_reader,
             clock: config.clock.clone(),
             #[cfg(feature = "forward")]
             forwarding: Mutex::default(),
@@ -410,6 +426,8 @@ struct WriterThread {
     last_failure: String,
     /// Store failures logged at most once per interval each.
     failure_log: FailureLog,
+    /// When the metric points pending were last handed to the store.
+    metrics_flushed: Instant,
     #[cfg(feature = "fault-injection")]
     faults: Arc<crate::faults::Faults>,
 }
@@ -423,11 +441,21 @@ struct FailureLog {
     share_heartbeats: LogThrottle,
     follow: LogThrottle,
     read_heartbeats: LogThrottle,
+    metrics: LogThrottle,
 }
 
 impl WriterThread {
     fn run(&mut self, jobs: mpsc::Receiver<Job>) {
-        while let Ok(first) = jobs.recv() {
+        loop {
+            if self.metrics_flushed.elapsed() >= METRICS_FLUSH_EVERY {
+                self.flush_metrics();
+            }
+            let wait = METRICS_FLUSH_EVERY.saturating_sub(self.metrics_flushed.elapsed());
+            let first = match jobs.recv_timeout(wait) {
+                Ok(job) => job,
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            };
             let mut batch = Vec::new();
             let mut other = None;
             match first {
@@ -465,6 +493,43 @@ impl WriterThread {
                     let _ = reply.send(self.store.save_forward_position(&target, &at));
                 }
                 Some(Job::Tokens(job)) => self.tokens(job),
+            }
+        }
+        // The head stops: what is pending is flushed on the way out.
+        self.flush_metrics();
+    }
+
+    /// Hands the metric points reported since the last flush to the store,
+    /// in one transaction; points whose flush fails are lost, counted and
+    /// logged (the latest progress of each rank is still served).
+    fn flush_metrics(&mut self) {
+        self.metrics_flushed = Instant::now();
+        let liveness = &self.shared.liveness;
+        let stats = &self.shared.stats;
+        let overflowed = liveness.take_points_dropped();
+        let batches = liveness.take_metric_points();
+        if overflowed > 0 {
+            stats.metric_points_dropped.fetch_add(overflowed, Ordering::Relaxed);
+        }
+        if batches.is_empty() {
+            return;
+        }
+        let points: u64 = batches.iter().map(|b| b.points.len() as u64).sum();
+        match self.store.append_metrics(&batches) {
+            Ok(()) => {
+                stats.metric_flushes.fetch_add(1, Ordering::Relaxed);
+                stats.metric_points.fetch_add(points, Ordering::Relaxed);
+            }
+            Err(err) => {
+                stats.metric_points_dropped.fetch_add(points, Ordering::Relaxed);
+                if let Some(due) = self.failure_log.metrics.failed(Instant::now(), points, &err) {
+                    tracing::error!(
+                        error = %due.last_error,
+                        lost_points = due.count,
+                        "cannot add metric points to their histories; they are lost \
+                         (lost_points: since the last such line; one line per 5s at most)"
+                    );
+                }
             }
         }
     }

@@ -17,6 +17,7 @@ use trainstate_schema::RunId;
 
 use crate::common::{Server, eventually, run, unique_name, workers};
 use crate::contract::send;
+use crate::stores::on_both_stores;
 
 const T0: u64 = 1_760_000_000_000;
 /// Long enough that no run is aborted for a lost controller here.
@@ -358,9 +359,11 @@ async fn after_a_restart_the_window_starts_again() {
     )
     .await;
     let id = f.join("restart", 1, json!({})).await;
-    f.reported(&id, 0, json!({"step": 3})).await;
+    f.reported(&id, 0, json!({"step": 2, "metrics": {"loss": 0.5}})).await;
+    f.reported(&id, 0, json!({"step": 3, "metrics": {"loss": 0.25}})).await;
     f.sweep().await;
     assert_eq!(f.get(&id).await["health"]["state"], "PROGRESSING");
+    // Stopped before the next flush: the points pending are flushed on the way.
     f.stop().await;
 
     // The head was down for longer than the window; the rank reports the
@@ -372,6 +375,17 @@ async fn after_a_restart_the_window_starts_again() {
     )
     .await;
     assert_eq!(f.listed("PROGRESSING").await, vec![id.clone()], "the health survives");
+    let url = f.url(&format!("/api/train/runs/{id}/metrics"));
+    let (status, kept) = send(&f.client, Method::GET, &url, None, None).await;
+    assert_eq!(status, StatusCode::OK, "{kept}");
+    assert_eq!(
+        kept["series"],
+        json!([{"name": "loss", "points": [
+            {"rank": 0, "step": 2, "value": 0.5},
+            {"rank": 0, "step": 3, "value": 0.25}
+        ]}]),
+        "the history survives the restart, read from the store"
+    );
     f.reported(&id, 0, json!({"step": 3})).await;
     clock.advance_ms(9_999);
     f.sweep().await;
@@ -442,7 +456,17 @@ async fn the_metrics_route_serves_each_metrics_history_bounded_and_filtered() {
     }
     // A report without a step adds no point.
     fixture.reported(&id, 0, json!({"metrics": {"loss": 9.0}})).await;
-    let all = metrics("").await;
+    // The points reach the store with the next flush (about a second).
+    let all = eventually("the reported points", DEADLINE, || {
+        let all = metrics("");
+        async move {
+            let all = all.await;
+            (all["series"].as_array().unwrap().len() == 2
+                && all["series"][1]["points"].as_array().unwrap().len() == 6)
+                .then_some(all)
+        }
+    })
+    .await;
     let names: Vec<&str> =
         all["series"].as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["loss", "lr"]);
@@ -461,6 +485,12 @@ async fn the_metrics_route_serves_each_metrics_history_bounded_and_filtered() {
     for step in 4..=2_503u64 {
         fixture.reported(&id, 0, json!({"step": step, "metrics": {"loss": 0.5}})).await;
     }
+    // The last reports reach the store (at the grain the series keeps).
+    let long = eventually("the last reports' points", DEADLINE, || {
+        let long = metrics("?name=loss&rank=0&from_step=2500");
+        async move { long.await["series"][0]["points"].as_array().is_some_and(|p| !p.is_empty()) }
+    });
+    long.await;
     let long = metrics("?name=loss&rank=0").await;
     let points = long["series"][0]["points"].as_array().unwrap();
     assert!(points.len() <= 1_000 && points.len() > 250, "{} points", points.len());
@@ -483,4 +513,91 @@ async fn the_metrics_route_serves_each_metrics_history_bounded_and_filtered() {
     .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
     fixture.stop().await;
+}
+
+/// How many metric points run `id` has in the store's own tables.
+async fn stored_points(fresh: &crate::stores::Fresh, id: &str) -> i64 {
+    match fresh.url() {
+        Some(url) => crate::stores::connect(url)
+            .await
+            .query_one(
+                "SELECT count(*) FROM trainstate_metric_points p
+                 JOIN trainstate_metric_series s ON s.id = p.series_id WHERE s.run_id = $1",
+                &[&id],
+            )
+            .await
+            .unwrap()
+            .get(0),
+        None => rusqlite::Connection::open(fresh.sqlite_path())
+            .unwrap()
+            .query_row(
+                "SELECT count(*) FROM metric_points p
+                 JOIN metric_series s ON s.id = p.series_id WHERE s.run_id = ?1",
+                [id],
+                |row| row.get(0),
+            )
+            .unwrap(),
+    }
+}
+
+on_both_stores! {
+    multi_thread:
+    /// A run's metric histories live in the store: reports are flushed to
+    /// it in batches, bounded as they grow, read back from it by the route
+    /// (the same after a restart) and deleted with the run.
+    async fn metric_histories_are_kept_in_the_store_and_deleted_with_their_run(store) {
+        let fresh = store.fresh("health-histories").await;
+        let clock = Arc::new(ManualClock::new(T0));
+        let config = |clock: &Arc<ManualClock>| configured(fresh.config(), "health-histories", clock);
+        let f = Fixture::start(config(&clock), clock.clone()).await;
+        let id = f.join("histories", 2, json!({})).await;
+        for step in 1..=1_500u64 {
+            let metrics = json!({"loss": 1.0 / step as f64, "lr": 0.01});
+            f.reported(&id, 0, json!({"step": step, "metrics": metrics})).await;
+        }
+        f.reported(&id, 1, json!({"step": 1_500, "metrics": {"loss": 0.5}})).await;
+        let url = f.url(&format!("/api/train/runs/{id}/metrics"));
+        let client = f.client.clone();
+        let read = || {
+            let (client, url) = (client.clone(), url.clone());
+            async move {
+                let (status, answer) = send(&client, Method::GET, &url, None, None).await;
+                assert_eq!(status, StatusCode::OK, "{answer}");
+                answer
+            }
+        };
+        let flushed = eventually("every report flushed", DEADLINE, || {
+            let read = read();
+            async move {
+                let answer = read.await;
+                let loss = answer["series"][0]["points"].as_array().cloned().unwrap_or_default();
+                loss.last().is_some_and(|p| p["rank"] == 1).then_some(answer)
+            }
+        })
+        .await;
+        let loss = flushed["series"][0]["points"].as_array().unwrap();
+        assert_eq!(flushed["series"][0]["name"], "loss");
+        assert!(loss.len() <= 1_000 && loss.len() > 500, "{} points", loss.len());
+        assert_eq!(loss[0], json!({"rank": 0, "step": 1, "value": 1.0}));
+        let stored = stored_points(&fresh, &id).await;
+        let lr = flushed["series"][1]["points"].as_array().unwrap().len();
+        assert_eq!(stored, (loss.len() + lr) as i64, "the store holds what is served");
+        f.stop().await;
+
+        let f = Fixture::start(config(&clock), clock.clone()).await;
+        let url = f.url(&format!("/api/train/runs/{id}/metrics"));
+        let (status, again) = send(&f.client, Method::GET, &url, None, None).await;
+        assert_eq!(status, StatusCode::OK, "{again}");
+        assert_eq!(again, flushed, "read from the store after a restart");
+        let run_url = f.url(&format!("/api/train/runs/{id}"));
+        let finish = json!({"status": "FINISHED"});
+        let (status, answer) =
+            send(&f.client, Method::POST, &format!("{run_url}/status"), super::body(&finish), None)
+                .await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        let (status, _) = send(&f.client, Method::DELETE, &run_url, None, None).await;
+        assert_eq!(status, StatusCode::NO_CONTENT);
+        assert_eq!(stored_points(&fresh, &id).await, 0, "deleted with the run");
+        f.stop().await;
+    }
 }

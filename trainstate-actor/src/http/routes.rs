@@ -311,7 +311,12 @@ pub(crate) async fn get_run_metrics(
     QueryParams(query): QueryParams<MetricsQuery>,
 ) -> Result<Json<MetricsResponse>, ApiError> {
     let id = run_id(&id)?;
-    Ok(Json(app.service.reader().metrics(&id, &query)?))
+    // Histories are read from the store, which may block for a moment.
+    let reader = app.service.reader().clone();
+    let answer = tokio::task::spawn_blocking(move || reader.metrics(&id, &query))
+        .await
+        .map_err(|e| StateError::unavailable(format!("reading metric histories failed: {e}")))?;
+    Ok(Json(answer?))
 }
 
 pub(crate) async fn register_run(

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use trainstate_schema::RunId;
 
+use super::metrics::{MemoryHistories, MetricBatch, MetricReader};
 use super::{ChangedRun, Committed, JobChanges, Position, Store};
 use crate::change::StoreOp;
 use crate::errors::StoreError;
@@ -17,10 +18,11 @@ use crate::tokens::StoredToken;
 const NO_POSITIONS: &str = "an in-memory store keeps no positions to forward from";
 
 /// A store of this head's own, in memory only.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct MemoryStore {
     runs: HashMap<RunId, Arc<RunRecord>>,
     tokens: Vec<StoredToken>,
+    histories: MemoryHistories,
 }
 
 impl Store for MemoryStore {
@@ -36,10 +38,22 @@ impl Store for MemoryStore {
                 }
                 StoreOp::Delete(id) => {
                     self.runs.remove(id);
+                    self.histories.delete(id);
                 }
             }
         }
         Ok(Committed::default())
+    }
+
+    fn append_metrics(&mut self, batches: &[MetricBatch]) -> Result<(), String> {
+        let stored: Vec<MetricBatch> =
+            batches.iter().filter(|b| self.runs.contains_key(&b.run_id)).cloned().collect();
+        self.histories.append(&stored);
+        Ok(())
+    }
+
+    fn metric_reader(&mut self) -> Result<Arc<dyn MetricReader>, StoreError> {
+        Ok(Arc::new(self.histories.clone()))
     }
 
     fn changed_after(&mut self, _: &Position, _: usize) -> Result<Vec<ChangedRun>, String> {

@@ -28,6 +28,7 @@
 pub(crate) mod columns;
 pub(crate) mod load;
 pub(crate) mod memory;
+pub(crate) mod metrics;
 pub(crate) mod sqlite;
 
 #[cfg(feature = "postgres")]
@@ -45,6 +46,7 @@ use crate::config::{PostgresConfig, StoreConfig};
 use crate::errors::StoreError;
 use crate::record::RunRecord;
 use crate::tokens::{StoredToken, hash_from_hex, scopes_from_text};
+use metrics::{MetricBatch, MetricReader};
 
 /// The changes of one write job: committed together or not at all.
 #[derive(Clone, Copy)]
@@ -106,6 +108,14 @@ pub(crate) trait Store: Send {
     fn shared(&mut self) -> Option<&mut dyn SharedStore> {
         None
     }
+
+    /// Adds the points of `batches` to their runs' metric histories, in one
+    /// transaction, each series bounded by [`metrics::SeriesState`]. The
+    /// points of a run that is not stored (deleted meanwhile) are dropped.
+    fn append_metrics(&mut self, batches: &[MetricBatch]) -> Result<(), String>;
+
+    /// A reader of the metric histories, on a connection of its own.
+    fn metric_reader(&mut self) -> Result<Arc<dyn MetricReader>, StoreError>;
 
     /// Runs changed after `after`, in position order, at most `limit`.
     fn changed_after(&mut self, after: &Position, limit: usize) -> Result<Vec<ChangedRun>, String>;

@@ -41,10 +41,12 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures_util::StreamExt;
 use tokio::runtime::Runtime;
 use tokio_postgres::{AsyncMessage, NoTls};
+use trainstate_schema::api::{MetricPoint, MetricSeries, MetricsQuery};
 use trainstate_schema::{RunId, RunStatus};
 
 use super::columns::{StoredColumns, check};
 use super::load::{Loaded, StoredRow, log_quarantined, parse_rows};
+use super::metrics::{MetricBatch, MetricReader, SeriesState, into_series};
 use super::{
     ChangedRun, Committed, Followed, JobChanges, Position, SharedStore, SharedStoreHandle, Store,
     TOKEN_COLUMNS, event_kind, token_from_columns,
@@ -130,6 +132,27 @@ const MIGRATIONS: &[&str] = &[
         ADD COLUMN lost_controller BOOLEAN,
         ADD COLUMN leased BOOLEAN,
         ADD COLUMN json_check BIGINT;",
+    // 5: metric histories (`store/metrics.rs`): where each series of a
+    // run's attempt stands, and the points it keeps, by the order in which
+    // they were offered to it.
+    "CREATE TABLE trainstate_metric_series (
+        id BIGSERIAL PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        attempt_id TEXT NOT NULL,
+        name TEXT NOT NULL,
+        stride BIGINT NOT NULL,
+        seen BIGINT NOT NULL,
+        kept BIGINT NOT NULL,
+        UNIQUE (run_id, attempt_id, name)
+    );
+    CREATE TABLE trainstate_metric_points (
+        series_id BIGINT NOT NULL,
+        seq BIGINT NOT NULL,
+        rank INTEGER NOT NULL,
+        step BIGINT NOT NULL,
+        value DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (series_id, seq)
+    );",
 ];
 
 /// The columns a load reads, in the order [`stored_row`] takes them.
@@ -726,6 +749,18 @@ impl Store for PgStore {
         Some(self)
     }
 
+    fn append_metrics(&mut self, batches: &[MetricBatch]) -> Result<(), String> {
+        let pool = self.pool.clone();
+        self.block_on("adding metric points", append_metrics(pool, batches))
+    }
+
+    fn metric_reader(&mut self) -> Result<Arc<dyn MetricReader>, StoreError> {
+        Ok(Arc::new(PgMetricReader {
+            runtime: self.runtime.handle().clone(),
+            pool: self.pool.clone(),
+        }))
+    }
+
     fn changed_after(&mut self, after: &Position, limit: usize) -> Result<Vec<ChangedRun>, String> {
         let pool = self.pool.clone();
         let (seq, id) = (after.seq as i64, after.id.clone());
@@ -1135,6 +1170,16 @@ async fn commit(
         tx.execute("DELETE FROM trainstate_runs WHERE id = ANY($1)", &[&deletes])
             .await
             .map_err(pg)?;
+        tx.execute(
+            "DELETE FROM trainstate_metric_points WHERE series_id IN
+             (SELECT id FROM trainstate_metric_series WHERE run_id = ANY($1))",
+            &[&deletes],
+        )
+        .await
+        .map_err(pg)?;
+        tx.execute("DELETE FROM trainstate_metric_series WHERE run_id = ANY($1)", &[&deletes])
+            .await
+            .map_err(pg)?;
     }
     if !ended.is_empty() {
         tx.execute("DELETE FROM trainstate_heartbeats WHERE run_id = ANY($1)", &[&ended])
@@ -1171,6 +1216,170 @@ async fn commit(
         .map_err(pg)?;
     tx.commit().await.map_err(pg)?;
     Ok((Committed { remote, stale, truth }, seq))
+}
+
+/// Adds the points of `batches` to their series in one transaction (see
+/// [`Store::append_metrics`]): the series' states are read, the offers
+/// decided here, and the points written in bulk.
+async fn append_metrics(pool: Pool, batches: &[MetricBatch]) -> Result<(), PgError> {
+    let mut client = pool.get().await.map_err(pg)?;
+    let tx = client.transaction().await.map_err(pg)?;
+    // Points to write: series id, seq, rank, step, value.
+    let mut points: Vec<(i64, i64, i32, i64, f64)> = Vec::new();
+    let mut thins: Vec<(i64, i64)> = Vec::new();
+    let (mut saved_ids, mut strides, mut seens, mut kepts) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for batch in batches {
+        let (run, attempt) = (batch.run_id.as_str(), &*batch.attempt_id);
+        let stored = tx
+            .query_opt("SELECT 1 FROM trainstate_runs WHERE id = $1", &[&run])
+            .await
+            .map_err(pg)?;
+        if stored.is_none() {
+            continue;
+        }
+        let mut names: Vec<&str> = batch.points.iter().map(|p| &*p.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        tx.execute(
+            "INSERT INTO trainstate_metric_series (run_id, attempt_id, name, stride, seen, kept)
+             SELECT $1, $2, name, 1, 0, 0 FROM UNNEST($3::text[]) AS t(name)
+             ON CONFLICT (run_id, attempt_id, name) DO NOTHING",
+            &[&run, &attempt, &names],
+        )
+        .await
+        .map_err(pg)?;
+        let mut series: HashMap<String, (i64, SeriesState)> = HashMap::new();
+        for row in tx
+            .query(
+                "SELECT id, name, stride, seen, kept FROM trainstate_metric_series
+                 WHERE run_id = $1 AND attempt_id = $2 AND name = ANY($3)",
+                &[&run, &attempt, &names],
+            )
+            .await
+            .map_err(pg)?
+        {
+            let state = SeriesState {
+                stride: row.get::<_, i64>(2) as u64,
+                seen: row.get::<_, i64>(3) as u64,
+                kept: row.get::<_, i64>(4) as u64,
+            };
+            series.insert(row.get(1), (row.get(0), state));
+        }
+        for named in &batch.points {
+            let Some((id, state)) = series.get_mut(&*named.name) else { continue };
+            let offer = state.offer();
+            if let Some(stride) = offer.thin_to {
+                // The points of this flush not written yet are thinned here.
+                points.retain(|p| p.0 != *id || p.1 % stride as i64 == 0);
+                thins.push((*id, stride as i64));
+            }
+            if let Some(seq) = offer.insert {
+                let point = named.point;
+                points.push((*id, seq as i64, point.rank as i32, point.step as i64, point.value));
+            }
+        }
+        for (id, state) in series.values() {
+            saved_ids.push(*id);
+            strides.push(state.stride as i64);
+            seens.push(state.seen as i64);
+            kepts.push(state.kept as i64);
+        }
+    }
+    for (id, stride) in &thins {
+        tx.execute(
+            "DELETE FROM trainstate_metric_points WHERE series_id = $1 AND seq % $2 != 0",
+            &[id, stride],
+        )
+        .await
+        .map_err(pg)?;
+    }
+    if !points.is_empty() {
+        let ids: Vec<i64> = points.iter().map(|p| p.0).collect();
+        let seqs: Vec<i64> = points.iter().map(|p| p.1).collect();
+        let ranks: Vec<i32> = points.iter().map(|p| p.2).collect();
+        let steps: Vec<i64> = points.iter().map(|p| p.3).collect();
+        let values: Vec<f64> = points.iter().map(|p| p.4).collect();
+        tx.execute(
+            "INSERT INTO trainstate_metric_points (series_id, seq, rank, step, value)
+             SELECT * FROM UNNEST($1::bigint[], $2::bigint[], $3::int[], $4::bigint[],
+                                  $5::float8[])
+             ON CONFLICT (series_id, seq) DO UPDATE SET
+                 rank = EXCLUDED.rank, step = EXCLUDED.step, value = EXCLUDED.value",
+            &[&ids, &seqs, &ranks, &steps, &values],
+        )
+        .await
+        .map_err(pg)?;
+    }
+    if !saved_ids.is_empty() {
+        tx.execute(
+            "UPDATE trainstate_metric_series AS s SET stride = t.stride, seen = t.seen,
+                 kept = t.kept
+             FROM UNNEST($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[])
+                 AS t(id, stride, seen, kept)
+             WHERE s.id = t.id",
+            &[&saved_ids, &strides, &seens, &kepts],
+        )
+        .await
+        .map_err(pg)?;
+    }
+    tx.commit().await.map_err(pg)
+}
+
+/// Reads metric histories with a connection of the store's pool, on the
+/// store's runtime, from any thread but the runtime's own.
+struct PgMetricReader {
+    runtime: tokio::runtime::Handle,
+    pool: Pool,
+}
+
+impl MetricReader for PgMetricReader {
+    fn read(
+        &self,
+        run: &RunId,
+        attempt: &str,
+        query: &MetricsQuery,
+    ) -> Result<Vec<MetricSeries>, String> {
+        let pool = self.pool.clone();
+        let step = |s: Option<u64>| s.map(|s| s.min(i64::MAX as u64) as i64);
+        let (from, to) = (step(query.from_step), step(query.to_step));
+        let rank = query.rank.map(|r| r as i32);
+        let (run, attempt, name) = (run.as_str(), attempt, query.name.as_deref());
+        self.runtime.block_on(async move {
+            let read = async {
+                let client = pool.get().await.map_err(pg)?;
+                let rows = client
+                    .query(
+                        "SELECT s.name, p.rank, p.step, p.value
+                         FROM trainstate_metric_series s
+                         JOIN trainstate_metric_points p ON p.series_id = s.id
+                         WHERE s.run_id = $1 AND s.attempt_id = $2
+                           AND ($3::text IS NULL OR s.name = $3)
+                           AND ($4::int IS NULL OR p.rank = $4)
+                           AND ($5::bigint IS NULL OR p.step >= $5)
+                           AND ($6::bigint IS NULL OR p.step <= $6)
+                         ORDER BY s.name, p.seq",
+                        &[&run, &attempt, &name, &rank, &from, &to],
+                    )
+                    .await
+                    .map_err(pg)?;
+                Ok::<_, PgError>(into_series(rows.into_iter().map(|row| {
+                    let point = MetricPoint::new(
+                        row.get::<_, i32>(1) as u32,
+                        row.get::<_, i64>(2) as u64,
+                        row.get(3),
+                    );
+                    (row.get::<_, String>(0), point)
+                })))
+            };
+            match tokio::time::timeout(CALL_TIMEOUT, read).await {
+                Ok(result) => result,
+                Err(_) => {
+                    Err(format!("reading metric histories took longer than {CALL_TIMEOUT:?}"))
+                }
+            }
+        })
+    }
 }
 
 /// The stored version of each run in `ids` (`None` when there is none).

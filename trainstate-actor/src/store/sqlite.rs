@@ -1,14 +1,17 @@
 //! The SQLite store: schema, migrations, load and batched commits.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, ToSql, params};
-use trainstate_schema::{ActorStatus, RunStatus, TrainRunInfo};
+use trainstate_schema::api::{MetricPoint, MetricSeries, MetricsQuery};
+use trainstate_schema::{ActorStatus, RunId, RunStatus, TrainRunInfo};
 
 use super::columns::{StoredColumns, check};
 use super::load::{Loaded, StoredRow, log_quarantined, parse_rows};
+use super::metrics::{MetricBatch, MetricReader, SeriesState, into_series};
 use super::{
     ChangedRun, Committed, JobChanges, Position, Store, TOKEN_COLUMNS, token_from_columns,
 };
@@ -75,6 +78,29 @@ const MIGRATIONS: &[Migration] = &[
     // JSON, with the check that they describe it (`store/columns.rs`), so
     // a load builds records without parsing the JSON.
     Migration::Rewrite(add_index_columns),
+    // 6: metric histories (`store/metrics.rs`): where each series of a
+    // run's attempt stands, and the points it keeps, by the order in which
+    // they were offered to it.
+    Migration::Sql(
+        "CREATE TABLE metric_series (
+        id INTEGER PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        attempt_id TEXT NOT NULL,
+        name TEXT NOT NULL,
+        stride INTEGER NOT NULL,
+        seen INTEGER NOT NULL,
+        kept INTEGER NOT NULL,
+        UNIQUE (run_id, attempt_id, name)
+    );
+    CREATE TABLE metric_points (
+        series_id INTEGER NOT NULL,
+        seq INTEGER NOT NULL,
+        rank INTEGER NOT NULL,
+        step INTEGER NOT NULL,
+        value REAL NOT NULL,
+        PRIMARY KEY (series_id, seq)
+    ) WITHOUT ROWID;",
+    ),
 ];
 
 /// The columns a run's row keeps beside its JSON, in the order
@@ -348,6 +374,12 @@ impl SqliteStore {
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
             ))?;
             let mut delete = tx.prepare_cached("DELETE FROM runs WHERE id = ?1")?;
+            let mut delete_points = tx.prepare_cached(
+                "DELETE FROM metric_points WHERE series_id IN
+                 (SELECT id FROM metric_series WHERE run_id = ?1)",
+            )?;
+            let mut delete_series =
+                tx.prepare_cached("DELETE FROM metric_series WHERE run_id = ?1")?;
             for op in ops {
                 match op {
                     StoreOp::Put(record) => bind_run(record, |values| {
@@ -357,11 +389,135 @@ impl SqliteStore {
                     })?,
                     StoreOp::Delete(id) => {
                         delete.execute(params![id.as_str()])?;
+                        delete_points.execute(params![id.as_str()])?;
+                        delete_series.execute(params![id.as_str()])?;
                     }
                 }
             }
         }
         tx.commit()
+    }
+
+    /// Adds the points of `batches` in one transaction (see
+    /// [`Store::append_metrics`]).
+    fn append_points(&mut self, batches: &[MetricBatch]) -> Result<(), rusqlite::Error> {
+        let tx = self.conn.transaction()?;
+        {
+            let mut stored = tx.prepare_cached("SELECT 1 FROM runs WHERE id = ?1")?;
+            let mut states = tx.prepare_cached(
+                "SELECT id, name, stride, seen, kept FROM metric_series
+                 WHERE run_id = ?1 AND attempt_id = ?2",
+            )?;
+            let mut new_series = tx.prepare_cached(
+                "INSERT INTO metric_series (run_id, attempt_id, name, stride, seen, kept)
+                 VALUES (?1, ?2, ?3, 1, 0, 0) RETURNING id",
+            )?;
+            let mut save = tx.prepare_cached(
+                "UPDATE metric_series SET stride = ?2, seen = ?3, kept = ?4 WHERE id = ?1",
+            )?;
+            let mut thin = tx.prepare_cached(
+                "DELETE FROM metric_points WHERE series_id = ?1 AND seq % ?2 != 0",
+            )?;
+            let mut insert = tx.prepare_cached(
+                "INSERT OR REPLACE INTO metric_points (series_id, seq, rank, step, value)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?;
+            for batch in batches {
+                let (run, attempt) = (batch.run_id.as_str(), &*batch.attempt_id);
+                if !stored.exists(params![run])? {
+                    continue;
+                }
+                let mut series: HashMap<String, (i64, SeriesState, bool)> = states
+                    .query_map(params![run, attempt], |row| {
+                        let state = SeriesState {
+                            stride: row.get::<_, i64>(2)? as u64,
+                            seen: row.get::<_, i64>(3)? as u64,
+                            kept: row.get::<_, i64>(4)? as u64,
+                        };
+                        Ok((row.get::<_, String>(1)?, (row.get::<_, i64>(0)?, state, false)))
+                    })?
+                    .collect::<Result<_, _>>()?;
+                for named in &batch.points {
+                    if !series.contains_key(&*named.name) {
+                        let id: i64 = new_series
+                            .query_row(params![run, attempt, &*named.name], |row| row.get(0))?;
+                        series.insert(named.name.to_string(), (id, SeriesState::default(), true));
+                    }
+                    let (id, state, changed) =
+                        series.get_mut(&*named.name).expect("inserted above if it was missing");
+                    let offer = state.offer();
+                    *changed = true;
+                    if let Some(stride) = offer.thin_to {
+                        thin.execute(params![*id, stride as i64])?;
+                    }
+                    if let Some(seq) = offer.insert {
+                        let point = &named.point;
+                        insert.execute(params![
+                            *id,
+                            seq as i64,
+                            point.rank,
+                            point.step as i64,
+                            point.value
+                        ])?;
+                    }
+                }
+                for (id, state, changed) in series.values() {
+                    if *changed {
+                        let (stride, seen, kept) =
+                            (state.stride as i64, state.seen as i64, state.kept as i64);
+                        save.execute(params![*id, stride, seen, kept])?;
+                    }
+                }
+            }
+        }
+        tx.commit()
+    }
+}
+
+/// Reads metric histories on a read-only connection of its own: under WAL
+/// it never waits for the writer, nor the writer for it.
+struct SqliteMetricReader {
+    conn: Mutex<Connection>,
+}
+
+impl MetricReader for SqliteMetricReader {
+    fn read(
+        &self,
+        run: &RunId,
+        attempt: &str,
+        query: &MetricsQuery,
+    ) -> Result<Vec<MetricSeries>, String> {
+        let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT s.name, p.rank, p.step, p.value
+                 FROM metric_series s JOIN metric_points p ON p.series_id = s.id
+                 WHERE s.run_id = ?1 AND s.attempt_id = ?2
+                   AND (?3 IS NULL OR s.name = ?3) AND (?4 IS NULL OR p.rank = ?4)
+                   AND (?5 IS NULL OR p.step >= ?5) AND (?6 IS NULL OR p.step <= ?6)
+                 ORDER BY s.name, p.seq",
+            )
+            .map_err(|e| e.to_string())?;
+        let step = |s: Option<u64>| s.map(|s| s.min(i64::MAX as u64) as i64);
+        let rows = stmt
+            .query_map(
+                params![
+                    run.as_str(),
+                    attempt,
+                    query.name,
+                    query.rank,
+                    step(query.from_step),
+                    step(query.to_step)
+                ],
+                |row| {
+                    let point =
+                        MetricPoint::new(row.get(1)?, row.get::<_, i64>(2)? as u64, row.get(3)?);
+                    Ok((row.get::<_, String>(0)?, point))
+                },
+            )
+            .map_err(|e| e.to_string())?;
+        let rows: Vec<_> = rows.collect::<Result<_, _>>().map_err(|e| e.to_string())?;
+        Ok(into_series(rows))
     }
 }
 
@@ -415,6 +571,22 @@ impl Store for SqliteStore {
                 Err(err.to_string())
             }
         }
+    }
+
+    fn append_metrics(&mut self, batches: &[MetricBatch]) -> Result<(), String> {
+        self.append_points(batches).map_err(|err| {
+            if !self.conn.is_autocommit() {
+                let _ = self.conn.execute_batch("ROLLBACK");
+            }
+            err.to_string()
+        })
+    }
+
+    fn metric_reader(&mut self) -> Result<Arc<dyn MetricReader>, StoreError> {
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = Connection::open_with_flags(&self.path, flags).map_err(self.at())?;
+        conn.execute_batch("PRAGMA busy_timeout = 5000;").map_err(self.at())?;
+        Ok(Arc::new(SqliteMetricReader { conn: Mutex::new(conn) }))
     }
 
     fn changed_after(&mut self, after: &Position, limit: usize) -> Result<Vec<ChangedRun>, String> {

@@ -1,0 +1,235 @@
+//! Metric histories in the store: the rule that bounds a series, and what
+//! every store shares to keep and read them.
+//!
+//! A rank's heartbeat carries its latest scalars; the connection that takes
+//! it adds a point per metric to its rank board's pending points (memory,
+//! bounded), and the writer thread hands what is pending to the store about
+//! once a second ([`MetricBatch`], never one write per report). The store
+//! keeps each series of a run's attempt bounded by [`SeriesState`]: at most
+//! [`MAX_METRIC_POINTS`] points, decimated as it grows. Reads come from the
+//! store on demand ([`MetricReader`]), on a connection of their own, so the
+//! head keeps no history in memory and a restart keeps every point flushed
+//! before it.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use trainstate_schema::RunId;
+use trainstate_schema::api::{MetricPoint, MetricSeries, MetricsQuery};
+use trainstate_schema::limits::MAX_METRIC_POINTS;
+
+/// The points of one run's attempt reported since the last flush, in the
+/// order they were reported.
+#[derive(Debug, Clone)]
+pub(crate) struct MetricBatch {
+    pub(crate) run_id: RunId,
+    pub(crate) attempt_id: Box<str>,
+    pub(crate) points: Vec<NamedPoint>,
+}
+
+/// A point of the metric `name`.
+#[derive(Debug, Clone)]
+pub(crate) struct NamedPoint {
+    pub(crate) name: Arc<str>,
+    pub(crate) point: MetricPoint,
+}
+
+/// Reads metric histories from the store, on a connection of its own (never
+/// the writer's): callable from any thread, blocking.
+pub(crate) trait MetricReader: Send + Sync {
+    /// The series of run `run`'s attempt `attempt` that `query` selects, by
+    /// name, each in the order its points were reported.
+    fn read(
+        &self,
+        run: &RunId,
+        attempt: &str,
+        query: &MetricsQuery,
+    ) -> Result<Vec<MetricSeries>, String>;
+}
+
+/// Where one series stands: how many points it was offered, which it keeps.
+///
+/// The `seq`-th point offered (from 0) is kept while `seq` is a multiple of
+/// `stride`. When a point would make [`MAX_METRIC_POINTS`], the stride
+/// doubles and the points whose `seq` is not a multiple of the new stride
+/// are deleted: half of them. So a series spans its whole attempt, at a
+/// grain that halves each time it fills, and the points kept are a
+/// function of the points offered alone (the same after a restart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SeriesState {
+    pub(crate) stride: u64,
+    pub(crate) seen: u64,
+    pub(crate) kept: u64,
+}
+
+impl Default for SeriesState {
+    fn default() -> Self {
+        Self { stride: 1, seen: 0, kept: 0 }
+    }
+}
+
+/// What the store does with one point offered to a series.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Offer {
+    /// First delete the series' points whose `seq` is not a multiple of this.
+    pub(crate) thin_to: Option<u64>,
+    /// Then insert the point at this `seq` (`None`: it is not kept).
+    pub(crate) insert: Option<u64>,
+}
+
+impl SeriesState {
+    /// Offers the series its next point; says what to change.
+    pub(crate) fn offer(&mut self) -> Offer {
+        self.stride = self.stride.max(1);
+        let seq = self.seen;
+        self.seen += 1;
+        if !seq.is_multiple_of(self.stride) {
+            return Offer { thin_to: None, insert: None };
+        }
+        let mut thin_to = None;
+        if self.kept >= MAX_METRIC_POINTS as u64 {
+            self.stride *= 2;
+            // The multiples of the new stride below `seq` are what is left.
+            self.kept = seq.div_ceil(self.stride);
+            thin_to = Some(self.stride);
+        }
+        let insert = seq.is_multiple_of(self.stride).then(|| {
+            self.kept += 1;
+            seq
+        });
+        Offer { thin_to, insert }
+    }
+}
+
+/// The metric histories of the memory-only store, shared with its reader.
+#[derive(Default, Clone)]
+pub(crate) struct MemoryHistories {
+    series: Arc<Mutex<BTreeMap<AttemptKey, AttemptSeries>>>,
+}
+
+/// A run's attempt: its run id and attempt id.
+type AttemptKey = (RunId, Box<str>);
+
+/// The series of one run's attempt, by name: each one's state and points.
+type AttemptSeries = BTreeMap<Arc<str>, (SeriesState, Vec<(u64, MetricPoint)>)>;
+
+impl MemoryHistories {
+    /// Adds the points of `batches`, each series bounded as a store bounds it.
+    pub(crate) fn append(&self, batches: &[MetricBatch]) {
+        let mut all = self.series.lock().unwrap_or_else(|e| e.into_inner());
+        for batch in batches {
+            let run = all.entry((batch.run_id.clone(), batch.attempt_id.clone())).or_default();
+            for named in &batch.points {
+                let (state, points) = run.entry(named.name.clone()).or_default();
+                let offer = state.offer();
+                if let Some(stride) = offer.thin_to {
+                    points.retain(|(seq, _)| seq.is_multiple_of(stride));
+                }
+                if let Some(seq) = offer.insert {
+                    points.push((seq, named.point));
+                }
+            }
+        }
+    }
+
+    /// Forgets every series of run `id`.
+    pub(crate) fn delete(&self, id: &RunId) {
+        self.series.lock().unwrap_or_else(|e| e.into_inner()).retain(|(run, _), _| run != id);
+    }
+}
+
+impl MetricReader for MemoryHistories {
+    fn read(
+        &self,
+        run: &RunId,
+        attempt: &str,
+        query: &MetricsQuery,
+    ) -> Result<Vec<MetricSeries>, String> {
+        let all = self.series.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(series) = all.get(&(run.clone(), attempt.into())) else {
+            return Ok(Vec::new());
+        };
+        Ok(series
+            .iter()
+            .filter(|(name, _)| query.name.as_deref().is_none_or(|n| n == &***name))
+            .map(|(name, (_, points))| {
+                let kept = points.iter().map(|(_, p)| *p).filter(|p| selects(query, p)).collect();
+                MetricSeries::new(name.to_string(), kept)
+            })
+            .collect())
+    }
+}
+
+/// True when `query` selects `point` (its rank and range of steps).
+pub(crate) fn selects(query: &MetricsQuery, point: &MetricPoint) -> bool {
+    query.rank.is_none_or(|rank| point.rank == rank)
+        && query.from_step.is_none_or(|from| point.step >= from)
+        && query.to_step.is_none_or(|to| point.step <= to)
+}
+
+/// Groups rows `(name, point)` in name order into series (rows come sorted
+/// by name, then by `seq`).
+pub(crate) fn into_series(
+    rows: impl IntoIterator<Item = (String, MetricPoint)>,
+) -> Vec<MetricSeries> {
+    let mut series: Vec<MetricSeries> = Vec::new();
+    for (name, point) in rows {
+        match series.last_mut() {
+            Some(last) if last.name == name => last.points.push(point),
+            _ => series.push(MetricSeries::new(name, vec![point])),
+        }
+    }
+    series
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kept_after(offers: u64) -> (SeriesState, Vec<u64>) {
+        let mut state = SeriesState::default();
+        let mut kept = Vec::new();
+        for _ in 0..offers {
+            let offer = state.offer();
+            if let Some(stride) = offer.thin_to {
+                kept.retain(|seq: &u64| seq.is_multiple_of(stride));
+            }
+            kept.extend(offer.insert);
+        }
+        (state, kept)
+    }
+
+    #[test]
+    fn a_series_keeps_every_point_until_it_is_full() {
+        let (state, kept) = kept_after(MAX_METRIC_POINTS as u64);
+        assert_eq!(kept, (0..MAX_METRIC_POINTS as u64).collect::<Vec<_>>());
+        assert_eq!(state, SeriesState { stride: 1, seen: 1_000, kept: 1_000 });
+    }
+
+    #[test]
+    fn a_full_series_halves_and_spans_every_point_offered() {
+        for offers in [1_001, 1_999, 2_000, 2_001, 10_000, 123_457] {
+            let (state, kept) = kept_after(offers);
+            assert!(kept.len() <= MAX_METRIC_POINTS, "{offers}: {}", kept.len());
+            assert!(kept.len() > MAX_METRIC_POINTS / 2, "{offers}: {}", kept.len());
+            assert_eq!(state.kept, kept.len() as u64, "{offers}");
+            assert_eq!(kept[0], 0);
+            assert!(offers - 1 - kept.last().unwrap() < state.stride, "{offers}");
+            assert!(kept.iter().all(|seq| seq.is_multiple_of(state.stride)), "{offers}");
+            assert!(kept.windows(2).all(|w| w[1] - w[0] == state.stride), "{offers}");
+        }
+    }
+
+    #[test]
+    fn rows_become_series_by_name() {
+        let rows = [
+            ("a".to_owned(), MetricPoint::new(0, 1, 1.0)),
+            ("a".to_owned(), MetricPoint::new(1, 1, 2.0)),
+            ("b".to_owned(), MetricPoint::new(0, 1, 3.0)),
+        ];
+        let series = into_series(rows);
+        assert_eq!(series.len(), 2);
+        assert_eq!(series[0].points.len(), 2);
+        assert_eq!(series[1].name, "b");
+    }
+}
