@@ -241,6 +241,14 @@ impl Api {
         answer
     }
 
+    async fn get(&self, path: &str) -> Value {
+        let url = format!("{}{path}", self.url);
+        let (status, answer) =
+            crate::contract::send(&self.http, reqwest::Method::GET, &url, None, self.token).await;
+        assert!(status.is_success(), "GET {path}: {status}: {answer}");
+        answer
+    }
+
     async fn register(&self, run: (RunId, Value)) -> RunId {
         self.post("/api/train/runs", run.1).await;
         run.0
@@ -677,6 +685,14 @@ async fn the_page_shows_a_stalled_run_its_progress_and_the_ranks_named() {
     let run = handle.get_run(trainstate_schema::RunId::parse(&id).unwrap()).await.unwrap();
     let health = run.health().expect("the run has health");
     assert_eq!(health.state.as_str(), "STALLED", "{health:?}");
+
+    // The points reach the store with the writer's next flush (a second).
+    let metrics = format!("/api/train/runs/{id}/metrics");
+    let flushed = Instant::now() + DEADLINE;
+    while api.get(&metrics).await["series"][0]["points"].as_array().is_none_or(|p| p.len() < 8) {
+        assert!(Instant::now() < flushed, "the reported points never reached the store");
+        tokio::time::sleep(POLL).await;
+    }
 
     let browser = Browser::start(&chromium, &chromedriver, "health").await;
     browser.goto(&format!("{}/", server.url)).await;
