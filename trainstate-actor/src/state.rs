@@ -643,7 +643,7 @@ impl Runs {
         if record.status.is_terminal() {
             return Ok(Outcome::Unchanged(()));
         }
-        let run = record.run()?.with_health(health)?;
+        let run = record.run()?.with_health(health, now_ms)?;
         let record = self.recorded(run, now_ms)?;
         self.replace_keeping_beat(record.clone());
         Ok(Outcome::Changed(Change {
