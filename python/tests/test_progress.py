@@ -8,7 +8,7 @@ import logging
 import math
 import socket
 import timeit
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -31,8 +31,8 @@ class Pipe:
         self.run._socket = self.rank
         self.buffer = b""
 
-    def progress(self, interval: float = 3600.0) -> Progress:
-        return Progress(self.run._send, interval)
+    def progress(self, interval: float = 3600.0, clock: Optional[Callable[[], float]] = None) -> Progress:
+        return Progress(self.run._send, interval) if clock is None else Progress(self.run._send, interval, clock)
 
     def lines(self) -> List[Dict[str, Any]]:
         """Every whole line written so far, as the watcher parses them."""
@@ -67,6 +67,12 @@ class Pipe:
         self.watcher.close()
 
 
+def untimed(lines: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """``lines`` without the wall times per step that hand-overs whose step
+    grew carry (their own tests pin them down with a clock of their own)."""
+    return [{"progress": {k: v for k, v in line["progress"].items() if k != "step_time_ms"}} for line in lines]
+
+
 @pytest.fixture
 def pipe() -> Iterator[Pipe]:
     opened = Pipe()
@@ -82,8 +88,11 @@ def test_the_first_report_goes_at_once_and_later_ones_are_coalesced(pipe: Pipe) 
         progress.report({"loss": 1.0 / step}, step, None, None, None)
     assert pipe.lines() == [], "reports within the interval are kept, not handed over"
     assert progress.flush()
-    # The latest step, the sticky total and phase, and only the metrics that changed.
-    assert pipe.lines() == [{"progress": {"step": 49, "total_steps": 100, "phase": "train", "metrics": {"loss": 1.0 / 49}}}]
+    # The latest step, the sticky total and phase, only the metrics that
+    # changed, and the wall time per step since the first.
+    lines = pipe.lines()
+    assert untimed(lines) == [{"progress": {"step": 49, "total_steps": 100, "phase": "train", "metrics": {"loss": 1.0 / 49}}}]
+    assert lines[0]["progress"]["step_time_ms"] > 0
     assert progress.flush() and pipe.lines() == [], "nothing new: nothing handed over"
 
 
@@ -98,7 +107,7 @@ def test_what_a_rank_reported_before_going_quiet_is_handed_over_by_itself(pipe: 
         return any(line["progress"].get("step") == 2 for line in seen)
 
     wait_until("the pending report to be handed over", step_2_arrived, deadline=10)
-    assert seen[-1] == {"progress": {"step": 2, "metrics": {"loss": 0.5}}}
+    assert untimed(seen[-1:]) == [{"progress": {"step": 2, "metrics": {"loss": 0.5}}}]
 
 
 def test_an_announced_wait_is_handed_over_at_once_and_only_once(pipe: Pipe) -> None:
@@ -111,7 +120,7 @@ def test_an_announced_wait_is_handed_over_at_once_and_only_once(pipe: Pipe) -> N
     ]
     progress.report(None, 11, None, "train", None)
     assert progress.flush()
-    assert pipe.lines() == [{"progress": {"step": 11, "phase": "train"}}]
+    assert untimed(pipe.lines()) == [{"progress": {"step": 11, "phase": "train"}}]
 
 
 def test_a_full_socket_drops_the_hand_over_and_keeps_the_latest(pipe: Pipe) -> None:
@@ -124,7 +133,7 @@ def test_a_full_socket_drops_the_hand_over_and_keeps_the_latest(pipe: Pipe) -> N
     pipe.lines()  # the watcher reads what filled the socket
     pipe.buffer = b""
     assert progress.flush()
-    assert pipe.lines() == [{"progress": {"step": 6, "expect_next_within_ms": 60_000, "metrics": {"loss": 2.5, "acc": 0.1}}}]
+    assert untimed(pipe.lines()) == [{"progress": {"step": 6, "expect_next_within_ms": 60_000, "metrics": {"loss": 2.5, "acc": 0.1}}}]
 
 
 def test_invalid_input_is_dropped_with_one_warning_per_kind(pipe: Pipe, caplog: pytest.LogCaptureFixture) -> None:
@@ -153,6 +162,108 @@ def test_invalid_input_is_dropped_with_one_warning_per_kind(pipe: Pipe, caplog: 
     assert len(warnings) == len(kinds), warnings
 
 
+class Clock:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_step_time_handed_over_is_the_mean_of_the_callers_since_the_last_one(pipe: Pipe) -> None:
+    clock = Clock()
+    progress = pipe.progress(clock=clock)
+    progress.report(None, 1, None, None, None, 0.1)
+    assert pipe.lines() == [{"progress": {"step": 1}}], "a first step has no interval to time"
+    for step, seconds in [(2, 0.1), (3, 0.2), (4, 0.3), (5, 0.2)]:
+        clock.now += 5.0  # the wall time is not what is sent when the caller measured its own
+        progress.report(None, step, None, None, None, seconds)
+    assert progress.flush()
+    # Every step time since the last hand-over that carried one, the first step's included.
+    assert pipe.lines() == [{"progress": {"step": 5, "step_time_ms": 180.0}}]
+    progress.report({"loss": 1.0}, None, None, None, None, 0.5)
+    progress.report(None, 6, None, None, None, 0.3)
+    assert progress.flush()
+    assert pipe.lines() == [{"progress": {"step": 6, "step_time_ms": 400.0, "metrics": {"loss": 1.0}}}]
+
+
+def test_without_the_callers_step_times_the_wall_time_per_step_is_handed_over(pipe: Pipe) -> None:
+    clock = Clock()
+    progress = pipe.progress(clock=clock)
+    progress.report(None, 10, None, None, None)
+    assert pipe.lines() == [{"progress": {"step": 10}}]
+    clock.now += 1.0
+    progress.report(None, 15, None, None, None)
+    clock.now += 1.0
+    progress.report(None, 20, None, None, None)
+    clock.now += 0.7  # reported again without an advance: the interval ends at the advance
+    progress.report({"loss": 0.5}, 20, None, None, None)
+    assert progress.flush()
+    assert pipe.lines() == [{"progress": {"step": 20, "step_time_ms": 200.0, "metrics": {"loss": 0.5}}}]
+    clock.now += 0.3
+    progress.report({"loss": 0.4}, 20, None, None, None)
+    assert progress.flush()
+    assert pipe.lines() == [{"progress": {"step": 20, "metrics": {"loss": 0.4}}}], "no advance, no step time"
+    clock.now += 1.5
+    progress.report(None, 30, None, None, None)
+    assert progress.flush()
+    assert pipe.lines() == [{"progress": {"step": 30, "step_time_ms": 250.0}}], "from the advance the last one counted to"
+
+
+def test_a_step_time_whose_hand_over_was_not_written_goes_with_the_next(pipe: Pipe) -> None:
+    clock = Clock()
+    progress = pipe.progress(clock=clock)
+    progress.report(None, 1, None, None, None)
+    pipe.lines()
+    pipe.fill()
+    progress.report(None, 2, None, None, None, 0.25)
+    assert not progress.flush(), "the socket is full"
+    pipe.lines()
+    pipe.buffer = b""
+    progress.report(None, 3, None, None, None, 0.75)
+    assert progress.flush()
+    assert pipe.lines() == [{"progress": {"step": 3, "step_time_ms": 500.0}}]
+
+
+def test_a_bad_step_time_is_dropped_with_one_warning(pipe: Pipe, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="trainstate")
+    progress = pipe.progress(clock=Clock())
+    progress.report(None, 1, None, None, None)
+    pipe.lines()
+    for bad in [math.nan, math.inf, -1.0, 0, "fast", 8 * 24 * 3600.0, None]:
+        progress.report(None, 2, None, None, None, bad)  # type: ignore[arg-type]
+    progress.report(None, 2, None, None, None, 0.05)
+    assert progress.flush()
+    assert pipe.lines() == [{"progress": {"step": 2, "step_time_ms": 50.0}}]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "trainstate"]
+    assert len(warnings) == 1 and "step_time=" in warnings[0], warnings
+
+
+def test_the_watcher_sends_a_step_time_only_with_the_step_it_came_with(pipe: Pipe) -> None:
+    import os
+
+    from trainstate._watch import Watcher
+
+    watcher = Watcher({"url": "http://127.0.0.1:9", "rank": 0, "pid": os.getpid(), "warn": False}, os.dup(pipe.watcher.fileno()))
+    try:
+        with watcher.lock:
+            watcher.take_progress({"step": 10, "step_time_ms": 120.0})
+        sent = watcher.take_progress_to_send()
+        assert sent is not None and sent.get("step_time_ms") == 120.0
+        with watcher.lock:
+            watcher.take_progress({"metrics": {"loss": 1.0}})
+        sent = watcher.take_progress_to_send()
+        assert sent is not None and sent.get("step_time_ms") == 120.0, "the whole latest state, whose step is still 10"
+        with watcher.lock:
+            watcher.take_progress({"step": 11})
+        sent = watcher.take_progress_to_send()
+        assert sent is not None and sent["step"] == 11 and "step_time_ms" not in sent, sent
+    finally:
+        watcher.out.close()
+
+
 def test_numbers_of_other_types_are_taken_as_floats_and_whole_numbers(pipe: Pipe) -> None:
     class Scalar:
         def __float__(self) -> float:
@@ -169,7 +280,7 @@ def test_numbers_of_other_types_are_taken_as_floats_and_whole_numbers(pipe: Pipe
 def test_report_never_raises_and_does_nothing_without_a_head() -> None:
     trainstate.report({"loss": 1.0}, step=1)  # before init, or without a head: nothing
     run = Run(url=None, token=None, launch=None, worker=None, name="", timeout=1.0, join_timeout=None, reason="no head")
-    run.report({"loss": math.nan}, step=-1, phase="\x00", expect_next_within=-1)
+    run.report({"loss": math.nan}, step=-1, phase="\x00", expect_next_within=-1, step_time=-1)
     run.report(object(), step=object())  # type: ignore[arg-type]
 
 

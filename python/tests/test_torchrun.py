@@ -17,7 +17,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
@@ -402,6 +402,91 @@ def test_a_hung_rank_stalls_the_run_and_an_announced_checkpoint_does_not(head, n
         head.run_named(name, "FINISHED")
     finally:
         events.close()
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+
+
+STRAGGLER_TRAIN = """
+    import os, time
+    import trainstate
+    trainstate.init()
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    compute = 0.05 * (rank + 1)  # rank 1's own work takes twice rank 0's
+    until = time.monotonic() + 90
+    step = 0
+    while True:
+        step += 1
+        started = time.monotonic()
+        time.sleep(compute)  # this step's work
+        step_time = time.monotonic() - started
+        # Lock-step: every rank waits here for the slowest, and learns
+        # whether the test asked the job to stop.
+        stop = torch.tensor([1.0 if os.path.exists(os.environ["STOP_FILE"]) or time.monotonic() > until else 0.0])
+        dist.all_reduce(stop)
+        trainstate.report(step=step, step_time=step_time, phase="train")
+        if stop.item() > 0:
+            break
+    dist.barrier()
+    dist.destroy_process_group()
+"""
+
+
+def test_a_rank_twice_as_slow_as_its_peer_is_named_a_straggler(head, name, tmp_path):
+    """Two ranks in lock-step (an all_reduce every step): each step's wall
+    time is the same on both, but rank 1's own work (a sleep) takes twice
+    rank 0's, and each reports its own as `step_time`. The head names rank
+    1, and only rank 1, a straggler, with about twice its peer's time, once
+    it has been slow for 10 s (the `head` fixture sweeps every 0.5 s); then
+    the job stops and exits 0."""
+    path = script(tmp_path, STRAGGLER_TRAIN)
+    stop = tmp_path / "stop"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+        "--redirects", "2", "--tee", "2", "--monitor_interval", "0.2", str(path),
+    ]
+    errors = tmp_path / "torchrun.err"
+    env = child_env(head.url, name, OMP_NUM_THREADS="1", STOP_FILE=str(stop))
+    with open(errors, "w") as stderr:
+        job = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+    try:
+        run_id = head.run_named(name, "RUNNING", deadline=120)["id"]
+        wait_until(
+            "both ranks' first steps",
+            lambda: all(p and p.get("step") for p in head.get(f"/api/train/runs/{run_id}").get("rank_progress") or [None]),
+            deadline=60,
+        )
+        first_steps = time.monotonic()
+
+        def stragglers() -> Optional[Dict[str, Any]]:
+            run = head.get(f"/api/train/runs/{run_id}")
+            return run if (run.get("health") or {}).get("stragglers") else None
+
+        try:
+            run = wait_until("a straggler named", stragglers, deadline=40, every=0.2)
+        except AssertionError:
+            health_of(head, run_id, "PROGRESSING", deadline=0)  # says whether the head serves health at all
+            raise
+        print(f"straggler named {time.monotonic() - first_steps:.1f} s after both ranks' first steps: {run['health']['detail']}")
+        health = run["health"]
+        assert [s["rank"] for s in health["stragglers"]] == [1], health
+        straggler = health["stragglers"][0]
+        assert 1.6 <= straggler["ratio"] <= 2.5, straggler
+        assert straggler["step_time_ms"] > straggler["peers_step_time_ms"] > 0, straggler
+        assert health["state"] == "PROGRESSING" and health["ranks"] == [], health
+        assert "Rank 1 is a straggler" in health["detail"], health
+        steps = [p["step"] for p in run["rank_progress"]]
+        assert max(steps) - min(steps) <= 2, f"lock-step: the ranks' steps agree ({steps})"
+
+        stop.touch()
+        assert job.wait(60) == 0, errors.read_text()[-3000:]
+        finished = head.run_named(name, "FINISHED")
+        assert [s["rank"] for s in finished["health"]["stragglers"]] == [1], "a run that ended keeps the health it had"
+    finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()

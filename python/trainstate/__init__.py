@@ -190,9 +190,10 @@ def report(
     total_steps: Optional[int] = None,
     phase: Optional[str] = None,
     expect_next_within: Optional[float] = None,
+    step_time: Optional[float] = None,
 ) -> None:
     """Reports this rank's progress (see :meth:`Run.report`); does nothing
     before :func:`init`. A few microseconds, never blocks, never raises."""
     run = current()
     if run is not None:
-        run.report(metrics, step=step, total_steps=total_steps, phase=phase, expect_next_within=expect_next_within)
+        run.report(metrics, step=step, total_steps=total_steps, phase=phase, expect_next_within=expect_next_within, step_time=step_time)

@@ -5,6 +5,13 @@ A report only updates the rank's latest state (its step, total steps,
 phase and the scalars that changed since the last hand-over), which costs a
 few microseconds; about once a second that coalesced state is handed to the
 watcher as one JSON line ``{"progress": {...}}``, written without blocking.
+
+A hand-over whose step grew carries the rank's time per step over the
+interval (``step_time_ms``), from which the head tells stragglers: the mean
+of the ``step_time`` values the caller reported since the last hand-over
+(its own work, which in lock-step training differs from rank to rank),
+else the wall time per step between the advances the interval saw
+(Δtime/Δstep, the same on every rank of lock-step training).
 When the socket would block, the line is not written and the state stays
 coalesced for the next hand-over: only the latest values matter. A daemon
 thread hands over what a rank reported just before it went quiet.
@@ -22,7 +29,7 @@ import operator
 import re
 import threading
 import time
-from typing import Any, Callable, Dict, Mapping, Optional, Set
+from typing import Any, Callable, Dict, Mapping, Optional, Set, Tuple
 
 from .types import RankProgress
 
@@ -42,6 +49,8 @@ MIN_STALL_AFTER_MS = 1_000
 """The shortest stall window a run may ask for."""
 MAX_STALL_AFTER_MS = 604_800_000
 """The longest stall window a run may ask for: 7 days."""
+MAX_STEP_TIME_MS = 604_800_000
+"""The longest time per step a rank may report: 7 days."""
 MAX_STEP = 2**64 - 1
 """Steps are unsigned 64-bit integers on the wire."""
 
@@ -81,12 +90,15 @@ class Progress:
 
     ``send`` writes one message to the watcher without blocking and answers
     whether it was written; ``wait=False`` asks it not to wait for a line
-    half written either.
+    half written either. ``clock`` is the monotonic clock, in seconds.
     """
 
-    def __init__(self, send: Callable[[Dict[str, Any], bool], bool], interval: float = HAND_OVER_INTERVAL) -> None:
+    def __init__(
+        self, send: Callable[[Dict[str, Any], bool], bool], interval: float = HAND_OVER_INTERVAL, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._send = send
         self._interval = interval
+        self._clock = clock
         self._lock = threading.Lock()
         self._step: Optional[int] = None
         self._total_steps: Optional[int] = None
@@ -94,6 +106,14 @@ class Progress:
         self._expect_ms: Optional[int] = None
         self._metrics: Dict[str, float] = {}
         self._names: Set[str] = set()
+        # The step times the caller reported since the last hand-over (their
+        # sum in ms, and how many), when the step last grew (monotonic), and
+        # the step and time the next hand-over's wall time per step is
+        # counted from.
+        self._step_time_sum = 0.0
+        self._step_time_count = 0
+        self._advanced_at: Optional[float] = None
+        self._counted_from: Optional[Tuple[int, float]] = None
         self._dirty = False
         self._due = 0.0
         self._warned: Set[str] = set()
@@ -108,11 +128,14 @@ class Progress:
         total_steps: Optional[Any],
         phase: Optional[str],
         expect_next_within: Optional[float],
+        step_time: Optional[float] = None,
     ) -> None:
         """Takes one report; hands the state over when it is due."""
         with self._lock:
             if step is not None:
                 self._take_step(step)
+            if step_time is not None:
+                self._take_step_time(step_time)
             if total_steps is not None:
                 total = self._count("total_steps", total_steps)
                 if total is not None:
@@ -128,7 +151,7 @@ class Progress:
             if expect_next_within is not None:
                 urgent = self._take_expect(expect_next_within)
             self._dirty = True
-            due = urgent or time.monotonic() >= self._due
+            due = urgent or self._clock() >= self._due
         if due:
             self.flush()
         if self._flusher is None:
@@ -141,8 +164,36 @@ class Progress:
         if self._step is not None and value < self._step:
             self._warn("step_back", f"step {value} is lower than the step {self._step} reported before (steps never go back)")
             return
+        if self._step is None or value > self._step:
+            self._advanced_at = self._clock()
+            if self._counted_from is None:
+                self._counted_from = (value, self._advanced_at)
         self._step = value
 
+    def _take_step_time(self, seconds: Any) -> None:
+        try:
+            value = float(seconds) * 1000.0
+        except (TypeError, ValueError, OverflowError):
+            value = math.nan
+        if not (math.isfinite(value) and 0 < value <= MAX_STEP_TIME_MS):
+            self._warn("step_time", f"step_time={seconds!r} is not a number of seconds greater than 0 and at most 7 days")
+            return
+        self._step_time_sum += value
+        self._step_time_count += 1
+
+    def _step_time_ms(self) -> Optional[float]:
+        """The time per step of the interval since the last hand-over (ms):
+        the mean of the caller's step times, else the wall time per step
+        between the advances it saw; ``None`` when the step did not grow."""
+        if self._counted_from is None or self._step is None or self._advanced_at is None:
+            return None
+        first_step, first_at = self._counted_from
+        if self._step <= first_step:
+            return None
+        if self._step_time_count:
+            return round(self._step_time_sum / self._step_time_count, 3)
+        wall = (self._advanced_at - first_at) * 1000.0 / (self._step - first_step)
+        return round(wall, 3) if 0 < wall <= MAX_STEP_TIME_MS else None
     def _count(self, kind: str, value: Any) -> Optional[int]:
         if type(value) is not int:
             try:
@@ -217,9 +268,17 @@ class Progress:
             metrics, self._metrics = self._metrics, {}
             if metrics:
                 progress["metrics"] = metrics
+            step_time_ms = self._step_time_ms()
+            if step_time_ms is not None:
+                progress["step_time_ms"] = step_time_ms
+            step_times = (self._step_time_sum, self._step_time_count)
+            counted_from = self._counted_from
+            if step_time_ms is not None and self._step is not None and self._advanced_at is not None:
+                self._step_time_sum, self._step_time_count = 0.0, 0
+                self._counted_from = (self._step, self._advanced_at)
             expect, self._expect_ms = self._expect_ms, None
             self._dirty = False
-            self._due = time.monotonic() + self._interval
+            self._due = self._clock() + self._interval
         if self._send({"progress": progress}, False):
             self.handed_over += 1
             return True
@@ -227,6 +286,10 @@ class Progress:
         with self._lock:
             for name, value in metrics.items():
                 self._metrics.setdefault(name, value)
+            if step_time_ms is not None:
+                self._step_time_sum += step_times[0]
+                self._step_time_count += step_times[1]
+                self._counted_from = counted_from
             if self._expect_ms is None:
                 self._expect_ms = expect
             self._dirty = True
@@ -244,10 +307,10 @@ class Progress:
         that went quiet right after reporting is still heard."""
         while True:
             with self._lock:
-                wait = self._due - time.monotonic() if self._dirty else self._interval
+                wait = self._due - self._clock() if self._dirty else self._interval
             time.sleep(min(max(wait, 0.05), self._interval))
             with self._lock:
-                due = self._dirty and time.monotonic() >= self._due
+                due = self._dirty and self._clock() >= self._due
             if due:
                 try:
                     self.flush()

@@ -183,6 +183,7 @@ class Run:
         total_steps: Optional[int] = None,
         phase: Optional[str] = None,
         expect_next_within: Optional[float] = None,
+        step_time: Optional[float] = None,
     ) -> None:
         """Reports this rank's progress: its ``step`` (the global step, as
         the training loop counts it), ``total_steps`` when known, its
@@ -192,6 +193,13 @@ class Run:
         ``expect_next_within`` seconds: the head does not call the run
         stalled meanwhile.
 
+        ``step_time`` is the seconds this rank's own work took for one
+        step (its compute, without the time it waited for its peers in
+        collectives): the head compares ranks by it and names the ones
+        persistently slower than their peers (stragglers). Without it the
+        wall time between steps is sent, which in lock-step training is
+        the same on every rank.
+
         Costs a few microseconds and never blocks: the latest state is kept
         and handed to the watcher about once a second, which sends it with
         the rank's heartbeat. Invalid input is dropped with one warning line
@@ -199,7 +207,7 @@ class Run:
         if not self._enabled or os.getpid() != self._pid:
             return
         try:
-            self._progress.report(metrics, step, total_steps, phase, expect_next_within)
+            self._progress.report(metrics, step, total_steps, phase, expect_next_within, step_time)
         except Exception as err:  # noqa: BLE001 - training must go on
             logger.debug("trainstate: %r", err, exc_info=True)
 

@@ -13,8 +13,9 @@ joins the group (retrying with backoff), heartbeats every quarter lease,
 and reports the rank's end. The rank's progress (:mod:`trainstate._progress`)
 rides on its heartbeats: the head keeps each rank's latest report as it
 is, so every heartbeat carries the whole latest state (step, total, phase,
-the 32 most recently changed metrics, and what is left of an announced
-wait). While there is new progress the watcher heartbeats every second;
+the time per step that came with the latest step, the 32 most recently
+changed metrics, and what is left of an announced wait; the head counts a
+step time only with a step new to it, so sending it again is harmless). While there is new progress the watcher heartbeats every second;
 progress the head refuses (a step that went back, a bad value) is logged
 once and dropped, and heartbeats go on without it.
 
@@ -155,6 +156,13 @@ class Watcher:
         for field in ("step", "total_steps", "phase"):
             if progress.get(field) is not None:
                 self.progress[field] = progress[field]
+        if progress.get("step") is not None:
+            # The time per step of the steps up to this one, if the rank
+            # measured them: the head counts it with a new step only.
+            if isinstance(progress.get("step_time_ms"), (int, float)):
+                self.progress["step_time_ms"] = progress["step_time_ms"]
+            else:
+                self.progress.pop("step_time_ms", None)
         metrics = progress.get("metrics")
         if isinstance(metrics, dict):
             for name, value in metrics.items():

@@ -56,6 +56,7 @@ __all__ = [
     "StatusChange",
     "StatusFilter",
     "StatusRequest",
+    "Straggler",
     "TokenInfo",
     "TokenListResponse",
     "TokenScope",
@@ -222,6 +223,7 @@ _HealthChangeOptional = TypedDict(
     "_HealthChangeOptional",
     {
         "ranks": "List[int]",
+        "stragglers": "List[int]",
     },
     total=False,
 )
@@ -375,6 +377,7 @@ _RankProgressOptional = TypedDict(
         "total_steps": "Optional[int]",
         "phase": "Optional[str]",
         "expect_next_within_ms": "Optional[int]",
+        "step_time_ms": "Optional[float]",
         "metrics": "Dict[str, float]",
     },
     total=False,
@@ -748,6 +751,7 @@ _RunHealthOptional = TypedDict(
     {
         "ranks": "List[int]",
         "detail": "str",
+        "stragglers": "List[Straggler]",
     },
     total=False,
 )
@@ -837,6 +841,27 @@ _StatusRequestOptional = TypedDict(
 
 class StatusRequest(_StatusRequestRequired, _StatusRequestOptional):
     """Body of `POST /api/train/runs/{id}/status`."""
+
+
+_StragglerRequired = TypedDict(
+    "_StragglerRequired",
+    {
+        "rank": "int",
+        "step_time_ms": "float",
+        "peers_step_time_ms": "float",
+        "ratio": "float",
+    },
+)
+_StragglerOptional = TypedDict(
+    "_StragglerOptional",
+    {
+    },
+    total=False,
+)
+
+
+class Straggler(_StragglerRequired, _StragglerOptional):
+    """Extension: a rank whose own time per step is persistently slower than its peers'."""
 
 
 _TokenInfoRequired = TypedDict(

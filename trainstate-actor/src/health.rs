@@ -3,11 +3,15 @@
 //! The lease sweep asks, for each RUNNING rendezvous run whose ranks
 //! report progress, whether its health changes: STALLED when no rank
 //! advanced for the run's stall window (and no rank's announced pause
-//! still covers now), PROGRESSING again when a rank advances after that.
-//! The rules, and what they cannot see, are in `docs/health.md`.
+//! still covers now), PROGRESSING again when a rank advances after that;
+//! and which ranks are stragglers, whose own time per step is persistently
+//! slower than their peers'. The rules, and what they cannot see, are in
+//! `docs/health.md`.
+
+use std::collections::BTreeMap;
 
 use trainstate_schema::limits::MAX_HEALTH_RANKS;
-use trainstate_schema::{HealthState, RunHealth};
+use trainstate_schema::{HealthState, RunHealth, Straggler};
 
 use crate::liveness::Progress;
 use crate::time_text::{iso_ms, seconds};
@@ -15,17 +19,62 @@ use crate::time_text::{iso_ms, seconds};
 /// How many ranks a detail names one by one.
 const MAX_RANKS_NAMED: usize = 8;
 
+/// A rank becomes a straggler once its smoothed time per step has been at
+/// least this many times the median of its peers' for
+/// [`STRAGGLER_AFTER_MS`].
+pub(crate) const STRAGGLER_RATIO: f64 = 1.5;
+
+/// A straggler stops being one when its ratio to its peers falls below
+/// this (below [`STRAGGLER_RATIO`], so a rank near the threshold is not
+/// named and cleared at every sweep).
+pub(crate) const STRAGGLER_CLEARED_RATIO: f64 = 1.25;
+
+/// How long a rank must be slow, without a break, to be named a
+/// straggler; also how recent its last advance must be for it to be
+/// judged at all.
+pub(crate) const STRAGGLER_AFTER_MS: u64 = 10_000;
+
+/// The health last written, as much of it as the next decision needs.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Written {
+    pub(crate) state: HealthState,
+    pub(crate) since_ms: u64,
+    pub(crate) stragglers: Vec<Straggler>,
+}
+
+impl Written {
+    pub(crate) fn of(health: &RunHealth) -> Self {
+        Self {
+            state: health.state,
+            since_ms: health.since_ms,
+            stragglers: health.stragglers.clone(),
+        }
+    }
+}
+
+/// What the sweep remembers of a run's ranks between decisions: since
+/// when (wall ms) each rank has been at least [`STRAGGLER_RATIO`] times
+/// slower than its peers, without a break.
+#[derive(Debug, Default)]
+pub(crate) struct Pace {
+    slow_since_ms: BTreeMap<u32, u64>,
+}
+
 /// The run's new health, if it changes: `ranks` is each rank's progress
-/// by world rank, `current` the health last written (state, since),
-/// `window_ms` the run's stall window, `now_ms` the head's wall clock.
+/// by world rank, `current` the health last written, `pace` what earlier
+/// decisions saw of the ranks' pace (updated here), `window_ms` the run's
+/// stall window, `now_ms` the head's wall clock.
 ///
 /// A run with no health yet becomes PROGRESSING (or STALLED) at its first
 /// decision. A STALLED run becomes PROGRESSING only when a rank's step grew
 /// on this head after the stall: after a head restart, ranks that report
-/// the same step again are not an advance.
+/// the same step again are not an advance. A change of the set of
+/// stragglers is a change too, with the state and its `since_ms` kept;
+/// their ratios drifting is not.
 pub(crate) fn decide(
     ranks: &[Option<Progress>],
-    current: Option<(HealthState, u64)>,
+    current: Option<&Written>,
+    pace: &mut Pace,
     window_ms: u64,
     now_ms: u64,
 ) -> Option<RunHealth> {
@@ -35,20 +84,140 @@ pub(crate) fn decide(
     let covered_until = reported.iter().map(|(_, p)| p.expect_until_ms).max().unwrap_or(0);
     let stalled = now_ms >= newest.saturating_add(window_ms).max(covered_until);
     let lagging = lagging(&reported);
-    match current {
+    let named_before = current.map_or(&[][..], |c| c.stragglers.as_slice());
+    let stragglers = stragglers(&reported, named_before, pace, now_ms);
+    let same_stragglers = stragglers.iter().map(|s| s.rank).eq(named_before.iter().map(|s| s.rank));
+    let latest = || reported.iter().max_by_key(|(_, p)| p.last_advance_ms);
+    let health = match current.map(|c| (c.state, c.since_ms)) {
         Some((HealthState::Stalled, since)) => {
             let advanced = reported
                 .iter()
                 .filter(|(_, p)| p.advanced && p.last_advance_ms > since)
-                .max_by_key(|(_, p)| p.last_advance_ms);
-            let (rank, progress) = advanced.filter(|_| !stalled)?;
-            Some(progressing(*rank, progress, &lagging, &reported, now_ms))
+                .max_by_key(|(_, p)| p.last_advance_ms)
+                .filter(|_| !stalled);
+            match advanced {
+                Some((rank, progress)) => progressing(*rank, progress, &lagging, &reported, now_ms),
+                None if same_stragglers => return None,
+                None => stalled_health(&reported, &lagging, newest, since, now_ms),
+            }
         }
-        Some((HealthState::Progressing, _)) if !stalled => None,
-        _ if stalled => Some(stalled_health(&reported, &lagging, newest, now_ms)),
+        Some((HealthState::Progressing, since)) if !stalled => {
+            if same_stragglers {
+                return None;
+            }
+            let (rank, progress) = latest()?;
+            progressing(*rank, progress, &lagging, &reported, since)
+        }
+        _ if stalled => stalled_health(&reported, &lagging, newest, now_ms, now_ms),
         _ => {
-            let (rank, progress) = reported.iter().max_by_key(|(_, p)| p.last_advance_ms)?;
-            Some(progressing(*rank, progress, &lagging, &reported, now_ms))
+            let (rank, progress) = latest()?;
+            progressing(*rank, progress, &lagging, &reported, now_ms)
+        }
+    };
+    Some(named_stragglers(health, stragglers))
+}
+
+/// The stragglers now: each rank judged against the median of its peers'
+/// smoothed step times. A rank is judged when it has a step time, at
+/// least one peer has one, it advanced within [`STRAGGLER_AFTER_MS`] and
+/// no announced pause covers it; a rank not judged stays as it was (named
+/// or not). A judged rank is named once it has been at least
+/// [`STRAGGLER_RATIO`] times slower for [`STRAGGLER_AFTER_MS`], and stays
+/// named until it falls below [`STRAGGLER_CLEARED_RATIO`].
+fn stragglers(
+    reported: &[(u32, &Progress)],
+    named_before: &[Straggler],
+    pace: &mut Pace,
+    now_ms: u64,
+) -> Vec<Straggler> {
+    let timed: Vec<(u32, &Progress, f64)> =
+        reported.iter().filter_map(|&(rank, p)| Some((rank, p, p.step_time_ms?))).collect();
+    let mut named = Vec::new();
+    for &(rank, progress, step_time_ms) in &timed {
+        let before = named_before.iter().find(|s| s.rank == rank);
+        let peers = median(timed.iter().filter(|(r, ..)| *r != rank).map(|&(.., t)| t));
+        let Some(peers_ms) = peers else {
+            named.extend(before.copied());
+            continue;
+        };
+        let judged = progress.expect_until_ms <= now_ms
+            && now_ms.saturating_sub(progress.last_advance_ms) < STRAGGLER_AFTER_MS;
+        let ratio = step_time_ms / peers_ms;
+        let is_straggler = if !judged {
+            before.is_some()
+        } else {
+            if ratio >= STRAGGLER_RATIO {
+                pace.slow_since_ms.entry(rank).or_insert(now_ms);
+            } else {
+                pace.slow_since_ms.remove(&rank);
+            }
+            match before {
+                Some(_) => ratio >= STRAGGLER_CLEARED_RATIO,
+                None => pace
+                    .slow_since_ms
+                    .get(&rank)
+                    .is_some_and(|&since| now_ms.saturating_sub(since) >= STRAGGLER_AFTER_MS),
+            }
+        };
+        if is_straggler {
+            named.push(Straggler::new(rank, to_micros(step_time_ms), to_micros(peers_ms)));
+        }
+    }
+    // A rank named before that has no step time now (its first reports to
+    // a restarted head) is not judged either: it stays as it was written.
+    named.extend(named_before.iter().filter(|s| !timed.iter().any(|(r, ..)| *r == s.rank)));
+    named.sort_by_key(|s| s.rank);
+    named.truncate(MAX_HEALTH_RANKS);
+    named
+}
+
+/// The median of `values`; `None` when there are none.
+fn median(values: impl Iterator<Item = f64>) -> Option<f64> {
+    let mut values: Vec<f64> = values.collect();
+    values.sort_by(f64::total_cmp);
+    let middle = values.len() / 2;
+    match values.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(values[middle]),
+        _ => Some((values[middle - 1] + values[middle]) / 2.0),
+    }
+}
+
+/// `ms` to the microsecond.
+fn to_micros(ms: f64) -> f64 {
+    (ms * 1000.0).round() / 1000.0
+}
+
+/// `health` naming `stragglers`, its detail saying so in words.
+fn named_stragglers(health: RunHealth, stragglers: Vec<Straggler>) -> RunHealth {
+    let mut detail = health.detail.clone();
+    for straggler in stragglers.iter().take(MAX_RANKS_NAMED) {
+        let text = step_time_text(straggler.step_time_ms);
+        detail.push_str(&format!(
+            " Rank {} is a straggler: {} a step, {:.1}\u{d7} its peers' {}.",
+            straggler.rank,
+            text(straggler.step_time_ms),
+            straggler.ratio,
+            text(straggler.peers_step_time_ms),
+        ));
+    }
+    if stragglers.len() > MAX_RANKS_NAMED {
+        detail.push_str(&format!(" And {} more stragglers.", stragglers.len() - MAX_RANKS_NAMED));
+    }
+    RunHealth::new(health.state, health.since_ms, health.ranks, detail).with_stragglers(stragglers)
+}
+
+/// How to write times per step in words, in the unit and to the grain
+/// that suit `largest_ms`, so that a straggler's time and its peers' read
+/// alike: `0.20 s` and `0.10 s`, `12.5 s`, `3.2 ms`.
+fn step_time_text(largest_ms: f64) -> impl Fn(f64) -> String {
+    move |ms| {
+        if largest_ms < 100.0 {
+            format!("{ms:.1} ms")
+        } else if largest_ms < 10_000.0 {
+            format!("{:.2} s", ms / 1000.0)
+        } else {
+            format!("{:.1} s", ms / 1000.0)
         }
     }
 }
@@ -72,10 +241,12 @@ fn lagging(reported: &[(u32, &Progress)]) -> Vec<u32> {
 /// once a second, so a smaller gap is the reports' grain, not an order.
 const TOGETHER_MS: u64 = 2_000;
 
+/// STALLED since `since_ms`, as seen at `now_ms`.
 fn stalled_health(
     reported: &[(u32, &Progress)],
     lagging: &[u32],
     newest: u64,
+    since_ms: u64,
     now_ms: u64,
 ) -> RunHealth {
     // In lock-step training a hung rank never finishes its step while its
@@ -124,15 +295,16 @@ fn stalled_health(
         );
     }
     push_lagging(&mut detail, lagging, reported);
-    RunHealth::new(HealthState::Stalled, now_ms, culprits, detail)
+    RunHealth::new(HealthState::Stalled, since_ms, culprits, detail)
 }
 
+/// PROGRESSING since `since_ms`, rank `rank` the latest to advance.
 fn progressing(
     rank: u32,
     progress: &Progress,
     lagging: &[u32],
     reported: &[(u32, &Progress)],
-    now_ms: u64,
+    since_ms: u64,
 ) -> RunHealth {
     let mut detail = format!(
         "Rank {rank} advanced at {} ({}).",
@@ -142,7 +314,7 @@ fn progressing(
     push_lagging(&mut detail, lagging, reported);
     let mut ranks = lagging.to_vec();
     ranks.truncate(MAX_HEALTH_RANKS);
-    RunHealth::new(HealthState::Progressing, now_ms, ranks, detail)
+    RunHealth::new(HealthState::Progressing, since_ms, ranks, detail)
 }
 
 /// `step 20, phase checkpoint`.
@@ -186,17 +358,60 @@ mod tests {
             last_advance_ms,
             advanced,
             expect_until_ms: 0,
+            step_time_ms: None,
         })
     }
 
+    /// A rank that advanced at `last_advance_ms` taking `step_time_ms` a step.
+    fn timed(step_time_ms: f64, last_advance_ms: u64) -> Option<Progress> {
+        let mut progress = at(100, last_advance_ms, true)?;
+        progress.step_time_ms = Some(step_time_ms);
+        Some(progress)
+    }
+
     const T: u64 = 1_780_000_000_000;
+
+    /// Decides with no straggler state of earlier decisions.
+    fn decide_once(
+        ranks: &[Option<Progress>],
+        current: Option<(HealthState, u64)>,
+        window_ms: u64,
+        now_ms: u64,
+    ) -> Option<RunHealth> {
+        let current =
+            current.map(|(state, since_ms)| Written { state, since_ms, stragglers: Vec::new() });
+        decide(ranks, current.as_ref(), &mut Pace::default(), window_ms, now_ms)
+    }
+
+    /// Sweeps `ranks` every 500 ms from `from_ms` to `to_ms` (included),
+    /// keeping what each decision wrote as the next one's current health,
+    /// as the rendezvous sweep does; answers the last health written.
+    fn sweep_through(
+        ranks: &mut [Option<Progress>],
+        written: &mut Option<Written>,
+        pace: &mut Pace,
+        from_ms: u64,
+        to_ms: u64,
+    ) -> Vec<u32> {
+        let mut now = from_ms;
+        while now <= to_ms {
+            for rank in ranks.iter_mut().flatten() {
+                rank.last_advance_ms = now;
+            }
+            if let Some(health) = decide(ranks, written.as_ref(), pace, 60_000, now) {
+                *written = Some(Written::of(&health));
+            }
+            now += 500;
+        }
+        written.as_ref().map_or_else(Vec::new, |w| w.stragglers.iter().map(|s| s.rank).collect())
+    }
 
     #[test]
     fn a_run_stalls_after_its_window_and_names_the_rank_that_stopped_first() {
         let ranks = [at(20, T + 5_000, true), at(20, T + 1_000, true)];
         let current = Some((HealthState::Progressing, T));
-        assert!(decide(&ranks, current, 10_000, T + 14_999).is_none());
-        let health = decide(&ranks, current, 10_000, T + 15_000).expect("stalled");
+        assert!(decide_once(&ranks, current, 10_000, T + 14_999).is_none());
+        let health = decide_once(&ranks, current, 10_000, T + 15_000).expect("stalled");
         assert_eq!(health.state, HealthState::Stalled);
         assert_eq!(health.ranks, vec![1]);
         assert!(
@@ -211,7 +426,7 @@ mod tests {
         // 0 reported step 50 and went on to wait for it.
         let ranks = [at(50, T + 1_000, true), at(49, T + 1_400, true)];
         let current = Some((HealthState::Progressing, T));
-        let health = decide(&ranks, current, 10_000, T + 11_400).expect("stalled");
+        let health = decide_once(&ranks, current, 10_000, T + 11_400).expect("stalled");
         assert_eq!(health.state, HealthState::Stalled);
         assert_eq!(health.ranks, vec![1], "{}", health.detail);
     }
@@ -222,7 +437,7 @@ mod tests {
         // reported step 14 last, 12 ms apart: nothing names either.
         let ranks = [at(14, T + 1_000, true), at(14, T + 1_012, true)];
         let current = Some((HealthState::Progressing, T));
-        let health = decide(&ranks, current, 5_000, T + 7_000).expect("stalled");
+        let health = decide_once(&ranks, current, 5_000, T + 7_000).expect("stalled");
         assert_eq!(health.state, HealthState::Stalled);
         assert!(health.ranks.is_empty(), "{:?}", health.ranks);
         assert!(health.detail.contains("do not tell which rank"), "{}", health.detail);
@@ -232,17 +447,135 @@ mod tests {
     fn a_stalled_run_progresses_only_on_an_advance_after_the_stall() {
         let stalled = Some((HealthState::Stalled, T + 20_000));
         let heard_again = [at(20, T + 30_000, false)];
-        assert!(decide(&heard_again, stalled, 60_000, T + 31_000).is_none());
+        assert!(decide_once(&heard_again, stalled, 60_000, T + 31_000).is_none());
         let advanced = [at(21, T + 30_000, true)];
-        let health = decide(&advanced, stalled, 60_000, T + 31_000).expect("progressing");
+        let health = decide_once(&advanced, stalled, 60_000, T + 31_000).expect("progressing");
         assert_eq!(health.state, HealthState::Progressing);
     }
 
     #[test]
     fn a_rank_behind_the_highest_step_lags() {
         let ranks = [at(1000, T, true), at(989, T, true), at(990, T, true)];
-        let health = decide(&ranks, None, 60_000, T + 1).expect("first decision");
+        let health = decide_once(&ranks, None, 60_000, T + 1).expect("first decision");
         assert_eq!(health.state, HealthState::Progressing);
         assert_eq!(health.ranks, vec![1]);
+    }
+
+    #[test]
+    fn a_rank_twice_as_slow_is_named_after_the_persistence_window_and_not_before() {
+        let mut ranks = [timed(100.0, T), timed(200.0, T)];
+        let (mut written, mut pace) = (None, Pace::default());
+        let named = sweep_through(&mut ranks, &mut written, &mut pace, T, T + 9_500);
+        assert!(named.is_empty(), "slow for 9.5 s only: {named:?}");
+        let named = sweep_through(&mut ranks, &mut written, &mut pace, T + 10_000, T + 10_000);
+        assert_eq!(named, [1], "slow for the whole window");
+
+        let health = decide(
+            &ranks,
+            Some(&Written { stragglers: Vec::new(), ..written.clone().unwrap() }),
+            &mut pace,
+            60_000,
+            T + 10_000,
+        )
+        .expect("the set of stragglers changed");
+        assert_eq!(health.state, HealthState::Progressing);
+        assert_eq!(health.since_ms, T, "the state did not change: its since stays");
+        assert!(health.ranks.is_empty(), "stragglers are not culprits: {:?}", health.ranks);
+        let straggler = health.stragglers[0];
+        assert_eq!((straggler.rank, straggler.ratio), (1, 2.0));
+        assert_eq!((straggler.step_time_ms, straggler.peers_step_time_ms), (200.0, 100.0));
+        assert!(
+            health
+                .detail
+                .ends_with(" Rank 1 is a straggler: 0.20 s a step, 2.0\u{d7} its peers' 0.10 s."),
+            "{}",
+            health.detail
+        );
+    }
+
+    #[test]
+    fn a_stragglers_time_and_its_peers_read_alike_in_words() {
+        let words = |own: f64, peers: f64| {
+            let text = step_time_text(own);
+            format!("{} / {}", text(own), text(peers))
+        };
+        assert_eq!(words(100.6, 50.3), "0.10 s / 0.05 s");
+        assert_eq!(words(30.0, 15.0), "30.0 ms / 15.0 ms");
+        assert_eq!(words(25_000.0, 12_000.0), "25.0 s / 12.0 s");
+    }
+
+    #[test]
+    fn a_straggler_stays_named_until_it_falls_below_the_lower_ratio() {
+        let mut ranks = [timed(100.0, T), timed(200.0, T)];
+        let (mut written, mut pace) = (None, Pace::default());
+        assert_eq!(sweep_through(&mut ranks, &mut written, &mut pace, T, T + 10_000), [1]);
+        let health_then = written.clone();
+
+        // 1.3 times its peers': no longer slow enough to be named, not
+        // fast enough to be cleared. Nothing is written while it drifts.
+        ranks[1].as_mut().unwrap().step_time_ms = Some(130.0);
+        assert_eq!(sweep_through(&mut ranks, &mut written, &mut pace, T + 10_500, T + 30_000), [1]);
+        assert_eq!(written, health_then, "a drifting ratio writes nothing");
+
+        // Below 1.25: cleared at once.
+        ranks[1].as_mut().unwrap().step_time_ms = Some(120.0);
+        assert!(
+            sweep_through(&mut ranks, &mut written, &mut pace, T + 30_500, T + 30_500).is_empty()
+        );
+
+        // Back above 1.5 for less than the window: not named again yet.
+        ranks[1].as_mut().unwrap().step_time_ms = Some(160.0);
+        assert!(
+            sweep_through(&mut ranks, &mut written, &mut pace, T + 31_000, T + 40_500).is_empty()
+        );
+        ranks[1].as_mut().unwrap().step_time_ms = Some(140.0);
+        assert!(
+            sweep_through(&mut ranks, &mut written, &mut pace, T + 41_000, T + 60_000).is_empty(),
+            "the window starts again after a break"
+        );
+    }
+
+    #[test]
+    fn ranks_at_one_pace_are_never_stragglers_nor_is_a_rank_alone() {
+        let mut ranks = [timed(100.0, T), timed(110.0, T), timed(95.0, T), timed(140.0, T)];
+        let (mut written, mut pace) = (None, Pace::default());
+        assert!(sweep_through(&mut ranks, &mut written, &mut pace, T, T + 120_000).is_empty());
+
+        let mut alone = [timed(500.0, T)];
+        let (mut written, mut pace) = (None, Pace::default());
+        assert!(sweep_through(&mut alone, &mut written, &mut pace, T, T + 120_000).is_empty());
+
+        let mut untimed = [timed(100.0, T), at(100, T, true)];
+        let (mut written, mut pace) = (None, Pace::default());
+        assert!(sweep_through(&mut untimed, &mut written, &mut pace, T, T + 120_000).is_empty());
+    }
+
+    #[test]
+    fn a_rank_in_an_announced_pause_or_not_advancing_is_not_judged() {
+        // Rank 1 is slow but checkpointing under an announced pause: its
+        // slowness does not count toward the window.
+        let mut ranks = [timed(100.0, T), timed(300.0, T)];
+        ranks[1].as_mut().unwrap().expect_until_ms = T + 20_000;
+        let (mut written, mut pace) = (None, Pace::default());
+        assert!(sweep_through(&mut ranks, &mut written, &mut pace, T, T + 19_500).is_empty());
+        assert_eq!(sweep_through(&mut ranks, &mut written, &mut pace, T + 20_000, T + 30_000), [1]);
+
+        // Named, then it stops advancing: it stays as it was, however its
+        // peers' pace changes meanwhile.
+        ranks[0].as_mut().unwrap().step_time_ms = Some(290.0);
+        let health =
+            decide(&ranks, written.as_ref(), &mut pace, 60_000, T + 30_000 + STRAGGLER_AFTER_MS);
+        assert!(health.is_none(), "not judged: nothing changes");
+    }
+
+    #[test]
+    fn the_stragglers_a_restarted_head_has_not_judged_yet_stay_named() {
+        let mut ranks = [timed(100.0, T), timed(200.0, T)];
+        let (mut written, mut pace) = (None, Pace::default());
+        assert_eq!(sweep_through(&mut ranks, &mut written, &mut pace, T, T + 10_000), [1]);
+        // After a restart the ranks' first reports carry no step time yet.
+        let fresh = [at(101, T + 70_000, false), at(101, T + 70_000, false)];
+        let health = decide(&fresh, written.as_ref(), &mut Pace::default(), 60_000, T + 70_000);
+        assert!(health.is_none(), "{health:?}");
     }
 }

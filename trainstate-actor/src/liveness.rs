@@ -223,7 +223,17 @@ pub(crate) struct Progress {
     /// Until when (wall ms) the rank's announced pause
     /// (`expect_next_within_ms`) covers it; 0: none.
     pub(crate) expect_until_ms: u64,
+    /// The rank's smoothed time per step (ms): an exponentially weighted
+    /// mean of the `step_time_ms` its reports carried with a new step,
+    /// each weighing [`STEP_TIME_WEIGHT`]; `None` until one did.
+    pub(crate) step_time_ms: Option<f64>,
 }
+
+/// How much a rank's newest step time weighs in its smoothed step time:
+/// with a report about once a second, a change of pace shows within a few
+/// seconds and one odd interval (a data loader's hiccup) moves it by a
+/// quarter.
+pub(crate) const STEP_TIME_WEIGHT: f64 = 0.25;
 
 /// The progress of every rank of a board, every metric name its ranks
 /// reported, and the metric points not yet handed to the store.
@@ -292,6 +302,16 @@ impl RankBoard {
         };
         let expect_until_ms =
             report.expect_next_within_ms.map_or(0, |ms| now_ms.saturating_add(ms));
+        // A step time describes the steps since the rank's previous report:
+        // only a report with a new step brings one (a heartbeat that repeats
+        // the rank's latest state counts nothing twice).
+        let new_step =
+            report.step.is_some() && (advanced || previous.is_none_or(|p| p.step.is_none()));
+        let new_step_time = report.step_time_ms.filter(|_| new_step);
+        let step_time_ms = match (new_step_time, previous.and_then(|p| p.step_time_ms)) {
+            (Some(new), Some(smoothed)) => Some(smoothed + STEP_TIME_WEIGHT * (new - smoothed)),
+            (new, smoothed) => new.or(smoothed),
+        };
         let progress = match previous {
             Some(before) => Progress {
                 step: report.step.or(before.step),
@@ -305,6 +325,7 @@ impl RankBoard {
                 last_advance_ms: if advanced { now_ms } else { before.last_advance_ms },
                 advanced: advanced || before.advanced,
                 expect_until_ms: expect_until_ms.max(before.expect_until_ms),
+                step_time_ms,
             },
             None => Progress {
                 step: report.step,
@@ -314,6 +335,7 @@ impl RankBoard {
                 last_advance_ms: now_ms,
                 advanced: false,
                 expect_until_ms,
+                step_time_ms,
             },
         };
         let names: Vec<Arc<str>> = new_names.into_iter().map(|n| Arc::from(n.as_str())).collect();

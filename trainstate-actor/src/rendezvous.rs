@@ -25,10 +25,11 @@ use trainstate_client::{
 use trainstate_schema::api::RankProgress;
 use trainstate_schema::text::last_chars;
 use trainstate_schema::{
-    CauseKind, FailureMode, HealthState, NewRun, RunAttemptDraft, RunCause, RunId, RunStatus,
-    TrainRunInfoDraft, TrainWorkerInfo,
+    CauseKind, FailureMode, NewRun, RunAttemptDraft, RunCause, RunId, RunStatus, TrainRunInfoDraft,
+    TrainWorkerInfo,
 };
 
+use crate::health::{Pace, Written};
 use crate::liveness::{Liveness, RankBoard};
 use crate::record::CONTROLLER_PREFIX;
 use crate::state::{Change, Outcome, Runs, failure_detail};
@@ -343,9 +344,11 @@ struct Group {
     decided: bool,
     /// The run's stall window, when its joins asked for one.
     stall_after_ms: Option<u64>,
-    /// The run's health as last written (state, since), once read from
-    /// the run (`None` until then).
-    health: Option<Option<(HealthState, u64)>>,
+    /// The run's health as last written, once read from the run (`None`
+    /// until then).
+    health: Option<Option<Written>>,
+    /// What earlier health decisions saw of the ranks' pace.
+    pace: Pace,
 }
 
 #[derive(Clone)]
@@ -390,6 +393,7 @@ impl Group {
             decided: false,
             stall_after_ms: None,
             health: None,
+            pace: Pace::default(),
         }
     }
 
@@ -935,7 +939,7 @@ impl Rendezvous {
                 .collect::<Vec<_>>();
             let heard = vec![None; slots.len()];
             let mut group = Group::new(attempt_id, slots, heard, 0, self.mono_ms);
-            group.health = Some(run.health().map(|h| (h.state, h.since_ms)));
+            group.health = Some(run.health().map(Written::of));
             self.groups.insert(id.clone(), group);
         }
         Ok(self.groups.get_mut(id).expect("tracked above"))
@@ -1287,22 +1291,21 @@ impl Rendezvous {
                 continue;
             }
             let Some(ranks) = group.board.progress() else { continue };
-            let current = match group.health {
-                Some(current) => current,
-                None => {
-                    let current = runs.health_of(id);
-                    group.health = Some(current);
-                    current
-                }
-            };
+            if group.health.is_none() {
+                group.health = Some(runs.health_of(id).as_ref().map(Written::of));
+            }
+            let current = group.health.as_ref().and_then(Option::as_ref);
             let window = group.stall_after_ms.unwrap_or(default_window);
-            let Some(next) = crate::health::decide(&ranks, current, window, now_ms) else {
+            let Some(next) =
+                crate::health::decide(&ranks, current, &mut group.pace, window, now_ms)
+            else {
                 continue;
             };
-            let decided = (next.state, next.since_ms);
+            let decided = Written::of(&next);
             match runs.set_health(id, next, now_ms) {
                 Ok(Outcome::Changed(written)) => {
-                    tracing::info!(run = %id, health = %decided.0, "a run's health changed");
+                    let stragglers: Vec<u32> = decided.stragglers.iter().map(|s| s.rank).collect();
+                    tracing::info!(run = %id, health = %decided.state, ?stragglers, "a run's health changed");
                     change.ops.extend(written.ops);
                     change.events.extend(written.events);
                     group.health = Some(Some(decided));

@@ -14,9 +14,9 @@ use trainstate_client::{
 use trainstate_schema::limits::{MAX_ATTEMPT_HISTORY_BYTES, MAX_STATUS_DETAIL_LEN};
 use trainstate_schema::text::{errored_status_detail, last_chars};
 use trainstate_schema::{
-    ActorStatus, AttemptStatus, CauseKind, HealthState, NewRun, Rule, RunAttemptDraft, RunCause,
-    RunHealth, RunId, RunStatus, TrainRunInfo, TrainRunInfoDraft, TrainWorkerInfoDraft,
-    ValidationError, validate_client_cause, validate_time,
+    ActorStatus, AttemptStatus, CauseKind, NewRun, Rule, RunAttemptDraft, RunCause, RunHealth,
+    RunId, RunStatus, TrainRunInfo, TrainRunInfoDraft, TrainWorkerInfoDraft, ValidationError,
+    validate_client_cause, validate_time,
 };
 
 use crate::change::{PendingEvent, StoreOp};
@@ -620,13 +620,13 @@ impl Runs {
         Ok(lease)
     }
 
-    /// The health of run `id` as last written (state, since); `None` for
-    /// a run with none, or one not known.
-    pub(crate) fn health_of(&self, id: &RunId) -> Option<(HealthState, u64)> {
+    /// The health of run `id` as last written; `None` for a run with
+    /// none, or one not known.
+    pub(crate) fn health_of(&self, id: &RunId) -> Option<RunHealth> {
         let record = &self.by_id.get(id)?.record;
         record.health?;
         let run = record.run().ok()?;
-        run.health().map(|health| (health.state, health.since_ms))
+        run.health().cloned()
     }
 
     /// Writes a live run's new health (and appends it to its
@@ -643,7 +643,7 @@ impl Runs {
         if record.status.is_terminal() {
             return Ok(Outcome::Unchanged(()));
         }
-        let run = record.run()?.with_health(health)?;
+        let run = record.run()?.with_health(health, now_ms)?;
         let record = self.recorded(run, now_ms)?;
         self.replace_keeping_beat(record.clone());
         Ok(Outcome::Changed(Change {

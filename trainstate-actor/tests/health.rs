@@ -203,6 +203,79 @@ async fn a_run_stalls_after_its_window_names_the_rank_that_stopped_first_and_pro
     f.stop().await;
 }
 
+/// Two ranks in lock-step report the same steps at the same times, but
+/// rank 1's own work takes twice rank 0's: after 10 s of that it is named a
+/// straggler (one write, one event, the state and its since kept), ratios
+/// that drift write nothing, and once it is as fast as its peer again it
+/// is cleared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_twice_as_slow_as_its_peer_is_named_a_straggler_after_ten_seconds() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let f = Fixture::start(config("health-stragglers", &clock), clock.clone()).await;
+    let id = f.join("stragglers", 2, json!({})).await;
+    let mut events = f.server.service.handle().subscribe(None).await.unwrap().receiver;
+    let mut step = 0;
+    // One report of each rank a second, each carrying its own time per step.
+    let mut second = async |rank_1_ms: f64| {
+        step += 5;
+        clock.advance_ms(1_000);
+        f.reported(&id, 0, json!({"step": step, "step_time_ms": 100.0})).await;
+        f.reported(&id, 1, json!({"step": step, "step_time_ms": rank_1_ms})).await;
+        f.sweep().await;
+        f.get(&id).await
+    };
+    let first = second(200.0).await;
+    assert_eq!(first["health"]["state"], "PROGRESSING", "{first}");
+    assert_eq!(first["health"]["stragglers"], json!([]), "{first}");
+    let since = first["health"]["since_ms"].clone();
+    for _ in 0..9 {
+        let run = second(200.0).await;
+        assert_eq!(run["health"]["stragglers"], json!([]), "slow for less than 10 s: {run}");
+    }
+    let named = second(200.0).await;
+    let health = &named["health"];
+    assert_eq!(
+        health["stragglers"],
+        json!([{"rank": 1, "step_time_ms": 200.0, "peers_step_time_ms": 100.0, "ratio": 2.0}]),
+        "{named}"
+    );
+    assert_eq!((&health["state"], &health["since_ms"]), (&json!("PROGRESSING"), &since));
+    assert_eq!(health["ranks"], json!([]), "a straggler is no culprit: {named}");
+    let detail = health["detail"].as_str().unwrap();
+    assert!(
+        detail.ends_with("Rank 1 is a straggler: 0.20 s a step, 2.0\u{d7} its peers' 0.10 s."),
+        "{detail}"
+    );
+    let history = named["health_history"].as_array().unwrap();
+    assert_eq!(history.len(), 2, "{named}");
+    assert_eq!(history[1]["stragglers"], json!([1]), "{named}");
+    assert_eq!(history[1]["at_ms"], T0 + 11_000, "when the set changed: {named}");
+
+    // Its ratio drifts (the smoothed time moves toward 180 ms): nothing is written.
+    for _ in 0..5 {
+        let run = second(180.0).await;
+        assert_eq!(run["health"], *health, "{run}");
+    }
+    // As fast as its peer: below 1.25 within a few reports, and cleared.
+    let mut cleared = None;
+    for _ in 0..10 {
+        let run = second(100.0).await;
+        if run["health"]["stragglers"] == json!([]) {
+            cleared = Some(run);
+            break;
+        }
+    }
+    let cleared = cleared.expect("rank 1 is cleared once as fast as its peer");
+    assert!(!cleared["health"]["detail"].as_str().unwrap().contains("straggler"), "{cleared}");
+    let id_typed = RunId::parse(&id).unwrap();
+    eventually("three health changes announced", DEADLINE, || {
+        let seen = health_changes(&mut events);
+        std::future::ready(seen.len() == 3 && seen.iter().all(|r| *r == id_typed))
+    })
+    .await;
+    f.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_announced_pause_and_a_runs_own_window_delay_the_stall() {
     let clock = Arc::new(ManualClock::new(T0));
@@ -274,6 +347,9 @@ async fn every_bad_report_is_refused_naming_its_field_and_nothing_is_recorded() 
         (json!({"phase": "tab\there"}), "progress.phase"),
         (json!({"phase": "évaluation"}), "progress.phase"),
         (json!({"expect_next_within_ms": 604_800_001_u64}), "progress.expect_next_within_ms"),
+        (json!({"step": 8, "step_time_ms": 0.0}), "progress.step_time_ms"),
+        (json!({"step": 8, "step_time_ms": -5.0}), "progress.step_time_ms"),
+        (json!({"step": 8, "step_time_ms": 604_800_000.5}), "progress.step_time_ms"),
         (json!({"metrics": {"loss rate": 1.0}}), "progress.metrics[\"loss rate\"]"),
         (
             json!({"metrics": {long_name.clone(): 1.0}}),

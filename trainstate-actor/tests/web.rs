@@ -634,6 +634,70 @@ async fn regression_a_run_with_an_unparseable_time_shows_a_dash_and_the_list_ren
     server.stop().await;
 }
 
+/// Stragglers on the page: rank 1's own steps take twice rank 0's for
+/// longer than 10 s; the run's page names it in the health box and
+/// highlights and labels its row in the workers table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(has_browser), ignore = "needs chromium and chromedriver")]
+async fn the_page_names_a_straggler_and_labels_its_row() {
+    let (chromium, chromedriver) = browser();
+    let clock = std::sync::Arc::new(trainstate_actor::ManualClock::new(now_ms()));
+    let server = Server::start(
+        StateConfig::in_memory()
+            .with_name(unique_name("web-straggler"))
+            .with_clock(clock.clone())
+            // The test drives the sweep itself.
+            .with_sweep_interval(Duration::from_secs(3600)),
+        HttpConfig::default(),
+    )
+    .await;
+    let api = Api::new(&server, None);
+    let mut id = String::new();
+    for worker in &workers(2, 1, "s-") {
+        let join = json!({"world_size": 2, "worker": worker, "name": "slow", "job_id": "9"});
+        id = api.post("/api/train/rendezvous/web-straggler/join", join).await["run_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+    }
+    let handle = server.service.handle();
+    for second in 1..=12u64 {
+        clock.advance_ms(1_000);
+        for (rank, step_time_ms) in [(0, 100.0), (1, 200.0)] {
+            let progress = json!({"attempt_id": "0", "progress": {
+                "step": second * 5, "step_time_ms": step_time_ms}});
+            api.post(&format!("/api/train/runs/{id}/ranks/{rank}/heartbeat"), progress).await;
+        }
+        handle.sweep_leases().await.unwrap();
+    }
+    let run = handle.get_run(trainstate_schema::RunId::parse(&id).unwrap()).await.unwrap();
+    let health = run.health().expect("the run has health");
+    assert_eq!(health.stragglers.iter().map(|s| s.rank).collect::<Vec<_>>(), [1], "{health:?}");
+
+    let browser = Browser::start(&chromium, &chromedriver, "straggler").await;
+    browser.goto(&format!("{}/runs/{id}", server.url)).await;
+    let shown = browser
+        .wait_for(
+            "the straggler named and its row labelled",
+            "const line = document.querySelector('#run-stragglers');
+             const rows = [...document.querySelectorAll('#workers tbody tr')];
+             if (!line || rows.length < 2) return null;
+             return {
+               line: line.textContent,
+               highlighted: rows.filter((r) => r.classList.contains('straggler')).map((r) => Number(r.dataset.worldRank)),
+               labels: rows.map((r) => (r.querySelector('.badge.straggler') || {}).textContent || null),
+             };",
+        )
+        .await;
+    assert_eq!(shown["highlighted"], json!([1]), "{shown}");
+    assert_eq!(shown["labels"], json!([null, "straggler 2.0\u{d7}"]), "{shown}");
+    let line = shown["line"].as_str().unwrap();
+    assert!(line.contains("rank 1 2.0\u{d7} (0.20 s a step, its peers 0.10 s)"), "{line}");
+    browser.screenshot(&output_dir().join("run-straggler.png")).await;
+    browser.quit().await;
+    server.stop().await;
+}
+
 /// Run health on the page: a live rendezvous run whose ranks reported
 /// progress and then stopped advancing shows the STALLED badge in the list,
 /// and on its page the health with the ranks it names (their rows

@@ -779,8 +779,25 @@
         h('span', { class: `badge h-${String(health.state).toLowerCase()}` }, health.state), ' since ', timeEl(health.since_ms),
         health.ranks && health.ranks.length ? [', ranks ', ...health.ranks.flatMap((r, i) => (i ? [', ', rankLink(r)] : [rankLink(r)]))] : null,
         ) : null;
+      const stragglers = health && Array.isArray(health.stragglers) ? health.stragglers : [];
+      const stragglerLine = stragglers.length ? h('p', { id: 'run-stragglers' },
+        stragglers.length === 1 ? 'Straggler: ' : 'Stragglers: ',
+        ...stragglers.flatMap((s, i) => [i ? ', ' : null, 'rank ', rankLink(s.rank),
+          ` ${ratioText(s.ratio)} (${stepTimeText(s.step_time_ms, s.step_time_ms)} a step, its peers ${stepTimeText(s.peers_step_time_ms, s.step_time_ms)})`]),
+        ) : null;
       const detail = health && health.detail ? h('p', { class: 'health-detail', id: 'run-health-detail' }, line(health.detail)) : null;
-      return section('Progress', healthLine, detail, bar);
+      return section('Progress', healthLine, stragglerLine, detail, bar);
+    }
+
+    /** How many times its peers' time a straggler takes: `2.0×`. */
+    function ratioText(ratio) {
+      return `${Number(ratio).toFixed(1)}\u00d7`;
+    }
+
+    /** A time per step in the unit and grain that suit `largest` (ms), as the head's detail writes it: `0.20 s`, `12.5 s`, `3.2 ms`. */
+    function stepTimeText(ms, largest) {
+      if (largest < 100) return `${ms.toFixed(1)} ms`;
+      return largest < 10000 ? `${(ms / 1000).toFixed(2)} s` : `${(ms / 1000).toFixed(1)} s`;
     }
 
     /** One plot per metric: its value over steps, a line per rank (SVG, drawn here). */
@@ -906,12 +923,13 @@
       return section(title, h('ol', { class: 'timeline' }, items));
     }
 
-    /** A rank's step, phase and last advance, as table cells. */
-    function progressCells(p) {
+    /** A rank's step (labelled when the run's health names it a straggler), phase and last advance, as table cells. */
+    function progressCells(p, straggler) {
       const none = () => h('span', { class: 'muted' }, '—');
-      if (!p) return [h('td', { class: 'num', 'data-col': 'step' }, none()), h('td', { 'data-col': 'phase' }, none()), h('td', { 'data-col': 'last_advance' }, none())];
+      const label = straggler ? h('span', { class: 'badge straggler', 'data-straggler': String(straggler.ratio) }, `straggler ${ratioText(straggler.ratio)}`) : null;
+      if (!p) return [h('td', { class: 'num', 'data-col': 'step' }, none(), label), h('td', { 'data-col': 'phase' }, none()), h('td', { 'data-col': 'last_advance' }, none())];
       return [
-        h('td', { class: 'num', 'data-col': 'step' }, Number.isFinite(p.step) ? num(p.step) : none()),
+        h('td', { class: 'num', 'data-col': 'step' }, Number.isFinite(p.step) ? num(p.step) : none(), label),
         h('td', { 'data-col': 'phase' }, p.phase ? line(p.phase) : none()),
         h('td', { 'data-col': 'last_advance' }, timeEl(p.last_advance_ms)),
       ];
@@ -927,6 +945,7 @@
       // Each rank's progress (current attempt only), and the ranks health names.
       const progress = !old && Array.isArray(run.rank_progress) && run.rank_progress.some(Boolean) ? run.rank_progress : null;
       const named = new Set(run.health && run.health.state === 'STALLED' && Array.isArray(run.health.ranks) ? run.health.ranks : []);
+      const stragglers = new Map(!old && run.health && Array.isArray(run.health.stragglers) ? run.health.stragglers.map((s) => [s.rank, s]) : []);
       const of = old ? ` of attempt ${line(old.attempt_id)}` : '';
 
       // One row per node, by node rank.
@@ -985,8 +1004,9 @@
       const start = st.workerPage * WORKER_PAGE;
       const rows = shown.slice(start, start + WORKER_PAGE).map((w) => h('tr', {
         'data-world-rank': w.world_rank, 'data-node-id': w.node_id, tabindex: '-1',
-        class: named.has(w.world_rank) ? 'culprit' : null,
-        title: named.has(w.world_rank) ? 'named by the run\'s health' : null,
+        class: named.has(w.world_rank) ? 'culprit' : stragglers.has(w.world_rank) ? 'straggler' : null,
+        title: named.has(w.world_rank) ? 'named by the run\'s health'
+          : stragglers.has(w.world_rank) ? 'a straggler: its steps are persistently slower than its peers\'' : null,
       },
       h('td', { class: 'num', 'data-col': 'world_rank' }, String(w.world_rank)),
       h('td', { class: 'num' }, String(w.local_rank)),
@@ -997,7 +1017,7 @@
       h('td', { class: 'mono' }, w.gpu_ids.length ? w.gpu_ids.join(', ') : h('span', { class: 'muted' }, '—')),
       h('td', { 'data-col': 'status' }, h('span', { class: `badge w-${String(w.status).toLowerCase()}` }, w.status)),
       heard ? h('td', { 'data-col': 'last_heard' }, timeEl(heard[w.world_rank])) : null,
-      ...(progress ? progressCells(progress[w.world_rank]) : []),
+      ...(progress ? progressCells(progress[w.world_rank], stragglers.get(w.world_rank)) : []),
       ...(workerLinks ? [h('td', { class: 'links' }, ...linksOf(run, w).flatMap((a, i) => (i ? [' · ', a] : [a])))] : [])));
       const sortHead = (label, field, cls) => {
         const sorted = st.sort === field;

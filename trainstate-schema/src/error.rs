@@ -179,6 +179,11 @@ pub enum Rule {
         /// The limit, in names per run.
         max: usize,
     },
+    /// A number must be finite, greater than 0 and at most the limit.
+    PositiveUpTo {
+        /// The greatest value allowed.
+        max: u64,
+    },
 }
 
 impl fmt::Display for Rule {
@@ -281,6 +286,9 @@ impl fmt::Display for Rule {
                 f,
                 "would bring the run past {max} distinct metric names: a run keeps at most {max}"
             ),
+            Rule::PositiveUpTo { max } => {
+                write!(f, "must be a finite number greater than 0 and at most {max}")
+            }
         }
     }
 }

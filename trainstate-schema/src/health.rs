@@ -2,9 +2,11 @@
 //!
 //! The head's lease sweep marks a live run whose ranks report progress
 //! `STALLED` when none of them advanced for the run's stall window, and
-//! `PROGRESSING` again when one does. The run keeps its current health
-//! ([`RunHealth`]) and a bounded history of changes ([`HealthChange`]);
-//! both are the head's own: a registration's are ignored.
+//! `PROGRESSING` again when one does, and names the ranks whose own steps
+//! are persistently slower than their peers' ([`Straggler`]). The run
+//! keeps its current health ([`RunHealth`]) and a bounded history of
+//! changes ([`HealthChange`]); both are the head's own: a registration's
+//! are ignored.
 
 use serde::{Deserialize, Serialize};
 
@@ -48,7 +50,7 @@ impl std::fmt::Display for HealthState {
 }
 
 /// Extension: a run's current health, as the head last decided it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[non_exhaustive]
 pub struct RunHealth {
@@ -67,12 +69,50 @@ pub struct RunHealth {
     #[serde(default)]
     #[cfg_attr(feature = "schemars", schemars(length(max = 4096)))]
     pub detail: String,
+    /// The ranks whose own time per step is persistently slower than their
+    /// peers', by world rank, with their times as they were when the set
+    /// last changed. At most 1,024.
+    #[serde(default)]
+    #[cfg_attr(feature = "schemars", schemars(length(max = 1024)))]
+    pub stragglers: Vec<Straggler>,
 }
 
 impl RunHealth {
-    /// Health `state` since `since_ms`, naming `ranks`, described by `detail`.
+    /// Health `state` since `since_ms`, naming `ranks`, described by
+    /// `detail`, with no stragglers.
     pub fn new(state: HealthState, since_ms: u64, ranks: Vec<u32>, detail: String) -> Self {
-        Self { state, since_ms, ranks, detail }
+        Self { state, since_ms, ranks, detail, stragglers: Vec::new() }
+    }
+
+    /// The same health, naming `stragglers`.
+    pub fn with_stragglers(mut self, stragglers: Vec<Straggler>) -> Self {
+        self.stragglers = stragglers;
+        self
+    }
+}
+
+/// Extension: a rank whose own time per step is persistently slower than
+/// its peers'.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[non_exhaustive]
+pub struct Straggler {
+    /// The rank's world rank.
+    pub rank: u32,
+    /// The rank's smoothed time per step, in ms.
+    pub step_time_ms: f64,
+    /// The median of its peers' smoothed times per step, in ms.
+    pub peers_step_time_ms: f64,
+    /// `step_time_ms / peers_step_time_ms`, to 2 decimals.
+    pub ratio: f64,
+}
+
+impl Straggler {
+    /// Rank `rank`, at `step_time_ms` a step where its peers take
+    /// `peers_step_time_ms`; the ratio is computed and rounded to 2 decimals.
+    pub fn new(rank: u32, step_time_ms: f64, peers_step_time_ms: f64) -> Self {
+        let ratio = (step_time_ms / peers_step_time_ms * 100.0).round() / 100.0;
+        Self { rank, step_time_ms, peers_step_time_ms, ratio }
     }
 }
 
@@ -89,12 +129,22 @@ pub struct HealthChange {
     #[serde(default)]
     #[cfg_attr(feature = "schemars", schemars(length(max = 1024)))]
     pub ranks: Vec<u32>,
+    /// The ranks its health named stragglers then. At most 1,024.
+    #[serde(default)]
+    #[cfg_attr(feature = "schemars", schemars(length(max = 1024)))]
+    pub stragglers: Vec<u32>,
 }
 
 impl HealthChange {
-    /// A change to `state` at `at_ms`, naming `ranks`.
+    /// A change to `state` at `at_ms`, naming `ranks` and no stragglers.
     pub fn new(state: HealthState, at_ms: u64, ranks: Vec<u32>) -> Self {
-        Self { state, at_ms, ranks }
+        Self { state, at_ms, ranks, stragglers: Vec::new() }
+    }
+
+    /// The same change, naming `stragglers`.
+    pub fn with_stragglers(mut self, stragglers: Vec<u32>) -> Self {
+        self.stragglers = stragglers;
+        self
     }
 }
 
@@ -115,6 +165,23 @@ pub(crate) fn check(
             let rule = Rule::TooLong { max: MAX_HEALTH_DETAIL_LEN };
             return Err(ValidationError::new("health.detail", rule));
         }
+        if health.stragglers.len() > MAX_HEALTH_RANKS {
+            let rule = Rule::TooMany { max: MAX_HEALTH_RANKS };
+            return Err(ValidationError::new("health.stragglers", rule));
+        }
+        for (i, straggler) in health.stragglers.iter().enumerate() {
+            let numbers = [
+                ("step_time_ms", straggler.step_time_ms),
+                ("peers_step_time_ms", straggler.peers_step_time_ms),
+                ("ratio", straggler.ratio),
+            ];
+            for (name, value) in numbers {
+                if !value.is_finite() {
+                    let field = format!("health.stragglers[{i}].{name}");
+                    return Err(ValidationError::new(field, Rule::NotFinite));
+                }
+            }
+        }
     }
     if history.len() > MAX_HEALTH_HISTORY {
         let rule = Rule::TooMany { max: MAX_HEALTH_HISTORY };
@@ -124,6 +191,10 @@ pub(crate) fn check(
         if change.ranks.len() > MAX_HEALTH_RANKS {
             let rule = Rule::TooMany { max: MAX_HEALTH_RANKS };
             return Err(ValidationError::new(format!("health_history[{i}].ranks"), rule));
+        }
+        if change.stragglers.len() > MAX_HEALTH_RANKS {
+            let rule = Rule::TooMany { max: MAX_HEALTH_RANKS };
+            return Err(ValidationError::new(format!("health_history[{i}].stragglers"), rule));
         }
     }
     Ok(())

@@ -113,11 +113,16 @@ pub const MAX_STALL_WINDOW_MS: u64 = 604_800_000;
 /// The shortest stall window a run may ask for (`stall_after_ms`): 1 s.
 pub const MIN_STALL_WINDOW_MS: u64 = 1_000;
 
+/// The longest time per step a rank may report (`step_time_ms`): 7 days,
+/// in ms.
+pub const MAX_STEP_TIME_MS: u64 = 604_800_000;
+
 /// Most entries of a run's `health_history`: the latest 32 (the oldest
 /// are dropped).
 pub const MAX_HEALTH_HISTORY: usize = 32;
 
-/// Most ranks a run's `health` names as culprits.
+/// Most ranks a run's `health` names as culprits, and most it names as
+/// stragglers.
 pub const MAX_HEALTH_RANKS: usize = 1_024;
 
 /// Longest `detail` of a run's `health`, in characters.

@@ -311,22 +311,24 @@ pub struct TrainRunInfo {
 }
 
 impl TrainRunInfo {
-    /// The run with health `health`, its change appended to its
+    /// The run with health `health`, its change at `at_ms` appended to its
     /// `health_history` (bounded: the oldest entries are dropped past
-    /// [`MAX_HEALTH_HISTORY`](crate::limits::MAX_HEALTH_HISTORY)). Fails
-    /// when `health` breaks a rule (too many ranks, too long a detail).
-    pub fn with_health(mut self, health: RunHealth) -> Result<Self, ValidationError> {
+    /// [`MAX_HEALTH_HISTORY`](crate::limits::MAX_HEALTH_HISTORY)). A
+    /// change of stragglers alone keeps the health's `since_ms` (the state
+    /// did not change): `at_ms` says when it happened. Fails when `health`
+    /// breaks a rule (too many ranks, too long a detail).
+    pub fn with_health(mut self, health: RunHealth, at_ms: u64) -> Result<Self, ValidationError> {
         crate::health::check(Some(&health), &[])?;
         let max = crate::limits::MAX_HEALTH_HISTORY;
         if self.health_history.len() >= max {
             let excess = self.health_history.len() + 1 - max;
             self.health_history.drain(..excess);
         }
-        self.health_history.push(HealthChange::new(
-            health.state,
-            health.since_ms,
-            health.ranks.clone(),
-        ));
+        let stragglers = health.stragglers.iter().map(|s| s.rank).collect();
+        self.health_history.push(
+            HealthChange::new(health.state, at_ms, health.ranks.clone())
+                .with_stragglers(stragglers),
+        );
         self.health = Some(health);
         Ok(self)
     }

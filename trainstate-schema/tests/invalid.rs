@@ -219,6 +219,25 @@ pub(crate) const CASES: &[(&str, Mutation, &str, &str)] = &[
         "restored_from",
         "^[A-Za-z0-9_-]",
     ),
+    (
+        "health naming over 1,024 stragglers",
+        |d| {
+            let straggler = |rank: u32| json!({"rank": rank, "step_time_ms": 2.0, "peers_step_time_ms": 1.0, "ratio": 2.0});
+            d["health"] = json!({"state": "PROGRESSING", "since_ms": 1_760_000_000_000_u64,
+                "stragglers": (0..1025).map(straggler).collect::<Vec<_>>()});
+        },
+        "health.stragglers",
+        "1024",
+    ),
+    (
+        "a health change naming over 1,024 stragglers",
+        |d| {
+            d["health_history"] = json!([{"state": "PROGRESSING", "at_ms": 1_760_000_000_000_u64,
+                "stragglers": (0..1025).collect::<Vec<u32>>()}]);
+        },
+        "health_history[0].stragglers",
+        "1024",
+    ),
 ];
 
 #[test]

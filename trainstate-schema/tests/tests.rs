@@ -3,6 +3,7 @@
 mod common;
 mod compat;
 mod invalid;
+mod progress;
 mod properties;
 mod registration;
 mod schema;

@@ -3,9 +3,9 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use trainstate_schema::TrainRunInfo;
 use trainstate_schema::ray_v2::attempt_budget;
 use trainstate_schema::text::escape_control;
+use trainstate_schema::{Straggler, TrainRunInfo};
 
 use super::{HeadArgs, RunsCommand};
 use crate::api::{LinksResponse, RankProgressServed, RunListResponse, StatusFilter};
@@ -179,6 +179,9 @@ fn show(
         };
         let since = utc(health.since_ms);
         line(&mut out, "health", &format!("{} since {since} UTC{ranks}", health.state.as_str()));
+        if !health.stragglers.is_empty() {
+            line(&mut out, "stragglers", &stragglers_text(&health.stragglers));
+        }
         if !health.detail.is_empty() {
             line(&mut out, "", &health.detail);
         }
@@ -291,6 +294,24 @@ fn show(
     Ok(out)
 }
 
+/// `rank 1 2.0× (200 ms a step, its peers 100 ms), rank 3 1.6× (...)`.
+fn stragglers_text(stragglers: &[Straggler]) -> String {
+    let ms = |ms: f64| if ms < 100.0 { format!("{ms:.1} ms") } else { format!("{ms:.0} ms") };
+    let named: Vec<String> = stragglers
+        .iter()
+        .map(|s| {
+            format!(
+                "rank {} {:.1}\u{d7} ({} a step, its peers {})",
+                s.rank,
+                s.ratio,
+                ms(s.step_time_ms),
+                ms(s.peers_step_time_ms)
+            )
+        })
+        .collect();
+    named.join(", ")
+}
+
 /// Left-aligned columns separated by two spaces.
 pub(super) fn table(rows: &[Vec<String>]) -> String {
     let columns = rows.first().map_or(0, Vec::len);
@@ -359,6 +380,16 @@ mod tests {
         assert_eq!(progress.text(Some(120_000)), "step 40 of 100 (40 %), about 3m00s left");
         let unknown = Progress::of(&[rank(Some(7), None)]).unwrap();
         assert_eq!(unknown.text(Some(1_000)), "step 7");
+    }
+
+    #[test]
+    fn stragglers_are_named_with_their_ratio_and_times() {
+        let stragglers = [Straggler::new(1, 200.0, 100.0), Straggler::new(3, 12.0, 7.5)];
+        assert_eq!(
+            stragglers_text(&stragglers),
+            "rank 1 2.0\u{d7} (200 ms a step, its peers 100 ms), \
+             rank 3 1.6\u{d7} (12.0 ms a step, its peers 7.5 ms)"
+        );
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! ([`RankProgress`], in [`RankHeartbeatRequest`](super::RankHeartbeatRequest)).
 //! The head keeps the latest report of each rank in memory and serves it
 //! as the run's `rank_progress` ([`RankProgressServed`]); from when the
-//! steps last grew it decides the run's `health`.
+//! steps last grew it decides the run's `health`, and from each rank's own
+//! time per step (`step_time_ms`) which ranks are stragglers.
 
 use std::collections::BTreeMap;
 
@@ -13,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::limits::{
     MAX_METRIC_NAME_LEN, MAX_METRIC_NAMES_PER_REPORT, MAX_PHASE_LEN, MAX_STALL_WINDOW_MS,
+    MAX_STEP_TIME_MS,
 };
 use crate::{Rule, ValidationError};
 
@@ -42,6 +44,19 @@ pub struct RankProgress {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "schemars", schemars(range(max = 604_800_000_u64)))]
     pub expect_next_within_ms: Option<u64>,
+    /// The rank's time per step since its previous report, in ms: its own
+    /// work when the client can tell (the training loop measured it, say
+    /// its compute without the time spent waiting for its peers in
+    /// collectives), else the wall time between its advances. Counted only
+    /// with a report whose `step` is new (the rank's first, or higher than
+    /// its previous one). Finite, greater than 0 and at most 604800000
+    /// (7 days).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "schemars",
+        schemars(range(max = 604_800_000_u64), extend("exclusiveMinimum" = 0))
+    )]
+    pub step_time_ms: Option<f64>,
     /// The rank's latest scalar metrics, by name: at most 32 per report,
     /// each name 1 to 128 of `A-Z a-z 0-9 _ . : / -`, each value finite. A
     /// run's ranks report at most 64 distinct names in all.
@@ -75,6 +90,12 @@ impl RankProgress {
         {
             let rule = Rule::OutOfRange { min: 0, max: MAX_STALL_WINDOW_MS };
             return Err(ValidationError::new("progress.expect_next_within_ms", rule));
+        }
+        if let Some(ms) = self.step_time_ms
+            && !(ms.is_finite() && ms > 0.0 && ms <= MAX_STEP_TIME_MS as f64)
+        {
+            let rule = Rule::PositiveUpTo { max: MAX_STEP_TIME_MS };
+            return Err(ValidationError::new("progress.step_time_ms", rule));
         }
         if self.metrics.len() > MAX_METRIC_NAMES_PER_REPORT {
             let rule = Rule::TooMany { max: MAX_METRIC_NAMES_PER_REPORT };
