@@ -3,28 +3,25 @@
 //!
 //! A heartbeat changes no stored document, so it needs neither the store
 //! nor the actor's turn: the connection that receives it finds the run's
-//! [`Beat`] (or the rank's [`RankBoard`]) here and stamps it, and the
-//! actor's lease sweep and every reader see the stamp. The actor alone
-//! adds and removes entries, as runs and rendezvous groups come and go in
-//! its working state; a heartbeat it has no entry for (an unknown run, an
-//! ended one, another cluster's, a group this head does not track) goes
-//! through the actor's mailbox as before, which gives the answer its
-//! error.
+//! [`Beat`] (or the rank's [`RankBoard`] and its [`ProgressBoard`])
+//! here and stamps it, and the actor's lease sweep and every reader see
+//! the stamp. The actor alone adds and removes entries, as runs and
+//! rendezvous groups come and go in its working state; a
+//! heartbeat it has no entry for (an unknown run, an ended one, another
+//! cluster's, a group this head does not track) goes through the actor's
+//! mailbox as before, which gives the answer its error.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use trainstate_client::StateError;
+use trainstate_client::RunDocument;
 use trainstate_client::api::RendezvousResponse;
-use trainstate_schema::api::{
-    MetricPoint, MetricSeries, MetricsQuery, RankProgress, RankProgressServed,
-};
-use trainstate_schema::limits::{MAX_METRIC_NAMES_PER_RUN, MAX_METRIC_POINTS};
-use trainstate_schema::{Rule, RunId, RunStatus, ValidationError};
+use trainstate_schema::{RunId, RunStatus};
 
+use crate::progress::{ProgressBoard, Reporter};
 use crate::record::RunRecord;
 
 /// A lease time no sweep ever reaches: a run this head never sweeps (a
@@ -35,6 +32,9 @@ pub(crate) const NEVER_SWEPT: u64 = u64::MAX;
 pub(crate) struct Liveness {
     runs: Shards<Arc<Beat>>,
     ranks: Shards<Arc<RankBoard>>,
+    /// The progress board of each run whose ranks report progress: a
+    /// tracked rendezvous group's (its rank board's).
+    progress: Shards<Arc<ProgressBoard>>,
     /// When the actor last took a turn: a head whose actor takes none for
     /// several sweep periods is wedged.
     pub(crate) actor_turns: Turns,
@@ -42,7 +42,12 @@ pub(crate) struct Liveness {
 
 impl Default for Liveness {
     fn default() -> Self {
-        Self { runs: Shards::new(), ranks: Shards::new(), actor_turns: Turns::default() }
+        Self {
+            runs: Shards::new(),
+            ranks: Shards::new(),
+            progress: Shards::new(),
+            actor_turns: Turns::default(),
+        }
     }
 }
 
@@ -81,17 +86,47 @@ impl Liveness {
         self.runs.clear();
     }
 
+    /// The progress board of a run whose ranks report progress.
+    pub(crate) fn progress(&self, id: &RunId) -> Option<Arc<ProgressBoard>> {
+        self.progress.get(id)
+    }
+
+    /// Every progress board, with its run.
+    pub(crate) fn progress_boards(&self) -> Vec<(RunId, Arc<ProgressBoard>)> {
+        self.progress.entries()
+    }
+
+    /// Publishes a tracked group's rank board, and its progress board.
     pub(crate) fn put_ranks(&self, id: RunId, board: Arc<RankBoard>) {
+        self.progress.insert(id.clone(), board.progress().clone());
         self.ranks.insert(id, board);
     }
 
     pub(crate) fn remove_ranks(&self, id: &RunId) {
-        self.ranks.remove(id);
+        if self.ranks.remove(id).is_some() {
+            self.progress.remove(id);
+        }
     }
 
-    /// Forgets every rank board (the rendezvous state is rebuilt).
+    /// Forgets every rank board and its progress board (the rendezvous
+    /// state is rebuilt).
     pub(crate) fn clear_ranks(&self) {
         self.ranks.clear();
+        self.progress.retain(|board| board.reporter() != Reporter::Ranks);
+    }
+
+    /// `document` with what the liveness tables hold of its run: when each
+    /// rank of a tracked rendezvous group was last heard from and, once a
+    /// rank reported, each rank's progress.
+    pub(crate) fn decorate(&self, id: &RunId, document: RunDocument) -> RunDocument {
+        let document = match self.ranks(id) {
+            Some(board) if board.world_size() > 0 => document.with_rank_heartbeats(board.by_rank()),
+            _ => document,
+        };
+        match self.progress(id).and_then(|board| board.served_progress()) {
+            Some(progress) => document.with_rank_progress(progress),
+            None => document,
+        }
     }
 }
 
@@ -156,217 +191,45 @@ fn status_code(status: RunStatus) -> u8 {
 }
 
 /// The ranks of a rendezvous run's current attempt: when each was last
-/// heard from, how many have ended, and each rank's latest progress.
+/// heard from, how many have ended, and each rank's latest progress (its
+/// progress board, published beside it).
 pub(crate) struct RankBoard {
     attempt_id: Box<str>,
     /// Wall ms by world rank; 0: not heard from.
     heard: Box<[AtomicU64]>,
     ended: AtomicU32,
-    /// Each rank's latest progress report (one report per rank per
-    /// heartbeat: a lock per board is enough).
-    progress: Mutex<ProgressTable>,
-}
-
-/// One rank's progress as the head keeps it.
-#[derive(Debug, Clone)]
-pub(crate) struct Progress {
-    pub(crate) step: Option<u64>,
-    pub(crate) total_steps: Option<u64>,
-    pub(crate) phase: Option<Box<str>>,
-    pub(crate) metrics: BTreeMap<String, f64>,
-    /// When the rank's step last grew (wall ms), or, before it grew on
-    /// this head, when this head first heard its progress: after a
-    /// restart, the stall window starts again.
-    pub(crate) last_advance_ms: u64,
-    /// The step grew on this head at least once.
-    pub(crate) advanced: bool,
-    /// Until when (wall ms) the rank's announced pause
-    /// (`expect_next_within_ms`) covers it; 0: none.
-    pub(crate) expect_until_ms: u64,
-}
-
-/// The progress of every rank of a board, and every metric name its
-/// ranks reported.
-#[derive(Default)]
-struct ProgressTable {
-    /// By world rank; empty until a rank reports.
-    ranks: Vec<Option<Progress>>,
-    names: BTreeSet<String>,
-    /// Each metric's history, by name.
-    history: BTreeMap<String, Series>,
-}
-
-/// One metric's history: at most [`MAX_METRIC_POINTS`] points. When full,
-/// every other point is dropped and from then on only every other report
-/// is kept (twice the stride), so the series spans the whole attempt at a
-/// grain that halves each time it fills.
-#[derive(Default)]
-struct Series {
-    points: Vec<MetricPoint>,
-    /// Keep one report in `stride`.
-    stride: u64,
-    /// Reports seen.
-    seen: u64,
-}
-
-impl Series {
-    fn add(&mut self, point: MetricPoint) {
-        self.stride = self.stride.max(1);
-        self.seen += 1;
-        if !(self.seen - 1).is_multiple_of(self.stride) {
-            return;
-        }
-        if self.points.len() >= MAX_METRIC_POINTS {
-            let mut i = 0;
-            self.points.retain(|_| {
-                i += 1;
-                i % 2 == 1
-            });
-            self.stride *= 2;
-        }
-        self.points.push(point);
-    }
+    /// Each rank's latest progress report, and each metric's history.
+    progress: Arc<ProgressBoard>,
 }
 
 impl RankBoard {
-    pub(crate) fn new(attempt_id: &str, heard: impl IntoIterator<Item = Option<u64>>) -> Self {
+    /// The board of attempt `attempt_id`, with when each rank was last
+    /// heard from; `stall_after_ms` is the run's own stall window, if its
+    /// joins asked for one.
+    pub(crate) fn new(
+        attempt_id: &str,
+        heard: impl IntoIterator<Item = Option<u64>>,
+        stall_after_ms: Option<u64>,
+    ) -> Self {
+        let heard: Box<[AtomicU64]> =
+            heard.into_iter().map(|t| AtomicU64::new(t.unwrap_or(0))).collect();
+        let world_size = heard.len() as u32;
         Self {
+            progress: Arc::new(ProgressBoard::new(
+                attempt_id,
+                world_size,
+                Reporter::Ranks,
+                stall_after_ms,
+            )),
             attempt_id: attempt_id.into(),
-            heard: heard.into_iter().map(|t| AtomicU64::new(t.unwrap_or(0))).collect(),
+            heard,
             ended: AtomicU32::new(0),
-            progress: Mutex::default(),
         }
     }
 
-    /// Records rank `rank`'s progress report `report`, received at
-    /// `now_ms` (wall), for run `id`. Refuses, changing nothing, a step
-    /// below the rank's previous one (409) and a report that would bring
-    /// the run past [`MAX_METRIC_NAMES_PER_RUN`] metric names (422, naming
-    /// the first new name). A rank out of range is ignored.
-    pub(crate) fn report(
-        &self,
-        id: &RunId,
-        rank: u32,
-        report: &RankProgress,
-        now_ms: u64,
-    ) -> Result<(), StateError> {
-        let slot = rank as usize;
-        if slot >= self.heard.len() {
-            return Ok(());
-        }
-        let mut table = self.progress.lock().unwrap_or_else(|e| e.into_inner());
-        let previous = table.ranks.get(slot).and_then(Option::as_ref);
-        if let (Some(step), Some(before)) = (report.step, previous.and_then(|p| p.step))
-            && step < before
-        {
-            return Err(StateError::Conflict {
-                id: id.clone(),
-                reason: format!(
-                    "rank {rank} reported step {step} after step {before} in attempt {:?}: steps never go back",
-                    self.attempt_id
-                ),
-            });
-        }
-        let new_names: Vec<&String> =
-            report.metrics.keys().filter(|name| !table.names.contains(*name)).collect();
-        if let Some(first) = new_names.first()
-            && table.names.len() + new_names.len() > MAX_METRIC_NAMES_PER_RUN
-        {
-            let rule = Rule::TooManyMetricNames { max: MAX_METRIC_NAMES_PER_RUN };
-            return Err(ValidationError::new(format!("progress.metrics[{first:?}]"), rule).into());
-        }
-        let advanced = match (report.step, previous.and_then(|p| p.step)) {
-            (Some(step), Some(before)) => step > before,
-            _ => false,
-        };
-        let expect_until_ms =
-            report.expect_next_within_ms.map_or(0, |ms| now_ms.saturating_add(ms));
-        let progress = match previous {
-            Some(before) => Progress {
-                step: report.step.or(before.step),
-                total_steps: report.total_steps.or(before.total_steps),
-                phase: report.phase.as_deref().map(Into::into).or_else(|| before.phase.clone()),
-                metrics: if report.metrics.is_empty() {
-                    before.metrics.clone()
-                } else {
-                    report.metrics.clone()
-                },
-                last_advance_ms: if advanced { now_ms } else { before.last_advance_ms },
-                advanced: advanced || before.advanced,
-                expect_until_ms: expect_until_ms.max(before.expect_until_ms),
-            },
-            None => Progress {
-                step: report.step,
-                total_steps: report.total_steps,
-                phase: report.phase.as_deref().map(Into::into),
-                metrics: report.metrics.clone(),
-                last_advance_ms: now_ms,
-                advanced: false,
-                expect_until_ms,
-            },
-        };
-        let names: Vec<String> = new_names.into_iter().cloned().collect();
-        table.names.extend(names);
-        if let Some(step) = report.step {
-            for (name, value) in &report.metrics {
-                let series = table.history.entry(name.clone()).or_default();
-                series.add(MetricPoint::new(rank, step, *value));
-            }
-        }
-        if table.ranks.is_empty() {
-            table.ranks = vec![None; self.heard.len()];
-        }
-        table.ranks[slot] = Some(progress);
-        Ok(())
-    }
-
-    /// The history of each metric reported with a step, by name, as
-    /// `query` selects it (a name, a rank, a range of steps).
-    pub(crate) fn metrics(&self, query: &MetricsQuery) -> Vec<MetricSeries> {
-        let table = self.progress.lock().unwrap_or_else(|e| e.into_inner());
-        let keep = |p: &&MetricPoint| {
-            query.rank.is_none_or(|rank| p.rank == rank)
-                && query.from_step.is_none_or(|from| p.step >= from)
-                && query.to_step.is_none_or(|to| p.step <= to)
-        };
-        table
-            .history
-            .iter()
-            .filter(|(name, _)| query.name.as_deref().is_none_or(|n| n == name.as_str()))
-            .map(|(name, series)| {
-                MetricSeries::new(
-                    name.clone(),
-                    series.points.iter().filter(keep).copied().collect(),
-                )
-            })
-            .collect()
-    }
-
-    /// Each rank's progress, by world rank; `None` when no rank reported.
-    pub(crate) fn progress(&self) -> Option<Vec<Option<Progress>>> {
-        let table = self.progress.lock().unwrap_or_else(|e| e.into_inner());
-        (!table.ranks.is_empty()).then(|| table.ranks.clone())
-    }
-
-    /// Each rank's progress as a run serves it (`rank_progress`); `None`
-    /// when no rank reported.
-    pub(crate) fn served_progress(&self) -> Option<Arc<[Option<RankProgressServed>]>> {
-        let table = self.progress.lock().unwrap_or_else(|e| e.into_inner());
-        if table.ranks.is_empty() {
-            return None;
-        }
-        let served = table.ranks.iter().map(|rank| {
-            rank.as_ref().map(|p| {
-                RankProgressServed::new(
-                    p.step,
-                    p.total_steps,
-                    p.phase.as_deref().map(str::to_owned),
-                    Some(p.last_advance_ms),
-                    p.metrics.clone(),
-                )
-            })
-        });
-        Some(served.collect())
+    /// The ranks' progress board.
+    pub(crate) fn progress(&self) -> &Arc<ProgressBoard> {
+        &self.progress
     }
 
     pub(crate) fn attempt_id(&self) -> &str {
@@ -455,8 +318,25 @@ impl<V: Clone> Shards<V> {
         self.shard(&id).write().unwrap_or_else(|e| e.into_inner()).insert(id, value);
     }
 
-    fn remove(&self, id: &RunId) {
-        self.shard(id).write().unwrap_or_else(|e| e.into_inner()).remove(id);
+    fn remove(&self, id: &RunId) -> Option<V> {
+        self.shard(id).write().unwrap_or_else(|e| e.into_inner()).remove(id)
+    }
+
+    /// Keeps only the values `keep` says to.
+    fn retain(&self, mut keep: impl FnMut(&V) -> bool) {
+        for map in &self.maps {
+            map.write().unwrap_or_else(|e| e.into_inner()).retain(|_, value| keep(value));
+        }
+    }
+
+    /// Every entry, one shard at a time.
+    fn entries(&self) -> Vec<(RunId, V)> {
+        let mut entries = Vec::new();
+        for map in &self.maps {
+            let map = map.read().unwrap_or_else(|e| e.into_inner());
+            entries.extend(map.iter().map(|(id, value)| (id.clone(), value.clone())));
+        }
+        entries
     }
 
     fn clear(&self) {

@@ -78,17 +78,13 @@ impl Reader {
         };
         let document = record.document(self.liveness().heartbeat_of(record));
         drop(view);
-        Found::Run(match self.liveness().ranks(id) {
-            Some(board) if board.world_size() > 0 => {
-                crate::rendezvous::with_board(document, &board)
-            }
-            _ => document,
-        })
+        Found::Run(self.liveness().decorate(id, document))
     }
 
-    /// The metric series of a committed run's current attempt, as the
-    /// ranks of its rendezvous group reported them here (memory only: none
-    /// for a run this head does not track, and none from before a restart).
+    /// The metric series of a committed run's current attempt, as its
+    /// ranks reported them here (memory only: none for a rendezvous run
+    /// whose group this head does not track, and none from before a
+    /// restart).
     pub(crate) fn metrics(
         &self,
         id: &RunId,
@@ -99,7 +95,7 @@ impl Reader {
             return Err(StateError::NotFound { id: id.clone() });
         }
         let series =
-            self.liveness().ranks(id).map(|board| board.metrics(query)).unwrap_or_default();
+            self.liveness().progress(id).map(|board| board.metrics(query)).unwrap_or_default();
         Ok(MetricsResponse::new(id.clone(), series))
     }
 

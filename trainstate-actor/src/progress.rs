@@ -1,0 +1,274 @@
+//! Each rank's progress of a live run's current attempt: memory only,
+//! shared by the actor and the connections' tasks.
+//!
+//! A [`ProgressBoard`] keeps the latest progress report of every rank of
+//! one attempt and each metric's decimated history, behind one lock. Its
+//! reports come from the ranks of a rendezvous run, with their heartbeats
+//! (the board is its group's rank board's). The board is
+//! published in the liveness tables, where readers serve it
+//! (`rank_progress`, the metric histories) and the lease sweep decides the
+//! run's health from it (see [`crate::health`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+
+use trainstate_client::StateError;
+use trainstate_schema::api::{
+    MetricPoint, MetricSeries, MetricsQuery, RankProgress, RankProgressServed,
+};
+use trainstate_schema::limits::{MAX_METRIC_NAMES_PER_RUN, MAX_METRIC_POINTS};
+use trainstate_schema::{Rule, RunId, ValidationError};
+
+/// The progress of every rank of one attempt of a run.
+pub(crate) struct ProgressBoard {
+    attempt_id: Box<str>,
+    world_size: u32,
+    reporter: Reporter,
+    /// The run's own stall window, when it asked for one (a rendezvous
+    /// run's joins may); `None`: the head's.
+    stall_after_ms: Option<u64>,
+    /// Each rank's latest progress report (one report per rank per
+    /// heartbeat: a lock per board is enough).
+    progress: Mutex<ProgressTable>,
+}
+
+/// Who reports a board's progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reporter {
+    /// Each rank of a rendezvous run, with its heartbeats: the board is
+    /// its group's rank board's, and goes with it.
+    Ranks,
+}
+
+/// One rank's progress as the head keeps it.
+#[derive(Debug, Clone)]
+pub(crate) struct Progress {
+    pub(crate) step: Option<u64>,
+    pub(crate) total_steps: Option<u64>,
+    pub(crate) phase: Option<Box<str>>,
+    pub(crate) metrics: BTreeMap<String, f64>,
+    /// When the rank's step last grew (wall ms), or, before it grew on
+    /// this head, when this head first heard its progress: after a
+    /// restart, the stall window starts again.
+    pub(crate) last_advance_ms: u64,
+    /// The step grew on this head at least once.
+    pub(crate) advanced: bool,
+    /// Until when (wall ms) the rank's announced pause
+    /// (`expect_next_within_ms`) covers it; 0: none.
+    pub(crate) expect_until_ms: u64,
+}
+
+/// The progress of every rank of a board, and every metric name its
+/// ranks reported.
+#[derive(Default)]
+struct ProgressTable {
+    /// By world rank; empty until a rank reports.
+    ranks: Vec<Option<Progress>>,
+    names: BTreeSet<String>,
+    /// Each metric's history, by name.
+    history: BTreeMap<String, Series>,
+}
+
+/// One metric's history: at most [`MAX_METRIC_POINTS`] points. When full,
+/// every other point is dropped and from then on only every other report
+/// is kept (twice the stride), so the series spans the whole attempt at a
+/// grain that halves each time it fills.
+#[derive(Default)]
+struct Series {
+    points: Vec<MetricPoint>,
+    /// Keep one report in `stride`.
+    stride: u64,
+    /// Reports seen.
+    seen: u64,
+}
+
+impl Series {
+    fn add(&mut self, point: MetricPoint) {
+        self.stride = self.stride.max(1);
+        self.seen += 1;
+        if !(self.seen - 1).is_multiple_of(self.stride) {
+            return;
+        }
+        if self.points.len() >= MAX_METRIC_POINTS {
+            let mut i = 0;
+            self.points.retain(|_| {
+                i += 1;
+                i % 2 == 1
+            });
+            self.stride *= 2;
+        }
+        self.points.push(point);
+    }
+}
+
+impl ProgressBoard {
+    /// An empty board of attempt `attempt_id`, of `world_size` ranks,
+    /// whose progress `reporter` reports; `stall_after_ms` is the run's
+    /// own stall window, if it asked for one.
+    pub(crate) fn new(
+        attempt_id: &str,
+        world_size: u32,
+        reporter: Reporter,
+        stall_after_ms: Option<u64>,
+    ) -> Self {
+        Self {
+            attempt_id: attempt_id.into(),
+            world_size,
+            reporter,
+            stall_after_ms,
+            progress: Mutex::default(),
+        }
+    }
+
+    /// Records rank `rank`'s progress report `report`, received at
+    /// `now_ms` (wall), for run `id`. Refuses, changing nothing, a step
+    /// below the rank's previous one (409) and a report that would bring
+    /// the run past [`MAX_METRIC_NAMES_PER_RUN`] metric names (422, naming
+    /// the first new name). A rank out of range is ignored.
+    pub(crate) fn report(
+        &self,
+        id: &RunId,
+        rank: u32,
+        report: &RankProgress,
+        now_ms: u64,
+    ) -> Result<(), StateError> {
+        let mut table = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        self.record(&mut table, id, rank, report, now_ms)
+    }
+
+    /// [`ProgressBoard::report`], under the board's lock.
+    fn record(
+        &self,
+        table: &mut ProgressTable,
+        id: &RunId,
+        rank: u32,
+        report: &RankProgress,
+        now_ms: u64,
+    ) -> Result<(), StateError> {
+        let slot = rank as usize;
+        if slot >= self.world_size as usize {
+            return Ok(());
+        }
+        let previous = table.ranks.get(slot).and_then(Option::as_ref);
+        if let (Some(step), Some(before)) = (report.step, previous.and_then(|p| p.step))
+            && step < before
+        {
+            return Err(StateError::Conflict {
+                id: id.clone(),
+                reason: format!(
+                    "rank {rank} reported step {step} after step {before} in attempt {:?}: steps never go back",
+                    self.attempt_id
+                ),
+            });
+        }
+        let new_names: Vec<&String> =
+            report.metrics.keys().filter(|name| !table.names.contains(*name)).collect();
+        if let Some(first) = new_names.first()
+            && table.names.len() + new_names.len() > MAX_METRIC_NAMES_PER_RUN
+        {
+            let rule = Rule::TooManyMetricNames { max: MAX_METRIC_NAMES_PER_RUN };
+            return Err(ValidationError::new(format!("progress.metrics[{first:?}]"), rule).into());
+        }
+        let advanced = match (report.step, previous.and_then(|p| p.step)) {
+            (Some(step), Some(before)) => step > before,
+            _ => false,
+        };
+        let expect_until_ms =
+            report.expect_next_within_ms.map_or(0, |ms| now_ms.saturating_add(ms));
+        let progress = match previous {
+            Some(before) => Progress {
+                step: report.step.or(before.step),
+                total_steps: report.total_steps.or(before.total_steps),
+                phase: report.phase.as_deref().map(Into::into).or_else(|| before.phase.clone()),
+                metrics: if report.metrics.is_empty() {
+                    before.metrics.clone()
+                } else {
+                    report.metrics.clone()
+                },
+                last_advance_ms: if advanced { now_ms } else { before.last_advance_ms },
+                advanced: advanced || before.advanced,
+                expect_until_ms: expect_until_ms.max(before.expect_until_ms),
+            },
+            None => Progress {
+                step: report.step,
+                total_steps: report.total_steps,
+                phase: report.phase.as_deref().map(Into::into),
+                metrics: report.metrics.clone(),
+                last_advance_ms: now_ms,
+                advanced: false,
+                expect_until_ms,
+            },
+        };
+        let names: Vec<String> = new_names.into_iter().cloned().collect();
+        table.names.extend(names);
+        if let Some(step) = report.step {
+            for (name, value) in &report.metrics {
+                let series = table.history.entry(name.clone()).or_default();
+                series.add(MetricPoint::new(rank, step, *value));
+            }
+        }
+        if table.ranks.is_empty() {
+            table.ranks = vec![None; self.world_size as usize];
+        }
+        table.ranks[slot] = Some(progress);
+        Ok(())
+    }
+
+    /// The history of each metric reported with a step, by name, as
+    /// `query` selects it (a name, a rank, a range of steps).
+    pub(crate) fn metrics(&self, query: &MetricsQuery) -> Vec<MetricSeries> {
+        let table = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        let keep = |p: &&MetricPoint| {
+            query.rank.is_none_or(|rank| p.rank == rank)
+                && query.from_step.is_none_or(|from| p.step >= from)
+                && query.to_step.is_none_or(|to| p.step <= to)
+        };
+        table
+            .history
+            .iter()
+            .filter(|(name, _)| query.name.as_deref().is_none_or(|n| n == name.as_str()))
+            .map(|(name, series)| {
+                MetricSeries::new(
+                    name.clone(),
+                    series.points.iter().filter(keep).copied().collect(),
+                )
+            })
+            .collect()
+    }
+
+    /// Each rank's progress, by world rank; `None` when no rank reported.
+    pub(crate) fn progress(&self) -> Option<Vec<Option<Progress>>> {
+        let table = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        (!table.ranks.is_empty()).then(|| table.ranks.clone())
+    }
+
+    /// Each rank's progress as a run serves it (`rank_progress`); `None`
+    /// when no rank reported.
+    pub(crate) fn served_progress(&self) -> Option<std::sync::Arc<[Option<RankProgressServed>]>> {
+        let table = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        if table.ranks.is_empty() {
+            return None;
+        }
+        let served = table.ranks.iter().map(|rank| {
+            rank.as_ref().map(|p| {
+                RankProgressServed::new(
+                    p.step,
+                    p.total_steps,
+                    p.phase.as_deref().map(str::to_owned),
+                    Some(p.last_advance_ms),
+                    p.metrics.clone(),
+                )
+            })
+        });
+        Some(served.collect())
+    }
+
+    pub(crate) fn reporter(&self) -> Reporter {
+        self.reporter
+    }
+
+    /// The run's own stall window, if it asked for one.
+    pub(crate) fn stall_after_ms(&self) -> Option<u64> {
+        self.stall_after_ms
+    }
+}
