@@ -228,6 +228,15 @@ impl Actor for TrainStateActor {
                 }
                 let _ = reply.send(answer);
             }
+            StateMessage::ReportProgress { id, report, reply } => {
+                state.find(&id, now).await;
+                let answer =
+                    state.owned(&id).and_then(|()| state.runs.report_progress(&id, &report, now));
+                if answer.is_ok() {
+                    state.writer.shared.note_heartbeat(&id, now);
+                }
+                let _ = reply.send(answer);
+            }
             StateMessage::Get { id, reply } => {
                 let missing = {
                     let view = state.writer.shared.view.read().unwrap_or_else(|e| e.into_inner());

@@ -1,7 +1,8 @@
 //! A run's health, decided from its ranks' progress (pure: no I/O).
 //!
 //! The lease sweep asks, for each RUNNING run with a progress board (a
-//! tracked rendezvous group's), whether its health changes ([`HealthSweep`]): STALLED when no rank
+//! tracked rendezvous group's, or the board its controller reports to),
+//! whether its health changes ([`HealthSweep`]): STALLED when no rank
 //! advanced for the run's stall window (and no rank's announced pause
 //! still covers now), PROGRESSING again when a rank advances after that
 //! ([`decide`]). The rules, and what they cannot see, are in

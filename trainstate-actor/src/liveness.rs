@@ -3,10 +3,10 @@
 //!
 //! A heartbeat changes no stored document, so it needs neither the store
 //! nor the actor's turn: the connection that receives it finds the run's
-//! [`Beat`] (or the rank's [`RankBoard`] and its [`ProgressBoard`])
+//! [`Beat`] (or the rank's [`RankBoard`], or the run's [`ProgressBoard`])
 //! here and stamps it, and the actor's lease sweep and every reader see
-//! the stamp. The actor alone adds and removes entries, as runs and
-//! rendezvous groups come and go in its working state; a
+//! the stamp. The actor alone adds and removes entries, as runs,
+//! rendezvous groups and attempts come and go in its working state; a
 //! heartbeat it has no entry for (an unknown run, an ended one, another
 //! cluster's, a group this head does not track) goes through the actor's
 //! mailbox as before, which gives the answer its error.
@@ -33,7 +33,7 @@ pub(crate) struct Liveness {
     runs: Shards<Arc<Beat>>,
     ranks: Shards<Arc<RankBoard>>,
     /// The progress board of each run whose ranks report progress: a
-    /// tracked rendezvous group's (its rank board's).
+    /// tracked rendezvous group's (its rank board's), or a controller's.
     progress: Shards<Arc<ProgressBoard>>,
     /// When the actor last took a turn: a head whose actor takes none for
     /// several sweep periods is wedged.
@@ -113,6 +113,21 @@ impl Liveness {
     pub(crate) fn clear_ranks(&self) {
         self.ranks.clear();
         self.progress.retain(|board| board.reporter() != Reporter::Ranks);
+    }
+
+    /// Publishes the progress board a run's controller reports to.
+    pub(crate) fn put_progress(&self, id: RunId, board: Arc<ProgressBoard>) {
+        self.progress.insert(id, board);
+    }
+
+    pub(crate) fn remove_progress(&self, id: &RunId) {
+        self.progress.remove(id);
+    }
+
+    /// Forgets every progress board a controller reports to (the working
+    /// state is rebuilt).
+    pub(crate) fn clear_controller_progress(&self) {
+        self.progress.retain(|board| board.reporter() != Reporter::Controller);
     }
 
     /// `document` with what the liveness tables hold of its run: when each

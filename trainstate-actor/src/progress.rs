@@ -4,7 +4,8 @@
 //! A [`ProgressBoard`] keeps the latest progress report of every rank of
 //! one attempt and each metric's decimated history, behind one lock. Its
 //! reports come from the ranks of a rendezvous run, with their heartbeats
-//! (the board is its group's rank board's). The board is
+//! (the board is its group's rank board's), or from the controller of a
+//! run it registered, several ranks at a time. Either way the board is
 //! published in the liveness tables, where readers serve it
 //! (`rank_progress`, the metric histories) and the lease sweep decides the
 //! run's health from it (see [`crate::health`]).
@@ -14,7 +15,7 @@ use std::sync::Mutex;
 
 use trainstate_client::StateError;
 use trainstate_schema::api::{
-    MetricPoint, MetricSeries, MetricsQuery, RankProgress, RankProgressServed,
+    MetricPoint, MetricSeries, MetricsQuery, RankProgress, RankProgressServed, RankReport,
 };
 use trainstate_schema::limits::{MAX_METRIC_NAMES_PER_RUN, MAX_METRIC_POINTS};
 use trainstate_schema::{Rule, RunId, ValidationError};
@@ -28,7 +29,8 @@ pub(crate) struct ProgressBoard {
     /// run's joins may); `None`: the head's.
     stall_after_ms: Option<u64>,
     /// Each rank's latest progress report (one report per rank per
-    /// heartbeat: a lock per board is enough).
+    /// heartbeat, or a few per second from a controller: a lock per board
+    /// is enough).
     progress: Mutex<ProgressTable>,
 }
 
@@ -38,6 +40,9 @@ pub(crate) enum Reporter {
     /// Each rank of a rendezvous run, with its heartbeats: the board is
     /// its group's rank board's, and goes with it.
     Ranks,
+    /// The run's controller (`POST /api/train/runs/{id}/progress`): the
+    /// board goes with the run's attempt.
+    Controller,
 }
 
 /// One rank's progress as the head keeps it.
@@ -134,6 +139,67 @@ impl ProgressBoard {
     ) -> Result<(), StateError> {
         let mut table = self.progress.lock().unwrap_or_else(|e| e.into_inner());
         self.record(&mut table, id, rank, report, now_ms)
+    }
+
+    /// Records the reports of several ranks at once, received at `now_ms`
+    /// (wall), for run `id`: all of them or, when one is refused, none. A
+    /// rank that is not below the world size, a step below the rank's
+    /// previous one (409), and reports that would bring the run past
+    /// [`MAX_METRIC_NAMES_PER_RUN`] metric names (422, naming the first
+    /// new name as `ranks[i].progress.metrics["name"]`) are refused.
+    pub(crate) fn report_ranks(
+        &self,
+        id: &RunId,
+        ranks: &[RankReport],
+        now_ms: u64,
+    ) -> Result<(), StateError> {
+        self.check_ranks(id, ranks)?;
+        let mut table = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        let mut new_names = BTreeSet::new();
+        for (i, entry) in ranks.iter().enumerate() {
+            let rank = entry.rank;
+            let previous = table.ranks.get(rank as usize).and_then(Option::as_ref);
+            if let (Some(step), Some(before)) = (entry.progress.step, previous.and_then(|p| p.step))
+                && step < before
+            {
+                return Err(StateError::Conflict {
+                    id: id.clone(),
+                    reason: format!(
+                        "ranks[{i}]: rank {rank} reported step {step} after step {before} in attempt {:?}: steps never go back",
+                        self.attempt_id
+                    ),
+                });
+            }
+            for name in entry.progress.metrics.keys() {
+                if table.names.contains(name) || !new_names.insert(name) {
+                    continue;
+                }
+                if table.names.len() + new_names.len() > MAX_METRIC_NAMES_PER_RUN {
+                    let rule = Rule::TooManyMetricNames { max: MAX_METRIC_NAMES_PER_RUN };
+                    let field = format!("ranks[{i}].progress.metrics[{name:?}]");
+                    return Err(ValidationError::new(field, rule).into());
+                }
+            }
+        }
+        for entry in ranks {
+            self.record(&mut table, id, entry.rank, &entry.progress, now_ms)?;
+        }
+        Ok(())
+    }
+
+    /// Refuses (409) the first of `ranks` that is not one of the
+    /// attempt's workers: not below its world size.
+    pub(crate) fn check_ranks(&self, id: &RunId, ranks: &[RankReport]) -> Result<(), StateError> {
+        match ranks.iter().enumerate().find(|(_, entry)| entry.rank >= self.world_size) {
+            None => Ok(()),
+            Some((i, entry)) => Err(StateError::Conflict {
+                id: id.clone(),
+                reason: format!(
+                    "ranks[{i}]: rank {} is not one of attempt {:?}'s workers: its world size is {}",
+                    entry.rank, self.attempt_id, self.world_size
+                ),
+            }),
+        }
     }
 
     /// [`ProgressBoard::report`], under the board's lock.
@@ -261,6 +327,15 @@ impl ProgressBoard {
             })
         });
         Some(served.collect())
+    }
+
+    pub(crate) fn attempt_id(&self) -> &str {
+        &self.attempt_id
+    }
+
+    /// How many ranks the attempt has.
+    pub(crate) fn world_size(&self) -> u32 {
+        self.world_size
     }
 
     pub(crate) fn reporter(&self) -> Reporter {

@@ -21,11 +21,12 @@ use std::time::Duration;
 
 use trainstate_client::api::{MetricsQuery, MetricsResponse, RendezvousResponse};
 use trainstate_client::{RunDocument, RunPage, RunQuery, StateError};
-use trainstate_schema::RunId;
-use trainstate_schema::api::RankProgress;
+use trainstate_schema::api::{ProgressReport, ProgressResponse, RankProgress};
+use trainstate_schema::{RunId, RunStatus};
 
 use crate::clock::Clock;
 use crate::liveness::Liveness;
+use crate::progress::Reporter;
 use crate::writer::Published;
 
 /// The least time the actor may take no turn before `/healthz` says so,
@@ -82,9 +83,9 @@ impl Reader {
     }
 
     /// The metric series of a committed run's current attempt, as its
-    /// ranks reported them here (memory only: none for a rendezvous run
-    /// whose group this head does not track, and none from before a
-    /// restart).
+    /// ranks (or its controller) reported them here (memory only: none for
+    /// a rendezvous run whose group this head does not track, and none
+    /// from before a restart).
     pub(crate) fn metrics(
         &self,
         id: &RunId,
@@ -137,6 +138,40 @@ impl Reader {
             self.clock.now_ms(),
             self.clock.monotonic_ms(),
         )
+    }
+
+    /// Takes a controller's progress report here when the run is live and
+    /// this head's own and the board of its current attempt exists (the
+    /// actor creates it at the run's first report): recorded while the run
+    /// is RUNNING, and a sign of life of the run, like its heartbeat (see
+    /// [`Runs::report_progress`](crate::state::Runs::report_progress)).
+    /// `None`: the actor decides it (a first report, another attempt, an
+    /// unknown, ended or foreign run), and its answer names what is wrong.
+    pub(crate) fn report_progress(
+        &self,
+        id: &RunId,
+        report: &ProgressReport,
+    ) -> Option<Result<ProgressResponse, StateError>> {
+        let board =
+            self.liveness().progress(id).filter(|b| b.reporter() == Reporter::Controller)?;
+        if report.attempt_id.as_deref().is_some_and(|a| a != board.attempt_id()) {
+            return None;
+        }
+        let beat = self.liveness().beat(id).filter(|beat| beat.takes_heartbeats())?;
+        let now = self.clock.now_ms();
+        let recorded = beat.status() == RunStatus::Running;
+        let taken = if recorded {
+            board.report_ranks(id, &report.ranks, now)
+        } else {
+            board.check_ranks(id, &report.ranks)
+        };
+        if let Err(err) = taken {
+            return Some(Err(err));
+        }
+        beat.raise(now, self.clock.monotonic_ms());
+        self.shared.note_heartbeat(id, now);
+        let lease_ms = self.lease.as_millis() as u64;
+        Some(Ok(ProgressResponse::new(board.attempt_id(), board.world_size(), recorded, lease_ms)))
     }
 
     /// Why the head cannot serve, if it cannot: its supervisor gave up on

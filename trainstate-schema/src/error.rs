@@ -179,6 +179,11 @@ pub enum Rule {
         /// The limit, in names per run.
         max: usize,
     },
+    /// A progress report carries the same rank twice.
+    DuplicateRank {
+        /// The rank that appears twice.
+        rank: u32,
+    },
 }
 
 impl fmt::Display for Rule {
@@ -281,6 +286,9 @@ impl fmt::Display for Rule {
                 f,
                 "would bring the run past {max} distinct metric names: a run keeps at most {max}"
             ),
+            Rule::DuplicateRank { rank } => {
+                write!(f, "rank {rank} is reported more than once: one entry per rank")
+            }
         }
     }
 }

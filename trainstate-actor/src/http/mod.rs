@@ -616,6 +616,7 @@ fn handler(operation: Operation, filter: MethodFilter) -> MethodRouter<AppState>
         Operation::SetRunStatus => on(filter, routes::set_status),
         Operation::StartRunAttempt => on(filter, routes::start_attempt),
         Operation::HeartbeatRun => on(filter, routes::heartbeat),
+        Operation::ReportProgress => on(filter, routes::report_progress),
         Operation::ForwardRun => on(filter, routes::forward_run),
         Operation::RunEvents => on(filter, events::events),
         Operation::GetSchema => on(filter, routes::schema),

@@ -10,8 +10,8 @@ use futures_util::stream::{self, StreamExt};
 use std::sync::Arc;
 use trainstate_client::api::{
     AttemptRequest, Cursor, ErrorCode, HealthResponse, HeartbeatResponse, LinksResponse, ListQuery,
-    MetricsQuery, MetricsResponse, RayWriteQuery, RegisterMinimalResponse, RegisterRequest,
-    RegisterResponse, StatusRequest, VersionResponse,
+    MetricsQuery, MetricsResponse, ProgressReport, ProgressResponse, RayWriteQuery,
+    RegisterMinimalResponse, RegisterRequest, RegisterResponse, StatusRequest, VersionResponse,
 };
 
 use trainstate_client::{NewAttempt, PreparedChange, RunDocument, RunQuery, StateError};
@@ -423,6 +423,23 @@ pub(crate) async fn heartbeat(
         None => app.handle.heartbeat(id).await?,
     };
     Ok(Json(HeartbeatResponse::new(lease.as_millis() as u64)))
+}
+
+/// A controller's progress report: taken on the connection when the board
+/// of the run's current attempt exists (see [`Reader::report_progress`]),
+/// else by the actor, which creates it.
+pub(crate) async fn report_progress(
+    State(app): State<AppState>,
+    Path(id): Path<String>,
+    JsonBody(report): JsonBody<ProgressReport>,
+) -> Result<Json<ProgressResponse>, ApiError> {
+    let id = run_id(&id)?;
+    report.check().map_err(StateError::from)?;
+    if let Some(answer) = app.service.reader().report_progress(&id, &report) {
+        return Ok(Json(answer?));
+    }
+    let ranks = report.ranks.into_iter().map(|entry| (entry.rank, entry.progress)).collect();
+    Ok(Json(app.handle.report_progress(&id, report.attempt_id, ranks).await?))
 }
 
 pub(crate) async fn delete_run(
