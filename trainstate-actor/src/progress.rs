@@ -329,6 +329,16 @@ impl ProgressBoard {
         Some(served.collect())
     }
 
+    /// Each rank that reported a step: (world rank, step, when its step
+    /// last grew in wall ms), by world rank.
+    pub(crate) fn positions(&self) -> Vec<(u32, u64, u64)> {
+        let table = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        let ranks = (0u32..).zip(&table.ranks);
+        ranks
+            .filter_map(|(rank, p)| Some((rank, p.as_ref()?.step?, p.as_ref()?.last_advance_ms)))
+            .collect()
+    }
+
     pub(crate) fn attempt_id(&self) -> &str {
         &self.attempt_id
     }

@@ -2,8 +2,9 @@
 //! (`POST /api/train/runs/{id}/progress`, `StateHandle::report_progress`):
 //! the health of a controller run decided like a rendezvous run's, the
 //! report as a sign of life, its board following the run's attempts and
-//! end, every refusal naming what is wrong with nothing recorded, and the
-//! report taken while the actor is held.
+//! end, every refusal naming what is wrong with nothing recorded, the
+//! report taken while the actor is held, and the per-rank Prometheus
+//! series behind their bound.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -82,9 +83,22 @@ impl Fixture {
         self.server.service.handle().sweep_leases().await.unwrap();
     }
 
+    async fn metrics(&self) -> String {
+        let response = self.client.get(self.url("/metrics")).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        response.text().await.unwrap()
+    }
+
     async fn stop(self) {
         self.server.stop().await;
     }
+}
+
+/// The lines of a Prometheus exposition that are samples of `metric`.
+fn samples<'a>(text: &'a str, metric: &str) -> Vec<&'a str> {
+    text.lines()
+        .filter(|line| line.strip_prefix(metric).is_some_and(|rest| rest.starts_with(['{', ' '])))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -360,5 +374,40 @@ async fn a_report_is_taken_while_the_actor_is_held() {
     faults.release_actor();
     let (status, answer) = late.await.unwrap();
     assert_eq!(status, StatusCode::CREATED, "{answer}");
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_rank_series_are_off_by_default_and_bounded_when_asked() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let quiet = Fixture::start(config("progress-series-off", &clock), HttpConfig::default()).await;
+    let id = quiet.register(&controller_run("ctl-series", 3)).await;
+    let reports = vec![(0, at(5)), (1, at(6)), (2, RankProgress::default())];
+    quiet.server.service.handle().report_progress(&id, None, reports.clone()).await.unwrap();
+    let text = quiet.metrics().await;
+    assert!(samples(&text, "trainstate_rank_step").is_empty(), "{text}");
+    assert_eq!(
+        samples(&text, "trainstate_rank_series_omitted"),
+        ["trainstate_rank_series_omitted 2"],
+        "the two ranks with a step: {text}"
+    );
+    quiet.stop().await;
+
+    let http = HttpConfig::default().with_prometheus_rank_series(1);
+    let f = Fixture::start(config("progress-series-one", &clock), http).await;
+    let id = f.register(&controller_run("ctl-series", 3)).await;
+    f.server.service.handle().report_progress(&id, None, reports).await.unwrap();
+    let text = f.metrics().await;
+    let steps = samples(&text, "trainstate_rank_step");
+    assert_eq!(steps, [format!("trainstate_rank_step{{run_id=\"{id}\",rank=\"0\"}} 5")], "{text}");
+    let advances = samples(&text, "trainstate_rank_last_advance_timestamp_seconds");
+    assert_eq!(advances.len(), 1, "{text}");
+    assert!(advances[0].contains(&format!("{{run_id=\"{id}\",rank=\"0\"}}")), "{text}");
+    let seconds: f64 = advances[0].rsplit(' ').next().unwrap().parse().unwrap();
+    assert_eq!(seconds, T0 as f64 / 1000.0, "{text}");
+    assert_eq!(
+        samples(&text, "trainstate_rank_series_omitted"),
+        ["trainstate_rank_series_omitted 1"]
+    );
     f.stop().await;
 }

@@ -497,7 +497,7 @@ pub(crate) async fn metrics(State(app): State<AppState>) -> Response {
         request_bodies: app.bodies.bodies(),
         budgeted_body_bytes: app.bodies.charged_bytes(),
     };
-    let text = app.metrics.render(&app.service, &load);
+    let text = app.metrics.render(&app.service, &load, app.config.prometheus_rank_series);
     let mut response = text.into_response();
     response
         .headers_mut()
