@@ -55,6 +55,9 @@ START_RUN_ATTEMPT: Final = Route("POST", "/api/train/runs/{id}/attempts")
 HEARTBEAT_RUN: Final = Route("POST", "/api/train/runs/{id}/heartbeat")
 """``heartbeatRun``: Renew a live run's lease."""
 
+REPORT_PROGRESS: Final = Route("POST", "/api/train/runs/{id}/progress")
+"""``reportProgress``: A controller says where the training loop of some of its run's ranks is: each rank's step, phase and metrics (memory only; served as the run's rank_progress and metric histories, from which the head decides its health). A report is a sign of life of the run: it renews its lease, like its heartbeat. A bad report is refused whole (422, naming the field, such as ranks[2].progress.metrics["loss"]) and nothing of it is recorded. 404 for an unknown run; 409 for an ended run, a run of the rendezvous (its ranks report with their heartbeats), an attempt that is not the current one, a rank that is not one of the attempt's workers, or a step lower than the rank's previous one."""
+
 JOIN_RENDEZVOUS: Final = Route("POST", "/api/train/rendezvous/{key}/join")
 """``joinRendezvous``: Join one rank of a launch without a controller (torchrun, Slurm) into its group. The first join assigns the run id; the join that completes the group registers the run (or a new attempt of a live run of the same key) and is answered once committed. Repeating a join is a no-op; a second process for a rank, a world size that disagrees, or a join into a closed group or an ended run is refused (409). A group whose ranks do not all join within its join timeout is registered as ended: ABORTED (SYSTEM_ERROR), or ERRORED if a rank reported an error."""
 

@@ -29,9 +29,12 @@ __all__ = [
     "JoinRequest",
     "JsonValue",
     "ListQuery",
+    "ProgressReport",
+    "ProgressResponse",
     "RankEndRequest",
     "RankHeartbeatRequest",
     "RankProgress",
+    "RankReport",
     "RayDecoratedTrainRun",
     "RayDecoratedTrainRunAttempt",
     "RayDecoratedTrainWorker",
@@ -322,6 +325,46 @@ class ListQuery(_ListQueryRequired, _ListQueryOptional):
     """Query of `GET /api/train/runs`: filters and paging. Every filter is optional; runs come newest first (`start_time_ms` desc, `id` desc)."""
 
 
+_ProgressReportRequired = TypedDict(
+    "_ProgressReportRequired",
+    {
+        "ranks": "List[RankReport]",
+    },
+)
+_ProgressReportOptional = TypedDict(
+    "_ProgressReportOptional",
+    {
+        "attempt_id": "Optional[str]",
+    },
+    total=False,
+)
+
+
+class ProgressReport(_ProgressReportRequired, _ProgressReportOptional):
+    """Body of `POST /api/train/runs/{id}/progress`: where the training loop of some ranks of a run is, as the run's controller reports it (a run a controller registered; the ranks of a rendezvous run report their own, with their heartbeats). Each rank's report is a [`RankProgress`] with its rules; a report that breaks one is refused whole (422, naming the field: `ranks[2].progress.metrics["loss"]`) and nothing of it is recorded."""
+
+
+_ProgressResponseRequired = TypedDict(
+    "_ProgressResponseRequired",
+    {
+        "attempt_id": "str",
+        "world_size": "int",
+        "recorded": "bool",
+        "lease_ms": "int",
+    },
+)
+_ProgressResponseOptional = TypedDict(
+    "_ProgressResponseOptional",
+    {
+    },
+    total=False,
+)
+
+
+class ProgressResponse(_ProgressResponseRequired, _ProgressResponseOptional):
+    """Answer of `POST /api/train/runs/{id}/progress`."""
+
+
 _RankEndRequestRequired = TypedDict(
     "_RankEndRequestRequired",
     {
@@ -386,6 +429,25 @@ _RankProgressOptional = TypedDict(
 
 class RankProgress(_RankProgressRequired, _RankProgressOptional):
     """One rank's progress: where its training loop is. Every field is optional: a report replaces what it carries of the rank's previous one and keeps what it leaves out (its step, phase, metrics)."""
+
+
+_RankReportRequired = TypedDict(
+    "_RankReportRequired",
+    {
+        "rank": "int",
+        "progress": "RankProgress",
+    },
+)
+_RankReportOptional = TypedDict(
+    "_RankReportOptional",
+    {
+    },
+    total=False,
+)
+
+
+class RankReport(_RankReportRequired, _RankReportOptional):
+    """One rank's entry of a [`ProgressReport`]."""
 
 
 _RayDecoratedTrainRunRequired = TypedDict(

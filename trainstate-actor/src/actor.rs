@@ -10,6 +10,7 @@ use trainstate_client::{Reply, StateError, StateMessage};
 use trainstate_schema::RunId;
 
 use crate::config::StateConfig;
+use crate::health::HealthSweep;
 use crate::rendezvous::{Reaction, Rendezvous};
 use crate::state::{Outcome, PreparedRayWrite, RayWrite, Runs, is_foreign};
 use crate::writer::{WriteJob, Writer};
@@ -27,6 +28,8 @@ pub(crate) struct ActorState {
     runs: Runs,
     /// Rendezvous groups and ranks: memory only.
     rendezvous: Rendezvous,
+    /// The health decisions of the lease sweep.
+    health: HealthSweep,
     config: StateConfig,
     writer: Arc<Writer>,
     /// When the previous sweep ran (or the actor started), on the
@@ -81,7 +84,8 @@ impl Actor for TrainStateActor {
         });
         Ok(ActorState {
             runs,
-            rendezvous: Rendezvous::new(liveness, args.config.stall_after_ms()),
+            rendezvous: Rendezvous::new(liveness),
+            health: HealthSweep::new(args.config.stall_after_ms()),
             config: args.config,
             writer: args.writer,
             last_sweep_mono_ms: mono,
@@ -195,10 +199,8 @@ impl Actor for TrainStateActor {
                     // Another head sharing the store sweeps, and owns the
                     // rendezvous groups: what this head knew of them goes
                     // stale, and is forgotten, as by a restart.
-                    state.rendezvous = Rendezvous::new(
-                        state.writer.shared.liveness.clone(),
-                        state.config.stall_after_ms(),
-                    );
+                    state.rendezvous = Rendezvous::new(state.writer.shared.liveness.clone());
+                    state.health = HealthSweep::new(state.config.stall_after_ms());
                     let _ = reply.send(Ok(Vec::new()));
                     return Ok(());
                 }
@@ -211,6 +213,8 @@ impl Actor for TrainStateActor {
                 let mut change = state.runs.sweep(now);
                 let view = &state.writer.shared.view;
                 state.rendezvous.sweep(&mut state.runs, view, now, &mut change);
+                let liveness = &state.writer.shared.liveness;
+                state.health.sweep(liveness, &mut state.runs, now, &mut change);
                 if !change.answer.is_empty() {
                     tracing::warn!(count = change.answer.len(), sample = %crate::log_sample::sample(&change.answer), "aborted runs whose controller stopped heartbeating");
                 }
@@ -219,6 +223,15 @@ impl Actor for TrainStateActor {
             StateMessage::Heartbeat { id, reply } => {
                 state.find(&id, now).await;
                 let answer = state.owned(&id).and_then(|()| state.runs.heartbeat(&id, now));
+                if answer.is_ok() {
+                    state.writer.shared.note_heartbeat(&id, now);
+                }
+                let _ = reply.send(answer);
+            }
+            StateMessage::ReportProgress { id, report, reply } => {
+                state.find(&id, now).await;
+                let answer =
+                    state.owned(&id).and_then(|()| state.runs.report_progress(&id, &report, now));
                 if answer.is_ok() {
                     state.writer.shared.note_heartbeat(&id, now);
                 }
@@ -237,7 +250,9 @@ impl Actor for TrainStateActor {
                 let view = state.writer.shared.view.read().unwrap_or_else(|e| e.into_inner());
                 let answer = match view.get(&id) {
                     Some(record) => Ok(state
-                        .rendezvous
+                        .writer
+                        .shared
+                        .liveness
                         .decorate(&id, record.document(state.runs.heartbeat_of(record)))),
                     None => Err(StateError::NotFound { id }),
                 };
@@ -330,6 +345,8 @@ impl ActorState {
             };
             let home = self.config.cluster.as_deref();
             let restored = self.runs.restore(committed, now, home);
+            // The health last written may be one of the failed writes.
+            self.health = HealthSweep::new(self.config.stall_after_ms());
             // The failed commit itself is logged (as an error) by the writer.
             tracing::debug!(
                 runs = restored,

@@ -1,20 +1,90 @@
 //! A run's health, decided from its ranks' progress (pure: no I/O).
 //!
-//! The lease sweep asks, for each RUNNING rendezvous run whose ranks
-//! report progress, whether its health changes: STALLED when no rank
+//! The lease sweep asks, for each RUNNING run with a progress board (a
+//! tracked rendezvous group's, or the board its controller reports to),
+//! whether its health changes ([`HealthSweep`]): STALLED when no rank
 //! advanced for the run's stall window (and no rank's announced pause
-//! still covers now), PROGRESSING again when a rank advances after that;
-//! and which ranks are stragglers, whose own time per step is persistently
-//! slower than their peers'. The rules, and what they cannot see, are in
-//! `docs/health.md`.
+//! still covers now), PROGRESSING again when a rank advances after that
+//! ([`decide`]); and which ranks are stragglers, whose own time per step
+//! is persistently slower than their peers'. The rules, and what they
+//! cannot see, are in `docs/health.md`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use trainstate_schema::limits::MAX_HEALTH_RANKS;
-use trainstate_schema::{HealthState, RunHealth, Straggler};
+use trainstate_schema::{HealthState, RunHealth, RunId, RunStatus, Straggler};
 
-use crate::liveness::Progress;
+use crate::liveness::Liveness;
+use crate::progress::Progress;
+use crate::state::{Change, Outcome, Runs};
 use crate::time_text::{iso_ms, seconds};
+
+/// The health decisions of the lease sweep, for every kind of run alike:
+/// each RUNNING run whose progress board has a report is decided by
+/// [`decide`], and a change is written through [`Runs::set_health`].
+///
+/// A rendezvous group still assembling has no board, and a group closed
+/// before it assembled has one of no ranks, so neither is ever judged.
+pub(crate) struct HealthSweep {
+    /// Each judged run's health as last written, once read from the run:
+    /// the run is not parsed at every sweep.
+    written: HashMap<RunId, Option<Written>>,
+    /// What earlier decisions saw of each judged run's pace.
+    paces: HashMap<RunId, Pace>,
+    /// The stall window of a run that asks for none (the head's
+    /// `--stall-after`), in ms.
+    stall_after_ms: u64,
+}
+
+impl HealthSweep {
+    /// No run judged yet; `stall_after_ms` is the stall window of a run
+    /// that asks for none.
+    pub(crate) fn new(stall_after_ms: u64) -> Self {
+        Self { written: HashMap::new(), paces: HashMap::new(), stall_after_ms }
+    }
+
+    /// Decides the health of every RUNNING run with progress on a board
+    /// of `liveness`, adding what it writes to `change`.
+    pub(crate) fn sweep(
+        &mut self,
+        liveness: &Liveness,
+        runs: &mut Runs,
+        now_ms: u64,
+        change: &mut Change<Vec<RunId>>,
+    ) {
+        let boards = liveness.progress_boards();
+        let judged: HashSet<&RunId> = boards.iter().map(|(id, _)| id).collect();
+        self.written.retain(|id, _| judged.contains(id));
+        self.paces.retain(|id, _| judged.contains(id));
+        for (id, board) in &boards {
+            if runs.status_of(id) != Some(RunStatus::Running) {
+                continue;
+            }
+            let Some(ranks) = board.progress() else { continue };
+            let current = self
+                .written
+                .entry(id.clone())
+                .or_insert_with(|| runs.health_of(id).as_ref().map(Written::of));
+            let pace = self.paces.entry(id.clone()).or_default();
+            let window = board.stall_after_ms().unwrap_or(self.stall_after_ms);
+            let Some(next) = decide(&ranks, current.as_ref(), pace, window, now_ms) else {
+                continue;
+            };
+            let decided = Written::of(&next);
+            match runs.set_health(id, next, now_ms) {
+                Ok(Outcome::Changed(written)) => {
+                    let stragglers: Vec<u32> = decided.stragglers.iter().map(|s| s.rank).collect();
+                    tracing::info!(run = %id, health = %decided.state, ?stragglers, "a run's health changed");
+                    change.ops.extend(written.ops);
+                    change.events.extend(written.events);
+                    self.written.insert(id.clone(), Some(decided));
+                }
+                Ok(Outcome::Unchanged(())) => {}
+                Err(err) => tracing::error!(run = %id, error = %err, "cannot write a run's health"),
+            }
+        }
+    }
+}
 
 /// How many ranks a detail names one by one.
 const MAX_RANKS_NAMED: usize = 8;

@@ -53,6 +53,7 @@ pub mod http;
 mod liveness;
 mod log_sample;
 mod log_throttle;
+mod progress;
 mod reader;
 mod record;
 mod rendezvous;

@@ -3,33 +3,27 @@
 //!
 //! A heartbeat changes no stored document, so it needs neither the store
 //! nor the actor's turn: the connection that receives it finds the run's
-//! [`Beat`] (or the rank's [`RankBoard`]) here and stamps it, and the
-//! actor's lease sweep and every reader see the stamp. The actor alone
-//! adds and removes entries, as runs and rendezvous groups come and go in
-//! its working state; a heartbeat it has no entry for (an unknown run, an
-//! ended one, another cluster's, a group this head does not track) goes
-//! through the actor's mailbox as before, which gives the answer its
-//! error.
+//! [`Beat`] (or the rank's [`RankBoard`], or the run's [`ProgressBoard`])
+//! here and stamps it, and the actor's lease sweep and every reader see
+//! the stamp. The actor alone adds and removes entries, as runs,
+//! rendezvous groups and attempts come and go in its working state; a
+//! heartbeat it has no entry for (an unknown run, an ended one, another
+//! cluster's, a group this head does not track) goes through the actor's
+//! mailbox as before, which gives the answer its error.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use trainstate_client::StateError;
+use trainstate_client::RunDocument;
 use trainstate_client::api::RendezvousResponse;
-use trainstate_schema::api::{MetricPoint, RankProgress, RankProgressServed};
-use trainstate_schema::limits::MAX_METRIC_NAMES_PER_RUN;
-use trainstate_schema::{Rule, RunId, RunStatus, ValidationError};
+use trainstate_schema::{RunId, RunStatus};
 
+use crate::progress::{ProgressBoard, Reporter};
 use crate::record::RunRecord;
-use crate::store::metrics::{MetricBatch, NamedPoint};
-
-/// The most metric points a rank board holds between two flushes to the
-/// store (about a second): past it, points are dropped and counted, never
-/// queued without bound.
-const MAX_PENDING_POINTS: usize = 65_536;
+use crate::store::metrics::MetricBatch;
 
 /// A lease time no sweep ever reaches: a run this head never sweeps (a
 /// run of another cluster, kept as forwarded).
@@ -39,8 +33,11 @@ pub(crate) const NEVER_SWEPT: u64 = u64::MAX;
 pub(crate) struct Liveness {
     runs: Shards<Arc<Beat>>,
     ranks: Shards<Arc<RankBoard>>,
-    /// The metric points of boards removed before their points were
-    /// flushed: the next flush takes them.
+    /// The progress board of each run whose ranks report progress: a
+    /// tracked rendezvous group's (its rank board's), or a controller's.
+    progress: Shards<Arc<ProgressBoard>>,
+    /// The metric points of progress boards removed before their points
+    /// were flushed: the next flush takes them.
     retired: Mutex<Vec<MetricBatch>>,
     /// When the actor last took a turn: a head whose actor takes none for
     /// several sweep periods is wedged.
@@ -52,6 +49,7 @@ impl Default for Liveness {
         Self {
             runs: Shards::new(),
             ranks: Shards::new(),
+            progress: Shards::new(),
             retired: Mutex::default(),
             actor_turns: Turns::default(),
         }
@@ -93,25 +91,63 @@ impl Liveness {
         self.runs.clear();
     }
 
+    /// The progress board of a run whose ranks report progress.
+    pub(crate) fn progress(&self, id: &RunId) -> Option<Arc<ProgressBoard>> {
+        self.progress.get(id)
+    }
+
+    /// Every progress board, with its run.
+    pub(crate) fn progress_boards(&self) -> Vec<(RunId, Arc<ProgressBoard>)> {
+        self.progress.entries()
+    }
+
+    /// Publishes a tracked group's rank board, and its progress board.
     pub(crate) fn put_ranks(&self, id: RunId, board: Arc<RankBoard>) {
-        let replaced = self.ranks.insert(id.clone(), board);
-        self.retire(&id, replaced);
+        self.put_progress(id.clone(), board.progress().clone());
+        self.ranks.insert(id, board);
     }
 
     pub(crate) fn remove_ranks(&self, id: &RunId) {
-        let removed = self.ranks.remove(id);
+        if self.ranks.remove(id).is_some() {
+            self.remove_progress(id);
+        }
+    }
+
+    /// Forgets every rank board and its progress board (the rendezvous
+    /// state is rebuilt).
+    pub(crate) fn clear_ranks(&self) {
+        self.ranks.clear();
+        self.remove_progress_where(|board| board.reporter() == Reporter::Ranks);
+    }
+
+    /// Publishes the progress board a run's controller reports to.
+    pub(crate) fn put_progress(&self, id: RunId, board: Arc<ProgressBoard>) {
+        let replaced = self.progress.insert(id.clone(), board);
+        self.retire(&id, replaced);
+    }
+
+    pub(crate) fn remove_progress(&self, id: &RunId) {
+        let removed = self.progress.remove(id);
         self.retire(id, removed);
     }
 
-    /// Forgets every rank board (the rendezvous state is rebuilt).
-    pub(crate) fn clear_ranks(&self) {
-        for (id, board) in self.ranks.clear() {
-            self.retire(&id, Some(board));
+    /// Forgets every progress board a controller reports to (the working
+    /// state is rebuilt).
+    pub(crate) fn clear_controller_progress(&self) {
+        self.remove_progress_where(|board| board.reporter() == Reporter::Controller);
+    }
+
+    /// Removes the progress boards `remove` says to, keeping their points.
+    fn remove_progress_where(&self, remove: impl Fn(&ProgressBoard) -> bool) {
+        for (id, board) in self.progress.entries() {
+            if remove(&board) {
+                self.remove_progress(&id);
+            }
         }
     }
 
     /// Keeps the metric points a board leaves pending for the next flush.
-    fn retire(&self, id: &RunId, board: Option<Arc<RankBoard>>) {
+    fn retire(&self, id: &RunId, board: Option<Arc<ProgressBoard>>) {
         if let Some(batch) = board.and_then(|board| board.take_points(id)) {
             self.retired.lock().unwrap_or_else(|e| e.into_inner()).push(batch);
         }
@@ -122,7 +158,7 @@ impl Liveness {
     pub(crate) fn take_metric_points(&self) -> Vec<MetricBatch> {
         let mut batches =
             std::mem::take(&mut *self.retired.lock().unwrap_or_else(|e| e.into_inner()));
-        self.ranks.for_each(|id, board| batches.extend(board.take_points(id)));
+        self.progress.for_each(|id, board| batches.extend(board.take_points(id)));
         batches
     }
 
@@ -130,8 +166,22 @@ impl Liveness {
     /// points were full, since the last call.
     pub(crate) fn take_points_dropped(&self) -> u64 {
         let mut dropped = 0;
-        self.ranks.for_each(|_, board| dropped += board.take_dropped());
+        self.progress.for_each(|_, board| dropped += board.take_dropped());
         dropped
+    }
+
+    /// `document` with what the liveness tables hold of its run: when each
+    /// rank of a tracked rendezvous group was last heard from and, once a
+    /// rank reported, each rank's progress.
+    pub(crate) fn decorate(&self, id: &RunId, document: RunDocument) -> RunDocument {
+        let document = match self.ranks(id) {
+            Some(board) if board.world_size() > 0 => document.with_rank_heartbeats(board.by_rank()),
+            _ => document,
+        };
+        match self.progress(id).and_then(|board| board.served_progress()) {
+            Some(progress) => document.with_rank_progress(progress),
+            None => document,
+        }
     }
 }
 
@@ -196,210 +246,45 @@ fn status_code(status: RunStatus) -> u8 {
 }
 
 /// The ranks of a rendezvous run's current attempt: when each was last
-/// heard from, how many have ended, and each rank's latest progress.
+/// heard from, how many have ended, and each rank's latest progress (its
+/// progress board, published beside it).
 pub(crate) struct RankBoard {
     attempt_id: Box<str>,
     /// Wall ms by world rank; 0: not heard from.
     heard: Box<[AtomicU64]>,
     ended: AtomicU32,
-    /// Each rank's latest progress report (one report per rank per
-    /// heartbeat: a lock per board is enough).
-    progress: Mutex<ProgressTable>,
-}
-
-/// One rank's progress as the head keeps it.
-#[derive(Debug, Clone)]
-pub(crate) struct Progress {
-    pub(crate) step: Option<u64>,
-    pub(crate) total_steps: Option<u64>,
-    pub(crate) phase: Option<Box<str>>,
-    pub(crate) metrics: BTreeMap<String, f64>,
-    /// When the rank's step last grew (wall ms), or, before it grew on
-    /// this head, when this head first heard its progress: after a
-    /// restart, the stall window starts again.
-    pub(crate) last_advance_ms: u64,
-    /// The step grew on this head at least once.
-    pub(crate) advanced: bool,
-    /// Until when (wall ms) the rank's announced pause
-    /// (`expect_next_within_ms`) covers it; 0: none.
-    pub(crate) expect_until_ms: u64,
-    /// The rank's smoothed time per step (ms): an exponentially weighted
-    /// mean of the `step_time_ms` its reports carried with a new step,
-    /// each weighing [`STEP_TIME_WEIGHT`]; `None` until one did.
-    pub(crate) step_time_ms: Option<f64>,
-}
-
-/// How much a rank's newest step time weighs in its smoothed step time:
-/// with a report about once a second, a change of pace shows within a few
-/// seconds and one odd interval (a data loader's hiccup) moves it by a
-/// quarter.
-pub(crate) const STEP_TIME_WEIGHT: f64 = 0.25;
-
-/// The progress of every rank of a board, every metric name its ranks
-/// reported, and the metric points not yet handed to the store.
-#[derive(Default)]
-struct ProgressTable {
-    /// By world rank; empty until a rank reports.
-    ranks: Vec<Option<Progress>>,
-    names: BTreeSet<Arc<str>>,
-    /// Points reported with a step since the last flush, in order; at most
-    /// [`MAX_PENDING_POINTS`].
-    pending: Vec<NamedPoint>,
-    /// Points dropped because `pending` was full, since the last flush.
-    dropped: u64,
+    /// Each rank's latest progress report, and each metric's history.
+    progress: Arc<ProgressBoard>,
 }
 
 impl RankBoard {
-    pub(crate) fn new(attempt_id: &str, heard: impl IntoIterator<Item = Option<u64>>) -> Self {
+    /// The board of attempt `attempt_id`, with when each rank was last
+    /// heard from; `stall_after_ms` is the run's own stall window, if its
+    /// joins asked for one.
+    pub(crate) fn new(
+        attempt_id: &str,
+        heard: impl IntoIterator<Item = Option<u64>>,
+        stall_after_ms: Option<u64>,
+    ) -> Self {
+        let heard: Box<[AtomicU64]> =
+            heard.into_iter().map(|t| AtomicU64::new(t.unwrap_or(0))).collect();
+        let world_size = heard.len() as u32;
         Self {
+            progress: Arc::new(ProgressBoard::new(
+                attempt_id,
+                world_size,
+                Reporter::Ranks,
+                stall_after_ms,
+            )),
             attempt_id: attempt_id.into(),
-            heard: heard.into_iter().map(|t| AtomicU64::new(t.unwrap_or(0))).collect(),
+            heard,
             ended: AtomicU32::new(0),
-            progress: Mutex::default(),
         }
     }
 
-    /// Records rank `rank`'s progress report `report`, received at
-    /// `now_ms` (wall), for run `id`. Refuses, changing nothing, a step
-    /// below the rank's previous one (409) and a report that would bring
-    /// the run past [`MAX_METRIC_NAMES_PER_RUN`] metric names (422, naming
-    /// the first new name). A rank out of range is ignored.
-    pub(crate) fn report(
-        &self,
-        id: &RunId,
-        rank: u32,
-        report: &RankProgress,
-        now_ms: u64,
-    ) -> Result<(), StateError> {
-        let slot = rank as usize;
-        if slot >= self.heard.len() {
-            return Ok(());
-        }
-        let mut table = self.progress.lock().unwrap_or_else(|e| e.into_inner());
-        let previous = table.ranks.get(slot).and_then(Option::as_ref);
-        if let (Some(step), Some(before)) = (report.step, previous.and_then(|p| p.step))
-            && step < before
-        {
-            return Err(StateError::Conflict {
-                id: id.clone(),
-                reason: format!(
-                    "rank {rank} reported step {step} after step {before} in attempt {:?}: steps never go back",
-                    self.attempt_id
-                ),
-            });
-        }
-        let new_names: Vec<&String> =
-            report.metrics.keys().filter(|name| !table.names.contains(name.as_str())).collect();
-        if let Some(first) = new_names.first()
-            && table.names.len() + new_names.len() > MAX_METRIC_NAMES_PER_RUN
-        {
-            let rule = Rule::TooManyMetricNames { max: MAX_METRIC_NAMES_PER_RUN };
-            return Err(ValidationError::new(format!("progress.metrics[{first:?}]"), rule).into());
-        }
-        let advanced = match (report.step, previous.and_then(|p| p.step)) {
-            (Some(step), Some(before)) => step > before,
-            _ => false,
-        };
-        let expect_until_ms =
-            report.expect_next_within_ms.map_or(0, |ms| now_ms.saturating_add(ms));
-        // A step time describes the steps since the rank's previous report:
-        // only a report with a new step brings one (a heartbeat that repeats
-        // the rank's latest state counts nothing twice).
-        let new_step =
-            report.step.is_some() && (advanced || previous.is_none_or(|p| p.step.is_none()));
-        let new_step_time = report.step_time_ms.filter(|_| new_step);
-        let step_time_ms = match (new_step_time, previous.and_then(|p| p.step_time_ms)) {
-            (Some(new), Some(smoothed)) => Some(smoothed + STEP_TIME_WEIGHT * (new - smoothed)),
-            (new, smoothed) => new.or(smoothed),
-        };
-        let progress = match previous {
-            Some(before) => Progress {
-                step: report.step.or(before.step),
-                total_steps: report.total_steps.or(before.total_steps),
-                phase: report.phase.as_deref().map(Into::into).or_else(|| before.phase.clone()),
-                metrics: if report.metrics.is_empty() {
-                    before.metrics.clone()
-                } else {
-                    report.metrics.clone()
-                },
-                last_advance_ms: if advanced { now_ms } else { before.last_advance_ms },
-                advanced: advanced || before.advanced,
-                expect_until_ms: expect_until_ms.max(before.expect_until_ms),
-                step_time_ms,
-            },
-            None => Progress {
-                step: report.step,
-                total_steps: report.total_steps,
-                phase: report.phase.as_deref().map(Into::into),
-                metrics: report.metrics.clone(),
-                last_advance_ms: now_ms,
-                advanced: false,
-                expect_until_ms,
-                step_time_ms,
-            },
-        };
-        let names: Vec<Arc<str>> = new_names.into_iter().map(|n| Arc::from(n.as_str())).collect();
-        table.names.extend(names);
-        if let Some(step) = report.step {
-            for (name, value) in &report.metrics {
-                if table.pending.len() >= MAX_PENDING_POINTS {
-                    table.dropped += 1;
-                    continue;
-                }
-                let name =
-                    table.names.get(name.as_str()).cloned().unwrap_or_else(|| name.as_str().into());
-                let point = MetricPoint::new(rank, step, *value);
-                table.pending.push(NamedPoint { name, point });
-            }
-        }
-        if table.ranks.is_empty() {
-            table.ranks = vec![None; self.heard.len()];
-        }
-        table.ranks[slot] = Some(progress);
-        Ok(())
-    }
-
-    /// Takes the metric points reported since the last call, as run `id`'s
-    /// batch for the store; `None` when there are none.
-    pub(crate) fn take_points(&self, id: &RunId) -> Option<MetricBatch> {
-        let mut table = self.progress.lock().unwrap_or_else(|e| e.into_inner());
-        if table.pending.is_empty() {
-            return None;
-        }
-        let points = std::mem::take(&mut table.pending);
-        Some(MetricBatch { run_id: id.clone(), attempt_id: self.attempt_id.clone(), points })
-    }
-
-    /// Takes the count of points dropped since the last call.
-    fn take_dropped(&self) -> u64 {
-        std::mem::take(&mut self.progress.lock().unwrap_or_else(|e| e.into_inner()).dropped)
-    }
-
-    /// Each rank's progress, by world rank; `None` when no rank reported.
-    pub(crate) fn progress(&self) -> Option<Vec<Option<Progress>>> {
-        let table = self.progress.lock().unwrap_or_else(|e| e.into_inner());
-        (!table.ranks.is_empty()).then(|| table.ranks.clone())
-    }
-
-    /// Each rank's progress as a run serves it (`rank_progress`); `None`
-    /// when no rank reported.
-    pub(crate) fn served_progress(&self) -> Option<Arc<[Option<RankProgressServed>]>> {
-        let table = self.progress.lock().unwrap_or_else(|e| e.into_inner());
-        if table.ranks.is_empty() {
-            return None;
-        }
-        let served = table.ranks.iter().map(|rank| {
-            rank.as_ref().map(|p| {
-                RankProgressServed::new(
-                    p.step,
-                    p.total_steps,
-                    p.phase.as_deref().map(str::to_owned),
-                    Some(p.last_advance_ms),
-                    p.metrics.clone(),
-                )
-            })
-        });
-        Some(served.collect())
+    /// The ranks' progress board.
+    pub(crate) fn progress(&self) -> &Arc<ProgressBoard> {
+        &self.progress
     }
 
     pub(crate) fn attempt_id(&self) -> &str {
@@ -490,6 +375,16 @@ impl<V: Clone> Shards<V> {
 
     fn remove(&self, id: &RunId) -> Option<V> {
         self.shard(id).write().unwrap_or_else(|e| e.into_inner()).remove(id)
+    }
+
+    /// Every entry, one shard at a time.
+    fn entries(&self) -> Vec<(RunId, V)> {
+        let mut entries = Vec::new();
+        for map in &self.maps {
+            let map = map.read().unwrap_or_else(|e| e.into_inner());
+            entries.extend(map.iter().map(|(id, value)| (id.clone(), value.clone())));
+        }
+        entries
     }
 
     /// Empties every shard; answers what they held.

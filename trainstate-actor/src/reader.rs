@@ -21,11 +21,12 @@ use std::time::Duration;
 
 use trainstate_client::api::{MetricsQuery, MetricsResponse, RendezvousResponse};
 use trainstate_client::{RunDocument, RunPage, RunQuery, StateError};
-use trainstate_schema::RunId;
-use trainstate_schema::api::RankProgress;
+use trainstate_schema::api::{ProgressReport, ProgressResponse, RankProgress};
+use trainstate_schema::{RunId, RunStatus};
 
 use crate::clock::Clock;
 use crate::liveness::Liveness;
+use crate::progress::Reporter;
 use crate::writer::Published;
 
 /// The least time the actor may take no turn before `/healthz` says so,
@@ -78,12 +79,7 @@ impl Reader {
         };
         let document = record.document(self.liveness().heartbeat_of(record));
         drop(view);
-        Found::Run(match self.liveness().ranks(id) {
-            Some(board) if board.world_size() > 0 => {
-                crate::rendezvous::with_board(document, &board)
-            }
-            _ => document,
-        })
+        Found::Run(self.liveness().decorate(id, document))
     }
 
     /// The metric series of a committed run's current attempt, read from
@@ -94,7 +90,7 @@ impl Reader {
         id: &RunId,
         query: &MetricsQuery,
     ) -> Result<MetricsResponse, StateError> {
-        let attempt = match self.liveness().ranks(id) {
+        let attempt = match self.liveness().progress(id) {
             Some(board) => Some(board.attempt_id().to_owned()),
             None => {
                 let view = self.shared.view.read().unwrap_or_else(|e| e.into_inner());
@@ -151,6 +147,40 @@ impl Reader {
             self.clock.now_ms(),
             self.clock.monotonic_ms(),
         )
+    }
+
+    /// Takes a controller's progress report here when the run is live and
+    /// this head's own and the board of its current attempt exists (the
+    /// actor creates it at the run's first report): recorded while the run
+    /// is RUNNING, and a sign of life of the run, like its heartbeat (see
+    /// [`Runs::report_progress`](crate::state::Runs::report_progress)).
+    /// `None`: the actor decides it (a first report, another attempt, an
+    /// unknown, ended or foreign run), and its answer names what is wrong.
+    pub(crate) fn report_progress(
+        &self,
+        id: &RunId,
+        report: &ProgressReport,
+    ) -> Option<Result<ProgressResponse, StateError>> {
+        let board =
+            self.liveness().progress(id).filter(|b| b.reporter() == Reporter::Controller)?;
+        if report.attempt_id.as_deref().is_some_and(|a| a != board.attempt_id()) {
+            return None;
+        }
+        let beat = self.liveness().beat(id).filter(|beat| beat.takes_heartbeats())?;
+        let now = self.clock.now_ms();
+        let recorded = beat.status() == RunStatus::Running;
+        let taken = if recorded {
+            board.report_ranks(id, &report.ranks, now)
+        } else {
+            board.check_ranks(id, &report.ranks)
+        };
+        if let Err(err) = taken {
+            return Some(Err(err));
+        }
+        beat.raise(now, self.clock.monotonic_ms());
+        self.shared.note_heartbeat(id, now);
+        let lease_ms = self.lease.as_millis() as u64;
+        Some(Ok(ProgressResponse::new(board.attempt_id(), board.world_size(), recorded, lease_ms)))
     }
 
     /// Why the head cannot serve, if it cannot: its supervisor gave up on

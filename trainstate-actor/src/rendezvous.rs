@@ -20,7 +20,7 @@ use std::sync::{Arc, RwLock};
 
 use trainstate_client::api::RendezvousResponse;
 use trainstate_client::{
-    Join, NewAttempt, RankEnd, RendezvousMessage, Reply, RunDocument, StateError, StatusUpdate,
+    Join, NewAttempt, RankEnd, RendezvousMessage, Reply, StateError, StatusUpdate,
 };
 use trainstate_schema::api::RankProgress;
 use trainstate_schema::text::last_chars;
@@ -29,7 +29,6 @@ use trainstate_schema::{
     TrainWorkerInfo,
 };
 
-use crate::health::{Pace, Written};
 use crate::liveness::{Liveness, RankBoard};
 use crate::record::CONTROLLER_PREFIX;
 use crate::state::{Change, Outcome, Runs, failure_detail};
@@ -115,16 +114,12 @@ pub(crate) struct Rendezvous {
     wakeup: bool,
     /// The bytes of the workers that waiting groups hold.
     pending_bytes: usize,
-    /// The stall window of a run whose joins asked for none (the head's
-    /// `--stall-after`), in ms.
-    stall_after_ms: u64,
 }
 
 impl Rendezvous {
     /// No group yet; `liveness` is where the tracked groups' rank boards
-    /// are published (every board it held is forgotten); `stall_after_ms`
-    /// is the stall window of a run that asks for none.
-    pub(crate) fn new(liveness: Arc<Liveness>, stall_after_ms: u64) -> Self {
+    /// are published (every board it held is forgotten).
+    pub(crate) fn new(liveness: Arc<Liveness>) -> Self {
         liveness.clear_ranks();
         Self {
             pending: HashMap::new(),
@@ -134,7 +129,6 @@ impl Rendezvous {
             mono_ms: 0,
             wakeup: false,
             pending_bytes: 0,
-            stall_after_ms,
         }
     }
 }
@@ -170,10 +164,6 @@ impl Groups {
 
     fn contains_key(&self, id: &RunId) -> bool {
         self.groups.contains_key(id)
-    }
-
-    fn get(&self, id: &RunId) -> Option<&Group> {
-        self.groups.get(id)
     }
 
     fn get_mut(&mut self, id: &RunId) -> Option<&mut Group> {
@@ -220,7 +210,7 @@ pub(crate) fn heartbeat_rank_here(
     }
     let status = beat.status();
     if let Some(report) = progress.filter(|_| status == RunStatus::Running)
-        && let Err(err) = board.report(id, rank, report, now_ms)
+        && let Err(err) = board.progress().report(id, rank, report, now_ms)
     {
         return Some(Err(err));
     }
@@ -231,16 +221,6 @@ pub(crate) fn heartbeat_rank_here(
         board.heard(rank as usize, now_ms);
     }
     Some(Ok(board.response(id, status, lease_ms)))
-}
-
-/// `document` with what `board` holds: when each rank was last heard
-/// from and, once a rank reported, each rank's progress.
-pub(crate) fn with_board(document: RunDocument, board: &RankBoard) -> RunDocument {
-    let document = document.with_rank_heartbeats(board.by_rank());
-    match board.served_progress() {
-        Some(progress) => document.with_rank_progress(progress),
-        None => document,
-    }
 }
 
 /// A group waiting for its ranks.
@@ -342,13 +322,6 @@ struct Group {
     window_from_ms: Option<u64>,
     /// The attempt's failure was decided: the run ended or restarts.
     decided: bool,
-    /// The run's stall window, when its joins asked for one.
-    stall_after_ms: Option<u64>,
-    /// The run's health as last written, once read from the run (`None`
-    /// until then).
-    health: Option<Option<Written>>,
-    /// What earlier health decisions saw of the ranks' pace.
-    pace: Pace,
 }
 
 #[derive(Clone)]
@@ -380,8 +353,9 @@ impl Group {
         heard: Vec<Option<u64>>,
         ended: u32,
         since_ms: u64,
+        stall_after_ms: Option<u64>,
     ) -> Self {
-        let board = RankBoard::new(&attempt_id, heard);
+        let board = RankBoard::new(&attempt_id, heard, stall_after_ms);
         board.set_ended(ended);
         Self {
             attempt_id,
@@ -391,9 +365,6 @@ impl Group {
             failures: Vec::new(),
             window_from_ms: None,
             decided: false,
-            stall_after_ms: None,
-            health: None,
-            pace: Pace::default(),
         }
     }
 
@@ -938,8 +909,7 @@ impl Rendezvous {
                 .map(|w| Slot { identity: identity_of(w), who: who_of(w), end: SlotEnd::Running })
                 .collect::<Vec<_>>();
             let heard = vec![None; slots.len()];
-            let mut group = Group::new(attempt_id, slots, heard, 0, self.mono_ms);
-            group.health = Some(run.health().map(Written::of));
+            let group = Group::new(attempt_id, slots, heard, 0, self.mono_ms, None);
             self.groups.insert(id.clone(), group);
         }
         Ok(self.groups.get_mut(id).expect("tracked above"))
@@ -988,7 +958,7 @@ impl Rendezvous {
         };
         let id = pending.run_id.clone();
         let world_size = pending.world_size;
-        let (existing, stall_after_ms) = (pending.existing, pending.stall_after_ms);
+        let stall_after_ms = pending.stall_after_ms;
         let outcome = if pending.existing {
             let attempt = NewAttempt::new(&attempt_id, start_ms, workers);
             let started = answered(runs.start_attempt(&id, attempt, now_ms)?, ());
@@ -1031,12 +1001,9 @@ impl Rendezvous {
             answered(runs.register(run, now_ms)?, ())
         };
         self.keys.insert(key.0, id.clone());
-        let mut group = Group::new(attempt_id.clone(), slots, heard, ended, self.mono_ms);
+        let mut group =
+            Group::new(attempt_id.clone(), slots, heard, ended, self.mono_ms, stall_after_ms);
         group.decided = decided;
-        group.stall_after_ms = stall_after_ms;
-        if !existing {
-            group.health = Some(None);
-        }
         self.groups.insert(id.clone(), group);
         let answer = RendezvousResponse::new(
             id,
@@ -1075,7 +1042,7 @@ impl Rendezvous {
         }
         let group = self.group_of(id, rank, attempt_id, view)?;
         if let Some(report) = progress.filter(|_| runs.status_of(id) == Some(RunStatus::Running)) {
-            group.board.report(id, rank, report, now_ms)?;
+            group.board.progress().report(id, rank, report, now_ms)?;
         }
         let status = touch(runs, id, now_ms)?;
         let group = self.groups.get_mut(id).expect("tracked above");
@@ -1278,42 +1245,6 @@ impl Rendezvous {
         drop(view);
         let groups = &self.groups;
         self.keys.retain(|_, id| groups.contains_key(id));
-        self.decide_health(runs, now_ms, change);
-    }
-
-    /// Decides the health of every RUNNING run whose ranks report
-    /// progress (see [`crate::health`]); a change is written through
-    /// [`Runs::set_health`].
-    fn decide_health(&mut self, runs: &mut Runs, now_ms: u64, change: &mut Change<Vec<RunId>>) {
-        let default_window = self.stall_after_ms;
-        for (id, group) in self.groups.iter_mut() {
-            if group.slots.is_empty() || runs.status_of(id) != Some(RunStatus::Running) {
-                continue;
-            }
-            let Some(ranks) = group.board.progress() else { continue };
-            if group.health.is_none() {
-                group.health = Some(runs.health_of(id).as_ref().map(Written::of));
-            }
-            let current = group.health.as_ref().and_then(Option::as_ref);
-            let window = group.stall_after_ms.unwrap_or(default_window);
-            let Some(next) =
-                crate::health::decide(&ranks, current, &mut group.pace, window, now_ms)
-            else {
-                continue;
-            };
-            let decided = Written::of(&next);
-            match runs.set_health(id, next, now_ms) {
-                Ok(Outcome::Changed(written)) => {
-                    let stragglers: Vec<u32> = decided.stragglers.iter().map(|s| s.rank).collect();
-                    tracing::info!(run = %id, health = %decided.state, ?stragglers, "a run's health changed");
-                    change.ops.extend(written.ops);
-                    change.events.extend(written.events);
-                    group.health = Some(Some(decided));
-                }
-                Ok(Outcome::Unchanged(())) => {}
-                Err(err) => tracing::error!(run = %id, error = %err, "cannot write a run's health"),
-            }
-        }
     }
 
     /// Ends the run of a group that did not assemble in time: ERRORED if a
@@ -1380,18 +1311,10 @@ impl Rendezvous {
             answered(runs.register(NewRun::try_from(draft)?, now_ms)?, ())
         };
         self.keys.insert(key.0.clone(), pending.run_id.clone());
-        let mut group = Group::new(key.1.to_string(), Vec::new(), Vec::new(), 0, self.mono_ms);
+        let mut group =
+            Group::new(key.1.to_string(), Vec::new(), Vec::new(), 0, self.mono_ms, None);
         group.decided = true;
         self.groups.insert(pending.run_id, group);
         Ok(outcome)
-    }
-
-    /// `document` with when each rank of its group was last heard from,
-    /// while the head tracks the group.
-    pub(crate) fn decorate(&self, id: &RunId, document: RunDocument) -> RunDocument {
-        match self.groups.get(id) {
-            Some(group) if !group.slots.is_empty() => with_board(document, &group.board),
-            _ => document,
-        }
     }
 }

@@ -24,6 +24,7 @@ use crate::config::Retention;
 use crate::liveness::{Beat, Liveness, NEVER_SWEPT};
 use crate::record::RunRecord;
 
+mod progress;
 mod ray;
 mod remote;
 #[cfg(test)]
@@ -141,6 +142,7 @@ impl Runs {
         liveness: Arc<Liveness>,
     ) -> Self {
         liveness.clear_beats();
+        liveness.clear_controller_progress();
         let mut runs = Self {
             by_id: HashMap::with_capacity(records.len()),
             ended: BTreeSet::new(),
@@ -238,6 +240,7 @@ impl Runs {
     }
 
     fn put(&mut self, record: Arc<RunRecord>, last_heard_ms: u64) {
+        self.follow_progress(&record);
         if record.status.is_terminal() {
             self.ended.insert((record.start_time_ms, record.id.clone()));
         }
@@ -277,6 +280,9 @@ impl Runs {
     fn remove(&mut self, id: &RunId) -> Option<Arc<RunRecord>> {
         let entry = self.by_id.remove(id)?;
         self.liveness.remove_beat(id);
+        if self.controller_board(id).is_some() {
+            self.liveness.remove_progress(id);
+        }
         self.bytes -= record_bytes(&entry.record);
         self.ended.remove(&(entry.record.start_time_ms, id.clone()));
         Some(entry.record)

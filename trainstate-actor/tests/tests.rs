@@ -17,6 +17,7 @@ mod liveness;
 mod loading;
 mod off_the_turn;
 mod process;
+mod progress;
 mod ray_export;
 mod ray_v2;
 mod rendezvous;

@@ -56,6 +56,10 @@ const CONTRACT = deepFreeze({
       "method": "POST",
       "path": "/api/train/runs/{id}/heartbeat"
     },
+    "reportProgress": {
+      "method": "POST",
+      "path": "/api/train/runs/{id}/progress"
+    },
     "joinRendezvous": {
       "method": "POST",
       "path": "/api/train/rendezvous/{key}/join"

@@ -7,6 +7,7 @@ use ractor::ActorRef;
 use ractor::MessagingErr;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
+use trainstate_schema::api::{ProgressReport, ProgressResponse, RankProgress, RankReport};
 use trainstate_schema::{NewRun, RunId, TrainRunInfo, ray_v2};
 
 use crate::error::StateError;
@@ -59,6 +60,7 @@ fn document_bytes(message: &StateMessage) -> u64 {
             serde_json::to_writer(&mut count, attempt)
         }
         StateMessage::Forward { run, .. } => serde_json::to_writer(&mut count, run),
+        StateMessage::ReportProgress { report, .. } => serde_json::to_writer(&mut count, report),
         StateMessage::UpsertRayPrepared { bytes, .. } => {
             count.0 = *bytes;
             Ok(())
@@ -351,6 +353,32 @@ impl StateHandle {
     /// Renews a live run's lease and returns it.
     pub async fn heartbeat(&self, id: RunId) -> Result<Duration, StateError> {
         self.call(|reply| StateMessage::Heartbeat { id, reply }).await
+    }
+
+    /// Reports where the training loop of some ranks of run `id` is, as
+    /// the run's controller sees it: each `(rank, progress)` of
+    /// `attempt_id` (the run's current attempt when `None`). The head
+    /// serves it as the run's `rank_progress` and metric histories and
+    /// decides the run's health from it; it renews the run's lease, like a
+    /// heartbeat. A report that breaks a rule is refused whole
+    /// ([`StateError::Invalid`], naming the field:
+    /// `ranks[2].progress.metrics["loss"]`); a step lower than the rank's
+    /// previous one, a rank that is not one of the attempt's workers, an
+    /// attempt that is not the current one or an ended run is refused
+    /// ([`StateError::Conflict`] or [`StateError::IllegalTransition`]), and
+    /// nothing of it is recorded.
+    pub async fn report_progress(
+        &self,
+        id: &RunId,
+        attempt_id: Option<String>,
+        ranks: Vec<(u32, RankProgress)>,
+    ) -> Result<ProgressResponse, StateError> {
+        let ranks = ranks.into_iter().map(|(rank, progress)| RankReport::new(rank, progress));
+        let mut report = ProgressReport::new(ranks.collect());
+        report.attempt_id = attempt_id;
+        report.check()?;
+        let (id, report) = (id.clone(), Box::new(report));
+        self.call(|reply| StateMessage::ReportProgress { id, report, reply }).await
     }
 
     /// Reads one run as stored.

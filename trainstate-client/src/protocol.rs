@@ -10,7 +10,7 @@ use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
 use trainstate_schema::HealthState;
-use trainstate_schema::api::RankProgressServed;
+use trainstate_schema::api::{ProgressReport, ProgressResponse, RankProgressServed};
 use trainstate_schema::ray_v2;
 use trainstate_schema::{
     CauseKind, NewRun, RunCause, RunId, RunStatus, TrainRunInfo, TrainWorkerInfo,
@@ -132,6 +132,18 @@ pub enum StateMessage {
         id: RunId,
         /// The lease, from now.
         reply: Reply<Duration>,
+    },
+    /// Records where the training loop of some ranks of a run is, as its
+    /// controller reports it (the ranks of a rendezvous run report their
+    /// own, with their heartbeats); renews the run's lease like a
+    /// heartbeat.
+    ReportProgress {
+        /// The run.
+        id: RunId,
+        /// The report, checked ([`ProgressReport::check`]).
+        report: Box<ProgressReport>,
+        /// The attempt it was taken for, and the lease.
+        reply: Reply<ProgressResponse>,
     },
     /// Reads one run.
     Get {

@@ -13,8 +13,9 @@ use trainstate_schema::{RunId, TrainRunInfo, ray_v2};
 
 use crate::api::{
     AttemptRequest, CreateTokenRequest, CreateTokenResponse, ErrorResponse, HeartbeatResponse,
-    LinksResponse, ListQuery, RayRunListResponse, RegisterResponse, RunListResponse, StatusRequest,
-    TokenInfo, TokenListResponse, VersionResponse,
+    LinksResponse, ListQuery, ProgressReport, ProgressResponse, RayRunListResponse,
+    RegisterResponse, RunListResponse, StatusRequest, TokenInfo, TokenListResponse,
+    VersionResponse,
 };
 use crate::error::StateError;
 use crate::protocol::{NewAttempt, Registration, RunDocument, StateMessage, StatusUpdate};
@@ -174,6 +175,9 @@ impl Remote {
             StateMessage::Heartbeat { id, reply } => {
                 let _ = reply.send(self.heartbeat(&id, timeout).await);
             }
+            StateMessage::ReportProgress { id, report, reply } => {
+                let _ = reply.send(self.report_progress(&id, &report, timeout).await);
+            }
             StateMessage::Get { id, reply } => {
                 let _ = reply.send(self.get(&id, timeout).await);
             }
@@ -310,6 +314,16 @@ impl Remote {
         let call = Call::on_run(Operation::HeartbeatRun, id);
         let answer: HeartbeatResponse = parse(&self.send(call, timeout).await?)?;
         Ok(Duration::from_millis(answer.lease_ms))
+    }
+
+    async fn report_progress(
+        &self,
+        id: &RunId,
+        report: &ProgressReport,
+        timeout: Duration,
+    ) -> Result<ProgressResponse, StateError> {
+        let call = Call::on_run(Operation::ReportProgress, id).body(report);
+        parse(&self.send(call, timeout).await?)
     }
 
     async fn get(&self, id: &RunId, timeout: Duration) -> Result<RunDocument, StateError> {

@@ -17,6 +17,9 @@ pub const DEFAULT_MIN_BACKOFF: Duration = Duration::from_millis(50);
 /// The longest wait between retries of a delivery.
 pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(2);
 
+/// How often the progress of a run's ranks is sent, at most.
+pub const DEFAULT_PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
+
 /// How a [`TrainRunStateManager`](crate::TrainRunStateManager) behaves.
 ///
 /// ```
@@ -44,6 +47,10 @@ pub struct ManagerConfig {
     /// attempt's start, a run's end); the system's wall clock by default.
     /// Deadlines, retries and heartbeats are Tokio timers, not this clock.
     pub clock: Arc<dyn Clock>,
+    /// How often the progress the ranks report
+    /// ([`report_progress`](crate::TrainRunStateManager::report_progress))
+    /// is sent, at most: what is reported in between is merged.
+    pub progress_interval: Duration,
 }
 
 /// Two configurations are equal when their durations are and they read the
@@ -54,6 +61,7 @@ impl PartialEq for ManagerConfig {
             && self.gather_timeout == other.gather_timeout
             && self.min_backoff == other.min_backoff
             && self.max_backoff == other.max_backoff
+            && self.progress_interval == other.progress_interval
             && Arc::ptr_eq(&self.clock, &other.clock)
     }
 }
@@ -68,6 +76,7 @@ impl Default for ManagerConfig {
             min_backoff: DEFAULT_MIN_BACKOFF,
             max_backoff: DEFAULT_MAX_BACKOFF,
             clock: Arc::new(SystemClock),
+            progress_interval: DEFAULT_PROGRESS_INTERVAL,
         }
     }
 }
@@ -94,6 +103,13 @@ impl ManagerConfig {
     pub fn with_backoff(mut self, min: Duration, max: Duration) -> Self {
         self.min_backoff = min;
         self.max_backoff = max.max(min);
+        self
+    }
+
+    /// Sends the ranks' progress at most once per `interval` (at least
+    /// 1 ms).
+    pub fn with_progress_interval(mut self, interval: Duration) -> Self {
+        self.progress_interval = interval.max(Duration::from_millis(1));
         self
     }
 

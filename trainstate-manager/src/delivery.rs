@@ -90,6 +90,8 @@ struct Track {
     ended: bool,
     /// The number in the id of the next attempt.
     next_attempt: u32,
+    /// How many workers the latest attempt has.
+    world_size: u32,
     /// The start of the latest attempt (or of the run).
     last_start_ms: u64,
 }
@@ -124,6 +126,16 @@ pub(crate) struct Outbox {
 
 /// The actor's answer to one write.
 type Sent = Result<Option<Duration>, StateError>;
+
+/// A live run's latest attempt, as its manager knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Attempt {
+    pub(crate) attempt_id: String,
+    /// How many workers it has.
+    pub(crate) world_size: u32,
+    /// The head has acknowledged every write of the run.
+    pub(crate) acknowledged: bool,
+}
 
 impl Outbox {
     pub(crate) fn new(handle: StateHandle, config: ManagerConfig) -> Arc<Self> {
@@ -160,6 +172,7 @@ impl Outbox {
             heartbeat: None,
             ended: false,
             next_attempt: 1,
+            world_size: run.workers().len() as u32,
             last_start_ms: run.start_time_ms(),
         };
         book.runs.insert(id.clone(), track);
@@ -192,6 +205,7 @@ impl Outbox {
         let track = book.runs.get_mut(id).ok_or_else(|| unknown(id))?;
         let attempt_id = track.next_attempt.to_string();
         track.next_attempt += 1;
+        track.world_size = workers.len() as u32;
         let start_ms = self.config.clock.now_ms().max(track.last_start_ms);
         track.last_start_ms = start_ms;
         let ack = Self::append(
@@ -237,6 +251,25 @@ impl Outbox {
             track.waiters.insert(seq, tx);
         }
         rx
+    }
+
+    /// Where live run `id` stands, for its progress reports: its latest
+    /// attempt, and whether the head has acknowledged every write of the
+    /// run (so the head knows that attempt). `None` when it is not a live
+    /// run of this manager.
+    pub(crate) fn attempt(&self, id: &RunId) -> Option<Attempt> {
+        let book = self.book();
+        let track = book.runs.get(id).filter(|track| !track.ended && !book.closed)?;
+        Some(Attempt {
+            attempt_id: (track.next_attempt - 1).to_string(),
+            world_size: track.world_size,
+            acknowledged: track.acked == track.journal.len(),
+        })
+    }
+
+    /// The handle the writes go through.
+    pub(crate) fn handle(&self) -> &StateHandle {
+        &self.handle
     }
 
     /// Writes not yet acknowledged, over every run.

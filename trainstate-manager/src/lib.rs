@@ -53,6 +53,15 @@
 //! A head that restarted and lost a run (an in-memory store) gets the run's
 //! registration again first.
 //!
+//! # Progress
+//!
+//! [`TrainRunStateManager::report_progress`] says where a rank's training
+//! loop is (its step, phase and metrics), from which the head decides the
+//! run's health. It returns at once: reports are merged per rank and sent
+//! in the background at most once per [`ManagerConfig::progress_interval`]
+//! (a second by default); what cannot be sent is dropped and counted
+//! ([`TrainRunStateManager::dropped_progress`]), never queued.
+//!
 //! # Time
 //!
 //! Deadlines, retries and heartbeats are Tokio timers: a test runs them on
@@ -66,11 +75,12 @@ mod errors;
 mod group;
 mod manager;
 mod probe;
+mod progress;
 mod ractor_group;
 
 pub use config::{
     DEFAULT_CALL_TIMEOUT, DEFAULT_GATHER_TIMEOUT, DEFAULT_MAX_BACKOFF, DEFAULT_MIN_BACKOFF,
-    ManagerConfig,
+    DEFAULT_PROGRESS_INTERVAL, ManagerConfig,
 };
 pub use errors::{ManagerError, WorkerError};
 pub use group::{WorkerGroup, WorkerInfoFuture};
@@ -81,3 +91,4 @@ pub use probe::{
 };
 pub use ractor_group::{MetadataRequest, MetadataWorker, RactorWorker, RactorWorkerGroup};
 pub use trainstate_client::{Clock, ManualClock, SystemClock};
+pub use trainstate_schema::api::RankProgress;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use trainstate_client::{StateHandle, StatusUpdate};
+use trainstate_schema::api::RankProgress;
 use trainstate_schema::{
     CauseKind, RunId, TrainDatasetInfoDraft, TrainRunInfo, TrainRunInfoDraft, TrainWorkerInfo,
     WorkerList,
@@ -16,6 +17,7 @@ use crate::config::ManagerConfig;
 use crate::delivery::{Ack, Outbox, deliver};
 use crate::errors::ManagerError;
 use crate::group::{WorkerGroup, gather};
+use crate::progress::{ProgressOutbox, send_progress};
 
 /// A dataset given to the trainer, as the manager reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,11 +130,14 @@ pub struct TrainRunStateManager {
 struct Tracking {
     shared: Arc<Outbox>,
     task: JoinHandle<()>,
+    progress: Arc<ProgressOutbox>,
+    progress_task: JoinHandle<()>,
 }
 
 impl Drop for Tracking {
     fn drop(&mut self) {
         self.task.abort();
+        self.progress_task.abort();
         self.shared.stop_heartbeats();
     }
 }
@@ -158,7 +163,10 @@ impl TrainRunStateManager {
             Ok(runtime) => {
                 let shared = Outbox::new(handle, config.clone());
                 let task = runtime.spawn(deliver(shared.clone()));
-                Some(Tracking { shared, task })
+                let progress = Arc::new(ProgressOutbox::default());
+                let sending = send_progress(shared.clone(), progress.clone(), config.progress_interval);
+                let progress_task = runtime.spawn(sending);
+                Some(Tracking { shared, task, progress, progress_task })
             }
             Err(_) => {
                 tracing::warn!(
@@ -184,6 +192,36 @@ impl TrainRunStateManager {
     /// Writes not yet acknowledged by the state actor, over every run.
     pub fn pending_writes(&self) -> usize {
         self.tracking.as_ref().map_or(0, |t| t.shared.pending())
+    }
+
+    /// Says where rank `rank`'s training loop is in run `run_id`: its
+    /// step, phase and latest metrics, from which the head decides the
+    /// run's health (PROGRESSING, or STALLED once no rank advanced for the
+    /// head's stall window) and which it serves as the run's
+    /// `rank_progress` and metric histories.
+    ///
+    /// Never waits and never fails: the report is merged with what waits
+    /// for the same rank (the latest step, phase and total win, but the
+    /// highest step is kept; metrics are merged) and sent in the
+    /// background at most once per [`ManagerConfig::progress_interval`],
+    /// once the head has acknowledged the run and its latest worker group.
+    /// What cannot be sent (a report that breaks a rule of
+    /// [`RankProgress`], a rank the latest worker group does not have, a
+    /// run this manager does not track live, a request the head refused or
+    /// did not answer) is dropped and counted in
+    /// [`dropped_progress`](Self::dropped_progress), never queued. Without
+    /// a state actor it does nothing.
+    pub fn report_progress(&self, run_id: &RunId, rank: u32, progress: RankProgress) {
+        if let Some(tracking) = &self.tracking {
+            tracking.progress.report(&tracking.shared, run_id, rank, progress);
+        }
+    }
+
+    /// How many rank progress reports were dropped since the manager was
+    /// created: never sent (see [`report_progress`](Self::report_progress)),
+    /// or refused by the head.
+    pub fn dropped_progress(&self) -> u64 {
+        self.tracking.as_ref().map_or(0, |t| t.progress.dropped())
     }
 
     /// Registers a new run: a fresh run id for every call (a restore of an
@@ -330,6 +368,8 @@ impl TrainRunStateManager {
             return 0;
         };
         tracking.shared.close();
+        tracking.progress_task.abort();
+        tracking.progress.close();
         if Self::in_runtime("shutdown").is_err() {
             tracking.shared.stop_heartbeats();
             tracking.task.abort();

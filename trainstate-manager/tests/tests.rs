@@ -6,5 +6,6 @@ mod deadlines;
 mod heartbeat;
 mod no_actor;
 mod probe;
+mod progress;
 mod recovery;
 mod registration;

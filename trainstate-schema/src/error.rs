@@ -184,6 +184,11 @@ pub enum Rule {
         /// The greatest value allowed.
         max: u64,
     },
+    /// A progress report carries the same rank twice.
+    DuplicateRank {
+        /// The rank that appears twice.
+        rank: u32,
+    },
 }
 
 impl fmt::Display for Rule {
@@ -288,6 +293,9 @@ impl fmt::Display for Rule {
             ),
             Rule::PositiveUpTo { max } => {
                 write!(f, "must be a finite number greater than 0 and at most {max}")
+            }
+            Rule::DuplicateRank { rank } => {
+                write!(f, "rank {rank} is reported more than once: one entry per rank")
             }
         }
     }

@@ -101,6 +101,10 @@ pub const MAX_PHASE_LEN: usize = 64;
 /// naming the first new name.
 pub const MAX_METRIC_NAMES_PER_RUN: usize = 64;
 
+/// Most ranks one progress report of a controller may carry
+/// (`POST /api/train/runs/{id}/progress`): as many as a run has workers.
+pub const MAX_PROGRESS_RANKS: usize = MAX_WORKERS;
+
 /// The points a run keeps of each metric (per attempt, in the head's
 /// memory): a longer history is decimated, every other point dropped.
 pub const MAX_METRIC_POINTS: usize = 1_000;

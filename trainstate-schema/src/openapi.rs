@@ -14,9 +14,9 @@ use serde_json::{Map, Value, json};
 
 use crate::api::{
     AttemptRequest, Cursor, ErrorCode, ErrorResponse, EventKind, HealthResponse, HeartbeatResponse,
-    JoinRequest, ListQuery, RankEndRequest, RankHeartbeatRequest, RankProgress, RayRunListResponse,
-    RegisterMinimalResponse, RegisterResponse, RendezvousResponse, RunEvent, RunListResponse,
-    SnapshotEvent, StatusRequest, VersionResponse,
+    JoinRequest, ListQuery, ProgressReport, ProgressResponse, RankEndRequest, RankHeartbeatRequest,
+    RankProgress, RayRunListResponse, RegisterMinimalResponse, RegisterResponse,
+    RendezvousResponse, RunEvent, RunListResponse, SnapshotEvent, StatusRequest, VersionResponse,
 };
 use crate::api::{
     CreateTokenRequest, CreateTokenResponse, TokenInfo, TokenListResponse, TokenScope,
@@ -73,6 +73,9 @@ pub fn wire_schemas() -> Vec<(&'static str, Schema)> {
         of::<RankProgress>("RankProgress"),
         of::<RankEndRequest>("RankEndRequest"),
         of::<RendezvousResponse>("RendezvousResponse"),
+        // Progress a controller reports.
+        of::<ProgressReport>("ProgressReport"),
+        of::<ProgressResponse>("ProgressResponse"),
         // Token administration.
         of::<TokenScope>("TokenScope"),
         of::<CreateTokenRequest>("CreateTokenRequest"),
@@ -109,7 +112,7 @@ fn add_served_members(run: &mut Map<String, Value>) {
                 { "type": "null" }
             ]
         },
-        "description": "Extension, served only: for a run assembled by the rendezvous whose ranks report progress, each rank's latest progress report, indexed by world rank (null for a rank that never reported): its step, total_steps, phase and metrics, and last_advance_ms, when its step last grew (Unix ms, the head's clock; after a head restart, from the restart). Kept in the head's memory while it tracks the group; absent otherwise. Ignored on input."
+        "description": "Extension, served only: for a run whose ranks report progress (a rendezvous run's ranks with their heartbeats, or a run's controller for them), each rank's latest progress report, indexed by world rank (null for a rank that never reported): its step, total_steps, phase and metrics, and last_advance_ms, when its step last grew (Unix ms, the head's clock; after a head restart, from the restart). Kept in the head's memory for the current attempt of a live run (a rendezvous run's while the head tracks its group); absent otherwise. Ignored on input."
     });
     if let Some(Value::Object(properties)) = run.get_mut("properties") {
         properties.insert("rank_last_heartbeat_ms".into(), member);

@@ -14,9 +14,10 @@ use schemars::{JsonSchema, Schema, SchemaGenerator};
 
 use crate::api::{
     AttemptRequest, ErrorCode, EventsQuery, HealthResponse, HeartbeatResponse, JoinRequest,
-    ListQuery, MetricsQuery, MetricsResponse, RankEndRequest, RankHeartbeatRequest,
-    RayRunListResponse, RayWriteQuery, RegisterMinimalResponse, RegisterRequest, RegisterResponse,
-    RendezvousResponse, RunEvent, RunListResponse, SnapshotEvent, StatusRequest, VersionResponse,
+    ListQuery, MetricsQuery, MetricsResponse, ProgressReport, ProgressResponse, RankEndRequest,
+    RankHeartbeatRequest, RayRunListResponse, RayWriteQuery, RegisterMinimalResponse,
+    RegisterRequest, RegisterResponse, RendezvousResponse, RunEvent, RunListResponse,
+    SnapshotEvent, StatusRequest, VersionResponse,
 };
 use crate::api::{CreateTokenRequest, CreateTokenResponse, TokenListResponse, TokenScope};
 use crate::{TrainRunInfo, ray_v2};
@@ -49,6 +50,8 @@ pub enum Operation {
     StartRunAttempt,
     /// `POST /api/train/runs/{id}/heartbeat`.
     HeartbeatRun,
+    /// `POST /api/train/runs/{id}/progress`.
+    ReportProgress,
     /// `PUT /api/train/forwarded/{id}`.
     ForwardRun,
     /// `GET /api/train/events`.
@@ -601,6 +604,24 @@ pub fn routes() -> Vec<Route> {
                 Post,
                 "/api/train/runs/{id}/heartbeat",
                 "Renew a live run's lease.",
+                Write,
+            )
+        },
+        Route {
+            path_params: &[RUN_ID],
+            request: Some(schema_of::<ProgressReport>),
+            success: &[Success {
+                status: 200,
+                description: "Taken: the run's lease is renewed, and the progress recorded while the run is RUNNING.",
+                body: Body::Json(schema_of::<ProgressResponse>),
+            }],
+            errors: WRITE_ERRORS,
+            ..route(
+                Operation::ReportProgress,
+                "reportProgress",
+                Post,
+                "/api/train/runs/{id}/progress",
+                "A controller says where the training loop of some of its run's ranks is: each rank's step, phase and metrics (memory only; served as the run's rank_progress and metric histories, from which the head decides its health). A report is a sign of life of the run: it renews its lease, like its heartbeat. A bad report is refused whole (422, naming the field, such as ranks[2].progress.metrics[\"loss\"]) and nothing of it is recorded. 404 for an unknown run; 409 for an ended run, a run of the rendezvous (its ranks report with their heartbeats), an attempt that is not the current one, a rank that is not one of the attempt's workers, or a step lower than the rank's previous one.",
                 Write,
             )
         },

@@ -179,6 +179,11 @@ struct ServeArgs {
     /// slowly, in all; past it, listings get 503 overloaded.
     #[arg(long, env = "TRAINSTATE_MAX_ANSWER_BYTES", default_value_t = trainstate_actor::http::DEFAULT_MAX_ANSWER_BYTES)]
     max_answer_bytes: usize,
+    /// The most ranks /metrics shows one by one (trainstate_rank_step and
+    /// trainstate_rank_last_advance_timestamp_seconds, labelled run_id and rank);
+    /// the rest are counted in trainstate_rank_series_omitted. 0: none.
+    #[arg(long, env = "TRAINSTATE_PROMETHEUS_RANK_SERIES", default_value_t = trainstate_actor::http::DEFAULT_PROMETHEUS_RANK_SERIES)]
+    prometheus_rank_series: usize,
     /// How long open connections get to finish on SIGTERM/SIGINT before they are closed.
     #[arg(long, env = "TRAINSTATE_SHUTDOWN_GRACE", default_value = "10s", value_parser = duration::parse)]
     shutdown_grace: Duration,

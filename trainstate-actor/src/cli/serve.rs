@@ -199,6 +199,7 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
         .with_body_read_timeout(args.body_read_timeout)
         .with_shutdown_grace(args.shutdown_grace)
         .with_max_answer_bytes(args.max_answer_bytes)
+        .with_prometheus_rank_series(args.prometheus_rank_series)
         .with_any_host(args.insecure)
         .with_cors_origins(args.cors_origins.clone())
         .with_links(links)

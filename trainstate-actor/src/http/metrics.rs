@@ -1,7 +1,7 @@
 //! `GET /metrics`: the head's counters in the Prometheus text exposition
 //! format (version 0.0.4), encoded by `prometheus-client`.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -41,6 +41,12 @@ struct HealthLabels {
     health: &'static str,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RankLabels {
+    run_id: String,
+    rank: u32,
+}
+
 /// Request counters, by route and status code, and their latency; the
 /// rest is read from the service at each scrape.
 #[derive(Debug)]
@@ -77,19 +83,25 @@ impl HttpMetrics {
     }
 
     /// Every metric, as [`CONTENT_TYPE`] text, with what the HTTP layer
-    /// holds now.
-    pub(crate) fn render(&self, service: &StateService, load: &HttpLoad) -> String {
+    /// holds now; at most `rank_series` ranks are shown one by one.
+    pub(crate) fn render(
+        &self,
+        service: &StateService,
+        load: &HttpLoad,
+        rank_series: usize,
+    ) -> String {
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_text::encode(&mut out, &self.registry);
-        let _ = prometheus_text::encode(&mut out, &Self::readings(service, load));
+        let _ = prometheus_text::encode(&mut out, &Self::readings(service, load, rank_series));
         out
     }
 
     /// What the service reports at this instant.
-    fn readings(service: &StateService, load: &HttpLoad) -> Registry {
+    fn readings(service: &StateService, load: &HttpLoad, rank_series: usize) -> Registry {
         let &HttpLoad { streams, answer_bytes, request_bodies, budgeted_body_bytes } = load;
         let mut registry = Registry::with_prefix(PREFIX);
+        Self::ranks(&mut registry, service, rank_series);
         let runs = Family::<StatusLabels, Gauge>::default();
         for (status, count) in RunStatus::ALL.iter().zip(service.runs_by_status()) {
             runs.get_or_create(&StatusLabels { status: status.as_str() }).set(count as i64);
@@ -185,6 +197,48 @@ impl HttpMetrics {
         #[cfg(feature = "forward")]
         Self::forwarding(&mut registry, service);
         registry
+    }
+
+    /// Each rank's step and last advance, one series each for at most
+    /// `max` ranks (by run id, then rank), and how many ranks were left
+    /// out: a run of 10,000 ranks is 20,000 series, which a scraper is not
+    /// sent unless the operator asks (`--prometheus-rank-series`).
+    fn ranks(registry: &mut Registry, service: &StateService, max: usize) {
+        let steps = Family::<RankLabels, Gauge>::default();
+        let advances = Family::<RankLabels, Gauge<f64, AtomicU64>>::default();
+        let mut boards = service.writer().shared.liveness.progress_boards();
+        boards.sort_by(|(a, _), (b, _)| a.as_str().cmp(b.as_str()));
+        let (mut shown, mut omitted) = (0usize, 0usize);
+        for (id, board) in boards {
+            for (rank, step, last_advance_ms) in board.positions() {
+                if shown >= max {
+                    omitted += 1;
+                    continue;
+                }
+                shown += 1;
+                let labels = RankLabels { run_id: id.to_string(), rank };
+                steps.get_or_create(&labels).set(i64::try_from(step).unwrap_or(i64::MAX));
+                advances.get_or_create(&labels).set(last_advance_ms as f64 / 1000.0);
+            }
+        }
+        registry.register(
+            "rank_step",
+            "Each rank's latest step, by run and world rank (at most --prometheus-rank-series ranks)",
+            steps,
+        );
+        registry.register_with_unit(
+            "rank_last_advance_timestamp",
+            "When each rank's step last grew, in Unix seconds, by run and world rank (at most \
+             --prometheus-rank-series ranks)",
+            Unit::Seconds,
+            advances,
+        );
+        registry.register(
+            "rank_series_omitted",
+            "Ranks with a reported step left out of trainstate_rank_step and \
+             trainstate_rank_last_advance_timestamp_seconds, past --prometheus-rank-series",
+            ConstGauge::new(omitted as i64),
+        );
     }
 
     /// Forwarding to a hub, when this head forwards (`--forward-to`).

@@ -89,6 +89,12 @@ pub const BODY_BYTES_OUTSIDE_BUDGET: usize = 64 * 1024;
 /// all connections: 256 MiB.
 pub const DEFAULT_MAX_ANSWER_BYTES: usize = 256 * 1024 * 1024;
 
+/// The default bound on the ranks `/metrics` shows one by one
+/// (`trainstate_rank_step`, `trainstate_rank_last_advance_timestamp_seconds`):
+/// none, so that a head tracking 10,000-rank runs never floods a scraper
+/// unless asked.
+pub const DEFAULT_PROMETHEUS_RANK_SERIES: usize = 0;
+
 /// The default time open connections get to finish after shutdown begins;
 /// then they are closed, whatever their clients do.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -147,6 +153,12 @@ pub struct HttpConfig {
     /// Serve HTTPS with this certificate and key instead of plain HTTP.
     /// Each handshake must end within [`HttpConfig::header_read_timeout`].
     pub tls: Option<Arc<ServerTls>>,
+    /// The most ranks `/metrics` shows one by one, each as a series of
+    /// `trainstate_rank_step` and of
+    /// `trainstate_rank_last_advance_timestamp_seconds`; the ranks past it
+    /// are counted in `trainstate_rank_series_omitted`. 0 (the default):
+    /// none.
+    pub prometheus_rank_series: usize,
 }
 
 impl Default for HttpConfig {
@@ -169,6 +181,7 @@ impl Default for HttpConfig {
             links: trainstate_client::api::LinksResponse::default(),
             load_hold: DEFAULT_LOAD_HOLD,
             tls: None,
+            prometheus_rank_series: DEFAULT_PROMETHEUS_RANK_SERIES,
         }
     }
 }
@@ -270,6 +283,13 @@ impl HttpConfig {
     /// [`ServerTls::reload`] the certificate while serving.
     pub fn with_tls(mut self, tls: Option<Arc<ServerTls>>) -> Self {
         self.tls = tls;
+        self
+    }
+
+    /// Shows at most `max` ranks one by one on `/metrics` (see
+    /// [`HttpConfig::prometheus_rank_series`]).
+    pub fn with_prometheus_rank_series(mut self, max: usize) -> Self {
+        self.prometheus_rank_series = max;
         self
     }
 
@@ -616,6 +636,7 @@ fn handler(operation: Operation, filter: MethodFilter) -> MethodRouter<AppState>
         Operation::SetRunStatus => on(filter, routes::set_status),
         Operation::StartRunAttempt => on(filter, routes::start_attempt),
         Operation::HeartbeatRun => on(filter, routes::heartbeat),
+        Operation::ReportProgress => on(filter, routes::report_progress),
         Operation::ForwardRun => on(filter, routes::forward_run),
         Operation::RunEvents => on(filter, events::events),
         Operation::GetSchema => on(filter, routes::schema),

@@ -10,8 +10,8 @@ use futures_util::stream::{self, StreamExt};
 use std::sync::Arc;
 use trainstate_client::api::{
     AttemptRequest, Cursor, ErrorCode, HealthResponse, HeartbeatResponse, LinksResponse, ListQuery,
-    MetricsQuery, MetricsResponse, RayWriteQuery, RegisterMinimalResponse, RegisterRequest,
-    RegisterResponse, StatusRequest, VersionResponse,
+    MetricsQuery, MetricsResponse, ProgressReport, ProgressResponse, RayWriteQuery,
+    RegisterMinimalResponse, RegisterRequest, RegisterResponse, StatusRequest, VersionResponse,
 };
 
 use trainstate_client::{NewAttempt, PreparedChange, RunDocument, RunQuery, StateError};
@@ -430,6 +430,23 @@ pub(crate) async fn heartbeat(
     Ok(Json(HeartbeatResponse::new(lease.as_millis() as u64)))
 }
 
+/// A controller's progress report: taken on the connection when the board
+/// of the run's current attempt exists (see [`Reader::report_progress`]),
+/// else by the actor, which creates it.
+pub(crate) async fn report_progress(
+    State(app): State<AppState>,
+    Path(id): Path<String>,
+    JsonBody(report): JsonBody<ProgressReport>,
+) -> Result<Json<ProgressResponse>, ApiError> {
+    let id = run_id(&id)?;
+    report.check().map_err(StateError::from)?;
+    if let Some(answer) = app.service.reader().report_progress(&id, &report) {
+        return Ok(Json(answer?));
+    }
+    let ranks = report.ranks.into_iter().map(|entry| (entry.rank, entry.progress)).collect();
+    Ok(Json(app.handle.report_progress(&id, report.attempt_id, ranks).await?))
+}
+
 pub(crate) async fn delete_run(
     State(app): State<AppState>,
     Path(id): Path<String>,
@@ -485,7 +502,7 @@ pub(crate) async fn metrics(State(app): State<AppState>) -> Response {
         request_bodies: app.bodies.bodies(),
         budgeted_body_bytes: app.bodies.charged_bytes(),
     };
-    let text = app.metrics.render(&app.service, &load);
+    let text = app.metrics.render(&app.service, &load, app.config.prometheus_rank_series);
     let mut response = text.into_response();
     response
         .headers_mut()

@@ -166,8 +166,7 @@ impl Runs {
                 None => now_ms,
             };
             let heard = if is_foreign(&record, home) { NEVER_SWEPT } else { heard };
-            self.remove(&id);
-            self.put(record, heard);
+            self.replace_entry(record, heard);
             changed += 1;
         }
         changed
@@ -182,8 +181,19 @@ impl Runs {
             .and_then(Entry::last_heard_ms)
             .map_or(now_ms, |t| t.max(now_ms));
         let heard = if is_foreign(&record, home) { NEVER_SWEPT } else { heard };
+        self.replace_entry(record, heard);
+    }
+
+    /// Makes `record` its run's only version, heard from at `heard_ms`:
+    /// the board its controller reports to, if any, is kept (and follows
+    /// the new version: see [`Runs::follow_progress`]).
+    fn replace_entry(&mut self, record: Arc<RunRecord>, heard_ms: u64) {
+        let board = self.controller_board(&record.id);
         self.remove(&record.id);
-        self.put(record, heard);
+        if let Some(board) = board {
+            self.liveness.put_progress(record.id.clone(), board);
+        }
+        self.put(record, heard_ms);
     }
 
     /// Stores a run forwarded by the head of another cluster, as it is: the

@@ -1,22 +1,25 @@
-//! A rank's progress, as its heartbeat carries it and as a run serves it.
+//! A rank's progress, as its heartbeat or its controller carries it and as
+//! a run serves it.
 //!
 //! A rank of a rendezvous run says where its training loop is (its step,
 //! its phase, its latest scalar metrics) with each heartbeat
-//! ([`RankProgress`], in [`RankHeartbeatRequest`](super::RankHeartbeatRequest)).
-//! The head keeps the latest report of each rank in memory and serves it
-//! as the run's `rank_progress` ([`RankProgressServed`]); from when the
-//! steps last grew it decides the run's `health`, and from each rank's own
-//! time per step (`step_time_ms`) which ranks are stragglers.
+//! ([`RankProgress`], in [`RankHeartbeatRequest`](super::RankHeartbeatRequest));
+//! the controller of a run it registered says it for its ranks, several at
+//! a time ([`ProgressReport`]). The head keeps the latest report of each
+//! rank in memory and serves it as the run's `rank_progress`
+//! ([`RankProgressServed`]); from when the steps last grew it decides the
+//! run's `health`, and from each rank's own time per step (`step_time_ms`)
+//! which ranks are stragglers.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 use crate::limits::{
-    MAX_METRIC_NAME_LEN, MAX_METRIC_NAMES_PER_REPORT, MAX_PHASE_LEN, MAX_STALL_WINDOW_MS,
-    MAX_STEP_TIME_MS,
+    MAX_METRIC_NAME_LEN, MAX_METRIC_NAMES_PER_REPORT, MAX_PHASE_LEN, MAX_PROGRESS_RANKS,
+    MAX_STALL_WINDOW_MS, MAX_STEP_TIME_MS,
 };
-use crate::{Rule, ValidationError};
+use crate::{Rule, ValidationError, validate_name};
 
 /// One rank's progress: where its training loop is. Every field is
 /// optional: a report replaces what it carries of the rank's previous one
@@ -111,6 +114,120 @@ impl RankProgress {
             }
         }
         Ok(())
+    }
+}
+
+/// Body of `POST /api/train/runs/{id}/progress`: where the training loop
+/// of some ranks of a run is, as the run's controller reports it (a run a
+/// controller registered; the ranks of a rendezvous run report their own,
+/// with their heartbeats).
+///
+/// Each rank's report is a [`RankProgress`] with its rules; a report that
+/// breaks one is refused whole (422, naming the field:
+/// `ranks[2].progress.metrics["loss"]`) and nothing of it is recorded.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[non_exhaustive]
+pub struct ProgressReport {
+    /// The attempt the ranks belong to; the run's current attempt when
+    /// absent. A report of an attempt that is not the current one is
+    /// refused (409).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = 1024)))]
+    pub attempt_id: Option<String>,
+    /// Each rank's progress: 1 to 65536 entries, one per rank, each rank
+    /// one of the attempt's workers (below its world size; 409 otherwise).
+    #[serde(deserialize_with = "crate::object::vec")]
+    #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = 65536)))]
+    pub ranks: Vec<RankReport>,
+}
+
+impl ProgressReport {
+    /// A report of `ranks`, of the run's current attempt.
+    pub fn new(ranks: Vec<RankReport>) -> Self {
+        Self { attempt_id: None, ranks }
+    }
+
+    /// The same report, of attempt `attempt_id`.
+    pub fn of_attempt(mut self, attempt_id: impl Into<String>) -> Self {
+        self.attempt_id = Some(attempt_id.into());
+        self
+    }
+
+    /// Checks every rule of the report: an attempt id is a name, 1 to
+    /// [`MAX_PROGRESS_RANKS`] ranks, each once, each rank's progress by
+    /// [`RankProgress::check`]. An error names its field
+    /// (`ranks[2].progress.metrics["loss"]`, `ranks[3].rank`).
+    pub fn check(&self) -> Result<(), ValidationError> {
+        if let Some(attempt_id) = &self.attempt_id {
+            validate_name("attempt_id", attempt_id)?;
+        }
+        if self.ranks.is_empty() {
+            return Err(ValidationError::new("ranks", Rule::Empty));
+        }
+        if self.ranks.len() > MAX_PROGRESS_RANKS {
+            return Err(ValidationError::new("ranks", Rule::TooMany { max: MAX_PROGRESS_RANKS }));
+        }
+        let mut seen = std::collections::HashSet::with_capacity(self.ranks.len());
+        for (i, entry) in self.ranks.iter().enumerate() {
+            if !seen.insert(entry.rank) {
+                let rule = Rule::DuplicateRank { rank: entry.rank };
+                return Err(ValidationError::new(format!("ranks[{i}].rank"), rule));
+            }
+            entry.progress.check().map_err(|err| {
+                ValidationError::new(format!("ranks[{i}].{}", err.field()), err.rule().clone())
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// One rank's entry of a [`ProgressReport`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[non_exhaustive]
+pub struct RankReport {
+    /// The rank's world rank.
+    pub rank: u32,
+    /// Where its training loop is.
+    #[serde(deserialize_with = "crate::object::one")]
+    pub progress: RankProgress,
+}
+
+impl RankReport {
+    /// Rank `rank`'s `progress`.
+    pub fn new(rank: u32, progress: RankProgress) -> Self {
+        Self { rank, progress }
+    }
+}
+
+/// Answer of `POST /api/train/runs/{id}/progress`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[non_exhaustive]
+pub struct ProgressResponse {
+    /// The run's current attempt, which the report was taken for.
+    pub attempt_id: String,
+    /// How many ranks the attempt has.
+    pub world_size: u32,
+    /// True when the progress was recorded: the run is RUNNING. At another
+    /// live status (RESTARTING, say) the report renews the run's lease and
+    /// nothing else.
+    pub recorded: bool,
+    /// The run's lease, renewed by the report, in ms: a report is a sign
+    /// of life of the run, like its heartbeat.
+    pub lease_ms: u64,
+}
+
+impl ProgressResponse {
+    /// An answer.
+    pub fn new(
+        attempt_id: impl Into<String>,
+        world_size: u32,
+        recorded: bool,
+        lease_ms: u64,
+    ) -> Self {
+        Self { attempt_id: attempt_id.into(), world_size, recorded, lease_ms }
     }
 }
 
