@@ -151,11 +151,17 @@ async fn a_controller_runs_health_turns_stalled_and_progressing_again() {
         .map(|change| change["state"].as_str().unwrap())
         .collect();
     assert_eq!(history, ["PROGRESSING", "STALLED", "PROGRESSING"], "{run}");
-    let (status, series) =
-        send(&f.client, Method::GET, &f.url(&format!("/api/train/runs/{id}/metrics")), None, None)
-            .await;
-    assert_eq!(status, StatusCode::OK, "{series}");
-    assert_eq!(series["series"][0]["name"], "loss", "{series}");
+    // The controller's metric points reach the store with the next flush.
+    let url = f.url(&format!("/api/train/runs/{id}/metrics"));
+    eventually("the controller's metric points in the store", Duration::from_secs(10), || {
+        let (client, url) = (f.client.clone(), url.clone());
+        async move {
+            let (status, series) = send(&client, Method::GET, &url, None, None).await;
+            assert_eq!(status, StatusCode::OK, "{series}");
+            series["series"][0]["name"] == "loss"
+        }
+    })
+    .await;
     f.stop().await;
 }
 
