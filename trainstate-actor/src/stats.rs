@@ -17,6 +17,8 @@ pub struct StoreStats {
     pub failures: AtomicU64,
     /// Transactions that added metric points to their histories.
     pub metric_flushes: AtomicU64,
+    /// Total time spent adding metric points, in microseconds.
+    pub metric_flush_micros: AtomicU64,
     /// Metric points handed to the store (before its series kept or
     /// dropped each by its stride).
     pub metric_points: AtomicU64,

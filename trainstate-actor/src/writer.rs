@@ -515,7 +515,11 @@ impl WriterThread {
             return;
         }
         let points: u64 = batches.iter().map(|b| b.points.len() as u64).sum();
-        match self.store.append_metrics(&batches) {
+        let started = Instant::now();
+        let appended = self.store.append_metrics(&batches);
+        let micros = started.elapsed().as_micros() as u64;
+        stats.metric_flush_micros.fetch_add(micros, Ordering::Relaxed);
+        match appended {
             Ok(()) => {
                 stats.metric_flushes.fetch_add(1, Ordering::Relaxed);
                 stats.metric_points.fetch_add(points, Ordering::Relaxed);

@@ -546,6 +546,19 @@ async fn the_metrics_route_serves_each_metrics_history_bounded_and_filtered() {
     let names: Vec<&str> =
         all["series"].as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["loss", "lr"]);
+    // In batches: one transaction carried them all, and none was lost.
+    let text =
+        fixture.client.get(fixture.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let value = |name: &str| -> f64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name} in {text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(value("trainstate_metric_points_total"), 12.0, "{text}");
+    assert!(value("trainstate_metric_flushes_total") >= 1.0, "{text}");
+    assert_eq!(value("trainstate_metric_points_dropped_total"), 0.0, "{text}");
     assert_eq!(all["series"][0]["points"].as_array().unwrap().len(), 6);
     assert_eq!(all["series"][0]["points"][1], json!({"rank": 1, "step": 1, "value": 2.0}));
     let one = metrics("?name=loss&rank=1&from_step=2&to_step=3").await;

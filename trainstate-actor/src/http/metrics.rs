@@ -144,6 +144,27 @@ impl HttpMetrics {
             ConstCounter::new(stats.failures.load(Ordering::Relaxed)),
         );
         registry.register(
+            "metric_flushes",
+            "Transactions that added reported metric points to their histories (about one a second)",
+            ConstCounter::new(stats.metric_flushes.load(Ordering::Relaxed)),
+        );
+        registry.register_with_unit(
+            "metric_flush",
+            "Time spent adding metric points to their histories",
+            Unit::Seconds,
+            ConstCounter::new(stats.metric_flush_micros.load(Ordering::Relaxed) as f64 / 1e6),
+        );
+        registry.register(
+            "metric_points",
+            "Metric points handed to the store (each series keeps them by its stride)",
+            ConstCounter::new(stats.metric_points.load(Ordering::Relaxed)),
+        );
+        registry.register(
+            "metric_points_dropped",
+            "Metric points lost: a board's pending points were full, or their flush failed",
+            ConstCounter::new(stats.metric_points_dropped.load(Ordering::Relaxed)),
+        );
+        registry.register(
             "store_writable",
             "1 while the store commits; 0 from a failed commit until one succeeds (writes get 503 meanwhile)",
             ConstGauge::new(i64::from(service.store_writable())),
