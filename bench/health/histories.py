@@ -3,8 +3,8 @@
 Starts two release heads on fresh data directories. On each it runs RUNS
 one-rank rendezvous runs through STEPS progress reports and ends them
 (FINISHED): on the first without metrics, on the second with METRICS
-metrics a report, so that every series fills (1,000 points, decimated as
-it grows). Then it reads each head's RSS once the runs are retained and
+metric names a run (a report carries at most 32: halves by turns), so
+that every series fills (1,000 points, decimated as it grows). Then it reads each head's RSS once the runs are retained and
 the histories flushed, and prints the difference per run, the points one
 run serves and the store's size.
 
@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 BIN = sys.argv[1]
 RUNS = int(sys.argv[2]) if len(sys.argv) > 2 else 50
 METRICS = int(sys.argv[3]) if len(sys.argv) > 3 else 64
-STEPS = int(sys.argv[4]) if len(sys.argv) > 4 else 1_100
+STEPS = int(sys.argv[4]) if len(sys.argv) > 4 else 2_200
 
 
 def start(data_dir: str) -> Tuple[subprocess.Popen[str], int]:
@@ -61,7 +61,10 @@ def drive(port: int, run: int, metrics: int) -> str:
     for step in range(1, STEPS + 1):
         progress: Dict[str, Any] = {"step": step, "total_steps": STEPS}
         if metrics:
-            progress["metrics"] = {f"m{i}": 1.0 / step + i for i in range(metrics)}
+            # A report carries at most 32 names: halves of the run's names by turns.
+            half = min(metrics, 32)
+            first = (step % 2) * half if metrics > half else 0
+            progress["metrics"] = {f"m{i}": 1.0 / step + i for i in range(first, min(first + half, metrics))}
         call(conn, "POST", f"/api/train/runs/{run_id}/ranks/0/heartbeat",
              {"attempt_id": "0", "progress": progress})
     call(conn, "POST", f"/api/train/runs/{run_id}/ranks/0/end", {"attempt_id": "0", "status": "FINISHED"})
@@ -79,40 +82,65 @@ def rss_kib(pid: int) -> int:
 
 def measure(metrics: int) -> Dict[str, Any]:
     with tempfile.TemporaryDirectory() as data_dir:
-        head, port = start(data_dir)
-        try:
-            began = time.monotonic()
-            with ThreadPoolExecutor(4) as pool:
-                ids: List[str] = list(pool.map(lambda r: drive(port, r, metrics), range(RUNS)))
-            took = time.monotonic() - began
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-            deadline = time.monotonic() + 30
-            while True:
-                runs = call(conn, "GET", "/api/train/runs?limit=1&status=FINISHED")
-                if runs["total"] == RUNS or time.monotonic() > deadline:
-                    break
-                time.sleep(0.2)
-            # Every run has ended; its points are flushed with the next second.
-            time.sleep(2.5)
-            served = call(conn, "GET", f"/api/train/runs/{ids[0]}/metrics")
-            points = sum(len(s["points"]) for s in served["series"])
-            rss = rss_kib(head.pid)
-            db = sum(os.path.getsize(os.path.join(data_dir, f)) for f in os.listdir(data_dir))
-            return {"metrics": metrics, "rss_kib": rss, "seconds": took, "points_one_run": points,
-                    "series_one_run": len(served["series"]), "store_bytes": db,
-                    "reports": RUNS * STEPS}
-        finally:
-            head.terminate()
-            head.wait()
+        return measure_in(data_dir, metrics)
+
+
+def measure_in(data_dir: str, metrics: int) -> Dict[str, Any]:
+    head, port = start(data_dir)
+    try:
+        began = time.monotonic()
+        with ThreadPoolExecutor(4) as pool:
+            ids: List[str] = list(pool.map(lambda r: drive(port, r, metrics), range(RUNS)))
+        took = time.monotonic() - began
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        deadline = time.monotonic() + 30
+        while True:
+            runs = call(conn, "GET", "/api/train/runs?limit=1&status=FINISHED")
+            if runs["total"] == RUNS or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        # Every run has ended; its points are flushed with the next second.
+        time.sleep(2.5)
+        served = call(conn, "GET", f"/api/train/runs/{ids[0]}/metrics")
+        points = sum(len(s["points"]) for s in served["series"])
+        rss = rss_kib(head.pid)
+        db = sum(os.path.getsize(os.path.join(data_dir, f)) for f in os.listdir(data_dir))
+    finally:
+        head.terminate()
+        head.wait()
+    # The same store after a restart: what the retained runs cost, without
+    # what the allocator kept of the traffic that made them.
+    head, port = start(data_dir)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        while call(conn, "GET", "/api/train/runs?limit=1")["total"] != RUNS:
+            time.sleep(0.1)
+        restarted = rss_kib(head.pid)
+        again = call(conn, "GET", f"/api/train/runs/{ids[0]}/metrics")
+        assert again == served, "the histories survive the restart"
+        read = rss_kib(head.pid)
+    finally:
+        head.terminate()
+        head.wait()
+    return {"metrics": metrics, "rss_kib": rss, "seconds": took, "points_one_run": points,
+            "series_one_run": len(served["series"]), "store_bytes": db,
+            "reports": RUNS * STEPS, "rss_restarted_kib": restarted,
+            "rss_after_one_read_kib": read}
 
 
 plain = measure(0)
 full = measure(METRICS)
 per_run = (full["rss_kib"] - plain["rss_kib"]) / RUNS
+restarted = (full["rss_restarted_kib"] - plain["rss_restarted_kib"]) / RUNS
 print(json.dumps({"runs": RUNS, "steps": STEPS, "without": plain, "with": full,
-                  "rss_difference_kib_per_run": round(per_run, 1)}, indent=1))
-print(f"{RUNS} retained runs of {STEPS} steps: RSS {plain['rss_kib'] / 1024:.1f} MiB without metrics, "
-      f"{full['rss_kib'] / 1024:.1f} MiB with {METRICS} metrics a report "
+                  "rss_difference_kib_per_run": round(per_run, 1),
+                  "rss_difference_after_restart_kib_per_run": round(restarted, 1)}, indent=1))
+print(f"{RUNS} retained runs of {STEPS} steps, {METRICS} metric names a run "
       f"({full['series_one_run']} series, {full['points_one_run']} points served for one run); "
-      f"difference {per_run:+.1f} KiB per run; store {plain['store_bytes'] / 2**20:.1f} MiB vs "
-      f"{full['store_bytes'] / 2**20:.1f} MiB")
+      f"RSS without / with histories: {plain['rss_kib'] / 1024:.1f} / {full['rss_kib'] / 1024:.1f} MiB "
+      f"once the runs ended ({per_run:+.1f} KiB a run), "
+      f"{plain['rss_restarted_kib'] / 1024:.1f} / {full['rss_restarted_kib'] / 1024:.1f} MiB "
+      f"after a restart ({restarted:+.1f} KiB a run), "
+      f"{plain['rss_after_one_read_kib'] / 1024:.1f} / {full['rss_after_one_read_kib'] / 1024:.1f} MiB "
+      f"after reading one run's histories; "
+      f"store {plain['store_bytes'] / 2**20:.1f} / {full['store_bytes'] / 2**20:.1f} MiB")

@@ -585,7 +585,12 @@ impl Store for SqliteStore {
     fn metric_reader(&mut self) -> Result<Arc<dyn MetricReader>, StoreError> {
         let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn = Connection::open_with_flags(&self.path, flags).map_err(self.at())?;
-        conn.execute_batch("PRAGMA busy_timeout = 5000;").map_err(self.at())?;
+        // As small a page cache as the writer's: reads of histories are
+        // occasional, and the head's memory stays near its runs' bytes.
+        conn.execute_batch(&format!(
+            "PRAGMA busy_timeout = 5000; PRAGMA cache_size = -{CACHE_KIB};"
+        ))
+        .map_err(self.at())?;
         Ok(Arc::new(SqliteMetricReader { conn: Mutex::new(conn) }))
     }
 
