@@ -39,11 +39,11 @@ use crate::store::{NotifyRun, Position};
 use crate::writer::Writer;
 
 /// Runs read from the store at a time.
-const BATCH: usize = 128;
+const BATCH: usize = 256;
 
-/// The least time between two reads of the store prompted by commits: a
-/// burst of writes costs the writer a read of changed runs at most this
-/// often (a full batch is followed by the next at once).
+/// The least time between two reads of the store: however many runs
+/// change, the writer spends at most one read of a batch per this much
+/// time on a target (a burst is read at up to 2,560 runs a second).
 const MIN_READ_GAP: Duration = Duration::from_millis(100);
 
 /// How often the store is read when no commit was announced (one that
@@ -96,7 +96,7 @@ struct Sending {
     runs: HashMap<String, RunProgress>,
     /// Something to save: the position moved, or events were delivered.
     dirty: bool,
-    /// The last read filled its batch: there is more to read at once.
+    /// The last read filled its batch: there is more to read.
     more: bool,
     /// A commit was announced since the last read.
     changed: bool,
@@ -147,6 +147,8 @@ enum Outcome {
     },
     /// The receiver refused the payload for good; trying again would not help.
     Refused(String),
+    /// The head stops: the send was given up, its answer unknown.
+    Stopped,
 }
 
 impl Delivery {
@@ -289,13 +291,7 @@ impl Delivery {
     /// if it never was.
     fn read_wanted_at(&self, state: &Sending, now: Instant) -> Instant {
         let Some(last) = state.last_read else { return now };
-        if state.more {
-            last
-        } else if state.changed {
-            last + MIN_READ_GAP
-        } else {
-            last + IDLE_READ
-        }
+        if state.more || state.changed { last + MIN_READ_GAP } else { last + IDLE_READ }
     }
 
     fn next_wake(&self, state: &Sending) -> Instant {
@@ -484,6 +480,8 @@ impl Delivery {
                 }
                 state.retry_at = None;
             }
+            // Sent again after the restart, if it was not taken.
+            Outcome::Stopped => {}
         }
         self.stats.pending.store(state.queue.len() as u64, Ordering::Relaxed);
     }
@@ -565,6 +563,7 @@ impl Delivery {
                     state.firing.remove(&run_id);
                 }
             }
+            Outcome::Stopped => {}
             Outcome::Retry { error, .. } | Outcome::Refused(error) => {
                 self.stats.failed(error.clone(), now_ms);
                 if let Some(due) = state.failure_log.failed(std::time::Instant::now(), 1, &error) {
@@ -611,8 +610,20 @@ impl Delivery {
         }
     }
 
-    /// Posts `body` (JSON) to the target.
+    /// Posts `body` (JSON) to the target, unless the head stops first.
     async fn post(&self, body: serde_json::Result<Vec<u8>>, event_id: Option<&str>) -> Outcome {
+        let mut stopped = self.stopped.clone();
+        if *stopped.borrow() {
+            return Outcome::Stopped;
+        }
+        tokio::select! {
+            outcome = self.try_post(body, event_id) => outcome,
+            _ = stopped.changed() => Outcome::Stopped,
+        }
+    }
+
+    /// Posts `body` (JSON) to the target.
+    async fn try_post(&self, body: serde_json::Result<Vec<u8>>, event_id: Option<&str>) -> Outcome {
         let body = match body {
             Ok(body) => body,
             Err(err) => return Outcome::Refused(format!("cannot encode the event: {err}")),
