@@ -160,8 +160,12 @@ impl Delivery {
                 break;
             }
             if !self.writer.shared.sweeps() {
-                // Another head of this shared store sends.
-                if sending.take().is_some() {
+                // Another head of this shared store sends, from the
+                // position this one saved (it only moves forward).
+                if let Some(mut state) = sending.take() {
+                    if state.dirty {
+                        self.save(&mut state).await;
+                    }
                     tracing::info!(target = %self.target.name, "no longer the sweeping head: not sending notifications");
                 }
                 self.stats.sending.store(false, Ordering::Relaxed);
@@ -640,7 +644,7 @@ impl Delivery {
             Ok(response) => response,
             // Without the URL: a Slack webhook's URL is its secret.
             Err(err) => {
-                return Outcome::Retry { error: err.without_url().to_string(), after: None };
+                return Outcome::Retry { error: error_chain(&err.without_url()), after: None };
             }
         };
         let status = response.status();
@@ -676,6 +680,21 @@ impl Delivery {
             _ = stopped.changed() => true,
         }
     }
+}
+
+/// `err` and what caused it, in one line: `error sending request: client
+/// error (Connect): tcp connect error: Connection refused (os error 111)`.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let said = cause.to_string();
+        if !text.contains(&said) {
+            text = format!("{text}: {said}");
+        }
+        source = cause.source();
+    }
+    text
 }
 
 /// The start of a refusing answer's body, on one line, for the error shown.
