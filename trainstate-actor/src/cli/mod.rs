@@ -181,7 +181,7 @@ struct ServeArgs {
     /// the oldest past this are dropped (counted in trainstate_notify_dropped_total).
     #[arg(long, env = "TRAINSTATE_NOTIFY_BACKLOG", default_value_t = trainstate_actor::notify::DEFAULT_NOTIFY_BACKLOG)]
     notify_backlog: usize,
-    /// This head's URL as people reach it (https://trainstate.example):
+    /// This head's URL as people reach it (`https://trainstate.example`):
     /// notifications link each run's page under it.
     #[arg(long, env = "TRAINSTATE_PUBLIC_URL")]
     public_url: Option<String>,

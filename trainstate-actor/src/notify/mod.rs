@@ -1,7 +1,7 @@
 //! Notifications: a head tells people when a run needs them, through
 //! generic webhooks, Slack incoming webhooks and Alertmanager.
 //!
-//! Events are derived from the committed run documents ([`events`]), never
+//! Events are derived from the committed run documents (`events.rs`), never
 //! from the writes that made them: each target reads the runs changed after
 //! its durable position, as forwarding does, and sends the events of each
 //! run's latest document that it has not delivered yet, each with an id
@@ -11,7 +11,7 @@
 //! backlog bound, counted and logged), so after a crash the events in
 //! flight are sent again, with the same ids, for the receiver to drop.
 //!
-//! Each target has a loop of its own ([`delivery`]); a target that is
+//! Each target has a loop of its own (`delivery.rs`); a target that is
 //! down slows nothing else. With a shared (PostgreSQL) store only the head
 //! that sweeps sends. The rules are in `docs/notify.md`.
 
