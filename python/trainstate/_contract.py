@@ -94,6 +94,9 @@ GET_VERSION: Final = Route("GET", "/api/version")
 GET_LINKS: Final = Route("GET", "/api/links")
 """``getLinks``: The URL templates of links out to logs and metrics dashboards, as the operator configured them."""
 
+GET_NOTIFY: Final = Route("GET", "/api/notify")
+"""``getNotify``: The notification targets (webhooks, Slack, Alertmanager; URLs without secrets) and how their delivery goes: position, pending, sent, failures, dropped, the last error."""
+
 HEALTH: Final = Route("GET", "/healthz")
 """``health``: Liveness: 200 while the head serves and its state actor answers. Readiness: `loaded` is false while a starting head loads its stored runs (other requests wait for the load meanwhile), true once every stored run is loaded."""
 

@@ -29,6 +29,12 @@ __all__ = [
     "JoinRequest",
     "JsonValue",
     "ListQuery",
+    "NotifyEvent",
+    "NotifyEventKind",
+    "NotifyNode",
+    "NotifyResponse",
+    "NotifyTargetInfo",
+    "NotifyTargetKind",
     "ProgressReport",
     "ProgressResponse",
     "RankEndRequest",
@@ -98,6 +104,12 @@ HealthStatus = Literal["ok"]
 
 JsonValue = Any
 """Any JSON value, kept as it came (bounded in depth and size)."""
+
+NotifyEventKind = Literal["ERRORED", "ABORTED", "FINISHED", "STALLED", "RECOVERED", "RESTARTING"]
+"""What happened to a run that a notification tells of."""
+
+NotifyTargetKind = Literal["webhook", "slack", "alertmanager"]
+"""Where a notification target sends."""
 
 Resources = Dict[str, float]
 """Resource name (CPU, GPU, memory, ...) to amount. Names are unique; amounts are finite and zero or more."""
@@ -323,6 +335,108 @@ _ListQueryOptional = TypedDict(
 
 class ListQuery(_ListQueryRequired, _ListQueryOptional):
     """Query of `GET /api/train/runs`: filters and paging. Every filter is optional; runs come newest first (`start_time_ms` desc, `id` desc)."""
+
+
+_NotifyEventRequired = TypedDict(
+    "_NotifyEventRequired",
+    {
+        "event_id": "str",
+        "event": "NotifyEventKind",
+        "run_id": "str",
+        "name": "str",
+        "job_id": "str",
+        "status": "RunStatus",
+        "detail": "str",
+        "at_ms": "int",
+    },
+)
+_NotifyEventOptional = TypedDict(
+    "_NotifyEventOptional",
+    {
+        "cluster": "Optional[str]",
+        "health": "Optional[HealthState]",
+        "cause": "Optional[RunCause]",
+        "ranks": "List[int]",
+        "node": "Optional[NotifyNode]",
+        "attempt_id": "Optional[str]",
+        "link": "Optional[str]",
+    },
+    total=False,
+)
+
+
+class NotifyEvent(_NotifyEventRequired, _NotifyEventOptional):
+    """The body a generic webhook target receives (`POST`, JSON), one event per request. `event_id` is the same every time the same event is sent: a receiver drops the repeats (delivery is at least once)."""
+
+
+_NotifyNodeRequired = TypedDict(
+    "_NotifyNodeRequired",
+    {
+        "world_rank": "int",
+        "node_id": "str",
+        "node_ip": "str",
+    },
+)
+_NotifyNodeOptional = TypedDict(
+    "_NotifyNodeOptional",
+    {
+    },
+    total=False,
+)
+
+
+class NotifyNode(_NotifyNodeRequired, _NotifyNodeOptional):
+    """The node of a rank a notification names."""
+
+
+_NotifyResponseRequired = TypedDict(
+    "_NotifyResponseRequired",
+    {
+        "targets": "List[NotifyTargetInfo]",
+    },
+)
+_NotifyResponseOptional = TypedDict(
+    "_NotifyResponseOptional",
+    {
+    },
+    total=False,
+)
+
+
+class NotifyResponse(_NotifyResponseRequired, _NotifyResponseOptional):
+    """Answer of `GET /api/notify`: every notification target of the head, in the order they were given."""
+
+
+_NotifyTargetInfoRequired = TypedDict(
+    "_NotifyTargetInfoRequired",
+    {
+        "name": "str",
+        "kind": "NotifyTargetKind",
+        "url": "str",
+        "events": "List[NotifyEventKind]",
+        "sending": "bool",
+        "position": "int",
+        "pending": "int",
+        "sent": "int",
+        "failures": "int",
+        "dropped": "int",
+    },
+)
+_NotifyTargetInfoOptional = TypedDict(
+    "_NotifyTargetInfoOptional",
+    {
+        "clusters": "List[str]",
+        "run_name": "Optional[str]",
+        "last_error": "Optional[str]",
+        "last_error_ms": "Optional[int]",
+        "last_sent_ms": "Optional[int]",
+    },
+    total=False,
+)
+
+
+class NotifyTargetInfo(_NotifyTargetInfoRequired, _NotifyTargetInfoOptional):
+    """One notification target as `GET /api/notify` describes it: what it is, what it sends, and how its delivery goes on this head."""
 
 
 _ProgressReportRequired = TypedDict(

@@ -32,6 +32,9 @@
 //!   [`StateConfig::postgres`], which several heads can share.
 //! - `forward` (with `cli`): [`forward::start_forwarding`], a head sending
 //!   its runs to a hub.
+//! - `notify` (with `cli`): [`notify::start_notifying`], a head telling
+//!   webhooks, Slack and Alertmanager of runs that error, end, stall or
+//!   restart.
 //! - `fault-injection`: test-only hooks (`Faults`) that make the actor
 //!   panic, fail a commit or hold the store writer. Never enable it in
 //!   production.
@@ -53,6 +56,8 @@ pub mod http;
 mod liveness;
 mod log_sample;
 mod log_throttle;
+#[cfg(feature = "notify")]
+pub mod notify;
 mod progress;
 mod reader;
 mod record;

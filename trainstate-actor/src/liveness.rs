@@ -59,6 +59,7 @@ impl Default for Liveness {
 impl Liveness {
     /// The beat of a live run, if the actor has one for it (ended runs
     /// have none: nothing is heard from them).
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
     pub(crate) fn beat(&self, id: &RunId) -> Option<Arc<Beat>> {
         self.runs.get(id)
     }
@@ -66,6 +67,7 @@ impl Liveness {
     /// When a live run was last heard from, as readers show it
     /// (`last_heartbeat_ms`): `None` for an ended run, a run never heard
     /// from here, or a run this head does not know.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
     pub(crate) fn heartbeat_of(&self, record: &RunRecord) -> Option<u64> {
         if record.status.is_terminal() {
             return None;
@@ -211,6 +213,7 @@ impl Beat {
         self.lease_from_ms.load(Ordering::Relaxed)
     }
 
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
     pub(crate) fn status(&self) -> RunStatus {
         RunStatus::ALL[usize::from(self.status.load(Ordering::Relaxed))]
     }
@@ -236,6 +239,7 @@ impl Beat {
 
     /// True when a heartbeat may be taken without the actor: the run is
     /// live and swept by this head (not another cluster's).
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
     pub(crate) fn takes_heartbeats(&self) -> bool {
         !self.status().is_terminal() && self.lease_from_ms() != NEVER_SWEPT
     }
@@ -426,6 +430,7 @@ impl Turns {
     }
 
     /// How long ago the actor last took a turn.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
     pub(crate) fn since_last(&self) -> Duration {
         let last = self.last_ms.load(Ordering::Relaxed);
         let now = self.origin.elapsed().as_millis() as u64;

@@ -331,6 +331,7 @@ impl ProgressBoard {
 
     /// Each rank that reported a step: (world rank, step, when its step
     /// last grew in wall ms), by world rank.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
     pub(crate) fn positions(&self) -> Vec<(u32, u64, u64)> {
         let table = self.progress.lock().unwrap_or_else(|e| e.into_inner());
         let ranks = (0u32..).zip(&table.ranks);

@@ -16,6 +16,9 @@
 //! actor, which reads the store first, so a read never answers "not
 //! found" for a run another head has committed.
 
+// The reads off the actor's turn are the HTTP server's.
+#![cfg_attr(not(feature = "server"), allow(dead_code))]
+
 use std::sync::Arc;
 use std::time::Duration;
 

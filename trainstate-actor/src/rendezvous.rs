@@ -190,6 +190,7 @@ impl Groups {
 /// board refuses (a step that goes back, too many metric names) is the
 /// answer, and the heartbeat is not taken.
 #[allow(clippy::too_many_arguments)]
+#[cfg_attr(not(feature = "server"), allow(dead_code))]
 pub(crate) fn heartbeat_rank_here(
     liveness: &Liveness,
     id: &RunId,

@@ -462,6 +462,17 @@ impl View {
         self.runs.values().map(|(_, r)| r.clone()).collect()
     }
 
+    /// Every live run whose health is STALLED.
+    #[cfg_attr(not(feature = "notify"), allow(dead_code))]
+    pub(crate) fn stalled_live_runs(&self) -> Vec<Arc<RunRecord>> {
+        self.runs
+            .values()
+            .map(|(_, record)| record)
+            .filter(|r| r.status.is_live() && r.health == Some(HealthState::Stalled))
+            .cloned()
+            .collect()
+    }
+
     pub(crate) fn get(&self, id: &RunId) -> Option<&Arc<RunRecord>> {
         self.runs.get(id).map(|(_, r)| r)
     }

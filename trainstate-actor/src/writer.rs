@@ -21,7 +21,8 @@ use crate::record::RunRecord;
 use crate::stats::StoreStats;
 use crate::store::metrics::MetricReader;
 use crate::store::{
-    self, ChangedRun, Committed, Followed, JobChanges, Position, SharedStoreHandle, Store,
+    self, ChangedRun, Committed, Followed, JobChanges, NotifyRun, Position, SharedStoreHandle,
+    Store,
 };
 use crate::tokens::StoredToken;
 use crate::view::View;
@@ -50,7 +51,7 @@ pub(crate) struct WriteJob {
     pub(crate) done: Completion,
 }
 
-#[cfg_attr(not(feature = "forward"), allow(dead_code))]
+#[cfg_attr(not(all(feature = "forward", feature = "notify")), allow(dead_code))]
 pub(crate) enum Job {
     Write(WriteJob),
     Load(oneshot::Sender<Result<Vec<Arc<RunRecord>>, StoreError>>),
@@ -75,6 +76,27 @@ pub(crate) enum Job {
     SaveForwardPosition {
         target: String,
         at: Position,
+        reply: oneshot::Sender<Result<(), String>>,
+    },
+    /// Runs changed after a position, with what a notification target
+    /// recorded of their events.
+    NotifyChanged {
+        target: String,
+        after: Position,
+        limit: usize,
+        reply: oneshot::Sender<Result<Vec<NotifyRun>, String>>,
+    },
+    /// The durable position of a notification target (the latest change,
+    /// for a target seen for the first time).
+    NotifyPosition {
+        target: String,
+        reply: oneshot::Sender<Result<Position, String>>,
+    },
+    /// Makes a notification target's position and delivered events durable.
+    SaveNotify {
+        target: String,
+        at: Position,
+        delivered: Vec<(String, String)>,
         reply: oneshot::Sender<Result<(), String>>,
     },
     /// Reads or changes the bearer tokens.
@@ -126,6 +148,7 @@ pub(crate) struct Published {
     /// Here so that it outlives restarts of the actor, as readers do.
     pub(crate) liveness: Arc<crate::liveness::Liveness>,
     /// Reads the metric histories from the store, on a connection of its own.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
     pub(crate) metric_reader: Arc<dyn MetricReader>,
     /// The service's clock, for what is stamped outside the writer thread
     /// (forwarding's last success).
@@ -135,6 +158,10 @@ pub(crate) struct Published {
     /// what `/metrics` shows of it.
     #[cfg(feature = "forward")]
     pub(crate) forwarding: Mutex<Option<Arc<crate::stats::ForwardStats>>>,
+    /// The state of each notification target, once the head notifies:
+    /// what `/metrics` and `GET /api/notify` show of it.
+    #[cfg(feature = "notify")]
+    pub(crate) notify: Mutex<Vec<Arc<crate::stats::NotifyStats>>>,
 }
 
 impl Published {
@@ -259,6 +286,8 @@ impl Writer {
             clock: config.clock.clone(),
             #[cfg(feature = "forward")]
             forwarding: Mutex::default(),
+            #[cfg(feature = "notify")]
+            notify: Mutex::default(),
         });
         if give_shared.send(shared.clone()).is_err() {
             let _ = handle.join();
@@ -321,6 +350,55 @@ impl Writer {
             return Err("the store writer has stopped".into());
         }
         rx.await.map_err(|_| "the store writer has stopped".to_owned())?
+    }
+
+    /// Runs changed after `after`, at most `limit`, in position order, with
+    /// what notification target `target` recorded of their events.
+    #[cfg_attr(not(feature = "notify"), allow(dead_code))]
+    pub(crate) async fn notify_changed_after(
+        &self,
+        target: &str,
+        after: Position,
+        limit: usize,
+    ) -> Result<Vec<NotifyRun>, String> {
+        let (reply, rx) = oneshot::channel();
+        let target = target.to_owned();
+        self.ask(Job::NotifyChanged { target, after, limit, reply }, rx).await
+    }
+
+    /// The durable position of notification target `target`.
+    #[cfg_attr(not(feature = "notify"), allow(dead_code))]
+    pub(crate) async fn notify_position(&self, target: &str) -> Result<Position, String> {
+        let (reply, rx) = oneshot::channel();
+        self.ask(Job::NotifyPosition { target: target.to_owned(), reply }, rx).await
+    }
+
+    /// Makes `at` the durable position of notification target `target`,
+    /// with the events of runs it delivered (see
+    /// [`Store::save_notify_progress`]).
+    #[cfg_attr(not(feature = "notify"), allow(dead_code))]
+    pub(crate) async fn save_notify_progress(
+        &self,
+        target: &str,
+        at: Position,
+        delivered: Vec<(String, String)>,
+    ) -> Result<(), String> {
+        let (reply, rx) = oneshot::channel();
+        let target = target.to_owned();
+        self.ask(Job::SaveNotify { target, at, delivered, reply }, rx).await
+    }
+
+    /// Sends `job` and waits for its answer on `answer`.
+    #[cfg_attr(not(feature = "notify"), allow(dead_code))]
+    async fn ask<T>(
+        &self,
+        job: Job,
+        answer: oneshot::Receiver<Result<T, String>>,
+    ) -> Result<T, String> {
+        if !self.send(job) {
+            return Err("the store writer has stopped".into());
+        }
+        answer.await.map_err(|_| "the store writer has stopped".to_owned())?
     }
 
     /// Every stored token, oldest first.
@@ -491,6 +569,15 @@ impl WriterThread {
                 }
                 Some(Job::SaveForwardPosition { target, at, reply }) => {
                     let _ = reply.send(self.store.save_forward_position(&target, &at));
+                }
+                Some(Job::NotifyChanged { target, after, limit, reply }) => {
+                    let _ = reply.send(self.store.notify_changed_after(&target, &after, limit));
+                }
+                Some(Job::NotifyPosition { target, reply }) => {
+                    let _ = reply.send(self.store.notify_position(&target));
+                }
+                Some(Job::SaveNotify { target, at, delivered, reply }) => {
+                    let _ = reply.send(self.store.save_notify_progress(&target, &at, &delivered));
                 }
                 Some(Job::Tokens(job)) => self.tokens(job),
             }

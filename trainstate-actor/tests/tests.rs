@@ -15,6 +15,7 @@ mod lifecycle;
 mod listing;
 mod liveness;
 mod loading;
+mod notify;
 mod off_the_turn;
 mod process;
 mod progress;

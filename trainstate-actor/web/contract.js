@@ -108,6 +108,10 @@ const CONTRACT = deepFreeze({
       "method": "GET",
       "path": "/api/links"
     },
+    "getNotify": {
+      "method": "GET",
+      "path": "/api/notify"
+    },
     "health": {
       "method": "GET",
       "path": "/healthz"

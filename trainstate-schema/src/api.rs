@@ -18,9 +18,11 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::{RunCause, RunId, RunStatus, TrainRunInfo, TrainRunInfoDraft, TrainWorkerInfoDraft};
 
+mod notify;
 mod progress;
 mod rendezvous;
 mod tokens;
+pub use notify::*;
 pub use progress::*;
 pub use rendezvous::*;
 pub use tokens::*;

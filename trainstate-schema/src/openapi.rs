@@ -21,6 +21,7 @@ use crate::api::{
 use crate::api::{
     CreateTokenRequest, CreateTokenResponse, TokenInfo, TokenListResponse, TokenScope,
 };
+use crate::api::{NotifyEvent, NotifyResponse};
 use crate::routes::{Access, Body, Route, routes};
 
 /// The JSON Schema (2020-12) of every public wire type, by type name, in
@@ -82,6 +83,9 @@ pub fn wire_schemas() -> Vec<(&'static str, Schema)> {
         of::<CreateTokenResponse>("CreateTokenResponse"),
         of::<TokenInfo>("TokenInfo"),
         of::<TokenListResponse>("TokenListResponse"),
+        // Notifications: what a webhook receives, and the targets' state.
+        of::<NotifyEvent>("NotifyEvent"),
+        of::<NotifyResponse>("NotifyResponse"),
     ]
 }
 

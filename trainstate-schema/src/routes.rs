@@ -12,6 +12,7 @@
 #[cfg(feature = "schemars")]
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 
+use crate::api::NotifyResponse;
 use crate::api::{
     AttemptRequest, ErrorCode, EventsQuery, HealthResponse, HeartbeatResponse, JoinRequest,
     ListQuery, MetricsQuery, MetricsResponse, ProgressReport, ProgressResponse, RankEndRequest,
@@ -90,6 +91,8 @@ pub enum Operation {
     ListTokens,
     /// `DELETE /api/tokens/{id}`.
     RevokeToken,
+    /// `GET /api/notify`: the notification targets and their delivery.
+    GetNotify,
 }
 
 /// An HTTP method the API uses.
@@ -830,6 +833,22 @@ pub fn routes() -> Vec<Route> {
                 Get,
                 "/api/links",
                 "The URL templates of links out to logs and metrics dashboards, as the operator configured them.",
+                Read,
+            )
+        },
+        Route {
+            success: &[Success {
+                status: 200,
+                description: "Every target, in the order given; none when the head notifies nobody.",
+                body: Body::Json(schema_of::<NotifyResponse>),
+            }],
+            errors: READ_ERRORS,
+            ..route(
+                Operation::GetNotify,
+                "getNotify",
+                Get,
+                "/api/notify",
+                "The notification targets (webhooks, Slack, Alertmanager; URLs without secrets) and how their delivery goes: position, pending, sent, failures, dropped, the last error.",
                 Read,
             )
         },

@@ -142,6 +142,49 @@ struct ServeArgs {
     /// URL template of a run's or a worker's metrics dashboard (placeholders as --logs-url).
     #[arg(long, env = "TRAINSTATE_METRICS_URL")]
     metrics_url: Option<String>,
+    /// Tell this webhook of each run that errors, is aborted, stalls (and
+    /// recovers) or restarts: a JSON document per event, POSTed, with a
+    /// stable event_id (at least once). Repeat for several (in the variable:
+    /// separated by spaces). Options after '#' (never sent):
+    /// events=errored,aborted,finished,stalled,restarting, cluster=A,B,
+    /// run_name=PATTERN (* matches any text), target=NAME.
+    #[arg(
+        long = "notify-webhook",
+        env = "TRAINSTATE_NOTIFY_WEBHOOK",
+        value_name = "URL",
+        value_delimiter = ' ',
+        hide_env_values = true
+    )]
+    notify_webhook: Vec<String>,
+    /// Tell this Slack incoming webhook, as a Block Kit message (options as
+    /// --notify-webhook). Its URL is a secret: prefer the variable.
+    #[arg(
+        long = "notify-slack",
+        env = "TRAINSTATE_NOTIFY_SLACK",
+        value_name = "URL",
+        value_delimiter = ' ',
+        hide_env_values = true
+    )]
+    notify_slack: Vec<String>,
+    /// Tell this Alertmanager (its base URL; alerts go to /api/v2/alerts),
+    /// an alert per run and condition, resolved when it clears (options as
+    /// --notify-webhook, and resend=DURATION, 60s by default).
+    #[arg(
+        long = "notify-alertmanager",
+        env = "TRAINSTATE_NOTIFY_ALERTMANAGER",
+        value_name = "URL",
+        value_delimiter = ' ',
+        hide_env_values = true
+    )]
+    notify_alertmanager: Vec<String>,
+    /// The most events a notification target holds to send; while it fails,
+    /// the oldest past this are dropped (counted in trainstate_notify_dropped_total).
+    #[arg(long, env = "TRAINSTATE_NOTIFY_BACKLOG", default_value_t = trainstate_actor::notify::DEFAULT_NOTIFY_BACKLOG)]
+    notify_backlog: usize,
+    /// This head's URL as people reach it (`https://trainstate.example`):
+    /// notifications link each run's page under it.
+    #[arg(long, env = "TRAINSTATE_PUBLIC_URL")]
+    public_url: Option<String>,
     /// The largest request body, in bytes.
     #[arg(long, env = "TRAINSTATE_MAX_BODY_BYTES", default_value_t = trainstate_actor::http::DEFAULT_MAX_BODY_BYTES)]
     max_body_bytes: usize,

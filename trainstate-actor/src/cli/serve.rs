@@ -13,6 +13,7 @@ use trainstate_actor::forward::{ForwardConfig, start_forwarding};
 use trainstate_actor::http::{
     HttpConfig, ServerTls, TlsFileError, load_channel, serve_while_loading,
 };
+use trainstate_actor::notify::{NotifyConfig, NotifyTarget, start_notifying};
 use trainstate_actor::{Retention, StateConfig, Synchronous, launch_state_actor};
 use trainstate_client::api::LinksResponse;
 
@@ -117,6 +118,7 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
             None
         }
     };
+    let notify = notify_config(&args)?;
     // Read before `listening on`, so that a bad file refuses to start.
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => {
@@ -277,6 +279,22 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
         None => None,
     };
 
+    let notifier = match notify {
+        Some(notify) => match start_notifying(&service, notify).await {
+            Ok(notifier) => Some(notifier),
+            Err(err) => {
+                stop.send_replace(true);
+                let _ = server.await;
+                if let Some(forwarder) = forwarder {
+                    forwarder.stop().await;
+                }
+                service.shutdown().await;
+                return Err(err.to_string());
+            }
+        },
+        None => None,
+    };
+
     if args.demo {
         super::demo::start(service.handle());
     }
@@ -298,6 +316,9 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
     if let Some(forwarder) = forwarder {
         forwarder.stop().await;
     }
+    if let Some(notifier) = notifier {
+        notifier.stop().await;
+    }
     tracing::info!("stopped accepting; committing what is queued");
     service.shutdown().await;
     if let Some(reason) = service.failure() {
@@ -305,6 +326,39 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
     }
     tracing::info!("shut down cleanly");
     Ok(())
+}
+
+/// The notification targets the flags give (`None`: none), checked: each
+/// URL and its options, the names apart, the public URL, a store that
+/// keeps positions. Every error names its flag.
+fn notify_config(args: &ServeArgs) -> Result<Option<NotifyConfig>, String> {
+    use trainstate_client::api::NotifyTargetKind;
+    let given = [
+        ("--notify-webhook", NotifyTargetKind::Webhook, &args.notify_webhook),
+        ("--notify-slack", NotifyTargetKind::Slack, &args.notify_slack),
+        ("--notify-alertmanager", NotifyTargetKind::Alertmanager, &args.notify_alertmanager),
+    ];
+    let mut targets = Vec::new();
+    for (flag, kind, urls) in given {
+        for url in urls.iter().map(|u| u.trim()).filter(|u| !u.is_empty()) {
+            targets.push(NotifyTarget::parse(kind, url).map_err(|e| format!("{flag}: {e}"))?);
+        }
+    }
+    if let Some(url) = &args.public_url {
+        trainstate_actor::notify::check_public_url(url).map_err(|e| e.to_string())?;
+    }
+    if targets.is_empty() {
+        return Ok(None);
+    }
+    if args.in_memory {
+        return Err("--notify-webhook, --notify-slack and --notify-alertmanager need a store \
+                    that keeps their positions; --in-memory keeps none"
+            .into());
+    }
+    let config = NotifyConfig::new(targets)
+        .and_then(|config| config.with_public_url(args.public_url.clone()))
+        .map_err(|e| format!("--notify-*: {e}"))?;
+    Ok(Some(config.with_backlog(args.notify_backlog)))
 }
 
 /// Resolves once `stop` says so.
@@ -385,6 +439,7 @@ fn check_limits(args: &ServeArgs) -> Result<(), String> {
         ("--max-body-bytes-in-flight", args.max_body_bytes_in_flight),
         ("--event-backlog", args.event_backlog),
         ("--max-answer-bytes", args.max_answer_bytes),
+        ("--notify-backlog", args.notify_backlog),
     ] {
         if value == 0 {
             return Err(format!("{flag} must be at least 1"));

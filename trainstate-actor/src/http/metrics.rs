@@ -36,6 +36,12 @@ struct StatusLabels {
     status: &'static str,
 }
 
+#[cfg(feature = "notify")]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct TargetLabels {
+    target: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct HealthLabels {
     health: &'static str,
@@ -217,6 +223,8 @@ impl HttpMetrics {
         );
         #[cfg(feature = "forward")]
         Self::forwarding(&mut registry, service);
+        #[cfg(feature = "notify")]
+        Self::notifications(&mut registry, service);
         registry
     }
 
@@ -259,6 +267,51 @@ impl HttpMetrics {
             "Ranks with a reported step left out of trainstate_rank_step and \
              trainstate_rank_last_advance_timestamp_seconds, past --prometheus-rank-series",
             ConstGauge::new(omitted as i64),
+        );
+    }
+
+    /// Each notification target's delivery, when the head notifies.
+    #[cfg(feature = "notify")]
+    fn notifications(registry: &mut Registry, service: &StateService) {
+        let targets =
+            service.writer().shared.notify.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if targets.is_empty() {
+            return;
+        }
+        let pending = Family::<TargetLabels, Gauge>::default();
+        let sent = Family::<TargetLabels, Counter>::default();
+        let failures = Family::<TargetLabels, Counter>::default();
+        let dropped = Family::<TargetLabels, Counter>::default();
+        let position = Family::<TargetLabels, Gauge>::default();
+        let read = |counter: &std::sync::atomic::AtomicU64| counter.load(Ordering::Relaxed);
+        for stats in &targets {
+            let labels = TargetLabels { target: stats.name().to_owned() };
+            pending.get_or_create(&labels).set(read(&stats.pending) as i64);
+            sent.get_or_create(&labels).inc_by(read(&stats.sent));
+            failures.get_or_create(&labels).inc_by(read(&stats.failures));
+            dropped.get_or_create(&labels).inc_by(read(&stats.dropped));
+            position.get_or_create(&labels).set(read(&stats.position) as i64);
+        }
+        registry.register(
+            "notify_pending",
+            "Notification events read and not yet delivered, by target (at most the backlog bound)",
+            pending,
+        );
+        registry.register("notify_sent", "Notification events delivered, by target", sent);
+        registry.register(
+            "notify_failures",
+            "Tries to deliver notifications that failed, by target; each is tried again",
+            failures,
+        );
+        registry.register(
+            "notify_dropped",
+            "Notification events dropped, by target: the oldest past the backlog bound while the target fails, or refused by it for good",
+            dropped,
+        );
+        registry.register(
+            "notify_position",
+            "The sequence number of the store's commit up to which a target's events were delivered or dropped",
+            position,
         );
     }
 

@@ -643,6 +643,7 @@ fn handler(operation: Operation, filter: MethodFilter) -> MethodRouter<AppState>
         Operation::GetOpenApi => on(filter, routes::openapi),
         Operation::GetVersion => on(filter, routes::version),
         Operation::GetLinks => on(filter, routes::links),
+        Operation::GetNotify => on(filter, routes::notify),
         Operation::Health => on(filter, routes::healthz),
         Operation::Metrics => on(filter, routes::metrics),
         Operation::Page | Operation::RunPage => on(filter, web::page),

@@ -485,6 +485,24 @@ pub(crate) async fn links(State(app): State<AppState>) -> Json<LinksResponse> {
     Json(app.config.links.clone())
 }
 
+/// `GET /api/notify`: each notification target and how its delivery goes.
+pub(crate) async fn notify(
+    State(app): State<AppState>,
+) -> Json<trainstate_client::api::NotifyResponse> {
+    #[cfg(feature = "notify")]
+    let targets = {
+        let targets =
+            app.service.writer().shared.notify.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        targets.iter().map(|stats| stats.info()).collect()
+    };
+    #[cfg(not(feature = "notify"))]
+    let targets = {
+        let _ = app;
+        Vec::new()
+    };
+    Json(trainstate_client::api::NotifyResponse::new(targets))
+}
+
 pub(crate) async fn healthz(State(app): State<AppState>) -> Result<Json<HealthResponse>, ApiError> {
     // Never through the actor's mailbox, which a burst of writes may fill:
     // the supervisor has not given up on the actor, and the actor takes

@@ -8,14 +8,14 @@ use std::sync::Arc;
 use trainstate_schema::RunId;
 
 use super::metrics::{MemoryHistories, MetricBatch, MetricReader};
-use super::{ChangedRun, Committed, JobChanges, Position, Store};
+use super::{ChangedRun, Committed, JobChanges, NotifyRun, Position, Store};
 use crate::change::StoreOp;
 use crate::errors::StoreError;
 use crate::record::RunRecord;
 use crate::tokens::StoredToken;
 
-/// Why an in-memory store cannot be forwarded from.
-const NO_POSITIONS: &str = "an in-memory store keeps no positions to forward from";
+/// Why an in-memory store cannot be forwarded or notified from.
+const NO_POSITIONS: &str = "an in-memory store keeps no positions to forward or notify from";
 
 /// A store of this head's own, in memory only.
 #[derive(Default)]
@@ -65,6 +65,28 @@ impl Store for MemoryStore {
     }
 
     fn save_forward_position(&mut self, _: &str, _: &Position) -> Result<(), String> {
+        Err(NO_POSITIONS.into())
+    }
+
+    fn notify_changed_after(
+        &mut self,
+        _: &str,
+        _: &Position,
+        _: usize,
+    ) -> Result<Vec<NotifyRun>, String> {
+        Err(NO_POSITIONS.into())
+    }
+
+    fn notify_position(&mut self, _: &str) -> Result<Position, String> {
+        Err(NO_POSITIONS.into())
+    }
+
+    fn save_notify_progress(
+        &mut self,
+        _: &str,
+        _: &Position,
+        _: &[(String, String)],
+    ) -> Result<(), String> {
         Err(NO_POSITIONS.into())
     }
 

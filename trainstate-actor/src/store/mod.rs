@@ -22,8 +22,11 @@
 //!   reports the changes other heads committed before it, and
 //!   [`SharedStore::follow`] reports them between commits (on `NOTIFY`).
 
-// Parts serve only the PostgreSQL store or forwarding.
-#![cfg_attr(not(all(feature = "postgres", feature = "forward")), allow(dead_code))]
+// Parts serve only the PostgreSQL store, forwarding or notifications.
+#![cfg_attr(
+    not(all(feature = "postgres", feature = "forward", feature = "notify")),
+    allow(dead_code)
+)]
 
 pub(crate) mod columns;
 pub(crate) mod load;
@@ -93,6 +96,24 @@ pub(crate) struct ChangedRun {
     pub(crate) json: String,
 }
 
+/// A run changed after a [`Position`], as stored now, with what one
+/// notification target recorded as delivered of its events.
+#[derive(Debug, Clone)]
+pub(crate) struct NotifyRun {
+    pub(crate) at: Position,
+    pub(crate) json: String,
+    /// The ids of the run's events delivered (or dropped) to the target, as
+    /// [`Store::save_notify_progress`] saved them (a JSON array); `None`
+    /// when none were.
+    pub(crate) delivered: Option<String>,
+}
+
+/// The key of notification target `target`'s position among the
+/// forwarding positions (whose keys are hub URLs, never starting so).
+pub(crate) fn notify_key(target: &str) -> String {
+    format!("notify:{target}")
+}
+
 /// The interface of a durable store, called from the writer thread only.
 pub(crate) trait Store: Send {
     /// Every stored run. A shared store also starts following from here.
@@ -125,6 +146,32 @@ pub(crate) trait Store: Send {
 
     /// Makes `at` the durable position of forwarding to `target`.
     fn save_forward_position(&mut self, target: &str, at: &Position) -> Result<(), String>;
+
+    /// Runs changed after `after`, in position order, at most `limit`, each
+    /// with what notification target `target` recorded of its events.
+    fn notify_changed_after(
+        &mut self,
+        target: &str,
+        after: &Position,
+        limit: usize,
+    ) -> Result<Vec<NotifyRun>, String>;
+
+    /// The durable position of notification target `target`. A target seen
+    /// for the first time starts at the latest change, saved at once: it
+    /// tells of what happens from now on, not of every stored run's past.
+    fn notify_position(&mut self, target: &str) -> Result<Position, String>;
+
+    /// Makes `at` the durable position of notification target `target` and,
+    /// in the same transaction, records for each `(run id, event ids as a
+    /// JSON array)` in `delivered` the events of that run the target has
+    /// delivered (an empty array forgets the run). A run no longer stored
+    /// is skipped; a run's record goes when the run does.
+    fn save_notify_progress(
+        &mut self,
+        target: &str,
+        at: &Position,
+        delivered: &[(String, String)],
+    ) -> Result<(), String>;
 
     /// Every bearer token, revoked ones included, oldest first.
     fn tokens(&mut self) -> Result<Vec<StoredToken>, String>;

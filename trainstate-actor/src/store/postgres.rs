@@ -48,8 +48,8 @@ use super::columns::{StoredColumns, check};
 use super::load::{Loaded, StoredRow, log_quarantined, parse_rows};
 use super::metrics::{MetricBatch, MetricReader, SeriesState, into_series};
 use super::{
-    ChangedRun, Committed, Followed, JobChanges, Position, SharedStore, SharedStoreHandle, Store,
-    TOKEN_COLUMNS, event_kind, token_from_columns,
+    ChangedRun, Committed, Followed, JobChanges, NotifyRun, Position, SharedStore,
+    SharedStoreHandle, Store, TOKEN_COLUMNS, event_kind, notify_key, token_from_columns,
 };
 use crate::change::{RemoteChange, StoreOp};
 use crate::config::PostgresConfig;
@@ -152,6 +152,15 @@ const MIGRATIONS: &[&str] = &[
         step BIGINT NOT NULL,
         value DOUBLE PRECISION NOT NULL,
         PRIMARY KEY (series_id, seq)
+    );",
+    // 6: the events of each run that each notification target delivered
+    // (their ids, a JSON array), so a run that changes again is not told
+    // of twice; a run's rows go with the run.
+    "CREATE TABLE trainstate_notify_delivered (
+        run_id TEXT NOT NULL,
+        target TEXT NOT NULL,
+        events TEXT NOT NULL,
+        PRIMARY KEY (run_id, target)
     );",
 ];
 
@@ -784,6 +793,112 @@ impl Store for PgStore {
         })
     }
 
+    fn notify_changed_after(
+        &mut self,
+        target: &str,
+        after: &Position,
+        limit: usize,
+    ) -> Result<Vec<NotifyRun>, String> {
+        let pool = self.pool.clone();
+        let (seq, id, target) = (after.seq as i64, after.id.clone(), target.to_owned());
+        self.block_on("reading changed runs", async move {
+            let client = pool.get().await.map_err(pg)?;
+            let rows = client
+                .query(
+                    "SELECT r.seq, r.id, r.json, d.events FROM trainstate_runs r
+                     LEFT JOIN trainstate_notify_delivered d ON d.run_id = r.id AND d.target = $4
+                     WHERE (r.seq, r.id) > ($1, $2)
+                     ORDER BY r.seq, r.id LIMIT $3",
+                    &[&seq, &id, &(limit as i64), &target],
+                )
+                .await
+                .map_err(pg)?;
+            Ok(rows
+                .into_iter()
+                .map(|row| NotifyRun {
+                    at: Position { seq: row.get::<_, i64>(0) as u64, id: row.get(1) },
+                    json: row.get(2),
+                    delivered: row.get(3),
+                })
+                .collect())
+        })
+    }
+
+    fn notify_position(&mut self, target: &str) -> Result<Position, String> {
+        let pool = self.pool.clone();
+        let key = notify_key(target);
+        self.block_on("reading a notification position", async move {
+            let client = pool.get().await.map_err(pg)?;
+            // A target seen for the first time starts at the latest change;
+            // of two heads that start it at once, the first one's stays.
+            client
+                .execute(
+                    "INSERT INTO trainstate_forward_positions (target, seq, id)
+                     SELECT $1, COALESCE(latest.seq, 0), COALESCE(latest.id, '')
+                     FROM (SELECT 1) AS one LEFT JOIN LATERAL (
+                         SELECT seq, id FROM trainstate_runs ORDER BY seq DESC, id DESC LIMIT 1
+                     ) AS latest ON TRUE
+                     ON CONFLICT (target) DO NOTHING",
+                    &[&key],
+                )
+                .await
+                .map_err(pg)?;
+            let row = client
+                .query_one(
+                    "SELECT seq, id FROM trainstate_forward_positions WHERE target = $1",
+                    &[&key],
+                )
+                .await
+                .map_err(pg)?;
+            Ok(Position { seq: row.get::<_, i64>(0) as u64, id: row.get(1) })
+        })
+    }
+
+    fn save_notify_progress(
+        &mut self,
+        target: &str,
+        at: &Position,
+        delivered: &[(String, String)],
+    ) -> Result<(), String> {
+        let pool = self.pool.clone();
+        let (key, target, seq, id) =
+            (notify_key(target), target.to_owned(), at.seq as i64, at.id.clone());
+        let (kept, forgotten): (Vec<_>, Vec<_>) =
+            delivered.iter().cloned().partition(|(_, events)| events != "[]");
+        let (run_ids, events): (Vec<String>, Vec<String>) = kept.into_iter().unzip();
+        let forgotten: Vec<String> = forgotten.into_iter().map(|(run_id, _)| run_id).collect();
+        self.block_on("saving a notification position", async move {
+            let mut client = pool.get().await.map_err(pg)?;
+            let tx = client.transaction().await.map_err(pg)?;
+            tx.execute(
+                "INSERT INTO trainstate_forward_positions (target, seq, id) VALUES ($1, $2, $3)
+                 ON CONFLICT (target) DO UPDATE SET seq = EXCLUDED.seq, id = EXCLUDED.id
+                 WHERE (trainstate_forward_positions.seq, trainstate_forward_positions.id)
+                     < (EXCLUDED.seq, EXCLUDED.id)",
+                &[&key, &seq, &id],
+            )
+            .await
+            .map_err(pg)?;
+            tx.execute(
+                "INSERT INTO trainstate_notify_delivered (run_id, target, events)
+                 SELECT d.run_id, $1, d.events
+                 FROM UNNEST($2::text[], $3::text[]) AS d(run_id, events)
+                 JOIN trainstate_runs r ON r.id = d.run_id
+                 ON CONFLICT (run_id, target) DO UPDATE SET events = EXCLUDED.events",
+                &[&target, &run_ids, &events],
+            )
+            .await
+            .map_err(pg)?;
+            tx.execute(
+                "DELETE FROM trainstate_notify_delivered WHERE target = $1 AND run_id = ANY($2)",
+                &[&target, &forgotten],
+            )
+            .await
+            .map_err(pg)?;
+            tx.commit().await.map_err(pg)
+        })
+    }
+
     fn forward_position(&mut self, target: &str) -> Result<Position, String> {
         let pool = self.pool.clone();
         let target = target.to_owned();
@@ -1178,6 +1293,9 @@ async fn commit(
         .await
         .map_err(pg)?;
         tx.execute("DELETE FROM trainstate_metric_series WHERE run_id = ANY($1)", &[&deletes])
+            .await
+            .map_err(pg)?;
+        tx.execute("DELETE FROM trainstate_notify_delivered WHERE run_id = ANY($1)", &[&deletes])
             .await
             .map_err(pg)?;
     }

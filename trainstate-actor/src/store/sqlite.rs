@@ -13,7 +13,8 @@ use super::columns::{StoredColumns, check};
 use super::load::{Loaded, StoredRow, log_quarantined, parse_rows};
 use super::metrics::{MetricBatch, MetricReader, SeriesState, into_series};
 use super::{
-    ChangedRun, Committed, JobChanges, Position, Store, TOKEN_COLUMNS, token_from_columns,
+    ChangedRun, Committed, JobChanges, NotifyRun, Position, Store, TOKEN_COLUMNS, notify_key,
+    token_from_columns,
 };
 use crate::change::StoreOp;
 use crate::config::Synchronous;
@@ -99,6 +100,17 @@ const MIGRATIONS: &[Migration] = &[
         step INTEGER NOT NULL,
         value REAL NOT NULL,
         PRIMARY KEY (series_id, seq)
+    ) WITHOUT ROWID;",
+    ),
+    // 7: the events of each run that each notification target delivered
+    // (their ids, a JSON array), so a run that changes again is not told
+    // of twice; a run's rows go with the run.
+    Migration::Sql(
+        "CREATE TABLE notify_delivered (
+        run_id TEXT NOT NULL,
+        target TEXT NOT NULL,
+        events TEXT NOT NULL,
+        PRIMARY KEY (run_id, target)
     ) WITHOUT ROWID;",
     ),
 ];
@@ -380,6 +392,7 @@ impl SqliteStore {
             )?;
             let mut delete_series =
                 tx.prepare_cached("DELETE FROM metric_series WHERE run_id = ?1")?;
+            let mut forget = tx.prepare_cached("DELETE FROM notify_delivered WHERE run_id = ?1")?;
             for op in ops {
                 match op {
                     StoreOp::Put(record) => bind_run(record, |values| {
@@ -391,6 +404,7 @@ impl SqliteStore {
                         delete.execute(params![id.as_str()])?;
                         delete_points.execute(params![id.as_str()])?;
                         delete_series.execute(params![id.as_str()])?;
+                        forget.execute(params![id.as_str()])?;
                     }
                 }
             }
@@ -635,6 +649,65 @@ impl Store for SqliteStore {
             .map_err(|e| e.to_string())
     }
 
+    fn notify_changed_after(
+        &mut self,
+        target: &str,
+        after: &Position,
+        limit: usize,
+    ) -> Result<Vec<NotifyRun>, String> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT r.seq, r.id, r.json, d.events FROM runs r
+                 LEFT JOIN notify_delivered d ON d.run_id = r.id AND d.target = ?4
+                 WHERE (r.seq, r.id) > (?1, ?2)
+                 ORDER BY r.seq, r.id LIMIT ?3",
+            )
+            .map_err(|e| e.to_string())?;
+        let rows = stmt
+            .query_map(params![after.seq as i64, after.id, limit as i64, target], |row| {
+                Ok(NotifyRun {
+                    at: Position { seq: row.get::<_, i64>(0)? as u64, id: row.get(1)? },
+                    json: row.get(2)?,
+                    delivered: row.get(3)?,
+                })
+            })
+            .map_err(|e| e.to_string())?;
+        rows.collect::<Result<_, _>>().map_err(|e| e.to_string())
+    }
+
+    fn notify_position(&mut self, target: &str) -> Result<Position, String> {
+        let key = notify_key(target);
+        let position = |row: &rusqlite::Row<'_>| {
+            Ok(Position { seq: row.get::<_, i64>(0)? as u64, id: row.get(1)? })
+        };
+        let saved = self
+            .conn
+            .query_row("SELECT seq, id FROM forward_positions WHERE target = ?1", [&key], position)
+            .optional()
+            .map_err(|e| e.to_string())?;
+        if let Some(saved) = saved {
+            return Ok(saved);
+        }
+        let latest = self
+            .conn
+            .query_row("SELECT seq, id FROM runs ORDER BY seq DESC, id DESC LIMIT 1", [], position)
+            .optional()
+            .map_err(|e| e.to_string())?
+            .unwrap_or_default();
+        self.save_forward_position(&key, &latest)?;
+        Ok(latest)
+    }
+
+    fn save_notify_progress(
+        &mut self,
+        target: &str,
+        at: &Position,
+        delivered: &[(String, String)],
+    ) -> Result<(), String> {
+        // A transaction that fails is rolled back when it is dropped.
+        save_notify_progress(&mut self.conn, target, at, delivered).map_err(|e| e.to_string())
+    }
     fn tokens(&mut self) -> Result<Vec<StoredToken>, String> {
         self.select_tokens("", params![])
     }
@@ -716,6 +789,36 @@ impl From<rusqlite::Error> for MigrateError {
     }
 }
 
+/// [`Store::save_notify_progress`] in one transaction.
+fn save_notify_progress(
+    conn: &mut Connection,
+    target: &str,
+    at: &Position,
+    delivered: &[(String, String)],
+) -> Result<(), rusqlite::Error> {
+    let tx = conn.transaction()?;
+    tx.execute(
+        "INSERT OR REPLACE INTO forward_positions (target, seq, id) VALUES (?1, ?2, ?3)",
+        params![notify_key(target), at.seq as i64, at.id],
+    )?;
+    {
+        let mut record = tx.prepare_cached(
+            "INSERT OR REPLACE INTO notify_delivered (run_id, target, events)
+             SELECT ?1, ?2, ?3 WHERE EXISTS (SELECT 1 FROM runs WHERE id = ?1)",
+        )?;
+        let mut forget =
+            tx.prepare_cached("DELETE FROM notify_delivered WHERE run_id = ?1 AND target = ?2")?;
+        for (run_id, events) in delivered {
+            if events == "[]" {
+                forget.execute(params![run_id, target])?;
+            } else {
+                record.execute(params![run_id, target, events])?;
+            }
+        }
+    }
+    tx.commit()
+}
+
 fn migrate(conn: &mut Connection) -> Result<(), MigrateError> {
     let version: u32 = conn.query_row("PRAGMA user_version", [], |row| row.get(0))?;
     if version > SCHEMA_VERSION {
@@ -736,7 +839,7 @@ fn migrate(conn: &mut Connection) -> Result<(), MigrateError> {
 #[cfg(test)]
 mod tests {
     use trainstate_schema::{
-        ActorStatus, NewRun, Resources, RunStatus, TrainRunInfoDraft, TrainWorkerInfoDraft,
+        ActorStatus, NewRun, Resources, RunId, RunStatus, TrainRunInfoDraft, TrainWorkerInfoDraft,
     };
 
     use super::*;
@@ -782,6 +885,48 @@ mod tests {
             .unwrap()
             .collect::<Result<_, _>>()
             .unwrap()
+    }
+
+    #[test]
+    fn a_notification_target_starts_at_the_latest_change_and_its_record_goes_with_the_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = SqliteStore::open(&dir.path().join("s.db"), Synchronous::Full).unwrap();
+        let put = |store: &mut SqliteStore, op: StoreOp| {
+            store.commit(&[JobChanges { ops: &[op], events: &[] }]).unwrap();
+        };
+        put(&mut store, StoreOp::Put(record(&id(1), true, None)));
+        put(&mut store, StoreOp::Put(record(&id(2), true, None)));
+        // A new target tells of what happens from now on: not runs 1 and 2.
+        let start = store.notify_position("hook").unwrap();
+        assert_eq!(start.id, id(2), "the run changed last");
+        assert!(store.notify_changed_after("hook", &start, 10).unwrap().is_empty());
+        assert_eq!(store.notify_position("hook").unwrap(), start, "saved at once");
+
+        put(&mut store, StoreOp::Put(record(&id(3), true, None)));
+        let changed = store.notify_changed_after("hook", &start, 10).unwrap();
+        assert_eq!(changed.len(), 1);
+        assert_eq!(changed[0].delivered, None);
+        let delivered = vec![(id(3), r#"["x:FINISHED"]"#.to_owned())];
+        store.save_notify_progress("hook", &changed[0].at, &delivered).unwrap();
+        assert_eq!(store.notify_position("hook").unwrap(), changed[0].at);
+        let again = store.notify_changed_after("hook", &start, 10).unwrap();
+        assert_eq!(again[0].delivered.as_deref(), Some(r#"["x:FINISHED"]"#));
+        let other = store.notify_changed_after("other", &start, 10).unwrap();
+        assert_eq!(other[0].delivered, None, "a record is the target's own");
+
+        // Deleted and stored again, the run has no record: it went with it.
+        put(&mut store, StoreOp::Delete(RunId::parse(&id(3)).unwrap()));
+        put(&mut store, StoreOp::Put(record(&id(3), true, None)));
+        let back = store.notify_changed_after("hook", &start, 10).unwrap();
+        assert_eq!(back[0].delivered, None);
+        // A record of a run that is gone is not written.
+        let gone = vec![(id(9), r#"["y:FINISHED"]"#.to_owned())];
+        store.save_notify_progress("hook", &back[0].at, &gone).unwrap();
+        let rows: i64 = store
+            .conn
+            .query_row("SELECT COUNT(*) FROM notify_delivered", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(rows, 0);
     }
 
     #[test]
