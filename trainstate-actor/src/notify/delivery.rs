@@ -46,6 +46,10 @@ const BATCH: usize = 256;
 /// time on a target (a burst is read at up to 2,560 runs a second).
 const MIN_READ_GAP: Duration = Duration::from_millis(100);
 
+/// The least time between two reads while the target fails with its
+/// backlog full, when a read only drops the oldest events.
+const DROPPING_READ_GAP: Duration = Duration::from_secs(2);
+
 /// How often the store is read when no commit was announced (one that
 /// was missed is found then).
 const IDLE_READ: Duration = Duration::from_secs(1);
@@ -295,6 +299,12 @@ impl Delivery {
     /// if it never was.
     fn read_wanted_at(&self, state: &Sending, now: Instant) -> Instant {
         let Some(last) = state.last_read else { return now };
+        if state.retry_at.is_some() && state.queue.len() >= self.backlog {
+            // A read now only drops the oldest events: it is done slowly,
+            // so that a burst of commits while a target is down does not
+            // share the cores with reading and dropping all of it.
+            return last + DROPPING_READ_GAP;
+        }
         if state.more || state.changed { last + MIN_READ_GAP } else { last + IDLE_READ }
     }
 
