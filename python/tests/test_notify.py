@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import pytest
 
-from conftest import Head, child_env, run_script, script
+from conftest import Head, child_env, run_script, script, wait_until
 
 if importlib.util.find_spec("torch") is None:
     if os.environ.get("CI"):
@@ -235,6 +235,13 @@ def test_an_errored_torchrun_job_is_told_once_across_a_kill_9_between_commit_and
         assert raised.returncode == 1, raised.stderr
         later_id = notifying.run_named(later, "ERRORED")["id"]
         receiver.wait_for("the later run's event", lambda posts: [p for p in posts if p.body.get("run_id") == later_id])
+        # The restarted head's account of the target: one failed try (the
+        # 500), both events delivered, nothing left and nothing dropped.
+        target = wait_until(
+            "the target's account of both deliveries",
+            lambda: next((t for t in notifying.get("/api/notify")["targets"] if t["sent"] == 2 and t["pending"] == 0), None),
+            deadline=DEADLINE,
+        )
     finally:
         notifying.stop()
 
@@ -255,6 +262,9 @@ def test_an_errored_torchrun_job_is_told_once_across_a_kill_9_between_commit_and
     # the last is the other ranks' account, not rank 1's exception.
     assert event["detail"].startswith("Rank 1 worker raised an error."), event["detail"]
     assert len(event["detail"]) <= 500, event["detail"]
+    assert (target["kind"], target["sending"], target["failures"], target["dropped"]) == ("webhook", True, 1, 0), target
+    assert target["events"] == ["ERRORED"] and "500" in (target["last_error"] or ""), target
+    assert target["url"] == f"{receiver.url}/hook", target
 
     # The same job against a head that notifies nobody: the same exit, and
     # about the same time (generously: two torchrun jobs on a busy machine).
