@@ -49,15 +49,16 @@ def wait_until(what: str, condition: Callable[[], Any], deadline: float = 30.0, 
 
 
 class Head:
-    """A `trainstate serve` child process."""
+    """A `trainstate serve` child process: in memory, or on the store in
+    ``data_dir`` (which a later head may be started on again)."""
 
-    def __init__(self, extra: List[str], ca_cert: Optional[str] = None) -> None:
+    def __init__(self, extra: List[str], ca_cert: Optional[str] = None, data_dir: Optional[Path] = None) -> None:
         self.context = ssl.create_default_context(cafile=ca_cert) if ca_cert else None
         path = binary()
         if not path.exists():
             raise RuntimeError(f"{path} is missing: build it with `cargo build -p trainstate-actor --bin trainstate`")
         self.process = subprocess.Popen(
-            [str(path), "serve", "--in-memory", "--listen", "127.0.0.1:0", *extra],
+            [str(path), "serve", *(["--data-dir", str(data_dir)] if data_dir else ["--in-memory"]), "--listen", "127.0.0.1:0", *extra],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             env={**os.environ, "RUST_LOG": "warn"},
