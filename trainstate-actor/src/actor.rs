@@ -84,7 +84,7 @@ impl Actor for TrainStateActor {
         });
         Ok(ActorState {
             runs,
-            rendezvous: Rendezvous::new(liveness),
+            rendezvous: Rendezvous::new(liveness, args.config.cluster.clone()),
             health: HealthSweep::new(args.config.stall_after_ms()),
             config: args.config,
             writer: args.writer,
@@ -199,7 +199,10 @@ impl Actor for TrainStateActor {
                     // Another head sharing the store sweeps, and owns the
                     // rendezvous groups: what this head knew of them goes
                     // stale, and is forgotten, as by a restart.
-                    state.rendezvous = Rendezvous::new(state.writer.shared.liveness.clone());
+                    state.rendezvous = Rendezvous::new(
+                        state.writer.shared.liveness.clone(),
+                        state.config.cluster.clone(),
+                    );
                     state.health = HealthSweep::new(state.config.stall_after_ms());
                     let _ = reply.send(Ok(Vec::new()));
                     return Ok(());

@@ -114,14 +114,19 @@ pub(crate) struct Rendezvous {
     wakeup: bool,
     /// The bytes of the workers that waiting groups hold.
     pending_bytes: usize,
+    /// The head's cluster, stamped on the runs the rendezvous registers as
+    /// on every other registration.
+    cluster: Option<String>,
 }
 
 impl Rendezvous {
     /// No group yet; `liveness` is where the tracked groups' rank boards
-    /// are published (every board it held is forgotten).
-    pub(crate) fn new(liveness: Arc<Liveness>) -> Self {
+    /// are published (every board it held is forgotten); `cluster` is the
+    /// head's cluster, if it has one.
+    pub(crate) fn new(liveness: Arc<Liveness>, cluster: Option<String>) -> Self {
         liveness.clear_ranks();
         Self {
+            cluster,
             pending: HashMap::new(),
             pending_runs: HashMap::new(),
             groups: Groups { groups: HashMap::new(), liveness },
@@ -985,6 +990,7 @@ impl Rendezvous {
             let mut draft = TrainRunInfoDraft {
                 workers: workers.into_iter().map(TrainWorkerInfo::into_draft).collect(),
                 attempts: vec![RunAttemptDraft::new(attempt_id.clone(), start_ms)],
+                cluster: self.cluster.clone(),
                 ..TrainRunInfoDraft::new(
                     id.to_string(),
                     &pending.name,
@@ -1301,6 +1307,7 @@ impl Rendezvous {
                 status_detail,
                 cause: Some(cause),
                 attempts: vec![RunAttemptDraft::new(key.1.to_string(), start_ms)],
+                cluster: self.cluster.clone(),
                 ..TrainRunInfoDraft::new(
                     pending.run_id.to_string(),
                     &pending.name,

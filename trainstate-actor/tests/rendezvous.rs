@@ -95,6 +95,22 @@ async fn the_group_registers_once_every_rank_joined_in_any_order() {
     service.shutdown().await;
 }
 
+/// A head with a cluster name stamps it on the runs the rendezvous
+/// registers, as on every other registration: listings, forwarding and
+/// notification filters by cluster find them.
+#[tokio::test]
+async fn a_run_the_rendezvous_registers_belongs_to_the_heads_cluster() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let config = config("rdv-cluster", &clock).with_cluster(Some("gpu-east-7".into()));
+    let service = launch_state_actor(config).await.unwrap();
+    let state = service.handle();
+    let group = workers(2, 2, "c-");
+    let id = join_all(&state, "k-cluster", &group).await;
+    let run = state.get_run(id).await.unwrap();
+    assert_eq!(run.cluster(), Some("gpu-east-7"));
+    service.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_duplicate_rank_a_disagreeing_world_size_and_a_misplaced_rank_are_refused() {
     let clock = Arc::new(ManualClock::new(T0));
