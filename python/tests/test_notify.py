@@ -258,9 +258,10 @@ def test_an_errored_torchrun_job_is_told_once_across_a_kill_9_between_commit_and
     assert (event["cause"]["kind"], event["cause"]["failed_world_rank"], event["cause"]["how"]) == ("USER_ERROR", 1, "RAISED"), event
     assert event["ranks"] == [1], event
     assert event["link"] == f"{PUBLIC_URL}/runs/{run_id}", event
-    # The detail is the run's first line and its last; with a torchrun job
-    # the last is the other ranks' account, not rank 1's exception.
+    # The detail is the cause's first line and its last: rank 1's
+    # exception, not what its peer said after it.
     assert event["detail"].startswith("Rank 1 worker raised an error."), event["detail"]
+    assert event["detail"].endswith("ValueError: loss diverged on rank 1"), event["detail"]
     assert len(event["detail"]) <= 500, event["detail"]
     assert (target["kind"], target["sending"], target["failures"], target["dropped"]) == ("webhook", True, 1, 0), target
     assert target["events"] == ["ERRORED"] and "500" in (target["last_error"] or ""), target

@@ -138,6 +138,10 @@ impl Rendezvous {
     }
 }
 
+/// Opens the part of an attempt's failure detail that tells of the ranks
+/// that failed after the first: what follows it is not the cause.
+pub(crate) const NOT_THE_CAUSE: &str = "Then, not the cause:";
+
 /// The tracked groups, each group's rank board published in the liveness
 /// tables while it is tracked.
 struct Groups {
@@ -476,7 +480,8 @@ fn failure_update(
         all.iter().filter(|f| !std::ptr::eq(*f, first) && f.rank != rank).collect();
     later.sort_by_key(|f| (f.at_ms, f.rank));
     if !later.is_empty() {
-        detail.push_str("\n\nThen, not the cause:");
+        detail.push_str("\n\n");
+        detail.push_str(NOT_THE_CAUSE);
         for f in later.iter().take(MAX_SECONDARY_FAILURES) {
             let after = seconds(f.at_ms.saturating_sub(first.at_ms));
             let what = f.end.detail.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");

@@ -248,9 +248,12 @@ pub(crate) fn derive(run: &StoredRun, link_base: Option<&str>) -> Vec<Notice> {
 }
 
 /// `text` in a line: its first non-empty line and, when it has more, its
-/// last (where a Python traceback says what was raised), trimmed.
+/// last (where a Python traceback says what was raised), trimmed. Of a
+/// rendezvous run's failure, only the cause counts: what the ranks that
+/// failed after it said is left out.
 fn summary(text: &str) -> String {
-    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    let cause = text.split(crate::rendezvous::NOT_THE_CAUSE).next().unwrap_or(text);
+    let mut lines = cause.lines().map(str::trim).filter(|l| !l.is_empty());
     let Some(first) = lines.next() else { return String::new() };
     match lines.next_back() {
         Some(last) => format!("{first} … {last}"),
@@ -383,6 +386,14 @@ mod tests {
         );
         // The same document, read again, gives the same events.
         assert_eq!(derive(&doc, None), notices);
+    }
+
+    #[test]
+    fn a_failure_is_summed_up_by_its_cause_not_by_the_ranks_that_failed_after_it() {
+        let text = "Rank 1 worker raised an error.\nTraceback (most recent call last):\n  \
+                    File \"train.py\", line 3\nValueError: bad batch\n\nThen, not the cause:\n  \
+                    rank 0, 0.1 s later: RuntimeError: Connection closed by peer";
+        assert_eq!(summary(text), "Rank 1 worker raised an error. … ValueError: bad batch");
     }
 
     #[test]
