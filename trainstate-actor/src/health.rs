@@ -155,7 +155,15 @@ pub(crate) fn decide(
     let stalled = now_ms >= newest.saturating_add(window_ms).max(covered_until);
     let lagging = lagging(&reported);
     let named_before = current.map_or(&[][..], |c| c.stragglers.as_slice());
-    let stragglers = stragglers(&reported, named_before, pace, now_ms);
+    // No rank's pace is judged while the run stands still: its stragglers
+    // stay as they were, and their slowness is measured again once it moves.
+    let standing = stalled || current.is_some_and(|c| c.state == HealthState::Stalled);
+    let stragglers = if standing {
+        pace.slow_since_ms.clear();
+        named_before.to_vec()
+    } else {
+        stragglers(&reported, named_before, pace, now_ms)
+    };
     let same_stragglers = stragglers.iter().map(|s| s.rank).eq(named_before.iter().map(|s| s.rank));
     let latest = || reported.iter().max_by_key(|(_, p)| p.last_advance_ms);
     let health = match current.map(|c| (c.state, c.since_ms)) {
@@ -261,10 +269,14 @@ fn to_micros(ms: f64) -> f64 {
 /// `health` naming `stragglers`, its detail saying so in words.
 fn named_stragglers(health: RunHealth, stragglers: Vec<Straggler>) -> RunHealth {
     let mut detail = health.detail.clone();
+    let (lead, was) = match health.state {
+        HealthState::Stalled => ("Before the stall, rank", "was"),
+        _ => ("Rank", "is"),
+    };
     for straggler in stragglers.iter().take(MAX_RANKS_NAMED) {
         let text = step_time_text(straggler.step_time_ms);
         detail.push_str(&format!(
-            " Rank {} is a straggler: {} a step, {:.1}\u{d7} its peers' {}.",
+            " {lead} {} {was} a straggler: {} a step, {:.1}\u{d7} its peers' {}.",
             straggler.rank,
             text(straggler.step_time_ms),
             straggler.ratio,
@@ -529,6 +541,39 @@ mod tests {
         let health = decide_once(&ranks, None, 60_000, T + 1).expect("first decision");
         assert_eq!(health.state, HealthState::Progressing);
         assert_eq!(health.ranks, vec![1]);
+    }
+
+    #[test]
+    fn a_run_that_stands_still_names_no_new_straggler_and_says_its_old_ones_were() {
+        // Rank 1 has been twice as slow for 9.5 s when every rank stops.
+        let mut ranks = [timed(100.0, T), timed(200.0, T)];
+        let (mut written, mut pace) = (None, Pace::default());
+        sweep_through(&mut ranks, &mut written, &mut pace, T, T + 9_500);
+        let stalled =
+            decide(&ranks, written.as_ref(), &mut pace, 5_000, T + 14_500).expect("stalled");
+        assert_eq!(stalled.state, HealthState::Stalled);
+        assert!(stalled.stragglers.is_empty(), "{:?}", stalled.stragglers);
+        let written = Written::of(&stalled);
+        assert!(decide(&ranks, Some(&written), &mut pace, 5_000, T + 15_000).is_none());
+
+        // A straggler named before the stall stays named, in the past tense.
+        let before = Straggler::new(1, 200.0, 100.0);
+        let named = Written { stragglers: vec![before], ..Written::of(&stalled) };
+        let quiet = [timed(100.0, T), at(100, T, true)];
+        let health = decide(
+            &quiet,
+            Some(&Written { state: HealthState::Progressing, ..named }),
+            &mut pace,
+            5_000,
+            T + 14_500,
+        )
+        .expect("stalled");
+        assert_eq!(health.stragglers.iter().map(|s| s.rank).collect::<Vec<_>>(), [1]);
+        assert!(
+            health.detail.contains(" Before the stall, rank 1 was a straggler: "),
+            "{}",
+            health.detail
+        );
     }
 
     #[test]
