@@ -147,17 +147,7 @@ impl ProgressBoard {
         for (i, entry) in ranks.iter().enumerate() {
             let rank = entry.rank;
             let previous = table.ranks.get(rank as usize).and_then(Option::as_ref);
-            if let (Some(step), Some(before)) = (entry.progress.step, previous.and_then(|p| p.step))
-                && step < before
-            {
-                return Err(StateError::Conflict {
-                    id: id.clone(),
-                    reason: format!(
-                        "ranks[{i}]: rank {rank} reported step {step} after step {before} in attempt {:?}: steps never go back",
-                        self.attempt_id
-                    ),
-                });
-            }
+            self.check_step(id, rank, &entry.progress, previous, &format!("ranks[{i}]: "))?;
             for name in entry.progress.metrics.keys() {
                 if table.names.contains(name.as_str()) || !new_names.insert(name) {
                     continue;
@@ -190,6 +180,28 @@ impl ProgressBoard {
         }
     }
 
+    /// Refuses (409) a report of rank `rank` whose step is below the step
+    /// of its `previous` report; `context` leads the reason.
+    fn check_step(
+        &self,
+        id: &RunId,
+        rank: u32,
+        report: &RankProgress,
+        previous: Option<&Progress>,
+        context: &str,
+    ) -> Result<(), StateError> {
+        match (report.step, previous.and_then(|p| p.step)) {
+            (Some(step), Some(before)) if step < before => Err(StateError::Conflict {
+                id: id.clone(),
+                reason: format!(
+                    "{context}rank {rank} reported step {step} after step {before} in attempt {:?}: steps never go back",
+                    self.attempt_id
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// [`ProgressBoard::report`], under the board's lock.
     fn record(
         &self,
@@ -204,17 +216,7 @@ impl ProgressBoard {
             return Ok(());
         }
         let previous = table.ranks.get(slot).and_then(Option::as_ref);
-        if let (Some(step), Some(before)) = (report.step, previous.and_then(|p| p.step))
-            && step < before
-        {
-            return Err(StateError::Conflict {
-                id: id.clone(),
-                reason: format!(
-                    "rank {rank} reported step {step} after step {before} in attempt {:?}: steps never go back",
-                    self.attempt_id
-                ),
-            });
-        }
+        self.check_step(id, rank, report, previous, "")?;
         let new_names: Vec<&String> =
             report.metrics.keys().filter(|name| !table.names.contains(name.as_str())).collect();
         if let Some(first) = new_names.first()
