@@ -297,11 +297,15 @@ impl Actor for TrainStateActor {
                 if state.rendezvous.take_wakeup() {
                     // A failure window opened: its cause is decided by the
                     // sweep after it, not a whole sweep period later.
-                    let window = Duration::from_millis(crate::rendezvous::FAILURE_WINDOW_MS + 50);
-                    myself.send_after(window, || {
-                        let (tx, _unanswered) = oneshot::channel();
-                        StateMessage::SweepLeases { reply: tx.into() }
-                    });
+                    for window_ms in
+                        [crate::rendezvous::FAILURE_WINDOW_MS, crate::rendezvous::ECHO_WINDOW_MS]
+                    {
+                        let window = Duration::from_millis(window_ms + 50);
+                        myself.send_after(window, || {
+                            let (tx, _unanswered) = oneshot::channel();
+                            StateMessage::SweepLeases { reply: tx.into() }
+                        });
+                    }
                 }
             }
         }

@@ -80,7 +80,7 @@ pub use config::{
 pub use errors::{LaunchError, StoreError};
 #[cfg(feature = "fault-injection")]
 pub use faults::Faults;
-pub use rendezvous::FAILURE_WINDOW_MS;
+pub use rendezvous::{ECHO_MESSAGES, ECHO_TIE_MS, ECHO_WINDOW_MS, FAILURE_WINDOW_MS};
 pub use stats::StoreStats;
 pub use supervisor::{
     StateService, get_or_launch_state_actor, launch_state_actor, shutdown_state_actor,

@@ -55,6 +55,38 @@ pub(crate) const MAX_PENDING_BYTES: usize = 64 << 20;
 /// little later than one that failed because of it.
 pub const FAILURE_WINDOW_MS: u64 = 3_000;
 
+/// What a rank raises when a peer it talks to is gone: the words of the
+/// communication errors that follow a rank's death (gloo's, NCCL's), looked
+/// for, without regard to case, at the end of a raised error's detail. A
+/// failure with one of them is an *echo*: it is not the cause of an attempt
+/// when another rank failed otherwise within [`ECHO_TIE_MS`] of it (see
+/// `docs/rendezvous.md`). The one list: the docs name these.
+pub const ECHO_MESSAGES: &[&str] = &[
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "remote process exited or there was a network error",
+    "ncclRemoteError",
+    "NCCL communicator was aborted",
+];
+
+/// How close in time, either side, a rank's death must be to a peer's echo
+/// for the echo not to be the cause. The times compared are each
+/// observer's: a peer's error is stamped as it is raised, a death when its
+/// watcher sees it, which a busy machine delays by tens of milliseconds
+/// (a few hundred at worst, when the watcher only notices at its next poll
+/// of its parent); and a gloo or NCCL peer raises within a second of the
+/// death. Two seconds cover both with room, and are short enough that a
+/// rank dying of its own accord well after a real network error does not
+/// excuse it.
+pub const ECHO_TIE_MS: u64 = 2_000;
+
+/// How long, at most, the failure window stays open after its first
+/// failure while every failure collected is an echo and some rank of the
+/// attempt has not ended: the rank whose death the echoes follow may be
+/// reported late (its watcher was starved of CPU).
+pub const ECHO_WINDOW_MS: u64 = 10_000;
+
 /// How much earlier than its group's first join a rank's process may have
 /// started and still count as the run's start: a process that started
 /// longer before (a notebook's kernel) starts the run at the first join.
@@ -422,7 +454,8 @@ impl Pending {
             })
             .collect();
         let who = |rank: u32| self.members.get(&rank).map(|m| who_of(&m.worker));
-        first_failure(&failures).map(|first| failure_update(first, &failures, who))
+        let world_size = self.world_size as usize;
+        cause_of(&failures, world_size).map(|verdict| failure_update(verdict, &failures, who))
     }
 
     /// When the run (or the attempt) starts: its earliest rank's process
@@ -442,20 +475,92 @@ fn who_of(worker: &TrainWorkerInfo) -> Arc<str> {
     format!("pid {} on node {} ({})", worker.pid(), worker.node_id(), worker.node_ip()).into()
 }
 
-/// The failure that came first in time (ties: the first to arrive).
-fn first_failure(failures: &[Failure]) -> Option<&Failure> {
-    failures.iter().min_by_key(|f| f.at_ms)
+/// True when `end` is a communication error that a peer's death causes
+/// (one of [`ECHO_MESSAGES`] in the error a rank raised).
+fn is_echo(end: &RankEnd) -> bool {
+    if end.status != RunStatus::Errored || end.failure_mode() != Some(FailureMode::Raised) {
+        return false;
+    }
+    let tail = last_chars(&end.detail, 2_000).to_ascii_lowercase();
+    ECHO_MESSAGES.iter().any(|m| tail.contains(&m.to_ascii_lowercase()))
 }
 
-/// The status update of `first`'s failure, which ends the run (or its
-/// attempt): its cause names the rank, how it failed and when; its detail
-/// says so in words, then names the failures that followed (`all` holds
-/// them, and `first`) as what they are, consequences.
+/// True when `end` is an interrupt: killed by SIGTERM, SIGINT or SIGHUP, or
+/// a `KeyboardInterrupt` (what a launcher, a scheduler or a person does).
+fn is_interrupt(end: &RankEnd) -> bool {
+    end.status == RunStatus::Aborted
+}
+
+/// What an attempt's failures say its cause is.
+enum Verdict<'a> {
+    /// This rank's failure came first.
+    Rank(&'a Failure),
+    /// Every rank was stopped by a signal to the whole job, none first;
+    /// the earliest of them.
+    AllInterrupted(&'a Failure),
+}
+
+impl<'a> Verdict<'a> {
+    fn first(&self) -> &'a Failure {
+        match self {
+            Verdict::Rank(f) | Verdict::AllInterrupted(f) => f,
+        }
+    }
+}
+
+/// The cause of an attempt of `world_size` ranks from its failures (one per
+/// rank): every rank interrupted by a signal, with nothing else before
+/// (echoes aside), is the whole job stopped; else the earliest failure that
+/// is not an echo excused by another rank's death within [`ECHO_TIE_MS`]
+/// (ties: the first to arrive). When every failure is an echo, the earliest
+/// is named.
+fn cause_of(failures: &[Failure], world_size: usize) -> Option<Verdict<'_>> {
+    let earliest = failures.iter().min_by_key(|f| f.at_ms)?;
+    let first_interrupt = failures.iter().filter(|f| is_interrupt(&f.end)).min_by_key(|f| f.at_ms);
+    if let Some(first_interrupt) = first_interrupt {
+        let ranks: HashSet<u32> = failures.iter().map(|f| f.rank).collect();
+        // A single rank interrupted is named, as any rank that failed alone.
+        let stopped = world_size > 1
+            && ranks.len() == world_size
+            && failures.iter().all(|f| {
+                // An echo after the first interrupt: a peer of a rank the
+                // signal ended first.
+                is_interrupt(&f.end) || (is_echo(&f.end) && f.at_ms >= first_interrupt.at_ms)
+            });
+        if stopped {
+            return Some(Verdict::AllInterrupted(first_interrupt));
+        }
+    }
+    let excused = |echo: &Failure| {
+        is_echo(&echo.end)
+            && failures.iter().any(|other| {
+                other.rank != echo.rank
+                    && !is_echo(&other.end)
+                    && other.at_ms.abs_diff(echo.at_ms) <= ECHO_TIE_MS
+                    // An interrupt after the echo is the launcher stopping
+                    // the survivors because of it, not what caused it.
+                    && (!is_interrupt(&other.end) || other.at_ms <= echo.at_ms)
+            })
+    };
+    Some(Verdict::Rank(
+        failures.iter().filter(|f| !excused(f)).min_by_key(|f| f.at_ms).unwrap_or(earliest),
+    ))
+}
+
+/// The status update of an attempt's cause (`verdict`), which ends the run
+/// (or its attempt): its cause names the rank, how it failed and when; its
+/// detail says so in words, then names the other failures (`all` holds
+/// them, and the cause's) as what they are, consequences. A whole job
+/// stopped by a signal names no rank.
 fn failure_update(
-    first: &Failure,
+    verdict: Verdict<'_>,
     all: &[Failure],
     who: impl Fn(u32) -> Option<Arc<str>>,
 ) -> StatusUpdate {
+    let first = verdict.first();
+    if let Verdict::AllInterrupted(first) = verdict {
+        return all_interrupted_update(first, all);
+    }
     let end = &first.end;
     let rank = first.rank;
     let how = end.failure_mode().unwrap_or(FailureMode::Raised);
@@ -476,23 +581,27 @@ fn failure_update(
     } else {
         aborted_detail(rank, end)
     };
-    let mut later: Vec<&Failure> =
+    let mut others: Vec<&Failure> =
         all.iter().filter(|f| !std::ptr::eq(*f, first) && f.rank != rank).collect();
-    later.sort_by_key(|f| (f.at_ms, f.rank));
-    if !later.is_empty() {
+    others.sort_by_key(|f| (f.at_ms, f.rank));
+    if !others.is_empty() {
         detail.push_str("\n\n");
         detail.push_str(NOT_THE_CAUSE);
-        for f in later.iter().take(MAX_SECONDARY_FAILURES) {
-            let after = seconds(f.at_ms.saturating_sub(first.at_ms));
+        for f in others.iter().take(MAX_SECONDARY_FAILURES) {
+            let when = if f.at_ms < first.at_ms {
+                format!("{} earlier", seconds(first.at_ms - f.at_ms))
+            } else {
+                format!("{} later", seconds(f.at_ms - first.at_ms))
+            };
             let what = f.end.detail.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
             let what = last_chars(what.trim(), 300);
             let status = f.end.status.as_str();
             let mode = f.end.failure_mode().map_or("", FailureMode::as_str);
-            detail
-                .push_str(&format!("\n- rank {} {after} later: {status} ({mode}) {what}", f.rank));
+            let echo = if is_echo(&f.end) { " (a peer was gone)" } else { "" };
+            detail.push_str(&format!("\n- rank {} {when}: {status} ({mode}){echo} {what}", f.rank));
         }
-        if later.len() > MAX_SECONDARY_FAILURES {
-            detail.push_str(&format!("\n- and {} more", later.len() - MAX_SECONDARY_FAILURES));
+        if others.len() > MAX_SECONDARY_FAILURES {
+            detail.push_str(&format!("\n- and {} more", others.len() - MAX_SECONDARY_FAILURES));
         }
     }
     let cause = RunCause::new(kind, Some(rank)).with_failure(Some(how), Some(first.at_ms));
@@ -502,6 +611,34 @@ fn failure_update(
     };
     update.cause = Some(cause);
     update
+}
+
+/// The update of a job stopped by a signal to all its ranks: ABORTED,
+/// `USER_INTERRUPT`, no rank named; the detail says how each rank ended.
+fn all_interrupted_update(first: &Failure, all: &[Failure]) -> StatusUpdate {
+    let mut detail = format!(
+        "All {} ranks were stopped by a signal to the whole job (from its launcher, the scheduler or a person), the first at {}; no rank failed first.\n\nHow each rank ended:",
+        all.len(),
+        iso_ms(first.at_ms)
+    );
+    let mut ranks: Vec<&Failure> = all.iter().collect();
+    ranks.sort_by_key(|f| (f.at_ms, f.rank));
+    if ranks.is_empty() {
+        return StatusUpdate::aborted(CauseKind::UserInterrupt, detail);
+    }
+    for f in ranks.iter().take(MAX_SECONDARY_FAILURES) {
+        let what = f.end.detail.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
+        let what = match last_chars(what.trim(), 300) {
+            "" => "interrupted",
+            text => text,
+        };
+        let after = seconds(f.at_ms.saturating_sub(ranks[0].at_ms));
+        detail.push_str(&format!("\n- rank {} (+{after}): {what}", f.rank));
+    }
+    if ranks.len() > MAX_SECONDARY_FAILURES {
+        detail.push_str(&format!("\n- and {} more", ranks.len() - MAX_SECONDARY_FAILURES));
+    }
+    StatusUpdate::aborted(CauseKind::UserInterrupt, detail)
 }
 
 /// Ends `group`'s attempt for its first failure in time: the run ends with
@@ -516,11 +653,13 @@ fn decide(
 ) -> Result<Outcome<()>, StateError> {
     let failures = std::mem::take(&mut group.failures);
     group.decided = true;
-    let Some(first) = first_failure(&failures) else { return Ok(Outcome::Unchanged(())) };
+    let Some(verdict) = cause_of(&failures, group.slots.len()) else {
+        return Ok(Outcome::Unchanged(()));
+    };
+    let restarts = verdict.first().end.restarts_remaining > 0 && status.is_live();
     let slots = &group.slots;
     let update =
-        failure_update(first, &failures, |rank| slots.get(rank as usize).map(|s| s.who.clone()));
-    let restarts = first.end.restarts_remaining > 0 && status.is_live();
+        failure_update(verdict, &failures, |rank| slots.get(rank as usize).map(|s| s.who.clone()));
     let outcome = if restarts {
         runs.fail_attempt(id, update, now_ms)
     } else {
@@ -1162,7 +1301,8 @@ impl Rendezvous {
     }
 
     /// True once after a failure window opened: the actor should sweep
-    /// again when it has passed ([`FAILURE_WINDOW_MS`]).
+    /// again when it has passed ([`FAILURE_WINDOW_MS`]), and when the
+    /// longer window of echoes has ([`ECHO_WINDOW_MS`]).
     pub(crate) fn take_wakeup(&mut self) -> bool {
         std::mem::take(&mut self.wakeup)
     }
@@ -1171,11 +1311,19 @@ impl Rendezvous {
     fn decide_due(&mut self, runs: &mut Runs, now_ms: u64, change: &mut Change<Vec<RunId>>) {
         let mono_ms = self.mono_ms;
         for (id, group) in self.groups.iter_mut() {
+            let open_for = group.window_from_ms.map(|from| mono_ms.saturating_sub(from));
+            // While only echoes are in and some rank has not ended, the
+            // death they echo may still be on its way: wait a little longer.
+            let window = if group.failures.iter().all(|f| is_echo(&f.end))
+                && group.slots.iter().any(|s| s.end == SlotEnd::Running)
+            {
+                ECHO_WINDOW_MS
+            } else {
+                FAILURE_WINDOW_MS
+            };
             let due = !group.decided
                 && !group.failures.is_empty()
-                && group
-                    .window_from_ms
-                    .is_some_and(|from| mono_ms.saturating_sub(from) >= FAILURE_WINDOW_MS);
+                && open_for.is_some_and(|open_for| open_for >= window);
             if !due {
                 continue;
             }
@@ -1329,5 +1477,282 @@ impl Rendezvous {
         group.decided = true;
         self.groups.insert(pending.run_id, group);
         Ok(outcome)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: u64 = 1_780_000_000_000;
+    const RESET: &str = "Traceback (most recent call last):\n  File \"train.py\", line 30, in <module>\n    dist.all_reduce(p.grad)\nRuntimeError: [/build/gloo/transport/tcp/pair.cc:598] Connection reset by peer [127.0.0.1]:41005";
+    const CLOSED: &str = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms for recv operation to complete\nRuntimeError: [pair.cc:598] Connection closed by peer [127.0.0.1]:5678";
+    const NCCL: &str = "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1275, remote process exited or there was a network error, NCCL version 2.19.3\nncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.";
+
+    /// How a rank ended, in a test's table.
+    #[derive(Clone, Copy)]
+    enum How {
+        /// Raised an error with this detail.
+        Raised(&'static str),
+        /// Killed by this signal (`SIGKILL`: ERRORED; `SIGTERM`: ABORTED).
+        Killed(&'static str),
+        /// Exited with status 1.
+        Exited,
+        /// Reaped before its watcher could read it.
+        Vanished,
+        /// `KeyboardInterrupt`.
+        KeyboardInterrupt,
+    }
+
+    fn failure(rank: u32, at_ms: u64, how: How) -> Failure {
+        let end = match how {
+            How::Raised(detail) => {
+                RankEnd::errored("0", detail).at(at_ms, Some(FailureMode::Raised))
+            }
+            How::Killed(signal @ ("SIGTERM" | "SIGINT" | "SIGHUP")) => {
+                RankEnd::aborted("0", format!("terminated by {signal}"))
+                    .at(at_ms, Some(FailureMode::Killed))
+            }
+            How::Killed(signal) => {
+                let mut end = RankEnd::errored("0", format!("killed by {signal}"))
+                    .at(at_ms, Some(FailureMode::Killed));
+                end.cause = Some(CauseKind::SystemError);
+                end
+            }
+            How::Exited => {
+                RankEnd::errored("0", "exited with status 1").at(at_ms, Some(FailureMode::Exited))
+            }
+            How::Vanished => {
+                let mut end = RankEnd::errored("0", "").at(at_ms, Some(FailureMode::Vanished));
+                end.cause = Some(CauseKind::SystemError);
+                end
+            }
+            How::KeyboardInterrupt => {
+                RankEnd::aborted("0", "KeyboardInterrupt").at(at_ms, Some(FailureMode::Raised))
+            }
+        };
+        Failure { rank, at_ms, end }
+    }
+
+    /// A case of a table: what it shows, the world size, the failures in
+    /// arrival order (rank, ms after `T`, how), and the cause.
+    type Case = (&'static str, usize, &'static [(u32, u64, How)], Option<u32>);
+
+    /// What `cause_of` decides: `Some(rank)` for a rank named, `None` for
+    /// a whole job stopped by a signal.
+    fn verdict_of(world_size: usize, failures: &[(u32, u64, How)]) -> Option<u32> {
+        let failures: Vec<Failure> =
+            failures.iter().map(|&(rank, at, how)| failure(rank, T + at, how)).collect();
+        match cause_of(&failures, world_size).expect("failures have a cause") {
+            Verdict::Rank(f) => Some(f.rank),
+            Verdict::AllInterrupted(_) => None,
+        }
+    }
+
+    #[test]
+    fn an_echo_is_never_the_cause_when_a_rank_died_within_the_tie_window() {
+        use How::*;
+        // (what it shows, world size, failures in arrival order: rank, ms after T, how; the cause)
+        let cases: &[Case] = &[
+            (
+                "a killed rank's watcher dated the death after its peer's reset",
+                2,
+                &[(0, 753, Raised(RESET)), (1, 760, Killed("SIGKILL"))],
+                Some(1),
+            ),
+            (
+                "the same, arriving the other way round",
+                2,
+                &[(1, 760, Killed("SIGKILL")), (0, 753, Raised(RESET))],
+                Some(1),
+            ),
+            (
+                "a death 1.9 s after the echo is still its cause",
+                2,
+                &[(0, 100, Raised(CLOSED)), (1, 2_000, Killed("SIGKILL"))],
+                Some(1),
+            ),
+            (
+                "a death before the echo is its cause",
+                2,
+                &[(0, 1_500, Raised(RESET)), (1, 100, Exited)],
+                Some(1),
+            ),
+            (
+                "a vanished rank excuses the echo",
+                2,
+                &[(0, 10, Raised(NCCL)), (1, 300, Vanished)],
+                Some(1),
+            ),
+            (
+                "an error of its own excuses an echo",
+                3,
+                &[(0, 10, Raised(RESET)), (2, 50, Raised("ValueError: loss diverged"))],
+                Some(2),
+            ),
+            (
+                "a death 2.5 s after a real network error does not excuse it",
+                2,
+                &[(0, 100, Raised(RESET)), (1, 2_600, Killed("SIGKILL"))],
+                Some(0),
+            ),
+            (
+                "every failure an echo: the earliest is named",
+                3,
+                &[(2, 400, Raised(CLOSED)), (0, 300, Raised(RESET))],
+                Some(0),
+            ),
+            (
+                "torchrun's SIGTERM after a network error does not excuse it",
+                2,
+                &[(0, 100, Raised(RESET)), (1, 400, Killed("SIGTERM"))],
+                Some(0),
+            ),
+            (
+                "an interrupt before the echo is its cause",
+                3,
+                &[(0, 500, Raised(RESET)), (1, 100, KeyboardInterrupt)],
+                Some(1),
+            ),
+            (
+                "a death among echoes of several peers",
+                4,
+                &[
+                    (0, 20, Raised(RESET)),
+                    (2, 25, Raised(CLOSED)),
+                    (3, 30, Raised(RESET)),
+                    (1, 90, Killed("SIGKILL")),
+                ],
+                Some(1),
+            ),
+            (
+                "no echo: the earliest in time, as before",
+                3,
+                &[(0, 40, Raised("ValueError: x")), (1, 10, Killed("SIGKILL"))],
+                Some(1),
+            ),
+            (
+                "a tie in time goes to the first to arrive",
+                2,
+                &[(1, 10, Killed("SIGSEGV")), (0, 10, Exited)],
+                Some(1),
+            ),
+        ];
+        for (what, world_size, failures, cause) in cases {
+            assert_eq!(verdict_of(*world_size, failures), *cause, "{what}");
+        }
+    }
+
+    #[test]
+    fn every_rank_interrupted_is_the_whole_job_stopped_and_names_no_rank() {
+        use How::*;
+        let cases: &[Case] = &[
+            (
+                "every rank terminated by SIGTERM",
+                2,
+                &[(0, 5, Killed("SIGTERM")), (1, 3, Killed("SIGTERM"))],
+                None,
+            ),
+            ("a job of one rank: the rank is named", 1, &[(0, 5, Killed("SIGTERM"))], Some(0)),
+            (
+                "SIGINT, SIGHUP and KeyboardInterrupt",
+                3,
+                &[(0, 5, Killed("SIGINT")), (1, 9, Killed("SIGHUP")), (2, 7, KeyboardInterrupt)],
+                None,
+            ),
+            (
+                "a peer's echo after the signal does not make it a failure",
+                3,
+                &[(0, 5, Killed("SIGTERM")), (1, 30, Raised(RESET)), (2, 7, Killed("SIGTERM"))],
+                None,
+            ),
+            (
+                "a rank that has not ended: the first interrupt is named",
+                3,
+                &[(0, 5, Killed("SIGTERM")), (1, 3, Killed("SIGTERM"))],
+                Some(1),
+            ),
+            (
+                "torchrun's SIGTERM to the survivors of a real failure",
+                3,
+                &[
+                    (1, 10, Killed("SIGKILL")),
+                    (0, 300, Killed("SIGTERM")),
+                    (2, 310, Killed("SIGTERM")),
+                ],
+                Some(1),
+            ),
+            (
+                "a rank that raised before the signal is the cause",
+                2,
+                &[(0, 10, Raised("ValueError: x")), (1, 300, Killed("SIGTERM"))],
+                Some(0),
+            ),
+            (
+                "an echo long before the signal is not part of the stop",
+                2,
+                &[(0, 10, Raised(RESET)), (1, 5_000, Killed("SIGTERM"))],
+                Some(0),
+            ),
+        ];
+        for (what, world_size, failures, cause) in cases {
+            assert_eq!(verdict_of(*world_size, failures), *cause, "{what}");
+        }
+    }
+
+    #[test]
+    fn the_detail_of_a_stopped_job_and_of_an_excused_echo_say_what_happened() {
+        let all = vec![
+            failure(0, T + 5, How::Killed("SIGTERM")),
+            failure(1, T + 3, How::Killed("SIGTERM")),
+        ];
+        let update = failure_update(cause_of(&all, 2).unwrap(), &all, |_| None);
+        let cause = update.cause.unwrap();
+        assert_eq!(
+            (update.status, cause.kind, cause.failed_world_rank),
+            (RunStatus::Aborted, CauseKind::UserInterrupt, None)
+        );
+        assert!(
+            update.detail.starts_with("All 2 ranks were stopped by a signal to the whole job"),
+            "{}",
+            update.detail
+        );
+        assert!(
+            update.detail.contains(
+                "\n- rank 1 (+0 s): terminated by SIGTERM\n- rank 0 (+0.0 s): terminated by SIGTERM"
+            ),
+            "{}",
+            update.detail
+        );
+
+        let all = vec![
+            failure(0, T + 753, How::Raised(RESET)),
+            failure(1, T + 1_000, How::Killed("SIGKILL")),
+        ];
+        let update = failure_update(cause_of(&all, 2).unwrap(), &all, |_| None);
+        let cause = update.cause.unwrap();
+        assert_eq!((cause.failed_world_rank, cause.how), (Some(1), Some(FailureMode::Killed)));
+        assert!(
+            update.detail.starts_with("Rank 1 died without reporting: killed by SIGKILL"),
+            "{}",
+            update.detail
+        );
+        assert!(
+            update.detail.contains(&format!("{NOT_THE_CAUSE}\n- rank 0 0.2 s earlier: ERRORED (RAISED) (a peer was gone) RuntimeError:")),
+            "{}",
+            update.detail
+        );
+    }
+
+    #[test]
+    fn the_echo_list_is_matched_without_regard_to_case_at_the_end_of_the_error() {
+        for message in ECHO_MESSAGES {
+            let end = RankEnd::errored("0", format!("RuntimeError: {}", message.to_uppercase()));
+            assert!(is_echo(&end), "{message}");
+        }
+        assert!(!is_echo(&RankEnd::errored("0", "ValueError: loss diverged")));
+        let mut killed = RankEnd::errored("0", "Connection reset by peer");
+        killed.how = Some(FailureMode::Killed);
+        assert!(!is_echo(&killed), "only an error a rank raised is an echo");
     }
 }
