@@ -720,8 +720,13 @@ impl Runs {
             let id = record.id.clone();
             let detail = lost_detail(&record, last_heard_ms, silent_ms, self.lease);
             // The end is stamped by `set_status`, never before the run's start,
-            // even when the head's clock is behind the controller's.
-            let update = StatusUpdate::aborted(CauseKind::LostController, detail);
+            // even when the head's clock is behind the controller's. A run of
+            // the rendezvous ended when its ranks were last heard from: the
+            // lease only decides when that is concluded.
+            let mut update = StatusUpdate::aborted(CauseKind::LostController, detail);
+            if of_rendezvous(&record) && last_heard_ms > 0 {
+                update.end_time_ms = Some(last_heard_ms.max(record.start_time_ms));
+            }
             match self.apply_status(&id, update, now_ms) {
                 Ok(Outcome::Changed(abort)) => {
                     change.ops.extend(abort.ops);
@@ -940,20 +945,26 @@ pub(crate) fn failure_detail(status: RunStatus, cause: Option<RunCause>, detail:
     }
 }
 
+/// True for a run the rendezvous assembled (its ranks report, not a
+/// controller).
+fn of_rendezvous(record: &RunRecord) -> bool {
+    record
+        .run()
+        .is_ok_and(|run| run.controller_actor_id().starts_with(crate::record::CONTROLLER_PREFIX))
+}
+
 /// Why a run whose lease ran out is aborted, in words for the person who
 /// reads it: a run of the rendezvous has ranks, not a controller.
 fn lost_detail(record: &RunRecord, last_heard_ms: u64, silent_ms: u64, lease: Duration) -> String {
     let last = crate::time_text::iso_ms(last_heard_ms);
     let silent = crate::time_text::seconds(silent_ms);
     let lease = crate::time_text::seconds(lease.as_millis() as u64);
-    let ranks = record
-        .run()
-        .is_ok_and(|run| run.controller_actor_id().starts_with(crate::record::CONTROLLER_PREFIX));
-    if ranks {
+    if of_rendezvous(record) {
         format!(
-            "No rank of this run has been heard from for {silent} (last at {last}), longer than \
-             the head's lease of {lease}: the job was killed outright, its node was lost, or it \
-             lost its network to the head."
+            "No rank of this run has been heard from since {last} ({silent} before this was \
+             concluded, longer than the head's lease of {lease}): the job was killed outright, \
+             watchers included, its node was lost, or it lost its network to the head. The run \
+             ended when its ranks were last heard from."
         )
     } else {
         format!(

@@ -809,3 +809,60 @@ async fn the_page_shows_a_stalled_run_its_progress_and_the_ranks_named() {
     browser.quit().await;
     server.stop().await;
 }
+
+/// A rendezvous run none of whose ranks is heard from within the lease (a
+/// whole job killed outright): its page says so in its own words, "No
+/// rank heard from", shows its launch key where a controller's run shows
+/// its controller, and nowhere says "controller".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(has_browser), ignore = "needs chromium and chromedriver")]
+async fn the_page_of_a_rendezvous_run_whose_ranks_went_silent_names_no_controller() {
+    let (chromium, chromedriver) = browser();
+    let clock = std::sync::Arc::new(trainstate_actor::ManualClock::new(now_ms()));
+    let server = Server::start(
+        StateConfig::in_memory()
+            .with_name(unique_name("web-silent"))
+            .with_clock(clock.clone())
+            .with_lease(Duration::from_secs(60))
+            // The test drives the sweep itself.
+            .with_sweep_interval(Duration::from_secs(3600)),
+        HttpConfig::default(),
+    )
+    .await;
+    let api = Api::new(&server, None);
+    let mut id = String::new();
+    for worker in &workers(2, 1, "k-") {
+        let join = json!({"world_size": 2, "worker": worker, "name": "killed", "job_id": "9"});
+        id = api.post("/api/train/rendezvous/web-silent/join", join).await["run_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+    }
+    let last_heard = trainstate_actor::Clock::now_ms(&*clock);
+    clock.advance_ms(61_000);
+    server.service.handle().sweep_leases().await.unwrap();
+    let run = api.get(&format!("/api/train/runs/{id}")).await;
+    assert_eq!(run["cause"]["kind"], json!("LOST_CONTROLLER"), "{run}");
+    assert_eq!(
+        run["end_time_ms"],
+        json!(last_heard),
+        "it ended when its ranks were last heard from"
+    );
+
+    let browser = Browser::start(&chromium, &chromedriver, "silent").await;
+    browser.goto(&format!("{}/runs/{id}", server.url)).await;
+    let shown = browser
+        .wait_for(
+            "the run's cause on its page",
+            "const cause = document.getElementById('run-cause');
+             return cause && { cause: cause.textContent, text: document.body.innerText };",
+        )
+        .await;
+    assert_eq!(shown["cause"], json!("No rank heard from"), "{shown}");
+    let text = shown["text"].as_str().unwrap();
+    assert!(text.to_lowercase().contains("launch"), "{text}");
+    assert!(text.contains("web-silent"), "the launch key: {text}");
+    assert!(!text.to_lowercase().contains("controller"), "{text}");
+    browser.quit().await;
+    server.stop().await;
+}

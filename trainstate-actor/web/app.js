@@ -25,6 +25,12 @@
     LOST_CONTROLLER: 'Lost controller',
     USER_INTERRUPT: 'User interrupt',
   };
+  /** A run the rendezvous assembled has ranks, not a controller: its own words. */
+  const RENDEZVOUS_PREFIX = 'rendezvous:';
+  const RANK_CAUSES = { LOST_CONTROLLER: 'No rank heard from' };
+  const ofRendezvous = (run) => String(run.controller_actor_id || '').startsWith(RENDEZVOUS_PREFIX);
+  /** The label of cause `kind` on `run`, or null. */
+  const causeLabel = (run, kind) => (ofRendezvous(run) && RANK_CAUSES[kind]) || CAUSES[kind] || null;
 
   const app = document.getElementById('app');
   const banner = document.getElementById('banner');
@@ -731,7 +737,9 @@
         item('Duration', durationEl(run.start_time_ms, run.end_time_ms)),
         item('Workers', `${plural(run.workers.length, 'worker')} on ${plural(nodes, 'node')}, ${plural(gpuCount(run.workers), 'GPU')}`),
         cause ? item('Cause', h('span', { id: 'run-cause' },
-          h('code', null, cause.kind), ` ${CAUSES[cause.kind] ? `(${CAUSES[cause.kind].toLowerCase()})` : ''}`,
+          ofRendezvous(run) && RANK_CAUSES[cause.kind]
+            ? h('span', { title: cause.kind }, RANK_CAUSES[cause.kind])
+            : [h('code', null, cause.kind), ` ${CAUSES[cause.kind] ? `(${CAUSES[cause.kind].toLowerCase()})` : ''}`],
           cause.failed_world_rank !== null && cause.failed_world_rank !== undefined
             ? [', first failed rank ', rankLink(cause.failed_world_rank)] : null,
           cause.how ? ` (${cause.how.toLowerCase()})` : null,
@@ -739,7 +747,9 @@
         run.last_heartbeat_ms ? item('Last heartbeat', timeEl(run.last_heartbeat_ms)) : null,
         run.restored_from ? item('Restored from',
           h('a', { href: runHref(run.restored_from), 'data-nav': true, class: 'mono' }, run.restored_from)) : null,
-        item('Controller', h('span', { class: 'mono', title: run.controller_actor_id }, short(run.controller_actor_id))),
+        ofRendezvous(run)
+          ? item('Launch', h('span', { class: 'mono', title: run.controller_actor_id }, short(run.controller_actor_id.slice(RENDEZVOUS_PREFIX.length))))
+          : item('Controller', h('span', { class: 'mono', title: run.controller_actor_id }, short(run.controller_actor_id))),
         run.controller_log_file_path ? item('Controller log', h('span', { class: 'mono' }, run.controller_log_file_path)) : null,
         linksOf(run, null).length ? item('Links', h('span', { id: 'run-links' }, ...linksOf(run, null).flatMap((a, i) => (i ? [' · ', a] : [a])))) : null);
     }
@@ -892,7 +902,7 @@
       const budget = attemptBudget(run);
       const items = attempts.map((a, i) => {
         const current = i === attempts.length - 1;
-        const cause = a.cause ? h('span', { class: 'attempt-cause' }, ` · ${CAUSES[a.cause.kind] || a.cause.kind}`,
+        const cause = a.cause ? h('span', { class: 'attempt-cause' }, ` · ${causeLabel(run, a.cause.kind) || a.cause.kind}`,
           a.cause.failed_world_rank !== null && a.cause.failed_world_rank !== undefined
             ? [', first failed rank ', rankLink(a.cause.failed_world_rank)] : null,
           a.cause.how ? ` (${a.cause.how.toLowerCase()})` : null) : null;

@@ -223,6 +223,8 @@ pub enum CauseKind {
     /// The system failed under the training code (node lost, out of memory, ...).
     SystemError,
     /// The run's controller stopped heartbeating; the head aborted the run.
+    /// For a run of the rendezvous (no controller): no rank was heard from
+    /// within the lease.
     LostController,
     /// A person or a scheduler interrupted the run.
     UserInterrupt,

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use trainstate_schema::ray_v2::attempt_budget;
 use trainstate_schema::text::escape_control;
-use trainstate_schema::{Straggler, TrainRunInfo};
+use trainstate_schema::{CauseKind, Straggler, TrainRunInfo};
 
 use super::{HeadArgs, RunsCommand};
 use crate::api::{LinksResponse, RankProgressServed, RunListResponse, StatusFilter};
@@ -153,7 +153,12 @@ fn show(
     line(&mut out, "name", run.name());
     line(&mut out, "status", run.status().as_str());
     line(&mut out, "job", run.job_id());
-    line(&mut out, "controller", run.controller_actor_id());
+    // A run the rendezvous assembled has ranks, not a controller: its launch key.
+    let launch = run.controller_actor_id().strip_prefix("rendezvous:");
+    match launch {
+        Some(key) => line(&mut out, "launch", key),
+        None => line(&mut out, "controller", run.controller_actor_id()),
+    }
     line(&mut out, "started (UTC)", &utc(run.start_time_ms()));
     line(&mut out, "ended (UTC)", &run.end_time_ms().map(utc).unwrap_or_else(|| "-".into()));
     line(&mut out, "duration", &duration(run.start_time_ms(), run.end_time_ms()));
@@ -164,7 +169,11 @@ fn show(
             .failed_world_rank
             .map(|r| format!(" (rank {r} failed first{how}{at})"))
             .unwrap_or_default();
-        line(&mut out, "cause", &format!("{}{rank}", cause.kind));
+        let label = match (cause.kind, launch) {
+            (CauseKind::LostController, Some(_)) => " (no rank heard from)",
+            _ => "",
+        };
+        line(&mut out, "cause", &format!("{}{label}{rank}", cause.kind));
     }
     if let Some(from) = run.restored_from() {
         line(&mut out, "restored from", from.as_str());
