@@ -178,3 +178,20 @@ def describe(code: Optional[int]) -> Ending:
 def now_ms() -> int:
     """Now, Unix milliseconds."""
     return int(time.time() * 1000)
+
+
+def run_delay_ns(proc: str = PROC) -> Optional[int]:
+    """How long the calling thread has waited, runnable, for a CPU since it
+    started, in nanoseconds (the second field of
+    ``/proc/thread-self/schedstat``); ``None`` where the kernel does not
+    keep it. The difference across a blocking call is how late the thread
+    ran after the call could return."""
+    try:
+        fd = os.open(os.path.join(proc, "thread-self", "schedstat"), os.O_RDONLY)
+        try:
+            raw = os.read(fd, 128)
+        finally:
+            os.close(fd)
+        return int(raw.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None

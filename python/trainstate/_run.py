@@ -326,10 +326,22 @@ class Run:
             "pid": self._pid,
             "start_ticks": _proc.start_ticks(self._pid),
             "warn": logger.isEnabledFor(logging.WARNING),
+            "launcher": self._launcher_of(),
         }
         if not self._send(config):
             raise RuntimeError("the watcher did not take its configuration")
         threading.Thread(target=self._read_watcher, name="trainstate-watcher-answers", daemon=True).start()
+
+    def _launcher_of(self) -> Optional[Dict[str, Any]]:
+        """The process that launched this rank, for the watcher to say
+        whether it had exited before the rank: torchrun's agent (the rank's
+        parent, wrappers skipped); ``None`` for other launchers."""
+        if self._launch is None or self._launch.launcher != "torchrun":
+            return None
+        agent = _launch.launching_agent()
+        if agent is None:
+            return None
+        return {"name": "torchrun", "pid": agent[0], "start_ticks": agent[1]}
 
     def _read_watcher(self) -> None:
         """Takes the head's answers the watcher passes on, until it exits."""

@@ -39,6 +39,7 @@ bounded time after the rank is gone.
 
 import json
 import os
+import select
 import signal
 import socket
 import sys
@@ -108,6 +109,18 @@ class Watcher:
         self.progress_new = False
         self.progress_warned = False
         self.last_beat = 0.0
+        # When the rank's socket reached end of file, as dated by death_time.
+        self.eof_ms: Optional[int] = None
+        # The rank's launcher (torchrun's agent), watched through a pidfd
+        # of it: whether it had exited before the rank ended is said with
+        # the rank's end.
+        launcher = config.get("launcher")
+        self.launcher: Optional[Dict[str, Any]] = launcher if isinstance(launcher, dict) else None
+        self.launcher_fd: Optional[int] = None
+        if self.launcher is not None and _proc.start_ticks(_int(self.launcher.get("pid"))) == self.launcher.get("start_ticks"):
+            self.launcher_fd = _proc.open_pidfd(_int(self.launcher.get("pid")))
+        self.launcher_gone_ms: Optional[int] = None
+        self.own_end_checked = False
 
     # What the rank says.
 
@@ -115,7 +128,11 @@ class Watcher:
         """Reads the rank's lines until end of file, which means the rank
         is gone (or, rarely, that it closed its end and lives on)."""
         buffer = b""
+        seen_ms = 0
+        delay_before: Optional[int] = None
+        delay_after: Optional[int] = None
         while True:
+            delay_before = _proc.run_delay_ns()
             try:
                 chunk = os.read(in_fd, 65536)
             except InterruptedError:
@@ -123,12 +140,32 @@ class Watcher:
             except OSError:
                 chunk = b""
             if not chunk:
+                # The clock first, before anything else is waited for.
+                seen_ms = _proc.now_ms()
+                delay_after = _proc.run_delay_ns()
                 break
             buffer += chunk
             while b"\n" in buffer:
                 line, buffer = buffer.split(b"\n", 1)
                 self.take(line)
-        self.rank_gone(_proc.now_ms(), wait_for_reparent=True)
+        self.rank_gone(self.death_time(seen_ms, delay_before, delay_after), wait_for_reparent=True)
+
+    def death_time(self, seen_ms: int, delay_before: Optional[int], delay_after: Optional[int]) -> int:
+        """When the rank died, from when this watcher saw end of file
+        (``seen_ms``): less the time the reading thread then waited for a
+        CPU (the kernel's count of it, before and after the read, in ns),
+        and never before the last time the rank itself gave (its exit
+        note). Kept for the parent poll, which may see the death first."""
+        at_ms = seen_ms
+        if delay_before is not None and delay_after is not None and delay_after >= delay_before:
+            at_ms = seen_ms - (delay_after - delay_before) // 1_000_000
+        with self.changed:
+            note = self.exit_note
+            floor = _int(note.get("at_ms")) if note is not None else 0
+            at_ms = max(at_ms, floor) if floor <= seen_ms else at_ms
+            self.eof_ms = at_ms
+            self.changed.notify_all()
+        return at_ms
 
     def take(self, line: bytes) -> None:
         try:
@@ -200,9 +237,35 @@ class Watcher:
                     return
             code = self.read_exit_code()
             with self.changed:
+                if self.eof_ms is not None:
+                    seen_ms = min(seen_ms, self.eof_ms)
+            launcher_gone = self.launcher_exited(seen_ms)
+            with self.changed:
                 self.gone = True
-                self.final = self.decide(code, seen_ms)
+                self.final = self.decide(code, seen_ms, launcher_gone)
                 self.changed.notify_all()
+
+    def launcher_exited(self, now_ms: int) -> bool:
+        """True when the rank's launcher has exited (a pidfd of an exited
+        process reads ready); notes when it was first seen so."""
+        if self.launcher_gone_ms is not None:
+            return True
+        fd = self.launcher_fd
+        if fd is None:
+            return False
+        try:
+            ready, _, _ = select.select([fd], [], [], 0)
+        except (OSError, ValueError):
+            return False
+        if ready:
+            self.launcher_gone_ms = now_ms
+        return bool(ready)
+
+    def launcher_note(self) -> str:
+        """The words that say the launcher had exited before the rank."""
+        launcher = self.launcher or {}
+        name = launcher.get("name") or "launcher"
+        return f"the launcher ({name}, pid {_int(launcher.get('pid'))}) had exited before this rank"
 
     def read_exit_code(self) -> Optional[int]:
         """How the dead rank ended: from ``/proc`` while it is a zombie, else
@@ -218,13 +281,16 @@ class Watcher:
                 return code
             time.sleep(0.002)
 
-    def decide(self, code: Optional[int], seen_ms: int) -> Optional[Dict[str, Any]]:
+    def decide(self, code: Optional[int], seen_ms: int, launcher_gone: bool = False) -> Optional[Dict[str, Any]]:
         """The rank's end: its own report when it made one, else what its
-        death shows."""
+        death shows; when the launcher had exited before, a failure says so."""
         if self.closed:
             return None
         if self.own_end is not None:
-            return dict(self.own_end)
+            own = dict(self.own_end)
+            if launcher_gone and own.get("status") != "FINISHED":
+                own["detail"] = f"{own.get('detail') or ''}\n({self.launcher_note()})".lstrip("\n")
+            return own
         note = self.exit_note
         if code is None and note is not None:
             # Reaped before it could be read, but it reached its exit: the
@@ -237,6 +303,8 @@ class Watcher:
             message = note.get("message")
             if how == "EXITED" and isinstance(message, str) and message and code is not None and (code >> 8) & 0xFF == _int(note.get("status")):
                 detail = f"{detail}: {message}"
+        if launcher_gone and status != "FINISHED":
+            detail = f"{detail}; {self.launcher_note()}" if detail else self.launcher_note()
         end: Dict[str, Any] = {"status": status, "detail": detail, "ended_at_ms": at_ms}
         if cause is not None:
             end["cause"] = cause
@@ -499,13 +567,28 @@ class Watcher:
                 if final is not None:
                     self.finish(final)
                 return
+            if own_end is not None and not self.own_end_checked:
+                # The rank's own end, as it reports it: said once whether
+                # its launcher had exited before.
+                self.own_end_checked = True
+                if self.launcher_exited(_proc.now_ms()):
+                    with self.changed:
+                        own_end = self.decide(None, _proc.now_ms(), True) or own_end
+                        self.own_end = own_end
             if own_end is not None and self.settle(own_end):
                 # The rank reported its own end: nothing is left to watch.
                 return
             now = time.monotonic()
             if os.getppid() != self.rank_pid:
-                self.rank_gone(_proc.now_ms(), wait_for_reparent=False)
+                seen_ms = _proc.now_ms()
+                # The reader may be about to date the end of file, which is
+                # nearer the death than this poll: give it a moment.
+                with self.changed:
+                    if self.eof_ms is None:
+                        self.changed.wait(0.05)
+                self.rank_gone(seen_ms, wait_for_reparent=False)
                 continue
+            self.launcher_exited(_proc.now_ms())
             if now >= retry_at:
                 try:
                     if not self.joined:
