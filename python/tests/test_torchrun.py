@@ -59,6 +59,8 @@ TRAIN = """
         if step == 2 and str(rank) == os.environ.get("FAIL_RANK") and restart < int(os.environ.get("FAIL_UNTIL", "99")):
             raise ValueError(f"loss diverged on rank {rank}")
         time.sleep(float(os.environ.get("STEP_SECONDS", "0")))
+        if step == 0 and os.environ.get("MARK_DIR"):
+            open(os.path.join(os.environ["MARK_DIR"], f"step{rank}"), "w").close()  # its first step is done
     dist.barrier()
     print(f"rank {rank} done", flush=True)
     dist.destroy_process_group()
