@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import pytest
 
-from conftest import Head, child_env, run_script, script, wait_until
+from conftest import Head, binary, child_env, run_script, script, wait_until
 
 if importlib.util.find_spec("torch") is None:
     if os.environ.get("CI"):
@@ -376,3 +376,91 @@ def test_a_stalled_torchrun_job_fires_an_alertmanager_alert_and_resolves_it(
     assert {ms_of(a["startsAt"]) for a in sent} == {stalled_ms}, (sent, history)
     assert firing[0]["generatorURL"] == f"{PUBLIC_URL}/runs/{run_id}", firing[0]
     assert ms_of(ended[0]["endsAt"]) >= recovered_ms, (ended[0], history)
+
+
+RESUMING = """
+    import os, time
+    import trainstate
+    trainstate.init(stall_after=2)
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps = 30
+    for step in range(1, steps + 1):
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+        optimizer.step()
+        if step == 10 and rank == 1:
+            time.sleep(8)  # hangs inside step 10: rank 0 waits in step 11's collective
+        trainstate.report({"loss": loss.item()}, step=step, total_steps=steps, phase="train")
+        if step == 11:
+            # The first advance after the stall, on this machine's clock.
+            with open(f"resumed-{rank}", "w") as out:
+                out.write(str(round(time.time() * 1000)))
+        time.sleep(0.2)
+    dist.barrier()
+    dist.destroy_process_group()
+"""
+
+
+def test_a_torchrun_job_that_stalls_resumes_and_finishes_within_one_sweep_ends_with_its_stall_resolved(
+    name: str, tmp_path: Path, receiver_factory: Callable[..., Receiver]
+) -> None:
+    """Two ranks report every step with a 2 s stall window; rank 1 hangs
+    8 s inside step 10, then the job runs 4 s more and finishes. The head's
+    lease is the default 60 s, so its lease sweep comes every 15 s: the
+    stall, its end and the run's end all fall within one sweep. The run
+    ends FINISHED with the stall resolved (its history ends STALLED,
+    PROGRESSING, the latter dated by the ranks' first advance), the
+    webhook gets STALLED then RECOVERED then FINISHED, and `trainstate
+    runs show` of the stalled run says how long it stood still, with no
+    estimate of the time left."""
+    receiver = receiver_factory()
+    head = Head(["--notify-webhook", f"{receiver.url}/hook#events=stalled,finished"], data_dir=tmp_path / "store")
+    path = script(tmp_path, RESUMING)
+    job, _ = _timed_job(path, child_env(head.url, name, OMP_NUM_THREADS="1"), tmp_path / "torchrun.err")
+    try:
+        run_id = head.run_named(name, "RUNNING", deadline=DEADLINE)["id"]
+
+        def stalled_run() -> Optional[Dict[str, Any]]:
+            run = head.get(f"/api/train/runs/{run_id}")
+            return run if (run.get("health") or {}).get("state") == "STALLED" else None
+
+        stalled = wait_until("the run STALLED", stalled_run, deadline=DEADLINE, every=0.1)
+        shown = subprocess.run(
+            [str(binary()), "runs", "show", "--url", head.url, run_id], capture_output=True, text=True, timeout=30
+        )
+        assert job.wait(DEADLINE) == 0, (tmp_path / "torchrun.err").read_text()[-3000:]
+        run = head.run_named(name, "FINISHED")
+        receiver.wait_for("the run's FINISHED event", lambda posts: [p for p in posts if p.body.get("event") == "FINISHED"])
+    finally:
+        kill_group(job)
+        head.stop()
+
+    assert shown.returncode == 0, shown.stderr
+    progress = [line for line in shown.stdout.splitlines() if line.startswith("progress")]
+    assert progress and "stalled for" in progress[0] and "left" not in progress[0], shown.stdout
+    assert stalled["health"]["last_advance_ms"] <= stalled["health"]["since_ms"], stalled["health"]
+
+    history = run["health_history"]
+    assert [h["state"] for h in history][-2:] == ["STALLED", "PROGRESSING"], history
+    assert run["health"]["state"] == "PROGRESSING" and "ended_ms" not in run["health"], run["health"]
+    resumed_ms = min(int((tmp_path / f"resumed-{rank}").read_text()) for rank in (0, 1))
+    recovered_ms = history[-1]["at_ms"]
+    print(f"the stall ended at the first advance + {(recovered_ms - resumed_ms) / 1000:.2f} s; the run ended {(run['end_time_ms'] - recovered_ms) / 1000:.1f} s later")
+    assert abs(recovered_ms - resumed_ms) <= 2000, (recovered_ms, resumed_ms, history)
+    assert run["end_time_ms"] - history[-2]["at_ms"] < 15_000, "the stall and the end fell within one sweep"
+
+    ours = [p.body for p in receiver.received() if p.body.get("run_id") == run_id]
+    assert [e["event"] for e in ours] == ["STALLED", "RECOVERED", "FINISHED"], ours
+    recovered = ours[1]
+    assert recovered["at_ms"] == recovered_ms, (recovered, history)
+    # The stall's length runs from the last advance before it to the one that ended it.
+    assert "without an advance" in recovered["detail"], recovered

@@ -239,6 +239,8 @@ _HealthChangeOptional = TypedDict(
     {
         "ranks": "List[int]",
         "stragglers": "List[int]",
+        "last_advance_ms": "Optional[int]",
+        "ended_ms": "Optional[int]",
     },
     total=False,
 )
@@ -928,6 +930,8 @@ _RunHealthOptional = TypedDict(
         "ranks": "List[int]",
         "detail": "str",
         "stragglers": "List[Straggler]",
+        "last_advance_ms": "Optional[int]",
+        "ended_ms": "Optional[int]",
     },
     total=False,
 )

@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::oneshot;
-use trainstate_client::{Reply, StateError, StateMessage};
+use trainstate_client::{RendezvousMessage, Reply, StateError, StateMessage};
 use trainstate_schema::RunId;
 
 use crate::config::StateConfig;
 use crate::health::HealthSweep;
 use crate::rendezvous::{Reaction, Rendezvous};
-use crate::state::{Outcome, PreparedRayWrite, RayWrite, Runs, is_foreign};
+use crate::state::{Change, Outcome, PreparedRayWrite, RayWrite, Runs, is_foreign};
 use crate::writer::{WriteJob, Writer};
 
 /// The state actor. One per process, registered under the configured name
@@ -82,6 +82,10 @@ impl Actor for TrainStateActor {
             let (tx, _unanswered) = oneshot::channel();
             StateMessage::SweepLeases { reply: tx.into() }
         });
+        myself.send_interval(args.config.health_every(), || {
+            let (tx, _unanswered) = oneshot::channel();
+            StateMessage::DecideHealth { reply: tx.into() }
+        });
         Ok(ActorState {
             runs,
             rendezvous: Rendezvous::new(liveness, args.config.cluster.clone()),
@@ -128,6 +132,7 @@ impl Actor for TrainStateActor {
             StateMessage::SetStatus { id, update, reply } => {
                 state.before_write()?;
                 state.find(&id, now).await;
+                state.settle_health(&id, now);
                 let outcome = state
                     .admit()
                     .and_then(|()| state.owned(&id))
@@ -213,15 +218,36 @@ impl Actor for TrainStateActor {
                     state.absorb(now);
                     state.runs.finish_shared_read(now);
                 }
-                let mut change = state.runs.sweep(now);
-                let view = &state.writer.shared.view;
-                state.rendezvous.sweep(&mut state.runs, view, now, &mut change);
+                // Health first: a stall that ended before a run does is
+                // written before the run's end.
+                let mut change = Change { ops: Vec::new(), events: Vec::new(), answer: Vec::new() };
                 let liveness = &state.writer.shared.liveness;
                 state.health.sweep(liveness, &mut state.runs, now, &mut change);
+                let leases = state.runs.sweep(now);
+                change.ops.extend(leases.ops);
+                change.events.extend(leases.events);
+                change.answer = leases.answer;
+                let view = &state.writer.shared.view;
+                state.rendezvous.sweep(&mut state.runs, view, now, &mut change);
                 if !change.answer.is_empty() {
                     tracing::warn!(count = change.answer.len(), sample = %crate::log_sample::sample(&change.answer), "aborted runs whose controller stopped heartbeating");
                 }
                 state.write(Ok(Outcome::Changed(change)), reply);
+            }
+            StateMessage::DecideHealth { reply } => {
+                state.before_write()?;
+                if !state.writer.shared.sweeps() {
+                    let _ = reply.send(Ok(0));
+                    return Ok(());
+                }
+                let mut change = Change { ops: Vec::new(), events: Vec::new(), answer: 0 };
+                let liveness = &state.writer.shared.liveness;
+                change.answer = state.health.tick(liveness, &mut state.runs, now, &mut change);
+                if change.ops.is_empty() {
+                    let _ = reply.send(Ok(change.answer));
+                } else {
+                    state.write(Ok(Outcome::Changed(change)), reply);
+                }
             }
             StateMessage::Heartbeat { id, reply } => {
                 state.find(&id, now).await;
@@ -278,6 +304,9 @@ impl Actor for TrainStateActor {
             }
             StateMessage::Rendezvous(message) => {
                 state.before_write()?;
+                if let RendezvousMessage::End { id, .. } = &message {
+                    state.settle_health(id, now);
+                }
                 let admitted = state.admit();
                 let lease_ms = state.config.lease.as_millis() as u64;
                 let view = &state.writer.shared.view;
@@ -406,6 +435,22 @@ impl ActorState {
             panic!("injected fault: the state actor panics while handling a write");
         }
         Ok(())
+    }
+
+    /// Before a write that may end run `id`: writes the end of its stall
+    /// first when a rank advanced after it (see [`HealthSweep::settle`]),
+    /// so the run never ends with a stall that had already ended.
+    fn settle_health(&mut self, id: &RunId, now: u64) {
+        if !self.writer.shared.sweeps() {
+            return;
+        }
+        let mut change = Change { ops: Vec::new(), events: Vec::new(), answer: () };
+        let liveness = &self.writer.shared.liveness;
+        self.health.settle(liveness, &mut self.runs, id, now, &mut change);
+        if !change.ops.is_empty() {
+            let (tx, _unanswered) = oneshot::channel();
+            self.write(Ok(Outcome::Changed(change)), tx.into());
+        }
     }
 
     /// Refuses a write when too many are in flight.

@@ -36,6 +36,11 @@ pub const DEFAULT_EVENT_BACKLOG_BYTES: usize = 64 * 1024 * 1024;
 /// minutes is STALLED.
 pub const DEFAULT_STALL_AFTER: Duration = Duration::from_secs(15 * 60);
 
+/// How often, by default, the head decides the health of the runs whose
+/// health may change now: a stall and its end are seen within about a
+/// second, whatever the lease sweep's period.
+pub const DEFAULT_HEALTH_TICK: Duration = Duration::from_secs(1);
+
 /// How the state actor is configured.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -56,6 +61,11 @@ pub struct StateConfig {
     /// STALLED, for a run whose joins ask for no window of their own
     /// (`stall_after_ms`). 15 minutes by default.
     pub stall_after: Duration,
+    /// How often the health of the runs whose health may change now (a
+    /// stall a rank's advance ended, a stall window just passed) is
+    /// decided; `None`: every second ([`DEFAULT_HEALTH_TICK`]). The lease
+    /// sweep decides every run's health besides.
+    pub health_tick: Option<Duration>,
     /// How many recent events are kept for subscribers that resume.
     pub event_backlog: usize,
     /// How many bytes of recent events (the runs' JSON they carry) are
@@ -104,6 +114,7 @@ impl StateConfig {
             max_in_flight_writes: DEFAULT_MAX_IN_FLIGHT_WRITES,
             sweep_interval: None,
             stall_after: DEFAULT_STALL_AFTER,
+            health_tick: None,
             event_backlog: DEFAULT_EVENT_BACKLOG,
             event_backlog_bytes: DEFAULT_EVENT_BACKLOG_BYTES,
             clock: Arc::new(SystemClock),
@@ -130,6 +141,18 @@ impl StateConfig {
     pub fn with_stall_after(mut self, stall_after: Duration) -> Self {
         self.stall_after = stall_after;
         self
+    }
+
+    /// Sets how often the health of the runs whose health may change now
+    /// is decided (tests that drive it themselves make it rare).
+    pub fn with_health_tick(mut self, every: Duration) -> Self {
+        self.health_tick = Some(every);
+        self
+    }
+
+    /// How often the health tick runs.
+    pub(crate) fn health_every(&self) -> Duration {
+        self.health_tick.unwrap_or(DEFAULT_HEALTH_TICK).max(Duration::from_millis(10))
     }
 
     /// The stall window of runs that ask for none, in ms.

@@ -15,7 +15,7 @@ use trainstate_schema::limits::MAX_HEALTH_RANKS;
 use trainstate_schema::{HealthState, RunHealth, RunId, RunStatus, Straggler};
 
 use crate::liveness::Liveness;
-use crate::progress::Progress;
+use crate::progress::{Progress, ProgressBoard};
 use crate::state::{Change, Outcome, Runs};
 use crate::time_text::{iso_ms, seconds};
 
@@ -45,43 +45,105 @@ impl HealthSweep {
 
     /// Decides the health of every RUNNING run with progress on a board
     /// of `liveness`, adding what it writes to `change`.
-    pub(crate) fn sweep(
+    pub(crate) fn sweep<T>(
         &mut self,
         liveness: &Liveness,
         runs: &mut Runs,
         now_ms: u64,
-        change: &mut Change<Vec<RunId>>,
+        change: &mut Change<T>,
     ) {
         let boards = liveness.progress_boards();
         let judged: HashSet<&RunId> = boards.iter().map(|(id, _)| id).collect();
         self.written.retain(|id, _| judged.contains(id));
         self.paces.retain(|id, _| judged.contains(id));
         for (id, board) in &boards {
-            if runs.status_of(id) != Some(RunStatus::Running) {
-                continue;
+            self.judge(id, board, runs, now_ms, change);
+        }
+    }
+
+    /// The health tick, about once a second: decides only the runs whose
+    /// health may change now (see [`ProgressBoard::health_due`]: a stall
+    /// ended by a rank's advance, a stall window just passed), so it costs
+    /// a few atomic reads per board and a decision per run that changes.
+    /// Answers how many runs it decided.
+    pub(crate) fn tick<T>(
+        &mut self,
+        liveness: &Liveness,
+        runs: &mut Runs,
+        now_ms: u64,
+        change: &mut Change<T>,
+    ) -> usize {
+        let due = liveness.progress_boards_where(|board| {
+            board.health_due(board.stall_after_ms().unwrap_or(self.stall_after_ms), now_ms)
+        });
+        for (id, board) in &due {
+            self.judge(id, board, runs, now_ms, change);
+        }
+        due.len()
+    }
+
+    /// Before run `id` may end: when a rank advanced after its stall, the
+    /// stall's end is written first, dated by that advance, so that a run
+    /// that resumes and ends before the next tick ends resolved.
+    pub(crate) fn settle<T>(
+        &mut self,
+        liveness: &Liveness,
+        runs: &mut Runs,
+        id: &RunId,
+        now_ms: u64,
+        change: &mut Change<T>,
+    ) {
+        let Some(board) = liveness.progress(id) else { return };
+        if board.resumed_ms().is_some() {
+            self.judge(id, &board, runs, now_ms, change);
+        }
+    }
+
+    /// Decides the health of run `id` from `board` if it is RUNNING and
+    /// its ranks reported, and writes a change.
+    fn judge<T>(
+        &mut self,
+        id: &RunId,
+        board: &ProgressBoard,
+        runs: &mut Runs,
+        now_ms: u64,
+        change: &mut Change<T>,
+    ) {
+        if runs.status_of(id) != Some(RunStatus::Running) {
+            return;
+        }
+        let Some(ranks) = board.progress() else { return };
+        let current = self
+            .written
+            .entry(id.clone())
+            .or_insert_with(|| runs.health_of(id).as_ref().map(Written::of));
+        board.note_health(current.as_ref().and_then(Written::stalled_since));
+        let resumed_ms = board.resumed_ms();
+        let pace = self.paces.entry(id.clone()).or_default();
+        let window = board.stall_after_ms().unwrap_or(self.stall_after_ms);
+        let Some(next) = decide_resumed(&ranks, current.as_ref(), pace, window, now_ms, resumed_ms)
+        else {
+            return;
+        };
+        let decided = Written::of(&next);
+        // A stall's end is dated by the advance that ended it, not by the
+        // decision that saw it.
+        let at_ms = if decided.state == current.as_ref().map_or(decided.state, |c| c.state) {
+            now_ms
+        } else {
+            decided.since_ms
+        };
+        match runs.set_health(id, next, at_ms) {
+            Ok(Outcome::Changed(written)) => {
+                let stragglers: Vec<u32> = decided.stragglers.iter().map(|s| s.rank).collect();
+                tracing::info!(run = %id, health = %decided.state, ?stragglers, "a run's health changed");
+                change.ops.extend(written.ops);
+                change.events.extend(written.events);
+                board.note_health(decided.stalled_since());
+                self.written.insert(id.clone(), Some(decided));
             }
-            let Some(ranks) = board.progress() else { continue };
-            let current = self
-                .written
-                .entry(id.clone())
-                .or_insert_with(|| runs.health_of(id).as_ref().map(Written::of));
-            let pace = self.paces.entry(id.clone()).or_default();
-            let window = board.stall_after_ms().unwrap_or(self.stall_after_ms);
-            let Some(next) = decide(&ranks, current.as_ref(), pace, window, now_ms) else {
-                continue;
-            };
-            let decided = Written::of(&next);
-            match runs.set_health(id, next, now_ms) {
-                Ok(Outcome::Changed(written)) => {
-                    let stragglers: Vec<u32> = decided.stragglers.iter().map(|s| s.rank).collect();
-                    tracing::info!(run = %id, health = %decided.state, ?stragglers, "a run's health changed");
-                    change.ops.extend(written.ops);
-                    change.events.extend(written.events);
-                    self.written.insert(id.clone(), Some(decided));
-                }
-                Ok(Outcome::Unchanged(())) => {}
-                Err(err) => tracing::error!(run = %id, error = %err, "cannot write a run's health"),
-            }
+            Ok(Outcome::Unchanged(())) => {}
+            Err(err) => tracing::error!(run = %id, error = %err, "cannot write a run's health"),
         }
     }
 }
@@ -110,6 +172,8 @@ pub(crate) struct Written {
     pub(crate) state: HealthState,
     pub(crate) since_ms: u64,
     pub(crate) stragglers: Vec<Straggler>,
+    /// For STALLED: when a rank last advanced before the stall.
+    pub(crate) last_advance_ms: Option<u64>,
 }
 
 impl Written {
@@ -118,7 +182,13 @@ impl Written {
             state: health.state,
             since_ms: health.since_ms,
             stragglers: health.stragglers.clone(),
+            last_advance_ms: health.last_advance_ms,
         }
+    }
+
+    /// Since when the run is STALLED; `None` when it is not.
+    fn stalled_since(&self) -> Option<u64> {
+        (self.state == HealthState::Stalled).then_some(self.since_ms)
     }
 }
 
@@ -128,6 +198,18 @@ impl Written {
 #[derive(Debug, Default)]
 pub(crate) struct Pace {
     slow_since_ms: BTreeMap<u32, u64>,
+}
+
+/// [`decide_resumed`] with no stamp of the first advance after a stall.
+#[cfg(test)]
+pub(crate) fn decide(
+    ranks: &[Option<Progress>],
+    current: Option<&Written>,
+    pace: &mut Pace,
+    window_ms: u64,
+    now_ms: u64,
+) -> Option<RunHealth> {
+    decide_resumed(ranks, current, pace, window_ms, now_ms, None)
 }
 
 /// The run's new health, if it changes: `ranks` is each rank's progress
@@ -141,12 +223,17 @@ pub(crate) struct Pace {
 /// the same step again are not an advance. A change of the set of
 /// stragglers is a change too, with the state and its `since_ms` kept;
 /// their ratios drifting is not.
-pub(crate) fn decide(
+///
+/// A STALLED run's stall ends at the first advance after it: `resumed_ms`,
+/// as the report that made it stamped it on the board, or, without it, the
+/// earliest last advance of the ranks that advanced after the stall.
+pub(crate) fn decide_resumed(
     ranks: &[Option<Progress>],
     current: Option<&Written>,
     pace: &mut Pace,
     window_ms: u64,
     now_ms: u64,
+    resumed_ms: Option<u64>,
 ) -> Option<RunHealth> {
     let reported: Vec<(u32, &Progress)> =
         (0u32..).zip(ranks).filter_map(|(rank, p)| Some((rank, p.as_ref()?))).collect();
@@ -168,13 +255,24 @@ pub(crate) fn decide(
     let latest = || reported.iter().max_by_key(|(_, p)| p.last_advance_ms);
     let health = match current.map(|c| (c.state, c.since_ms)) {
         Some((HealthState::Stalled, since)) => {
-            let advanced = reported
-                .iter()
-                .filter(|(_, p)| p.advanced && p.last_advance_ms > since)
-                .max_by_key(|(_, p)| p.last_advance_ms)
-                .filter(|_| !stalled);
+            // An advance after the stall ends it, even when the ranks have
+            // stood still again since: that is a new stall, decided next.
+            let moved = || reported.iter().filter(|(_, p)| p.advanced && p.last_advance_ms > since);
+            let advanced = moved().max_by_key(|(_, p)| p.last_advance_ms);
             match advanced {
-                Some((rank, progress)) => progressing(*rank, progress, &lagging, &reported, now_ms),
+                Some((rank, progress)) => {
+                    let first = moved().map(|(_, p)| p.last_advance_ms).min().unwrap_or(now_ms);
+                    let resumed =
+                        resumed_ms.filter(|&ms| ms > since && ms <= first).unwrap_or(first);
+                    let mut health = progressing(*rank, progress, &lagging, &reported, resumed);
+                    let before = current.and_then(|c| c.last_advance_ms).unwrap_or(since);
+                    health.detail.push_str(&format!(
+                        " The stall ended at {}, {} after the last advance before it.",
+                        iso_ms(resumed),
+                        seconds(resumed.saturating_sub(before))
+                    ));
+                    health
+                }
                 None if same_stragglers => return None,
                 None => stalled_health(&reported, &lagging, newest, since, now_ms),
             }
@@ -286,7 +384,9 @@ fn named_stragglers(health: RunHealth, stragglers: Vec<Straggler>) -> RunHealth 
     if stragglers.len() > MAX_RANKS_NAMED {
         detail.push_str(&format!(" And {} more stragglers.", stragglers.len() - MAX_RANKS_NAMED));
     }
-    RunHealth::new(health.state, health.since_ms, health.ranks, detail).with_stragglers(stragglers)
+    let mut health = health;
+    health.detail = detail;
+    health.with_stragglers(stragglers)
 }
 
 /// How to write times per step in words, in the unit and to the grain
@@ -377,7 +477,7 @@ fn stalled_health(
         );
     }
     push_lagging(&mut detail, lagging, reported);
-    RunHealth::new(HealthState::Stalled, since_ms, culprits, detail)
+    RunHealth::new(HealthState::Stalled, since_ms, culprits, detail).with_last_advance(newest)
 }
 
 /// PROGRESSING since `since_ms`, rank `rank` the latest to advance.
@@ -460,8 +560,12 @@ mod tests {
         window_ms: u64,
         now_ms: u64,
     ) -> Option<RunHealth> {
-        let current =
-            current.map(|(state, since_ms)| Written { state, since_ms, stragglers: Vec::new() });
+        let current = current.map(|(state, since_ms)| Written {
+            state,
+            since_ms,
+            stragglers: Vec::new(),
+            last_advance_ms: None,
+        });
         decide(ranks, current.as_ref(), &mut Pace::default(), window_ms, now_ms)
     }
 
@@ -486,6 +590,61 @@ mod tests {
             now += 500;
         }
         written.as_ref().map_or_else(Vec::new, |w| w.stragglers.iter().map(|s| s.rank).collect())
+    }
+
+    /// What the health tick costs beside what the lease sweep costs, over
+    /// 1,250 boards of 8 ranks (10,000 ranks) none of which is due: run with
+    /// `cargo test --release -p trainstate-actor --lib health::tests::tick_cost
+    /// -- --ignored --nocapture` (figures in `docs/benchmarks.md`).
+    #[test]
+    #[ignore = "a measurement: run it in release"]
+    fn tick_cost() {
+        use std::sync::Arc;
+
+        use trainstate_schema::api::RankProgress;
+
+        use crate::progress::{ProgressBoard, Reporter};
+
+        let liveness = Liveness::default();
+        for group in 0..1_250u32 {
+            let id = RunId::parse(&format!("{group:032x}")).unwrap();
+            let board = Arc::new(ProgressBoard::new("0", 8, Reporter::Controller, None));
+            for rank in 0..8 {
+                board.report(&id, rank, &RankProgress::at_step(100), T).unwrap();
+            }
+            liveness.put_progress(id, board);
+        }
+        let rounds = 200;
+        let started = std::time::Instant::now();
+        let mut due = 0;
+        for _ in 0..rounds {
+            due +=
+                liveness.progress_boards_where(|board| board.health_due(60_000, T + 1_000)).len();
+        }
+        let tick = started.elapsed() / rounds;
+        assert_eq!(due, 0);
+        // What the sweep does for the same boards before it decides: every
+        // board listed and its ranks' progress copied, then a decision each.
+        let started = std::time::Instant::now();
+        for _ in 0..rounds {
+            for (_, board) in liveness.progress_boards() {
+                let ranks = board.progress().unwrap();
+                let written = Written {
+                    state: HealthState::Progressing,
+                    since_ms: T,
+                    stragglers: Vec::new(),
+                    last_advance_ms: None,
+                };
+                assert!(
+                    decide(&ranks, Some(&written), &mut Pace::default(), 60_000, T + 1_000)
+                        .is_none()
+                );
+            }
+        }
+        let sweep = started.elapsed() / rounds;
+        println!(
+            "10,000 ranks on 1,250 boards: a tick {tick:?}, the sweep's health part {sweep:?}"
+        );
     }
 
     #[test]

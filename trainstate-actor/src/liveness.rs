@@ -103,6 +103,21 @@ impl Liveness {
         self.progress.entries()
     }
 
+    /// The progress boards `keep` says to, with their runs: one pass under
+    /// the shards' read locks, copying only what it keeps.
+    pub(crate) fn progress_boards_where(
+        &self,
+        keep: impl Fn(&ProgressBoard) -> bool,
+    ) -> Vec<(RunId, Arc<ProgressBoard>)> {
+        let mut kept = Vec::new();
+        self.progress.for_each(|id, board| {
+            if keep(board) {
+                kept.push((id.clone(), board.clone()));
+            }
+        });
+        kept
+    }
+
     /// Publishes a tracked group's rank board, and its progress board.
     pub(crate) fn put_ranks(&self, id: RunId, board: Arc<RankBoard>) {
         self.put_progress(id.clone(), board.progress().clone());

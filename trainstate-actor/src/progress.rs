@@ -13,6 +13,7 @@
 //! [`crate::health`]).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use trainstate_client::StateError;
@@ -45,6 +46,26 @@ pub(crate) struct ProgressBoard {
     /// heartbeat, or a few per second from a controller: a lock per board
     /// is enough).
     progress: Mutex<ProgressTable>,
+    /// What the health tick reads without the board's lock.
+    marks: HealthMarks,
+}
+
+/// What a board tells the health tick without its lock, so that a tick
+/// over every board costs a few atomic reads each: when its ranks last
+/// moved, and whether a stall the head wrote has ended.
+#[derive(Default)]
+struct HealthMarks {
+    /// The latest `last_advance_ms` of any rank (wall ms).
+    newest_ms: AtomicU64,
+    /// The latest end of an announced pause (`expect_next_within_ms`) of
+    /// any rank (wall ms); 0: none.
+    covered_until_ms: AtomicU64,
+    /// Since when the run's health is STALLED, as the head wrote it (wall
+    /// ms); 0: it is not.
+    stalled_since_ms: AtomicU64,
+    /// The first advance of a rank after the stall the head wrote (wall
+    /// ms), stamped by the report that made it; 0: none yet.
+    resumed_ms: AtomicU64,
 }
 
 /// Who reports a board's progress.
@@ -110,7 +131,37 @@ impl ProgressBoard {
             reporter,
             stall_after_ms,
             progress: Mutex::default(),
+            marks: HealthMarks::default(),
         }
+    }
+
+    /// Notes the run's health as the head wrote it: STALLED since
+    /// `stalled_since_ms`, or (`None`) not stalled. A new stall forgets
+    /// the advance that ended the one before.
+    pub(crate) fn note_health(&self, stalled_since_ms: Option<u64>) {
+        let since = stalled_since_ms.unwrap_or(0);
+        if self.marks.stalled_since_ms.swap(since, Ordering::SeqCst) != since {
+            self.marks.resumed_ms.store(0, Ordering::SeqCst);
+        }
+    }
+
+    /// The first advance of a rank after the stall the head wrote (wall
+    /// ms), if one came.
+    pub(crate) fn resumed_ms(&self) -> Option<u64> {
+        Some(self.marks.resumed_ms.load(Ordering::SeqCst)).filter(|&ms| ms != 0)
+    }
+
+    /// True when the run's health may change at `now_ms` for a stall
+    /// window of `window_ms`: a stall the head wrote has ended, or, for a
+    /// run not stalled, its ranks have not moved for the window and no
+    /// announced pause covers now. Lock free: a few atomic reads.
+    pub(crate) fn health_due(&self, window_ms: u64, now_ms: u64) -> bool {
+        if self.marks.stalled_since_ms.load(Ordering::Relaxed) != 0 {
+            return self.marks.resumed_ms.load(Ordering::Relaxed) != 0;
+        }
+        let newest = self.marks.newest_ms.load(Ordering::Relaxed);
+        let covered = self.marks.covered_until_ms.load(Ordering::Relaxed);
+        newest != 0 && now_ms >= newest.saturating_add(window_ms).max(covered)
     }
 
     /// Records rank `rank`'s progress report `report`, received at
@@ -267,6 +318,17 @@ impl ProgressBoard {
                 step_time_ms,
             },
         };
+        self.marks.newest_ms.fetch_max(progress.last_advance_ms, Ordering::SeqCst);
+        self.marks.covered_until_ms.fetch_max(progress.expect_until_ms, Ordering::SeqCst);
+        if advanced && self.marks.stalled_since_ms.load(Ordering::SeqCst) != 0 {
+            // The first advance after the stall dates its end.
+            let _ = self.marks.resumed_ms.compare_exchange(
+                0,
+                now_ms,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            );
+        }
         let names: Vec<Arc<str>> = new_names.into_iter().map(|n| Arc::from(n.as_str())).collect();
         table.names.extend(names);
         if let Some(step) = report.step {

@@ -45,7 +45,8 @@ pub(crate) struct RunRecord {
     fresh_text: Mutex<Option<Box<str>>>,
     /// The cluster the run belongs to (`None` for runs registered without one).
     pub(crate) cluster: Option<Box<str>>,
-    /// The state of the run's `health` (`None` for a run with none).
+    /// The state of the run's `health` (`None` for a run with none, and
+    /// for an ended run whose stall ended with it).
     pub(crate) health: Option<HealthState>,
     /// Which version of the run this is: unique to this record, so a
     /// shared store can tell whether a change was decided on the version
@@ -95,7 +96,7 @@ impl RunRecord {
             json,
             fresh_text: Mutex::new(fresh_text.map(Into::into)),
             cluster: run.cluster().map(Into::into),
-            health: run.health().map(|health| health.state),
+            health: listed_health(run.health().map(|health| health.state), run.status()),
             version: versions::next(),
             base: AtomicU64::new(0),
         }))
@@ -148,7 +149,7 @@ impl RunRecord {
         version: u64,
     ) -> Arc<Self> {
         let boxed = |text: Cow<'_, str>| text.into_owned().into_boxed_str();
-        let health = json.health_state();
+        let health = listed_health(json.health_state(), columns.status);
         Arc::new(Self {
             statics: Statics { controller_actor_id: boxed(columns.controller_actor_id), digests },
             id,
@@ -330,6 +331,13 @@ impl Statics {
 
 /// Two independent 64-bit hashes of the same fields.
 type Digest = (u64, u64);
+
+/// The health a run is listed and counted by: its state, but none for an
+/// ended run whose health is STALLED (its stall ended with it: no STALLED
+/// run that listings, gauges or notifications count).
+fn listed_health(state: Option<HealthState>, status: RunStatus) -> Option<HealthState> {
+    state.filter(|&state| !(state == HealthState::Stalled && status.is_terminal()))
+}
 
 fn digest(feed: impl Fn(&mut DefaultHasher)) -> Digest {
     let mut halves = [0u64; 2];

@@ -636,7 +636,8 @@ impl Runs {
     }
 
     /// Writes a live run's new health (and appends it to its
-    /// `health_history`), as the lease sweep decided it. Not a sign of
+    /// `health_history`, dated `now_ms`: for a stall's end, the advance
+    /// that ended it), as the head decided it. Not a sign of
     /// life: the run's lease stays as it was. An ended run keeps the
     /// health it had.
     pub(crate) fn set_health(
@@ -826,6 +827,15 @@ fn recorded_after(
 ) -> Result<Arc<RunRecord>, StateError> {
     let before = before.or_else(|| run.status_history().last().map(|change| change.status));
     let run = if before == Some(run.status()) { run } else { run.with_status_recorded(at_ms) };
+    // A run that ends while stalled ends its stall: it is kept, marked
+    // ended, and no longer counts as a stall anyone needs to see.
+    let run = match run.health() {
+        Some(health) if health.is_live_stall() && run.status().is_terminal() => {
+            let ended_ms = run.end_time_ms().unwrap_or(at_ms);
+            run.with_stall_ended(ended_ms)
+        }
+        _ => run,
+    };
     RunRecord::new(&run)
 }
 

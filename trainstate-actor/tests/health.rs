@@ -39,8 +39,9 @@ fn configured(config: StateConfig, what: &str, clock: &Arc<ManualClock>) -> Stat
         .with_clock(clock.clone())
         .with_lease(LEASE)
         .with_stall_after(STALL_AFTER)
-        // The tests drive the sweep themselves.
+        // The tests drive the sweep and the health tick themselves.
         .with_sweep_interval(Duration::from_secs(3600))
+        .with_health_tick(Duration::from_secs(3600))
 }
 
 /// One head over HTTP, its clock, and the run of a group of `world_size`
@@ -689,4 +690,120 @@ on_both_stores! {
         assert_eq!(stored_points(&fresh, &id).await, 0, "deleted with the run");
         f.stop().await;
     }
+}
+
+impl Fixture {
+    /// Rank `rank` ends with `status` (`FINISHED`, `ERRORED`): the run's
+    /// status as the answer says it.
+    async fn end(&self, id: &str, rank: u32, status: &str) -> Value {
+        let path = format!("/api/train/runs/{id}/ranks/{rank}/end");
+        let end = json!({"attempt_id": "0", "status": status});
+        let (code, answer) =
+            send(&self.client, Method::POST, &self.url(&path), body(&end), None).await;
+        assert_eq!(code, StatusCode::OK, "{answer}");
+        answer["run_status"].clone()
+    }
+
+    /// The health tick, now.
+    async fn tick(&self) -> usize {
+        self.server.service.handle().decide_health().await.unwrap()
+    }
+}
+
+/// The states of a run's `health_history`, with their `at_ms`.
+fn history(run: &Value) -> Vec<(String, u64)> {
+    let changes = run["health_history"].as_array().cloned().unwrap_or_default();
+    changes
+        .iter()
+        .map(|c| (c["state"].as_str().unwrap().to_owned(), c["at_ms"].as_u64().unwrap()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stall_ends_with_the_advance_that_ended_it_or_with_the_run() {
+    // Rank 1 stops at T0 + 2 s; the window passes at T0 + 12 s. Then either
+    // a rank advances at T0 + 42 s (a 40 s pause) and the run finishes at
+    // T0 + 42.5 s, before any sweep, or the run finishes still stalled.
+    // (what happens, the history after the end, the health's state, whether
+    // the run ended while stalled)
+    let p = |at: u64| ("PROGRESSING".to_owned(), T0 + at);
+    let s = |at: u64| ("STALLED".to_owned(), T0 + at);
+    let cases = [
+        ("resumes then finishes", true, vec![p(0), s(12_000), p(42_000)], "PROGRESSING", false),
+        ("finishes while stalled", false, vec![p(0), s(12_000)], "STALLED", true),
+    ];
+    for (what, resumes, expected, state, ended_stalled) in cases {
+        let clock = Arc::new(ManualClock::new(T0));
+        let f = Fixture::start(config("health-resolved", &clock), clock.clone()).await;
+        let id = f.join("resolved", 2, json!({})).await;
+        f.reported(&id, 0, json!({"step": 10})).await;
+        f.reported(&id, 1, json!({"step": 10})).await;
+        f.sweep().await;
+        clock.advance_ms(2_000);
+        f.reported(&id, 0, json!({"step": 11})).await;
+        f.reported(&id, 1, json!({"step": 11})).await;
+        clock.advance_ms(10_000);
+        f.sweep().await;
+        let run = f.get(&id).await;
+        assert_eq!(run["health"]["state"], "STALLED", "{what}: {run}");
+        assert_eq!(run["health"]["last_advance_ms"], T0 + 2_000, "{what}: {run}");
+        assert_eq!(f.listed("STALLED").await, vec![id.clone()], "{what}: a live stall");
+
+        clock.advance_ms(30_000);
+        if resumes {
+            f.reported(&id, 0, json!({"step": 12})).await;
+        }
+        clock.advance_ms(500);
+        assert_eq!(f.end(&id, 0, "FINISHED").await, "RUNNING", "{what}");
+        assert_eq!(f.end(&id, 1, "FINISHED").await, "FINISHED", "{what}");
+
+        let run = f.get(&id).await;
+        assert_eq!(history(&run), expected, "{what}: {run}");
+        let health = &run["health"];
+        assert_eq!(health["state"], state, "{what}: {run}");
+        let stalled = &run["health_history"][1];
+        assert_eq!(stalled["last_advance_ms"], T0 + 2_000, "{what}: {run}");
+        if ended_stalled {
+            let ended = run["end_time_ms"].as_u64().unwrap();
+            assert_eq!(health["ended_ms"], ended, "{what}: {run}");
+            assert_eq!(stalled["ended_ms"], ended, "{what}: the stall ends with the run: {run}");
+        } else {
+            assert_eq!(health["since_ms"], T0 + 42_000, "{what}: dated by the advance: {run}");
+            assert!(health.get("ended_ms").is_none(), "{what}: {run}");
+            let detail = health["detail"].as_str().unwrap();
+            assert!(
+                detail.contains(", 40 s after the last advance before it."),
+                "{what}: {detail}"
+            );
+        }
+        assert!(f.listed("STALLED").await.is_empty(), "{what}: an ended run is no live stall");
+        f.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_health_tick_sees_a_stall_and_its_end_without_the_lease_sweep() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let f = Fixture::start(config("health-tick", &clock), clock.clone()).await;
+    let id = f.join("tick", 1, json!({})).await;
+    f.reported(&id, 0, json!({"step": 1})).await;
+    f.sweep().await;
+    assert_eq!(f.tick().await, 0, "nothing is due within the window");
+
+    clock.advance_ms(STALL_AFTER.as_millis() as u64);
+    assert_eq!(f.tick().await, 1, "the window passed");
+    let run = f.get(&id).await;
+    assert_eq!(run["health"]["state"], "STALLED", "{run}");
+    assert_eq!(f.tick().await, 0, "a stall no rank ended is not decided again");
+
+    clock.advance_ms(7_000);
+    f.reported(&id, 0, json!({"step": 2})).await;
+    clock.advance_ms(900);
+    assert_eq!(f.tick().await, 1, "the advance ended the stall");
+    let run = f.get(&id).await;
+    assert_eq!(run["health"]["state"], "PROGRESSING", "{run}");
+    assert_eq!(run["health"]["since_ms"], T0 + 17_000, "dated by the advance: {run}");
+    assert_eq!(history(&run).last(), Some(&("PROGRESSING".to_owned(), T0 + 17_000)), "{run}");
+    assert_eq!(f.tick().await, 0);
+    f.stop().await;
 }

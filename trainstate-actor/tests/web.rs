@@ -782,6 +782,8 @@ async fn the_page_shows_a_stalled_run_its_progress_and_the_ranks_named() {
                step: document.querySelector('#run-step').textContent,
                health: health.getAttribute('data-health'),
                stalledBadge: document.querySelector('#run-status [data-health=STALLED]') !== null,
+               eta: document.querySelector('#run-eta') !== null,
+               stalledFor: document.querySelector('#run-stalled-for') !== null,
                culprits: rows.filter((r) => r.classList.contains('culprit')).map((r) => Number(r.dataset.worldRank)),
                steps: rows.map((r) => r.querySelector('[data-col=step]').textContent),
                phases: rows.map((r) => r.querySelector('[data-col=phase]').textContent),
@@ -795,6 +797,8 @@ async fn the_page_shows_a_stalled_run_its_progress_and_the_ranks_named() {
     assert!(shown["step"].as_str().unwrap().contains("step 40 of 100"), "{shown}");
     assert_eq!(shown["health"], "STALLED", "{shown}");
     assert_eq!(shown["stalledBadge"], true, "{shown}");
+    assert_eq!(shown["eta"], false, "no estimate of the time left while stalled: {shown}");
+    assert_eq!(shown["stalledFor"], true, "how long it stood still instead: {shown}");
     let named: Vec<u64> = health.ranks.iter().map(|r| u64::from(*r)).collect();
     assert!(!named.is_empty(), "{health:?}");
     assert_eq!(shown["culprits"], json!(named), "the ranks health names are highlighted: {shown}");

@@ -150,10 +150,23 @@
   }, 1000);
 
   const badge = (status) => h('span', { class: `badge s-${String(status).toLowerCase()}` }, status);
-  /** A live run that stopped making progress: its STALLED badge (null otherwise). */
-  const stalledBadge = (run) => (run.health && run.health.state === 'STALLED' && !run.end_time_ms
-    ? h('span', { class: 'badge h-stalled', 'data-health': 'STALLED', title: run.health.detail || null }, 'STALLED')
-    : null);
+  /** True for a live run whose health is STALLED (not a stall its run ended in). */
+  const liveStall = (run) => Boolean(run.health && run.health.state === 'STALLED' && !run.end_time_ms
+    && (run.health.ended_ms === null || run.health.ended_ms === undefined));
+  /**
+   * A live run that stopped making progress: its STALLED badge; a run that
+   * ended while stalled: a quiet "ended while stalled" badge (nobody needs
+   * to look at it now); null otherwise.
+   */
+  const stalledBadge = (run) => {
+    if (liveStall(run)) {
+      return h('span', { class: 'badge h-stalled', 'data-health': 'STALLED', title: run.health.detail || null }, 'STALLED');
+    }
+    if (run.health && Number.isFinite(run.health.ended_ms)) {
+      return h('span', { class: 'badge h-ended', 'data-health': 'ENDED_STALLED', title: run.health.detail || null }, 'ended while stalled');
+    }
+    return null;
+  };
 
   /**
    * A run's progress from its ranks' reports: the highest step, the
@@ -168,8 +181,13 @@
     const total = totals.length ? Math.max(...totals) : null;
     const live = run.end_time_ms === null || run.end_time_ms === undefined;
     const elapsed = Date.now() - run.start_time_ms;
-    const eta = live && total && step > 0 && step < total && elapsed > 0 ? (elapsed / step) * (total - step) : null;
-    return { step, total, eta, ranks };
+    // A stalled run has no pace to estimate from: how long it stood still instead.
+    const stalled = liveStall(run);
+    const eta = live && !stalled && total && step > 0 && step < total && elapsed > 0 ? (elapsed / step) * (total - step) : null;
+    const lastAdvance = Number.isFinite(run.health && run.health.last_advance_ms) ? run.health.last_advance_ms
+      : Math.max(...ranks.map((p) => (Number.isFinite(p.last_advance_ms) ? p.last_advance_ms : 0)));
+    const stalledSince = stalled && lastAdvance > 0 ? lastAdvance : null;
+    return { step, total, eta, stalledSince, ranks };
   }
   /** A run's lifecycle status: Ray Train V2's sub-status when it has one. */
   const statusOf = (run) => run.status || run.run_status;
@@ -784,10 +802,15 @@
           progress.total
             ? `step ${num(progress.step)} of ${num(progress.total)} (${Math.floor((100 * Math.min(progress.step, progress.total)) / progress.total)} %)`
             : `step ${num(progress.step)}`,
-          progress.eta !== null ? h('span', { class: 'muted', id: 'run-eta' }, ` · about ${formatDuration(progress.eta)} left`) : null)) : null;
-      const healthLine = health ? h('p', { id: 'run-health', 'data-health': health.state },
-        h('span', { class: `badge h-${String(health.state).toLowerCase()}` }, health.state), ' since ', timeEl(health.since_ms),
+          progress.eta !== null ? h('span', { class: 'muted', id: 'run-eta' }, ` · about ${formatDuration(progress.eta)} left`) : null,
+          progress.stalledSince !== null ? h('span', { class: 'muted', id: 'run-stalled-for' }, ' · stalled for ',
+            h('span', { 'data-live-since': String(progress.stalledSince) }, formatDuration(Date.now() - progress.stalledSince))) : null)) : null;
+      const endedStalled = health && Number.isFinite(health.ended_ms);
+      const healthLine = health ? h('p', { id: 'run-health', 'data-health': endedStalled ? 'ENDED_STALLED' : health.state },
+        endedStalled ? stalledBadge(run) : h('span', { class: `badge h-${String(health.state).toLowerCase()}` }, health.state),
+        ' since ', timeEl(health.since_ms),
         health.ranks && health.ranks.length ? [', ranks ', ...health.ranks.flatMap((r, i) => (i ? [', ', rankLink(r)] : [rankLink(r)]))] : null,
+        endedStalled ? [', until the run ended at ', timeEl(health.ended_ms)] : null,
         ) : null;
       const stragglers = health && Array.isArray(health.stragglers) ? health.stragglers : [];
       const stragglerLine = stragglers.length ? h('p', { id: 'run-stragglers' },

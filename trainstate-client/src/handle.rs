@@ -422,6 +422,13 @@ impl StateHandle {
         self.call(|reply| StateMessage::SweepLeases { reply }).await
     }
 
+    /// Decides now the health of the live runs whose health may change (a
+    /// stall a rank's advance ended, a stall window just passed), as the
+    /// head does about once a second; answers how many runs it decided.
+    pub async fn decide_health(&self) -> Result<usize, StateError> {
+        self.call(|reply| StateMessage::DecideHealth { reply }).await
+    }
+
     /// Sends one request and waits for its answer, up to the deadline: the
     /// one place where a call goes to the local actor or over HTTP.
     pub(crate) async fn call<T>(

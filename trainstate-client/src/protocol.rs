@@ -188,6 +188,13 @@ pub enum StateMessage {
         /// The ids of the runs it aborted.
         reply: Reply<Vec<RunId>>,
     },
+    /// Decides now the health of the live runs whose health may change (a
+    /// stall a rank's advance ended, a stall window just passed). The
+    /// actor also decides it about once a second.
+    DecideHealth {
+        /// How many runs it decided.
+        reply: Reply<usize>,
+    },
     /// A request of the rendezvous, where the ranks of a launch without a
     /// controller report one run together.
     Rendezvous(crate::rendezvous::RendezvousMessage),

@@ -196,6 +196,9 @@ impl Remote {
             StateMessage::SweepLeases { reply } => {
                 let _ = reply.send(Err(local_only("lease sweeps")));
             }
+            StateMessage::DecideHealth { reply } => {
+                let _ = reply.send(Err(local_only("health decisions")));
+            }
             StateMessage::UpsertRayPrepared { reply, .. } => {
                 let _ = reply.send(Err(local_only("prepared writes")));
             }

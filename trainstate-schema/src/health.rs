@@ -1,12 +1,13 @@
 //! A run's health as the head decides it: whether its ranks still advance.
 //!
-//! The head's lease sweep marks a live run whose ranks report progress
-//! `STALLED` when none of them advanced for the run's stall window, and
-//! `PROGRESSING` again when one does, and names the ranks whose own steps
-//! are persistently slower than their peers' ([`Straggler`]). The run
-//! keeps its current health ([`RunHealth`]) and a bounded history of
-//! changes ([`HealthChange`]); both are the head's own: a registration's
-//! are ignored.
+//! The head marks a live run whose ranks report progress `STALLED` when
+//! none of them advanced for the run's stall window, and `PROGRESSING`
+//! again when one does (dated by that advance), and names the ranks whose
+//! own steps are persistently slower than their peers' ([`Straggler`]). A
+//! run that ends while stalled keeps its `STALLED` health marked ended
+//! (`ended_ms`). The run keeps its current health ([`RunHealth`]) and a
+//! bounded history of changes ([`HealthChange`]); both are the head's
+//! own: a registration's are ignored.
 
 use serde::{Deserialize, Serialize};
 
@@ -75,13 +76,43 @@ pub struct RunHealth {
     #[serde(default)]
     #[cfg_attr(feature = "schemars", schemars(length(max = 1024)))]
     pub stragglers: Vec<Straggler>,
+    /// For `STALLED`: when a rank last advanced before the stall (Unix ms,
+    /// the head's clock), from which the stall's length is counted. Absent
+    /// from a health written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_advance_ms: Option<u64>,
+    /// When the run ended while `STALLED` (Unix ms, the head's clock): the
+    /// stall ended with the run, and nobody needs to look at it any more.
+    /// Absent for a live run and for a run that did not end stalled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_ms: Option<u64>,
 }
 
 impl RunHealth {
     /// Health `state` since `since_ms`, naming `ranks`, described by
     /// `detail`, with no stragglers.
     pub fn new(state: HealthState, since_ms: u64, ranks: Vec<u32>, detail: String) -> Self {
-        Self { state, since_ms, ranks, detail, stragglers: Vec::new() }
+        Self {
+            state,
+            since_ms,
+            ranks,
+            detail,
+            stragglers: Vec::new(),
+            last_advance_ms: None,
+            ended_ms: None,
+        }
+    }
+
+    /// The same health, saying when a rank last advanced before it.
+    pub fn with_last_advance(mut self, last_advance_ms: u64) -> Self {
+        self.last_advance_ms = Some(last_advance_ms);
+        self
+    }
+
+    /// True for a `STALLED` health that is still live: its run has not
+    /// ended.
+    pub fn is_live_stall(&self) -> bool {
+        self.state == HealthState::Stalled && self.ended_ms.is_none()
     }
 
     /// The same health, naming `stragglers`.
@@ -133,12 +164,20 @@ pub struct HealthChange {
     #[serde(default)]
     #[cfg_attr(feature = "schemars", schemars(length(max = 1024)))]
     pub stragglers: Vec<u32>,
+    /// For `STALLED`: when a rank last advanced before the stall (Unix ms),
+    /// from which the stall's length is counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_advance_ms: Option<u64>,
+    /// On the last `STALLED` change of a run that ended while stalled: when
+    /// it ended (Unix ms), which resolved the stall.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_ms: Option<u64>,
 }
 
 impl HealthChange {
     /// A change to `state` at `at_ms`, naming `ranks` and no stragglers.
     pub fn new(state: HealthState, at_ms: u64, ranks: Vec<u32>) -> Self {
-        Self { state, at_ms, ranks, stragglers: Vec::new() }
+        Self { state, at_ms, ranks, stragglers: Vec::new(), last_advance_ms: None, ended_ms: None }
     }
 
     /// The same change, naming `stragglers`.

@@ -11,7 +11,7 @@ use crate::draft::{
     RunAttemptDraft, StatusChange, TrainDatasetInfoDraft, TrainRunInfoDraft, TrainWorkerInfoDraft,
 };
 use crate::error::{Rule, ValidationError};
-use crate::health::{HealthChange, RunHealth};
+use crate::health::{HealthChange, HealthState, RunHealth};
 use crate::id::RunId;
 use crate::json::JsonValue;
 use crate::limits::{
@@ -325,12 +325,28 @@ impl TrainRunInfo {
             self.health_history.drain(..excess);
         }
         let stragglers = health.stragglers.iter().map(|s| s.rank).collect();
-        self.health_history.push(
-            HealthChange::new(health.state, at_ms, health.ranks.clone())
-                .with_stragglers(stragglers),
-        );
+        let mut change = HealthChange::new(health.state, at_ms, health.ranks.clone())
+            .with_stragglers(stragglers);
+        change.last_advance_ms = health.last_advance_ms;
+        self.health_history.push(change);
         self.health = Some(health);
         Ok(self)
+    }
+
+    /// The run with its `STALLED` health marked as ended at `at_ms`, in its
+    /// health and its history's last change: the stall ended with the run.
+    /// Any other health is kept as it is.
+    pub fn with_stall_ended(mut self, at_ms: u64) -> Self {
+        let Some(health) = self.health.as_mut().filter(|h| h.is_live_stall()) else {
+            return self;
+        };
+        health.ended_ms = Some(at_ms);
+        if let Some(last) =
+            self.health_history.last_mut().filter(|c| c.state == HealthState::Stalled)
+        {
+            last.ended_ms = Some(at_ms);
+        }
+        self
     }
 
     /// The run's health as the head last decided it; `None` for a run

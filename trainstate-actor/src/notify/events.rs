@@ -167,6 +167,9 @@ pub(crate) fn derive(run: &StoredRun, link_base: Option<&str>) -> Vec<Notice> {
     }
 
     let mut open_stall: Option<Stall> = None;
+    // When a rank last advanced before the open stall: its length is
+    // counted from it (from the stall itself when the history does not say).
+    let mut stalled_from = 0;
     for change in &run.health_history {
         let stall = |change: &HealthChange| Stall {
             since_ms: change.at_ms,
@@ -196,6 +199,7 @@ pub(crate) fn derive(run: &StoredRun, link_base: Option<&str>) -> Vec<Notice> {
                     ),
                 };
                 notices.push(Notice { event, ends_stall: None });
+                stalled_from = change.last_advance_ms.unwrap_or(change.at_ms);
                 open_stall = Some(now);
             }
             HealthState::Progressing => {
@@ -207,10 +211,12 @@ pub(crate) fn derive(run: &StoredRun, link_base: Option<&str>) -> Vec<Notice> {
                 let mut event = event(id, kind, change.at_ms);
                 event.ranks.clone_from(&ended.ranks);
                 event.node.clone_from(&ended.node);
+                // The stall's length: from the last advance before it (when
+                // the history says) to the advance that ended it.
                 event.detail = format!(
-                    "A rank advanced again at {}, after {} stalled.",
+                    "A rank advanced again at {}, after {} without an advance.",
                     time_text::iso_ms(change.at_ms),
-                    time_text::seconds(change.at_ms.saturating_sub(ended.since_ms))
+                    time_text::seconds(change.at_ms.saturating_sub(stalled_from))
                 );
                 notices.push(Notice { event, ends_stall: Some(ended) });
             }
@@ -233,6 +239,15 @@ pub(crate) fn derive(run: &StoredRun, link_base: Option<&str>) -> Vec<Notice> {
         } else {
             detail
         };
+        if open_stall.is_some() {
+            // The end resolves the stall it ended in: said first, so that
+            // no truncation of a long detail loses it.
+            event.detail = format!(
+                "It ended while stalled: no rank advanced since {}. {}",
+                time_text::iso_ms(stalled_from),
+                event.detail
+            );
+        }
         notices.push(Notice { event, ends_stall: open_stall.take() });
     }
 
@@ -355,7 +370,7 @@ mod tests {
             "health": {"state": "STALLED", "since_ms": T0 + 60_000, "ranks": [0], "detail": "No rank has advanced for 10 s."},
             "health_history": [
                 {"state": "PROGRESSING", "at_ms": T0 + 1_000, "ranks": []},
-                {"state": "STALLED", "at_ms": T0 + 10_000, "ranks": [1]},
+                {"state": "STALLED", "at_ms": T0 + 10_000, "ranks": [1], "last_advance_ms": T0 + 2_000},
                 {"state": "PROGRESSING", "at_ms": T0 + 15_000, "ranks": []},
                 {"state": "STALLED", "at_ms": T0 + 60_000, "ranks": [0]},
             ],
@@ -374,7 +389,12 @@ mod tests {
         let recovered = &notices[1];
         assert_eq!(recovered.event.ranks, [1], "the recovery names the stall's ranks");
         assert_eq!(recovered.ends_stall.as_ref().map(|s| s.since_ms), Some(T0 + 10_000));
-        assert!(recovered.event.detail.contains("after 5 s stalled"), "{}", recovered.event.detail);
+        // From the last advance before the stall to the one that ended it.
+        assert!(
+            recovered.event.detail.contains("after 13 s without an advance"),
+            "{}",
+            recovered.event.detail
+        );
         assert_eq!(notices[2].event.attempt_id.as_deref(), Some("a1"));
         assert!(notices[2].event.detail.ends_with("attempt a0 ended: node lost"));
         assert_eq!(notices[3].event.detail, "No rank has advanced for 10 s.");
@@ -382,10 +402,60 @@ mod tests {
         assert_eq!(end.ends_stall.as_ref().map(|s| s.since_ms), Some(T0 + 60_000));
         assert_eq!(
             end.event.detail,
-            format!("The run was aborted at {}.", time_text::iso_ms(T0 + 90_000))
+            format!(
+                "It ended while stalled: no rank advanced since {}. The run was aborted at {}.",
+                time_text::iso_ms(T0 + 60_000),
+                time_text::iso_ms(T0 + 90_000)
+            )
         );
         // The same document, read again, gives the same events.
         assert_eq!(derive(&doc, None), notices);
+    }
+
+    #[test]
+    fn every_stall_is_resolved_by_its_recovery_or_by_the_runs_end() {
+        let stalled = json!({"state": "STALLED", "at_ms": T0 + 12_000, "ranks": [1], "last_advance_ms": T0 + 2_000});
+        // (what the run's history holds after the stall, the events, what
+        // the end resolves, words the last event's detail holds)
+        let cases = [
+            (
+                "recovered then finished",
+                json!([stalled, {"state": "PROGRESSING", "at_ms": T0 + 42_000, "ranks": []}]),
+                vec!["STALLED", "RECOVERED", "FINISHED"],
+                None,
+                "The run finished",
+            ),
+            (
+                "ended while stalled",
+                json!([{"state": "STALLED", "at_ms": T0 + 12_000, "ranks": [1], "last_advance_ms": T0 + 2_000, "ended_ms": T0 + 50_000}]),
+                vec!["STALLED", "FINISHED"],
+                Some(T0 + 12_000),
+                "It ended while stalled: no rank advanced since",
+            ),
+        ];
+        for (what, history, kinds, resolved, words) in cases {
+            let doc = run(json!({
+                "run_status": "FINISHED", "status": "FINISHED", "end_time_ms": T0 + 50_000,
+                "health_history": history,
+            }));
+            let notices = derive(&doc, None);
+            let seen: Vec<String> = notices.iter().map(|n| n.kind().to_string()).collect();
+            assert_eq!(seen, kinds, "{what}");
+            let end = notices.last().unwrap();
+            assert_eq!(end.ends_stall.as_ref().map(|s| s.since_ms), resolved, "{what}");
+            assert!(end.event.detail.contains(words), "{what}: {}", end.event.detail);
+            if let Some(recovered) = notices.iter().find(|n| n.kind() == NotifyEventKind::Recovered)
+            {
+                // A 40 s pause reads 40 s: from the last advance before the
+                // stall to the advance that ended it.
+                assert_eq!(recovered.event.at_ms, T0 + 42_000, "{what}");
+                assert!(
+                    recovered.event.detail.contains("after 40 s without an advance"),
+                    "{what}: {}",
+                    recovered.event.detail
+                );
+            }
+        }
     }
 
     #[test]

@@ -54,6 +54,10 @@ pub enum RunsCommand {
         /// Only runs whose name contains this text.
         #[arg(long)]
         name: Option<String>,
+        /// Only runs whose health is this state: STALLED (stalled now; not
+        /// a run that ended while stalled) or PROGRESSING.
+        #[arg(long, value_name = "STATE")]
+        health: Option<String>,
         /// How many runs.
         #[arg(long, default_value_t = 100)]
         limit: usize,

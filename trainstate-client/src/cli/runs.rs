@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use trainstate_schema::ray_v2::attempt_budget;
 use trainstate_schema::text::escape_control;
-use trainstate_schema::{CauseKind, Straggler, TrainRunInfo};
+use trainstate_schema::{CauseKind, HealthState, RunHealth, Straggler, TrainRunInfo};
 
 use super::{HeadArgs, RunsCommand};
 use crate::api::{LinksResponse, RankProgressServed, RunListResponse, StatusFilter};
@@ -26,12 +26,13 @@ pub(super) fn connect_head(head: &HeadArgs) -> Result<StateHandle, String> {
 
 async fn run_command(command: RunsCommand) -> Result<String, String> {
     match command {
-        RunsCommand::List { head, status, job, name, limit } => {
+        RunsCommand::List { head, status, job, name, health, limit } => {
             let state = connect_head(&head)?;
             let mut query = RunQuery::new().limit(limit);
             query.statuses = status.join(",").to_uppercase().parse::<StatusFilter>()?.0;
             query.job_id = job;
             query.name_contains = name;
+            query.health = health.as_deref().map(parse_health).transpose()?;
             let page = state.list(query).await.map_err(|e| unreachable_head(&head.url, e))?;
             if head.json {
                 let total = page.total as u64;
@@ -48,6 +49,7 @@ async fn run_command(command: RunsCommand) -> Result<String, String> {
                 "ID".to_owned(),
                 "NAME".into(),
                 "STATUS".into(),
+                "HEALTH".into(),
                 "JOB".into(),
                 "STARTED (UTC)".into(),
                 "DURATION".into(),
@@ -60,6 +62,7 @@ async fn run_command(command: RunsCommand) -> Result<String, String> {
                     run.id().to_string(),
                     escape_control(run.name()).into_owned(),
                     run.status().to_string(),
+                    health_cell(run.health()),
                     escape_control(run.job_id()).into_owned(),
                     utc(run.start_time_ms()),
                     duration(run.start_time_ms(), run.end_time_ms()),
@@ -83,6 +86,25 @@ async fn run_command(command: RunsCommand) -> Result<String, String> {
             let progress = Progress::of(&served_progress(&run));
             show(&run.parse().map_err(|e| e.to_string())?, &links, progress.as_ref())
         }
+    }
+}
+
+/// The state `--health` names (`STALLED`, `progressing`), or an error
+/// naming the flag and the states it takes.
+fn parse_health(text: &str) -> Result<HealthState, String> {
+    HealthState::parse(&text.trim().to_uppercase()).ok_or_else(|| {
+        let states: Vec<&str> = HealthState::ALL.iter().map(|s| s.as_str()).collect();
+        format!("--health: {text:?} is not a health state: one of {}", states.join(", "))
+    })
+}
+
+/// A run's health in the list: its state, `-` for none, and `ENDED
+/// WHILE STALLED` for a run that ended while stalled (no live stall).
+fn health_cell(health: Option<&RunHealth>) -> String {
+    match health {
+        None => "-".to_owned(),
+        Some(h) if h.ended_ms.is_some() => "ENDED WHILE STALLED".to_owned(),
+        Some(h) => h.state.to_string(),
     }
 }
 
@@ -111,27 +133,40 @@ fn served_progress(run: &crate::RunDocument) -> Vec<Option<RankProgressServed>> 
     }
 }
 
-/// A run's progress as its ranks last reported it: the highest step and
-/// the largest total.
+/// A run's progress as its ranks last reported it: the highest step, the
+/// largest total, and when a rank last advanced.
 struct Progress {
     step: u64,
     total: Option<u64>,
+    last_advance_ms: Option<u64>,
 }
 
 impl Progress {
     fn of(ranks: &[Option<RankProgressServed>]) -> Option<Self> {
         let reported = ranks.iter().flatten();
         let step = reported.clone().filter_map(|p| p.step).max()?;
-        let total = reported.filter_map(|p| p.total_steps).filter(|&t| t > 0).max();
-        Some(Self { step, total })
+        let total = reported.clone().filter_map(|p| p.total_steps).filter(|&t| t > 0).max();
+        let last_advance_ms = reported.filter_map(|p| p.last_advance_ms).max();
+        Some(Self { step, total, last_advance_ms })
     }
 
     /// `step 40 of 100 (40 %), about 3m00s left`: the estimate at the run's
-    /// average pace since it started (`elapsed_ms`), for a live run.
-    fn text(&self, elapsed_ms: Option<u64>) -> String {
-        let Some(total) = self.total else { return format!("step {}", self.step) };
+    /// average pace since it started (`elapsed_ms`), for a live run. A run
+    /// that is stalled (`stalled_for_ms`: how long no rank advanced) has
+    /// no estimate: `step 40 of 100 (40 %), stalled for 16m00s`.
+    fn text(&self, elapsed_ms: Option<u64>, stalled_for_ms: Option<u64>) -> String {
+        let Some(total) = self.total else {
+            return match stalled_for_ms {
+                Some(stalled) => format!("step {}, stalled for {}", self.step, since(stalled)),
+                None => format!("step {}", self.step),
+            };
+        };
         let done = self.step.min(total);
         let mut text = format!("step {} of {total} ({} %)", self.step, done * 100 / total);
+        if let Some(stalled) = stalled_for_ms {
+            text.push_str(&format!(", stalled for {}", since(stalled)));
+            return text;
+        }
         if let Some(elapsed) = elapsed_ms.filter(|_| self.step > 0 && self.step < total) {
             let left = elapsed as u128 * u128::from(total - self.step) / u128::from(self.step);
             text.push_str(&format!(", about {} left", duration(0, Some(left as u64))));
@@ -187,7 +222,15 @@ fn show(
             ),
         };
         let since = utc(health.since_ms);
-        line(&mut out, "health", &format!("{} since {since} UTC{ranks}", health.state.as_str()));
+        let ended = match health.ended_ms {
+            Some(ended) => format!(", ended while stalled at {} UTC", utc(ended)),
+            None => String::new(),
+        };
+        line(
+            &mut out,
+            "health",
+            &format!("{} since {since} UTC{ranks}{ended}", health.state.as_str()),
+        );
         if !health.stragglers.is_empty() {
             line(&mut out, "stragglers", &stragglers_text(&health.stragglers));
         }
@@ -196,9 +239,15 @@ fn show(
         }
     }
     if let Some(progress) = progress {
-        let elapsed =
-            run.end_time_ms().is_none().then(|| now_ms().saturating_sub(run.start_time_ms()));
-        line(&mut out, "progress", &progress.text(elapsed));
+        let live = run.end_time_ms().is_none();
+        let elapsed = live.then(|| now_ms().saturating_sub(run.start_time_ms()));
+        // A stalled run has no pace to estimate from: how long it has
+        // stood still instead.
+        let stalled_for = run.health().filter(|h| live && h.is_live_stall()).map(|h| {
+            let from = h.last_advance_ms.or(progress.last_advance_ms).unwrap_or(h.since_ms);
+            now_ms().saturating_sub(from)
+        });
+        line(&mut out, "progress", &progress.text(elapsed, stalled_for));
     }
     let named = [("logs", links.logs.as_deref()), ("metrics", links.metrics.as_deref())];
     let run_links =
@@ -361,6 +410,11 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// `16m00s`: a length of time in ms, as [`duration`] writes it.
+fn since(ms: u64) -> String {
+    duration(0, Some(ms))
+}
+
 fn duration(start: u64, end: Option<u64>) -> String {
     let end = end.unwrap_or_else(|| now_ms().max(start));
     let secs = end.saturating_sub(start) / 1000;
@@ -384,11 +438,47 @@ mod tests {
         let progress =
             Progress::of(&[rank(Some(40), Some(100)), None, rank(Some(37), None)]).unwrap();
         assert_eq!((progress.step, progress.total), (40, Some(100)));
-        assert_eq!(progress.text(None), "step 40 of 100 (40 %)");
+        assert_eq!(progress.text(None, None), "step 40 of 100 (40 %)");
         // 40 steps took 2 minutes: the 60 left take 3 more at that pace.
-        assert_eq!(progress.text(Some(120_000)), "step 40 of 100 (40 %), about 3m00s left");
+        assert_eq!(progress.text(Some(120_000), None), "step 40 of 100 (40 %), about 3m00s left");
         let unknown = Progress::of(&[rank(Some(7), None)]).unwrap();
-        assert_eq!(unknown.text(Some(1_000)), "step 7");
+        assert_eq!(unknown.text(Some(1_000), None), "step 7");
+    }
+
+    #[test]
+    fn a_stalled_run_says_how_long_it_stood_still_and_estimates_nothing() {
+        let rank =
+            Some(RankProgressServed::new(Some(40), Some(100), None, None, Default::default()));
+        let progress = Progress::of(&[rank]).unwrap();
+        let cases = [
+            (Some(120_000), Some(960_000), "step 40 of 100 (40 %), stalled for 16m00s"),
+            (None, Some(5_000), "step 40 of 100 (40 %), stalled for 5s"),
+            (Some(120_000), None, "step 40 of 100 (40 %), about 3m00s left"),
+        ];
+        for (elapsed, stalled, expected) in cases {
+            assert_eq!(progress.text(elapsed, stalled), expected, "{elapsed:?} {stalled:?}");
+        }
+        let untotalled = Progress { total: None, ..progress };
+        assert_eq!(untotalled.text(Some(1_000), Some(61_000)), "step 40, stalled for 1m01s");
+    }
+
+    #[test]
+    fn the_health_flag_takes_a_state_in_any_case_and_names_itself_otherwise() {
+        assert_eq!(parse_health("stalled"), Ok(HealthState::Stalled));
+        assert_eq!(parse_health("PROGRESSING"), Ok(HealthState::Progressing));
+        let err = parse_health("stuck").unwrap_err();
+        assert!(err.starts_with("--health: \"stuck\" is not a health state"), "{err}");
+        assert!(err.ends_with("one of PROGRESSING, STALLED"), "{err}");
+    }
+
+    #[test]
+    fn the_health_cell_tells_a_stall_the_run_ended_in_from_a_live_one() {
+        let stalled = RunHealth::new(HealthState::Stalled, 1, vec![], String::new());
+        let mut ended = stalled.clone();
+        ended.ended_ms = Some(2);
+        assert_eq!(health_cell(None), "-");
+        assert_eq!(health_cell(Some(&stalled)), "STALLED");
+        assert_eq!(health_cell(Some(&ended)), "ENDED WHILE STALLED");
     }
 
     #[test]
