@@ -13,7 +13,9 @@ The torchrun tests need torch (they skip without it, and fail on CI). The
 same rules are also tested with a job of plain Python ranks under a small
 launcher of the test's own, which needs no torch: its ranks talk over a
 TCP connection in lock-step, so a dead rank's peer raises "Connection reset
-by peer" (or "closed by peer", "Broken pipe") as gloo's ranks do."""
+by peer" (or "closed by peer", "Broken pipe") as gloo's ranks do. The
+out-of-memory kill is tested with torchrun only: it kills as `kill -9` does,
+and ten more jobs would cost CI minutes for nothing new."""
 
 import os
 import re
@@ -380,10 +382,7 @@ RANK = """
     with open(mark + ".tmp", "w") as f:
         f.write(str(os.getpid()))
     os.rename(mark + ".tmp", mark)
-    hog = []
     while True:
-        if rank == 1 and os.path.exists(os.environ.get("OOM_FILE", "/nonexistent")):
-            hog.append(bytearray(b"\\x01") * (8 << 20))  # until the out-of-memory killer ends it
         # One step: both ranks exchange a block, as a collective does.
         peer.sendall(b"x" * 4096)
         got = 0
@@ -539,42 +538,3 @@ def test_a_rank_whose_launcher_died_first_says_so(lease_head, tmp_path):
     cause = run["cause"]
     assert (cause["failed_world_rank"], cause["how"]) == (1, "KILLED"), run
     assert f"the launcher (torchrun, pid {job.pid}) had exited before this rank" in run["status_detail"], run["status_detail"]
-
-
-def test_a_plain_rank_killed_by_the_out_of_memory_killer_is_the_cause_every_time(busy, lease_head, tmp_path):
-    parent, version, why = memory_cgroup_parent()
-    if parent is None:
-        if os.environ.get("CI") == "true":
-            raise AssertionError(f"CI needs a writable memory cgroup: {why}")
-        pytest.skip(why)
-    head = lease_head
-    blamed: List[Tuple[int, str]] = []
-    for attempt in range(OOM_RUNS):
-        name = f"plain-oom-{os.getpid()}-{attempt}"
-        marks = tmp_path / f"oom{attempt}"
-        marks.mkdir()
-        oom_file = tmp_path / f"oom{attempt}.go"
-        cgroup = MemoryCgroup(parent / f"trainstate-plain-oom-{os.getpid()}-{attempt}", version, 64 << 20)
-        job = plain_job(tmp_path, head, name, marks, OOM_FILE=str(oom_file))
-        try:
-            pids = pids_of(marks)
-            steady(head, name)  # rank 1's watcher has joined: it runs beside the rank
-            cgroup.add(pids[1])
-            at = time.monotonic()
-            oom_file.touch()
-            run = ended(head, name)
-            decided = time.monotonic()
-            job.wait(60)
-            kills = cgroup.oom_kills()
-        finally:
-            stop(job)
-            cgroup.remove()
-        cause = run.get("cause") or {}
-        print(
-            f"oom {attempt + 1:2}/{OOM_RUNS}: decided {decided - at:.2f} s after the allocation began, oom kills {kills}; "
-            f"cause rank {cause.get('failed_world_rank')} {cause.get('how')} {run['status_detail'].splitlines()[0][:90]!r}"
-        )
-        assert kills == 1, f"the kernel's out-of-memory killer ended rank 1 (run {attempt}): {kills} kills"
-        if (cause.get("failed_world_rank"), cause.get("how")) != (1, "KILLED") or "SIGKILL" not in run["status_detail"]:
-            blamed.append((attempt, run["status_detail"]))
-    assert not blamed, f"{len(blamed)} of {OOM_RUNS} runs blamed another rank: {blamed}"

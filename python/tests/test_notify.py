@@ -402,7 +402,7 @@ RESUMING = """
         trainstate.report({"loss": loss.item()}, step=step, total_steps=steps, phase="train")
         if step == 11:
             # The first advance after the stall, on this machine's clock.
-            with open(f"resumed-{rank}", "w") as out:
+            with open(os.path.join(os.environ["MARK_DIR"], f"resumed-{rank}"), "w") as out:
                 out.write(str(round(time.time() * 1000)))
         time.sleep(0.2)
     dist.barrier()
@@ -425,7 +425,7 @@ def test_a_torchrun_job_that_stalls_resumes_and_finishes_within_one_sweep_ends_w
     receiver = receiver_factory()
     head = Head(["--notify-webhook", f"{receiver.url}/hook#events=stalled,finished"], data_dir=tmp_path / "store")
     path = script(tmp_path, RESUMING)
-    job, _ = _timed_job(path, child_env(head.url, name, OMP_NUM_THREADS="1"), tmp_path / "torchrun.err")
+    job, _ = _timed_job(path, child_env(head.url, name, OMP_NUM_THREADS="1", MARK_DIR=str(tmp_path)), tmp_path / "torchrun.err")
     try:
         run_id = head.run_named(name, "RUNNING", deadline=DEADLINE)["id"]
 
