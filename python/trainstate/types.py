@@ -1163,6 +1163,7 @@ _TrainWorkerInfoOptional = TypedDict(
     "_TrainWorkerInfoOptional",
     {
         "worker_log_file_path": "Optional[str]",
+        "node_name": "Optional[str]",
     },
     total=False,
 )

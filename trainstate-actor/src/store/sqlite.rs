@@ -860,6 +860,7 @@ mod tests {
                 status: ActorStatus::Alive,
                 resources: Resources::from_iter([("CPU", 1.0)]),
                 worker_log_file_path: None,
+                node_name: None,
             }],
             cluster: cluster.map(Into::into),
             ..TrainRunInfoDraft::new(id, format!("run-{id}"), "job", "ctrl", T0)
