@@ -29,6 +29,7 @@ trainstate reaches your code.
 import logging
 import multiprocessing
 import os
+import socket
 import sys
 from typing import Mapping, Optional
 from urllib.parse import urlsplit
@@ -136,6 +137,7 @@ def _make(
     gpus = _probe.gpu_ids(env)
     pid = os.getpid()
     node = _probe.node_id()
+    host = socket.gethostname().strip()
     worker: TrainWorkerInfo = {
         "actor_id": f"{launch.launcher}:{pid}@{_probe.hostname()}"[:MAX_NAME_LEN],
         "world_rank": launch.rank,
@@ -148,6 +150,9 @@ def _make(
         "status": "ALIVE",
         "resources": _probe.resources(gpus, launch.local_world_size),
     }
+    if _probe.valid_name(host):
+        # The node's host name, shown beside its id.
+        worker["node_name"] = host
     run_name = name or env.get("TRAINSTATE_RUN_NAME") or _script_name()
     return Run(
         url=url.rstrip("/"),

@@ -520,8 +520,19 @@ class Watcher:
             with self.lock:
                 self.heartbeats_stopped = True
 
+    def send_pending_progress(self) -> None:
+        """Sends the progress the rank handed over since the last heartbeat,
+        before its end: the last second of progress (the last step, its
+        metrics) is not lost at exit."""
+        with self.lock:
+            pending = self.progress_new and self.joined and not self.heartbeats_stopped
+        if pending:
+            self.heartbeat()
+
     def send_end(self, end: Dict[str, Any]) -> bool:
-        """Sends the rank's end; True when it is settled (sent, or refused)."""
+        """Sends the rank's end; True when it is settled (sent, or refused).
+        Progress not sent yet goes first, on a heartbeat of its own."""
+        self.send_pending_progress()
         detail = end.get("detail")
         body: RankEndRequest = {
             "attempt_id": self.attempt_id,

@@ -1167,6 +1167,7 @@ _TrainWorkerInfoOptional = TypedDict(
     "_TrainWorkerInfoOptional",
     {
         "worker_log_file_path": "Optional[str]",
+        "node_name": "Optional[str]",
     },
     total=False,
 )

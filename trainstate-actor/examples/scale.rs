@@ -38,6 +38,7 @@ fn run(i: u64) -> TrainRunInfo {
                     status: ActorStatus::Alive,
                     resources: res(),
                     worker_log_file_path: None,
+                    node_name: None,
                 }
             })
             .collect(),

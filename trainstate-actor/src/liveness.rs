@@ -37,7 +37,8 @@ pub(crate) struct Liveness {
     /// tracked rendezvous group's (its rank board's), or a controller's.
     progress: Shards<Arc<ProgressBoard>>,
     /// The metric points of progress boards removed before their points
-    /// were flushed: the next flush takes them.
+    /// were flushed, with their ranks' last progress: the next flush takes
+    /// them.
     retired: Mutex<Vec<MetricBatch>>,
     /// When the actor last took a turn: a head whose actor takes none for
     /// several sweep periods is wedged.
@@ -84,8 +85,14 @@ impl Liveness {
         self.runs.insert(id, beat);
     }
 
+    /// Forgets a run's beat: it ended, or is gone. The last progress of its
+    /// ranks (and their points not yet flushed) goes to the store with the
+    /// next flush, so the ended run still serves it once its board is gone
+    /// too, also after a restart.
     pub(crate) fn remove_beat(&self, id: &RunId) {
-        self.runs.remove(id);
+        if self.runs.remove(id).is_some() {
+            self.retire(id, self.progress.get(id));
+        }
     }
 
     /// Forgets every run's beat (the working state is rebuilt).
@@ -165,18 +172,41 @@ impl Liveness {
 
     /// Keeps the metric points a board leaves pending for the next flush.
     fn retire(&self, id: &RunId, board: Option<Arc<ProgressBoard>>) {
-        if let Some(batch) = board.and_then(|board| board.take_points(id)) {
+        if let Some(batch) = board.and_then(|board| board.take_last(id)) {
             self.retired.lock().unwrap_or_else(|e| e.into_inner()).push(batch);
         }
     }
 
+    /// The last progress of run `id`'s ranks whose board went away and is
+    /// not yet flushed to the store: the attempt and `rank_progress` in
+    /// JSON.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) fn retired_progress(&self, id: &RunId) -> Option<(Box<str>, Arc<str>)> {
+        let retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        retired
+            .iter()
+            .rev()
+            .find(|batch| batch.run_id == *id)
+            .and_then(|batch| Some((batch.attempt_id.clone(), batch.last_progress.clone()?)))
+    }
+
     /// Takes the metric points reported since the last call, a batch per
-    /// run, for the store.
-    pub(crate) fn take_metric_points(&self) -> Vec<MetricBatch> {
-        let mut batches =
-            std::mem::take(&mut *self.retired.lock().unwrap_or_else(|e| e.into_inner()));
+    /// run, for the store, and how many of them are of boards gone: the
+    /// first ones, which stay here (readers serve their last progress)
+    /// until [`Liveness::flushed_retired`] says the store has them.
+    pub(crate) fn take_metric_points(&self) -> (Vec<MetricBatch>, usize) {
+        let mut batches = self.retired.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let retired = batches.len();
         self.progress.for_each(|id, board| batches.extend(board.take_points(id)));
-        batches
+        (batches, retired)
+    }
+
+    /// The first `count` batches of boards gone were handed to the store
+    /// (kept or lost): forgets them.
+    pub(crate) fn flushed_retired(&self, count: usize) {
+        let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        let count = count.min(retired.len());
+        retired.drain(..count);
     }
 
     /// Takes the count of metric points dropped because a board's pending

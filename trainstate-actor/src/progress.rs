@@ -113,6 +113,11 @@ struct ProgressTable {
     pending: Vec<NamedPoint>,
     /// Points dropped because `pending` was full, since the last flush.
     dropped: u64,
+    /// By world rank, the metric names that have a history point at the
+    /// rank's current step: a report that repeats the step adds a point
+    /// only for a name not among them, so a rank that does not advance
+    /// adds none.
+    pointed: Vec<Vec<Arc<str>>>,
 }
 
 impl ProgressBoard {
@@ -331,20 +336,31 @@ impl ProgressBoard {
         }
         let names: Vec<Arc<str>> = new_names.into_iter().map(|n| Arc::from(n.as_str())).collect();
         table.names.extend(names);
+        if table.ranks.is_empty() {
+            table.ranks = vec![None; self.world_size as usize];
+            table.pointed = vec![Vec::new(); self.world_size as usize];
+        }
+        if new_step {
+            table.pointed[slot].clear();
+        }
         if let Some(step) = report.step {
             for (name, value) in &report.metrics {
-                if table.pending.len() >= MAX_PENDING_POINTS {
-                    table.dropped += 1;
+                // One point per rank, name and step: a heartbeat that
+                // repeats the rank's step (a rank that does not advance)
+                // adds none.
+                if table.pointed[slot].iter().any(|p| **p == **name) {
                     continue;
                 }
                 let name =
                     table.names.get(name.as_str()).cloned().unwrap_or_else(|| name.as_str().into());
+                table.pointed[slot].push(name.clone());
+                if table.pending.len() >= MAX_PENDING_POINTS {
+                    table.dropped += 1;
+                    continue;
+                }
                 let point = MetricPoint::new(rank, step, *value);
                 table.pending.push(NamedPoint { name, point });
             }
-        }
-        if table.ranks.is_empty() {
-            table.ranks = vec![None; self.world_size as usize];
         }
         table.ranks[slot] = Some(progress);
         Ok(())
@@ -358,7 +374,30 @@ impl ProgressBoard {
             return None;
         }
         let points = std::mem::take(&mut table.pending);
-        Some(MetricBatch { run_id: id.clone(), attempt_id: self.attempt_id.clone(), points })
+        Some(MetricBatch {
+            run_id: id.clone(),
+            attempt_id: self.attempt_id.clone(),
+            points,
+            last_progress: None,
+        })
+    }
+
+    /// Takes the metric points not yet flushed, with the ranks' last
+    /// progress as served, as run `id`'s last batch of this board (it goes
+    /// away); `None` when it holds neither.
+    pub(crate) fn take_last(&self, id: &RunId) -> Option<MetricBatch> {
+        let last = self.served_progress().and_then(|served| serde_json::to_string(&*served).ok());
+        let mut table = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        if table.pending.is_empty() && last.is_none() {
+            return None;
+        }
+        let points = std::mem::take(&mut table.pending);
+        Some(MetricBatch {
+            run_id: id.clone(),
+            attempt_id: self.attempt_id.clone(),
+            points,
+            last_progress: last.map(Into::into),
+        })
     }
 
     /// Takes the count of points dropped since the last call.

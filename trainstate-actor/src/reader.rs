@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use trainstate_client::api::{MetricsQuery, MetricsResponse, RendezvousResponse};
 use trainstate_client::{RunDocument, RunPage, RunQuery, StateError};
-use trainstate_schema::api::{ProgressReport, ProgressResponse, RankProgress};
+use trainstate_schema::api::{ProgressReport, ProgressResponse, RankProgress, RankProgressServed};
 use trainstate_schema::{RunId, RunStatus};
 
 use crate::clock::Clock;
@@ -83,6 +83,50 @@ impl Reader {
         let document = record.document(self.liveness().heartbeat_of(record));
         drop(view);
         Found::Run(self.liveness().decorate(id, document))
+    }
+
+    /// The attempt of an ended run whose ranks' last progress is to be
+    /// read ([`Reader::last_progress`]): the run's last attempt, when the
+    /// run is committed, ended, and this head holds no progress board of it.
+    pub(crate) fn ended_attempt(&self, id: &RunId) -> Option<String> {
+        if self.liveness().progress(id).is_some() {
+            return None;
+        }
+        let view = self.shared.view.read().unwrap_or_else(|e| e.into_inner());
+        let record = view.get(id)?.clone();
+        drop(view);
+        if !record.status.is_terminal() {
+            return None;
+        }
+        record.run().ok()?.attempts().last().map(|a| a.attempt_id().to_owned())
+    }
+
+    /// The last progress of ended run `id`'s ranks in its attempt
+    /// `attempt`, kept when their board went away: from the liveness
+    /// tables until it is flushed, then from the store (blocking: call it
+    /// where blocking is allowed). `None` when none was kept of that
+    /// attempt.
+    pub(crate) fn last_progress(
+        &self,
+        id: &RunId,
+        attempt: &str,
+    ) -> Result<Option<Arc<[Option<RankProgressServed>]>>, StateError> {
+        let (kept_attempt, json) = match self.liveness().retired_progress(id) {
+            Some((kept_attempt, json)) => (kept_attempt.to_string(), json.to_string()),
+            None => match self.shared.metric_reader.last_progress(id).map_err(|e| {
+                StateError::unavailable(format!("cannot read the run's last progress: {e}"))
+            })? {
+                Some(last) => (last.attempt_id, last.json),
+                None => return Ok(None),
+            },
+        };
+        if kept_attempt != attempt {
+            return Ok(None);
+        }
+        let served: Vec<Option<RankProgressServed>> = serde_json::from_str(&json).map_err(|e| {
+            StateError::unavailable(format!("the run's last progress cannot be read: {e}"))
+        })?;
+        Ok(Some(served.into()))
     }
 
     /// The metric series of a committed run's current attempt, read from

@@ -609,6 +609,7 @@ mod tests {
             status: ActorStatus::Alive,
             resources: Resources::from_iter([("GPU", 1.0), ("CPU", 0.0)]),
             worker_log_file_path: Some(format!("/logs/{rank}")),
+            node_name: None,
         }
     }
 

@@ -594,7 +594,7 @@ impl WriterThread {
         let liveness = &self.shared.liveness;
         let stats = &self.shared.stats;
         let overflowed = liveness.take_points_dropped();
-        let batches = liveness.take_metric_points();
+        let (batches, retired) = liveness.take_metric_points();
         if overflowed > 0 {
             stats.metric_points_dropped.fetch_add(overflowed, Ordering::Relaxed);
         }
@@ -604,6 +604,9 @@ impl WriterThread {
         let points: u64 = batches.iter().map(|b| b.points.len() as u64).sum();
         let started = Instant::now();
         let appended = self.store.append_metrics(&batches);
+        // Readers served the last progress of boards gone from memory until
+        // now; from here on, from the store.
+        liveness.flushed_retired(retired);
         let micros = started.elapsed().as_micros() as u64;
         stats.metric_flush_micros.fetch_add(micros, Ordering::Relaxed);
         match appended {

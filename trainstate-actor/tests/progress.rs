@@ -222,9 +222,12 @@ async fn a_report_is_a_sign_of_life_and_its_board_follows_the_attempts_and_the_e
     assert_eq!(run["rank_progress"][2]["step"], 1, "{run}");
     assert_eq!(run["last_heartbeat_ms"], T0 + 9_000, "renewed by the report: {run}");
 
-    // An ended run has no board, and takes no report.
+    // An ended run has no board, and takes no report; it serves its
+    // ranks' last progress (of its last attempt).
     handle.set_status(id.clone(), StatusUpdate::finished()).await.unwrap();
-    assert!(f.get(&id).await.get("rank_progress").is_none());
+    let run = f.get(&id).await;
+    assert_eq!(run["rank_progress"][2]["step"], 1, "{run}");
+    assert_eq!(run["rank_progress"].as_array().map(Vec::len), Some(3), "{run}");
     let (status, answer) =
         f.post(&id, &json!({"ranks": [{"rank": 0, "progress": {"step": 9}}]})).await;
     assert_eq!(status, StatusCode::CONFLICT, "{answer}");

@@ -54,6 +54,7 @@ fn spread_workers(n: u32, prefix: &str, log_len: usize) -> Vec<TrainWorkerInfo> 
                 status: ActorStatus::Alive,
                 resources: Resources::from_iter([("CPU", 1.0), ("GPU", 1.0)]),
                 worker_log_file_path: log.clone(),
+                node_name: None,
             }
             .validate()
             .unwrap()

@@ -11,6 +11,7 @@ mod health;
 mod http_api;
 mod http_bounds;
 mod http_guards;
+mod last_progress;
 mod lifecycle;
 mod listing;
 mod liveness;

@@ -870,3 +870,136 @@ async fn the_page_of_a_rendezvous_run_whose_ranks_went_silent_names_no_controlle
     browser.quit().await;
     server.stop().await;
 }
+
+/// The post-mortem: an ERRORED rendezvous run whose ranks reported progress
+/// and metrics shows, after its end, its metric plots (read from the
+/// store) with a legend entry per rank, round ticks on both axes and the
+/// value under the pointer, each rank's last step and phase, and its nodes
+/// by host name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(has_browser), ignore = "needs chromium and chromedriver")]
+async fn the_page_of_an_ended_run_shows_its_plots_and_each_ranks_last_progress() {
+    let (chromium, chromedriver) = browser();
+    let server = Server::start(
+        StateConfig::in_memory()
+            .with_name(unique_name("web-postmortem"))
+            .with_sweep_interval(Duration::from_millis(200)),
+        HttpConfig::default(),
+    )
+    .await;
+    let api = Api::new(&server, None);
+    let mut id = String::new();
+    for worker in workers(3, 2, "pm-") {
+        let mut worker = serde_json::to_value(worker).unwrap();
+        worker["node_name"] = json!(format!("gpu-box-{}", worker["node_rank"]));
+        let join = json!({"world_size": 3, "worker": worker, "name": "oom", "job_id": "11"});
+        id = api.post("/api/train/rendezvous/web-postmortem/join", join).await["run_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+    }
+    // Each rank trains for a while; rank 2 is in its evaluation when rank 1 runs out of memory.
+    for step in 1..=40u64 {
+        for rank in 0..3u32 {
+            if rank == 1 && step > 33 {
+                continue;
+            }
+            let loss = 2.0 / (step as f64).sqrt() + 0.1 * f64::from(rank);
+            let phase = if rank == 2 && step == 40 { "eval" } else { "train" };
+            let progress = json!({"attempt_id": "0", "progress": {
+                "step": step, "total_steps": 100, "phase": phase, "metrics": {"loss": loss}}});
+            api.post(&format!("/api/train/runs/{id}/ranks/{rank}/heartbeat"), progress).await;
+        }
+    }
+    for (rank, status) in [(1, "ERRORED"), (0, "ABORTED"), (2, "ABORTED")] {
+        let end = json!({"attempt_id": "0", "status": status,
+            "detail": "torch.OutOfMemoryError: CUDA out of memory"});
+        api.post(&format!("/api/train/runs/{id}/ranks/{rank}/end"), end).await;
+    }
+    // The run ended, its group is no longer tracked, and its points are in the store.
+    let until = Instant::now() + DEADLINE;
+    loop {
+        let run = api.get(&format!("/api/train/runs/{id}")).await;
+        let points = api.get(&format!("/api/train/runs/{id}/metrics")).await["series"][0]["points"]
+            .as_array()
+            .map_or(0, Vec::len);
+        if run["run_status"] == "ERRORED"
+            && run.get("rank_last_heartbeat_ms").is_none()
+            && points == 113
+        {
+            assert_eq!(run["rank_progress"][2]["phase"], "eval", "{run}");
+            break;
+        }
+        assert!(Instant::now() < until, "the run never ended with its points stored: {run}");
+        tokio::time::sleep(POLL).await;
+    }
+
+    let browser = Browser::start(&chromium, &chromedriver, "postmortem").await;
+    browser.goto(&format!("{}/runs/{id}", server.url)).await;
+    let shown = browser
+        .wait_for(
+            "the ended run's plots and last progress",
+            "const svg = document.querySelector('#metrics svg[data-metric=loss]');
+             const rows = [...document.querySelectorAll('#workers tbody tr')];
+             if (!svg || rows.length < 3) return null;
+             const heading = [...document.querySelectorAll('h2')].map((e) => e.textContent);
+             return {
+               heading,
+               status: document.querySelector('#run-status').textContent,
+               step: document.querySelector('#run-step').textContent,
+               last: document.querySelector('#run-last-progress').textContent,
+               steps: rows.map((r) => r.querySelector('[data-col=step]').textContent),
+               phases: rows.map((r) => r.querySelector('[data-col=phase]').textContent),
+               nodes: [...document.querySelectorAll('#nodes tbody [data-col=node]')].map((e) => e.textContent),
+               lines: [...svg.querySelectorAll('.series')].map((l) => Number(l.dataset.rank)),
+               legend: [...svg.closest('figure').querySelectorAll('.legend li')].map((l) => [Number(l.dataset.rank), l.textContent]),
+               xTicks: [...svg.querySelectorAll('.x-tick')].map((t) => t.textContent),
+               yTicks: [...svg.querySelectorAll('.y-tick')].map((t) => t.textContent),
+             };",
+        )
+        .await;
+    assert!(shown["status"].as_str().unwrap().contains("ERRORED"), "{shown}");
+    assert!(shown["heading"].as_array().unwrap().contains(&json!("Last progress")), "{shown}");
+    assert!(shown["step"].as_str().unwrap().contains("step 40 of 100"), "{shown}");
+    assert_eq!(shown["steps"], json!(["40", "33", "40"]), "{shown}");
+    assert_eq!(shown["phases"], json!(["train", "train", "eval"]), "{shown}");
+    assert!(shown["last"].as_str().unwrap().contains("rank 2 at step 40 (eval)"), "{shown}");
+    assert_eq!(shown["nodes"], json!(["gpu-box-0 (pm-node0)", "gpu-box-1 (pm-node1)"]), "{shown}");
+    assert_eq!(shown["lines"], json!([0, 1, 2]), "a line per rank: {shown}");
+    assert_eq!(
+        shown["legend"],
+        json!([[0, "rank 0"], [1, "rank 1"], [2, "rank 2"]]),
+        "a legend entry per rank: {shown}"
+    );
+    let numbers = |ticks: &Value| -> Vec<f64> {
+        ticks.as_array().unwrap().iter().map(|t| t.as_str().unwrap().parse().unwrap()).collect()
+    };
+    let x = numbers(&shown["xTicks"]);
+    assert!(
+        x.len() >= 3 && x.iter().all(|t| t.fract() == 0.0 && t % 5.0 == 0.0),
+        "round steps: {shown}"
+    );
+    let y = numbers(&shown["yTicks"]);
+    assert!(y.len() >= 3, "value ticks: {shown}");
+
+    // The value under the pointer: rank 1's last point (step 33).
+    let tip = browser
+        .execute(
+            "const svg = document.querySelector('#metrics svg[data-metric=loss]');
+             const line = svg.querySelector('.series[data-rank=\"1\"]');
+             const last = line.getAttribute('points').trim().split(' ').pop().split(',').map(Number);
+             const box = svg.getBoundingClientRect();
+             const [w, h] = svg.getAttribute('viewBox').split(' ').slice(2).map(Number);
+             svg.dispatchEvent(new PointerEvent('pointermove', { bubbles: true,
+               clientX: box.left + (last[0] * box.width) / w, clientY: box.top + (last[1] * box.height) / h }));
+             const tip = svg.closest('figure').querySelector('.plot-tip');
+             return { hidden: tip.hidden, text: tip.textContent, rank: tip.dataset.rank, step: tip.dataset.step };",
+        )
+        .await;
+    assert_eq!(tip["hidden"], false, "{tip}");
+    assert_eq!((&tip["rank"], &tip["step"]), (&json!("1"), &json!("33")), "{tip}");
+    assert!(tip["text"].as_str().unwrap().starts_with("rank 1 · step 33 · "), "{tip}");
+    browser.screenshot(&output_dir().join("run-postmortem.png")).await;
+    browser.quit().await;
+    server.stop().await;
+}

@@ -93,6 +93,10 @@
   const plural = (n, word) => `${num(n)} ${word}${n === 1 ? '' : 's'}`;
   /** A long id as its first and last characters; the whole id goes in a title. */
   const short = (id) => (id.length > 16 ? `${id.slice(0, 6)}…${id.slice(-6)}` : id);
+  /** A node as people name it: `hostname (id…)`, or its id alone when its host name is unknown. */
+  const nodeText = (name, id) => (name ? `${name} (${short(id)})` : short(id));
+  /** True once a run has ended. */
+  const ended = (run) => run.end_time_ms !== null && run.end_time_ms !== undefined;
   const gpuCount = (workers) => workers.reduce((n, w) => n + w.gpu_ids.length, 0);
 
   /**
@@ -690,8 +694,10 @@
       const seq = ++st.seq;
       try {
         const run = await api(pathOf('getRun', { id }));
-        // The metric histories of a run whose ranks report progress.
-        const metrics = Array.isArray(run.rank_progress) ? await api(pathOf('getRunMetrics', { id })).catch(() => null) : null;
+        // The metric histories of a run whose ranks report progress, and of
+        // an ended run (kept in the store: the curve up to a crash).
+        const metrics = Array.isArray(run.rank_progress) || ended(run)
+          ? await api(pathOf('getRunMetrics', { id })).catch(() => null) : null;
         if (seq !== st.seq || st.closed) return;
         Object.assign(st, { run, metrics, gone: null, error: null });
       } catch (err) {
@@ -706,7 +712,13 @@
       if (event.run_id !== id || st.closed) return;
       st.seq++; // What the event says is newer than any load in flight.
       if (event.kind === 'deleted' || event.kind === 'evicted') st.gone = event.kind;
-      else if (event.run) Object.assign(st, { run: event.run, gone: null, error: null });
+      else if (event.run) {
+        const endsNow = ended(event.run) && st.run && !ended(st.run);
+        Object.assign(st, { run: event.run, gone: null, error: null });
+        // The run just ended: read it again for its ranks' last progress
+        // and its whole metric histories.
+        if (endsNow) setTimeout(load, 0);
+      }
       keepFocus(render);
     }
 
@@ -789,7 +801,7 @@
       }, String(rank));
     }
 
-    /** The run's health and progress: a bar with the step, the total and an ETA. */
+    /** The run's health and progress: a bar with the step, the total and an ETA (an ended run's: its ranks' last progress). */
     function progressSection(run) {
       const progress = progressOf(run);
       const health = run.health;
@@ -819,7 +831,24 @@
           ` ${ratioText(s.ratio)} (${stepTimeText(s.step_time_ms, s.step_time_ms)} a step, its peers ${stepTimeText(s.peers_step_time_ms, s.step_time_ms)})`]),
         ) : null;
       const detail = health && health.detail ? h('p', { class: 'health-detail', id: 'run-health-detail' }, line(health.detail)) : null;
-      return section('Progress', healthLine, stragglerLine, detail, bar);
+      const last = ended(run) && progress ? h('p', { class: 'muted', id: 'run-last-progress' },
+        'Where the ranks were when the run ended: ',
+        lastPhases(run)) : null;
+      return section(ended(run) ? 'Last progress' : 'Progress', healthLine, stragglerLine, detail, bar, last);
+    }
+
+    /** The ranks' last steps and phases, grouped: `ranks 0, 1 at step 60 (train)`. */
+    function lastPhases(run) {
+      const groups = new Map();
+      run.rank_progress.forEach((p, rank) => {
+        if (!p || !Number.isFinite(p.step)) return;
+        const key = `step ${num(p.step)}${p.phase ? ` (${line(p.phase)})` : ''}`;
+        if (!groups.has(key)) groups.set(key, []);
+        groups.get(key).push(rank);
+      });
+      const shown = [...groups.entries()].slice(0, 8).map(([key, members]) =>
+        `${members.length === 1 ? 'rank' : 'ranks'} ${members.slice(0, 8).join(', ')}${members.length > 8 ? ` and ${num(members.length - 8)} more` : ''} at ${key}`);
+      return `${shown.join('; ')}${groups.size > 8 ? '; …' : ''}.`;
     }
 
     /** How many times its peers' time a straggler takes: `2.0×`. */
@@ -840,46 +869,125 @@
       return section('Metrics', h('div', { class: 'plots', id: 'metrics' }, ...series.map(plot)));
     }
 
+    /** About `count` round tick values (1, 2 or 5 times a power of ten) from `lo` to `hi`. */
+    function ticks(lo, hi, count, integers) {
+      if (!(hi > lo)) return [lo];
+      const raw = (hi - lo) / count;
+      const power = 10 ** Math.floor(Math.log10(raw));
+      let step = [1, 2, 5, 10].map((m) => m * power).find((m) => m >= raw) || 10 * power;
+      if (integers) step = Math.max(1, Math.round(step));
+      const out = [];
+      for (let t = Math.ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) out.push(Number(t.toPrecision(12)));
+      return out;
+    }
+
+    /** A value as a person reads it: 3 significant digits, exponents only when very large or small. */
+    function valueText(v) {
+      if (v === 0) return '0';
+      const a = Math.abs(v);
+      if (a >= 1e6 || a < 1e-3) return v.toExponential(1);
+      return String(Number(v.toPrecision(3)));
+    }
+
+    /** A rank's colour class: the same rank has the same colour in every plot and legend. */
+    const rankColour = (rank) => `c${rank % 10}`;
+
+    /** Most ranks a legend names one by one; the rest are counted. */
+    const LEGEND_RANKS = 16;
+
     function plot(series) {
-      const [width, height, padX, padY] = [360, 140, 44, 14];
+      const [width, height, padL, padR, padT, padB] = [360, 160, 46, 10, 10, 26];
+      const [left, right, top, bottom] = [padL, width - padR, padT, height - padB];
       const points = series.points;
       const steps = points.map((p) => p.step);
       const values = points.map((p) => p.value);
       const [x0, x1] = [Math.min(...steps), Math.max(...steps)];
       const [y0, y1] = [Math.min(...values), Math.max(...values)];
-      const x = (step) => padX + (x1 > x0 ? ((step - x0) / (x1 - x0)) * (width - padX - 8) : (width - padX - 8) / 2);
-      const y = (value) => height - padY - (y1 > y0 ? ((value - y0) / (y1 - y0)) * (height - 2 * padY) : (height - 2 * padY) / 2);
+      const x = (step) => left + (x1 > x0 ? ((step - x0) / (x1 - x0)) * (right - left) : (right - left) / 2);
+      const y = (value) => bottom - (y1 > y0 ? ((value - y0) / (y1 - y0)) * (bottom - top) : (bottom - top) / 2);
       const byRank = new Map();
       for (const p of points) {
         if (!byRank.has(p.rank)) byRank.set(p.rank, []);
         byRank.get(p.rank).push(p);
       }
+      const ranks = [...byRank.keys()].sort((a, b) => a - b);
       const svg = document.createElementNS('http://www.w3.org/2000/svg', 'svg');
       svg.setAttribute('viewBox', `0 0 ${width} ${height}`);
       svg.setAttribute('role', 'img');
-      svg.setAttribute('aria-label', `${series.name} over steps ${x0} to ${x1}`);
+      svg.setAttribute('aria-label', `${series.name} over steps ${x0} to ${x1}, ${plural(ranks.length, 'rank')}`);
       svg.setAttribute('data-metric', series.name);
-      const add = (tag, attrs, text) => {
+      const add = (tag, attrs, text, parent = svg) => {
         const el = document.createElementNS('http://www.w3.org/2000/svg', tag);
         for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, String(v));
         if (text !== undefined) el.textContent = text;
-        svg.appendChild(el);
+        parent.appendChild(el);
         return el;
       };
-      add('line', { x1: padX, y1: height - padY, x2: width - 8, y2: height - padY, class: 'axis' });
-      add('line', { x1: padX, y1: padY, x2: padX, y2: height - padY, class: 'axis' });
-      const label = (v) => (Math.abs(v) >= 1e4 || (Math.abs(v) < 1e-2 && v !== 0) ? v.toExponential(2) : String(Number(v.toFixed(3))));
-      add('text', { x: padX - 4, y: padY + 4, class: 'tick', 'text-anchor': 'end' }, label(y1));
-      add('text', { x: padX - 4, y: height - padY, class: 'tick', 'text-anchor': 'end' }, label(y0));
-      add('text', { x: padX, y: height - 1, class: 'tick' }, `step ${x0}`);
-      add('text', { x: width - 8, y: height - 1, class: 'tick', 'text-anchor': 'end' }, `${x1}`);
-      [...byRank.entries()].sort((a, b) => a[0] - b[0]).forEach(([rank, pts], i) => {
-        add('polyline', {
-          points: pts.map((p) => `${x(p.step).toFixed(1)},${y(p.value).toFixed(1)}`).join(' '),
-          class: `series c${i % 6}`, 'data-rank': rank,
-        }).appendChild(Object.assign(document.createElementNS('http://www.w3.org/2000/svg', 'title'), { textContent: `rank ${rank}` }));
-      });
-      return h('figure', { class: 'plot' }, svg, h('figcaption', null, line(series.name)));
+      // Axes, with round ticks: steps below, values on the left.
+      for (const t of ticks(y0, y1, 4, false)) {
+        add('line', { x1: left, y1: y(t), x2: right, y2: y(t), class: 'grid' });
+        add('text', { x: left - 4, y: y(t) + 3, class: 'tick y-tick', 'text-anchor': 'end' }, valueText(t));
+      }
+      for (const t of ticks(x0, x1, 4, true)) {
+        add('line', { x1: x(t), y1: bottom, x2: x(t), y2: bottom + 3, class: 'axis' });
+        add('text', { x: x(t), y: bottom + 12, class: 'tick x-tick', 'text-anchor': 'middle' }, num(t));
+      }
+      add('line', { x1: left, y1: bottom, x2: right, y2: bottom, class: 'axis' });
+      add('line', { x1: left, y1: top, x2: left, y2: bottom, class: 'axis' });
+      add('text', { x: right, y: height - 2, class: 'tick axis-name', 'text-anchor': 'end' }, 'step');
+      for (const rank of ranks) {
+        const pts = byRank.get(rank);
+        const attrs = { class: `series ${rankColour(rank)}`, 'data-rank': rank };
+        if (pts.length === 1) add('circle', { ...attrs, cx: x(pts[0].step).toFixed(1), cy: y(pts[0].value).toFixed(1), r: 2 });
+        else add('polyline', { ...attrs, points: pts.map((p) => `${x(p.step).toFixed(1)},${y(p.value).toFixed(1)}`).join(' ') });
+      }
+      // The value under the pointer: the nearest point, its rank, step and value.
+      const guide = add('line', { x1: 0, y1: top, x2: 0, y2: bottom, class: 'guide', visibility: 'hidden' });
+      const dot = add('circle', { cx: 0, cy: 0, r: 3, class: 'dot', visibility: 'hidden' });
+      const tip = h('div', { class: 'plot-tip', role: 'status', hidden: true });
+      const hide = () => {
+        guide.setAttribute('visibility', 'hidden');
+        dot.setAttribute('visibility', 'hidden');
+        tip.hidden = true;
+      };
+      const show = (event) => {
+        const box = svg.getBoundingClientRect();
+        if (!box.width || !box.height) return;
+        const px = ((event.clientX - box.left) * width) / box.width;
+        const py = ((event.clientY - box.top) * height) / box.height;
+        let best = null;
+        let bestDistance = Infinity;
+        for (const p of points) {
+          const distance = (x(p.step) - px) ** 2 + ((y(p.value) - py) ** 2) / 4;
+          if (distance < bestDistance) [best, bestDistance] = [p, distance];
+        }
+        if (!best) return hide();
+        const [bx, by] = [x(best.step), y(best.value)];
+        guide.setAttribute('x1', bx.toFixed(1));
+        guide.setAttribute('x2', bx.toFixed(1));
+        dot.setAttribute('cx', bx.toFixed(1));
+        dot.setAttribute('cy', by.toFixed(1));
+        dot.setAttribute('class', `dot ${rankColour(best.rank)}`);
+        guide.setAttribute('visibility', 'visible');
+        dot.setAttribute('visibility', 'visible');
+        fill(tip, h('span', { class: `swatch ${rankColour(best.rank)}` }), `rank ${best.rank} · step ${num(best.step)} · ${valueText(best.value)}`);
+        tip.setAttribute('data-rank', String(best.rank));
+        tip.setAttribute('data-step', String(best.step));
+        tip.setAttribute('data-value', String(best.value));
+        tip.style.left = `${((bx / width) * 100).toFixed(1)}%`;
+        tip.style.top = `${((by / height) * 100).toFixed(1)}%`;
+        tip.classList.toggle('flip', bx > width / 2);
+        tip.hidden = false;
+      };
+      add('rect', { x: left, y: top, width: right - left, height: bottom - top, class: 'hover' });
+      svg.addEventListener('pointermove', show);
+      svg.addEventListener('pointerleave', hide);
+      const named = ranks.slice(0, LEGEND_RANKS);
+      const legend = h('ul', { class: 'legend', 'aria-label': `Ranks of ${series.name}` },
+        ...named.map((rank) => h('li', { 'data-rank': rank }, h('span', { class: `swatch ${rankColour(rank)}`, 'aria-hidden': 'true' }), `rank ${rank}`)),
+        ranks.length > named.length ? h('li', { class: 'muted' }, `and ${plural(ranks.length - named.length, 'more rank')}`) : null);
+      return h('figure', { class: 'plot' }, h('div', { class: 'plot-area' }, svg, tip),
+        h('figcaption', null, h('span', { class: 'plot-name' }, line(series.name)), legend));
     }
 
     function detailSection(run) {
@@ -917,10 +1025,10 @@
       if (!attempts.length) {
         return section('Attempts', h('p', { class: 'muted' }, 'This run was reported without attempt history.'));
       }
-      const ended = run.end_time_ms !== null && run.end_time_ms !== undefined;
-      const endOf = (a, i) => a.end_time_ms ?? (i === attempts.length - 1 && ended ? run.end_time_ms : null);
+      const over = ended(run);
+      const endOf = (a, i) => a.end_time_ms ?? (i === attempts.length - 1 && over ? run.end_time_ms : null);
       const t0 = Math.min(run.start_time_ms, attempts[0].start_time_ms);
-      const t1 = Math.max(...attempts.map((a, i) => endOf(a, i) ?? Date.now()), ended ? run.end_time_ms : Date.now());
+      const t1 = Math.max(...attempts.map((a, i) => endOf(a, i) ?? Date.now()), over ? run.end_time_ms : Date.now());
       const span = Math.max(1, t1 - t0);
       const budget = attemptBudget(run);
       const items = attempts.map((a, i) => {
@@ -985,7 +1093,7 @@
       const byNode = new Map();
       for (const w of all) {
         let node = byNode.get(w.node_id);
-        if (!node) byNode.set(w.node_id, node = { id: w.node_id, ip: w.node_ip, rank: w.node_rank, workers: 0, gpus: 0, dead: 0 });
+        if (!node) byNode.set(w.node_id, node = { id: w.node_id, name: w.node_name, ip: w.node_ip, rank: w.node_rank, workers: 0, gpus: 0, dead: 0 });
         node.workers += 1;
         node.gpus += w.gpu_ids.length;
         if (w.status !== 'ALIVE') node.dead += 1;
@@ -998,7 +1106,7 @@
         const selected = st.node === n.id;
         return h('tr', { 'data-node-id': n.id, class: selected ? 'selected' : null },
           h('td', { class: 'num' }, String(n.rank)),
-          h('td', { class: 'mono', title: n.id }, short(n.id)),
+          h('td', { class: 'mono', title: n.id, 'data-col': 'node' }, nodeText(n.name, n.id)),
           h('td', { class: 'mono' }, n.ip),
           h('td', { class: 'num' }, num(n.workers)),
           h('td', { class: 'num' }, num(n.gpus)),
@@ -1044,7 +1152,7 @@
       h('td', { class: 'num', 'data-col': 'world_rank' }, String(w.world_rank)),
       h('td', { class: 'num' }, String(w.local_rank)),
       h('td', { class: 'num' }, String(w.node_rank)),
-      h('td', { class: 'mono', title: w.node_id }, short(w.node_id)),
+      h('td', { class: 'mono', title: w.node_id, 'data-col': 'node' }, nodeText(w.node_name, w.node_id)),
       h('td', { class: 'mono' }, w.node_ip),
       h('td', { class: 'num' }, String(w.pid)),
       h('td', { class: 'mono' }, w.gpu_ids.length ? w.gpu_ids.join(', ') : h('span', { class: 'muted' }, '—')),

@@ -54,6 +54,7 @@ pub type WorkerInfoFuture =
 ///                 status: ActorStatus::Alive,
 ///                 resources: Resources::from_iter([("CPU", 1.0)]),
 ///                 worker_log_file_path: None,
+///                 node_name: None,
 ///             };
 ///             Ok(info.validate()?)
 ///         })

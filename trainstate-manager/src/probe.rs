@@ -32,6 +32,9 @@ pub struct WorkerMetadata {
     pub gpu_ids: Vec<u32>,
     /// The resources the worker has.
     pub resources: Resources,
+    /// The host name of the worker's node, shown beside its id; `None`
+    /// when unknown.
+    pub node_name: Option<String>,
 }
 
 impl WorkerMetadata {
@@ -44,7 +47,13 @@ impl WorkerMetadata {
         gpu_ids: Vec<u32>,
         resources: Resources,
     ) -> Self {
-        Self { pid, node_id: node_id.into(), node_ip, gpu_ids, resources }
+        Self { pid, node_id: node_id.into(), node_ip, gpu_ids, resources, node_name: None }
+    }
+
+    /// The same metadata with the node's host name.
+    pub fn with_node_name(mut self, node_name: impl Into<String>) -> Self {
+        self.node_name = Some(node_name.into());
+        self
     }
 
     /// Probes the current process, reading only `inputs`; each warning is
@@ -64,6 +73,8 @@ impl WorkerMetadata {
     /// - `node_id`: the trimmed content of the machine-id file when it is a
     ///   valid node id ([`trainstate_schema::validate_name`]), else `host-`
     ///   and the FNV-1a 64 hash (16 hex digits) of the hostname.
+    /// - `node_name`: the hostname (see [`ProbeInputs::resolve_hostname`])
+    ///   when it is a valid name.
     /// - `node_ip`: `inputs.node_ip` when set; else the address of the
     ///   interface that routes to `inputs.head` (a UDP socket is connected,
     ///   no packet is sent); else `127.0.0.1`.
@@ -105,8 +116,16 @@ impl WorkerMetadata {
             }
             resources
         });
-        let metadata =
-            Self { pid: std::process::id().max(1), node_id, node_ip, gpu_ids, resources };
+        let node_name =
+            Some(inputs.resolve_hostname()).filter(|name| validate_name("node_name", name).is_ok());
+        let metadata = Self {
+            pid: std::process::id().max(1),
+            node_id,
+            node_ip,
+            gpu_ids,
+            resources,
+            node_name,
+        };
         (metadata, warnings)
     }
 }

@@ -202,6 +202,7 @@ impl<M: Message + From<MetadataRequest>> WorkerGroup for RactorWorkerGroup<M> {
                 status: ActorStatus::Alive,
                 resources: metadata.resources,
                 worker_log_file_path: None,
+                node_name: metadata.node_name,
             };
             Ok(TrainWorkerInfo::try_from(draft)?)
         })

@@ -29,6 +29,7 @@ fn draft(workers: u32) -> TrainRunInfoDraft {
                 status: ActorStatus::Alive,
                 resources: res(),
                 worker_log_file_path: None,
+                node_name: None,
             })
             .collect(),
         datasets: vec![TrainDatasetInfoDraft {

@@ -25,6 +25,7 @@ fn main() {
             status: ActorStatus::Alive,
             resources: Resources::from_iter([("CPU", 1.0), ("GPU", 1.0)]),
             worker_log_file_path: None,
+            node_name: None,
         })
         .collect();
     let draft = TrainRunInfoDraft {

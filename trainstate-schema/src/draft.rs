@@ -91,6 +91,12 @@ pub struct TrainWorkerInfoDraft {
     /// Ray Train V2's `log_file_path` is read as the same field).
     #[serde(default, skip_serializing_if = "Option::is_none", alias = "log_file_path")]
     pub worker_log_file_path: Option<String>,
+    /// Extension: host name of the node the worker runs on, as its reporter saw it
+    /// (`socket.gethostname()`), shown beside `node_id`; absent when unknown. Non-empty, at
+    /// most 1,024 characters, no control characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schemars", schemars(length(min = 1, max = 1024)))]
+    pub node_name: Option<String>,
 }
 
 /// One dataset of a run, unvalidated.

@@ -44,6 +44,8 @@ pub struct TrainWorkerInfo {
     resources: Resources,
     #[serde(skip_serializing_if = "Option::is_none")]
     worker_log_file_path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    node_name: Option<String>,
 }
 
 impl TrainWorkerInfo {
@@ -91,6 +93,10 @@ impl TrainWorkerInfo {
     pub fn worker_log_file_path(&self) -> Option<&str> {
         self.worker_log_file_path.as_deref()
     }
+    /// Host name of the worker's node, when its reporter gave it.
+    pub fn node_name(&self) -> Option<&str> {
+        self.node_name.as_deref()
+    }
 
     /// True when both describe the same worker, whatever their `status`.
     pub fn same_identity(&self, other: &TrainWorkerInfo) -> bool {
@@ -105,6 +111,7 @@ impl TrainWorkerInfo {
             && self.gpu_ids == other.gpu_ids
             && self.resources == other.resources
             && self.worker_log_file_path == other.worker_log_file_path
+            && self.node_name == other.node_name
     }
 
     /// The unvalidated form, to change and validate again.
@@ -121,6 +128,7 @@ impl TrainWorkerInfo {
             status: self.status,
             resources: self.resources,
             worker_log_file_path: self.worker_log_file_path,
+            node_name: self.node_name,
         }
     }
 
@@ -137,6 +145,7 @@ impl TrainWorkerInfo {
             status: d.status,
             resources: d.resources,
             worker_log_file_path: d.worker_log_file_path,
+            node_name: d.node_name,
         }
     }
 }

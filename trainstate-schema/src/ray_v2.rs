@@ -106,6 +106,7 @@ impl TrainWorker {
             status: self.status.unwrap_or(ActorStatus::Alive),
             resources: self.resources.resources.clone(),
             worker_log_file_path: self.log_file_path.clone(),
+            node_name: None,
         }
     }
 }

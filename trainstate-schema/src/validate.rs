@@ -148,6 +148,9 @@ pub(crate) fn worker(prefix: &str, w: &TrainWorkerInfoDraft) -> Result<(), Valid
     if let Some(log) = &w.worker_log_file_path {
         file_path(|| format!("{prefix}worker_log_file_path"), log)?;
     }
+    if let Some(node_name) = &w.node_name {
+        name(|| format!("{prefix}node_name"), node_name)?;
+    }
     Ok(())
 }
 

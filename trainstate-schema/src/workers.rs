@@ -42,6 +42,7 @@ use crate::validate::{self, Placement};
 ///     status: ActorStatus::Alive,
 ///     resources: Resources::from_iter([("GPU", 1.0)]),
 ///     worker_log_file_path: None,
+///     node_name: None,
 /// };
 ///
 /// let group = WorkerList::try_from(vec![worker(1, 0), worker(0, 0)]).unwrap();

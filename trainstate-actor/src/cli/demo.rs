@@ -52,6 +52,7 @@ fn workers(nodes: u32, per_node: u32, first_node: u32, pid_base: u32) -> Vec<Tra
                 status: ActorStatus::Alive,
                 resources: Resources::from_iter([("CPU", 8.0), ("GPU", 1.0)]),
                 worker_log_file_path: None,
+                node_name: None,
             }
             .validate()
             .expect("simulated workers are valid")

@@ -300,7 +300,24 @@ pub(crate) async fn get_run(
         Found::Missing => return Err(StateError::NotFound { id }.into()),
         // Perhaps another head has just committed it: the actor reads the
         // store before it answers.
-        Found::AskTheActor => app.handle.get(id).await?,
+        Found::AskTheActor => app.handle.get(id.clone()).await?,
+    };
+    // An ended run serves its ranks' last progress, kept in the store
+    // when their board went away (a read that may block for a moment).
+    let run = match app.service.reader().ended_attempt(&id) {
+        Some(attempt) if run.rank_progress().is_none() => {
+            let reader = app.service.reader().clone();
+            let last = tokio::task::spawn_blocking(move || reader.last_progress(&id, &attempt))
+                .await
+                .map_err(|e| {
+                    StateError::unavailable(format!("reading the last progress failed: {e}"))
+                })??;
+            match last {
+                Some(progress) => run.with_rank_progress(progress),
+                None => run,
+            }
+        }
+        _ => run,
     };
     Ok(sized_json(&run, run.approximate_len()))
 }

@@ -140,6 +140,7 @@ fn workers(n: u32, first_pid: u32) -> Vec<TrainWorkerInfo> {
                 status: ActorStatus::Alive,
                 resources: Resources::from_iter([("GPU", 1.0)]),
                 worker_log_file_path: None,
+                node_name: None,
             }
             .validate()
             .unwrap()

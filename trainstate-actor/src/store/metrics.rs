@@ -25,6 +25,19 @@ pub(crate) struct MetricBatch {
     pub(crate) run_id: RunId,
     pub(crate) attempt_id: Box<str>,
     pub(crate) points: Vec<NamedPoint>,
+    /// The last progress of the attempt's ranks, when its board goes away
+    /// (the run ended, or started another attempt): `rank_progress` as
+    /// served, in JSON. The store keeps the latest of each run, so an
+    /// ended run still serves it (see [`LastProgress`]).
+    pub(crate) last_progress: Option<Arc<str>>,
+}
+
+/// The last progress a run's ranks reported before their board went away:
+/// the attempt it is of, and `rank_progress` as served, in JSON.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LastProgress {
+    pub(crate) attempt_id: String,
+    pub(crate) json: String,
 }
 
 /// A point of the metric `name`.
@@ -45,6 +58,10 @@ pub(crate) trait MetricReader: Send + Sync {
         attempt: &str,
         query: &MetricsQuery,
     ) -> Result<Vec<MetricSeries>, String>;
+
+    /// The last progress of run `run`'s ranks kept when their board went
+    /// away, if any.
+    fn last_progress(&self, run: &RunId) -> Result<Option<LastProgress>, String>;
 }
 
 /// Where one series stands: how many points it was offered, which it keeps.
@@ -105,6 +122,7 @@ impl SeriesState {
 #[derive(Default, Clone)]
 pub(crate) struct MemoryHistories {
     series: Arc<Mutex<BTreeMap<AttemptKey, AttemptSeries>>>,
+    last: Arc<Mutex<BTreeMap<RunId, LastProgress>>>,
 }
 
 /// A run's attempt: its run id and attempt id.
@@ -118,6 +136,16 @@ impl MemoryHistories {
     pub(crate) fn append(&self, batches: &[MetricBatch]) {
         let mut all = self.series.lock().unwrap_or_else(|e| e.into_inner());
         for batch in batches {
+            if let Some(json) = &batch.last_progress {
+                let last = LastProgress {
+                    attempt_id: batch.attempt_id.to_string(),
+                    json: json.to_string(),
+                };
+                self.last
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(batch.run_id.clone(), last);
+            }
             let run = all.entry((batch.run_id.clone(), batch.attempt_id.clone())).or_default();
             for named in &batch.points {
                 let (state, points) = run.entry(named.name.clone()).or_default();
@@ -135,6 +163,7 @@ impl MemoryHistories {
     /// Forgets every series of run `id`.
     pub(crate) fn delete(&self, id: &RunId) {
         self.series.lock().unwrap_or_else(|e| e.into_inner()).retain(|(run, _), _| run != id);
+        self.last.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
     }
 }
 
@@ -157,6 +186,10 @@ impl MetricReader for MemoryHistories {
                 MetricSeries::new(name.to_string(), kept)
             })
             .collect())
+    }
+
+    fn last_progress(&self, run: &RunId) -> Result<Option<LastProgress>, String> {
+        Ok(self.last.lock().unwrap_or_else(|e| e.into_inner()).get(run).cloned())
     }
 }
 

@@ -46,7 +46,7 @@ use trainstate_schema::{RunId, RunStatus};
 
 use super::columns::{StoredColumns, check};
 use super::load::{Loaded, StoredRow, log_quarantined, parse_rows};
-use super::metrics::{MetricBatch, MetricReader, SeriesState, into_series};
+use super::metrics::{LastProgress, MetricBatch, MetricReader, SeriesState, into_series};
 use super::{
     ChangedRun, Committed, Followed, JobChanges, NotifyRun, Position, SharedStore,
     SharedStoreHandle, Store, TOKEN_COLUMNS, event_kind, notify_key, token_from_columns,
@@ -161,6 +161,15 @@ const MIGRATIONS: &[&str] = &[
         target TEXT NOT NULL,
         events TEXT NOT NULL,
         PRIMARY KEY (run_id, target)
+    );",
+    // 7: the last progress of each run's ranks, kept when their board goes
+    // away (the run ended, or started another attempt): the attempt it is
+    // of and `rank_progress` as served, in JSON; a run's row goes with the
+    // run.
+    "CREATE TABLE trainstate_run_progress (
+        run_id TEXT PRIMARY KEY,
+        attempt_id TEXT NOT NULL,
+        progress TEXT NOT NULL
     );",
 ];
 
@@ -1298,6 +1307,9 @@ async fn commit(
         tx.execute("DELETE FROM trainstate_notify_delivered WHERE run_id = ANY($1)", &[&deletes])
             .await
             .map_err(pg)?;
+        tx.execute("DELETE FROM trainstate_run_progress WHERE run_id = ANY($1)", &[&deletes])
+            .await
+            .map_err(pg)?;
     }
     if !ended.is_empty() {
         tx.execute("DELETE FROM trainstate_heartbeats WHERE run_id = ANY($1)", &[&ended])
@@ -1354,6 +1366,20 @@ async fn append_metrics(pool: Pool, batches: &[MetricBatch]) -> Result<(), PgErr
             .await
             .map_err(pg)?;
         if stored.is_none() {
+            continue;
+        }
+        if let Some(progress) = &batch.last_progress {
+            tx.execute(
+                "INSERT INTO trainstate_run_progress (run_id, attempt_id, progress)
+                 VALUES ($1, $2, $3)
+                 ON CONFLICT (run_id) DO UPDATE SET
+                     attempt_id = EXCLUDED.attempt_id, progress = EXCLUDED.progress",
+                &[&run, &attempt, &&**progress],
+            )
+            .await
+            .map_err(pg)?;
+        }
+        if batch.points.is_empty() {
             continue;
         }
         let mut names: Vec<&str> = batch.points.iter().map(|p| &*p.name).collect();
@@ -1494,6 +1520,33 @@ impl MetricReader for PgMetricReader {
                 Ok(result) => result,
                 Err(_) => {
                     Err(format!("reading metric histories took longer than {CALL_TIMEOUT:?}"))
+                }
+            }
+        })
+    }
+
+    fn last_progress(&self, run: &RunId) -> Result<Option<LastProgress>, String> {
+        let pool = self.pool.clone();
+        let run = run.as_str();
+        self.runtime.block_on(async move {
+            let read = async {
+                let client = pool.get().await.map_err(pg)?;
+                let row = client
+                    .query_opt(
+                        "SELECT attempt_id, progress FROM trainstate_run_progress
+                         WHERE run_id = $1",
+                        &[&run],
+                    )
+                    .await
+                    .map_err(pg)?;
+                Ok::<_, PgError>(
+                    row.map(|row| LastProgress { attempt_id: row.get(0), json: row.get(1) }),
+                )
+            };
+            match tokio::time::timeout(CALL_TIMEOUT, read).await {
+                Ok(result) => result,
+                Err(_) => {
+                    Err(format!("reading a run's last progress took longer than {CALL_TIMEOUT:?}"))
                 }
             }
         })

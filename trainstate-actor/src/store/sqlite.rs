@@ -11,7 +11,7 @@ use trainstate_schema::{ActorStatus, RunId, RunStatus, TrainRunInfo};
 
 use super::columns::{StoredColumns, check};
 use super::load::{Loaded, StoredRow, log_quarantined, parse_rows};
-use super::metrics::{MetricBatch, MetricReader, SeriesState, into_series};
+use super::metrics::{LastProgress, MetricBatch, MetricReader, SeriesState, into_series};
 use super::{
     ChangedRun, Committed, JobChanges, NotifyRun, Position, Store, TOKEN_COLUMNS, notify_key,
     token_from_columns,
@@ -111,6 +111,17 @@ const MIGRATIONS: &[Migration] = &[
         target TEXT NOT NULL,
         events TEXT NOT NULL,
         PRIMARY KEY (run_id, target)
+    ) WITHOUT ROWID;",
+    ),
+    // 8: the last progress of each run's ranks, kept when their board goes
+    // away (the run ended, or started another attempt): the attempt it is
+    // of and `rank_progress` as served, in JSON; a run's row goes with the
+    // run.
+    Migration::Sql(
+        "CREATE TABLE run_progress (
+        run_id TEXT PRIMARY KEY NOT NULL,
+        attempt_id TEXT NOT NULL,
+        progress TEXT NOT NULL
     ) WITHOUT ROWID;",
     ),
 ];
@@ -393,6 +404,8 @@ impl SqliteStore {
             let mut delete_series =
                 tx.prepare_cached("DELETE FROM metric_series WHERE run_id = ?1")?;
             let mut forget = tx.prepare_cached("DELETE FROM notify_delivered WHERE run_id = ?1")?;
+            let mut forget_progress =
+                tx.prepare_cached("DELETE FROM run_progress WHERE run_id = ?1")?;
             for op in ops {
                 match op {
                     StoreOp::Put(record) => bind_run(record, |values| {
@@ -405,6 +418,7 @@ impl SqliteStore {
                         delete_points.execute(params![id.as_str()])?;
                         delete_series.execute(params![id.as_str()])?;
                         forget.execute(params![id.as_str()])?;
+                        forget_progress.execute(params![id.as_str()])?;
                     }
                 }
             }
@@ -436,10 +450,17 @@ impl SqliteStore {
                 "INSERT OR REPLACE INTO metric_points (series_id, seq, rank, step, value)
                  VALUES (?1, ?2, ?3, ?4, ?5)",
             )?;
+            let mut keep_progress = tx.prepare_cached(
+                "INSERT OR REPLACE INTO run_progress (run_id, attempt_id, progress)
+                 VALUES (?1, ?2, ?3)",
+            )?;
             for batch in batches {
                 let (run, attempt) = (batch.run_id.as_str(), &*batch.attempt_id);
                 if !stored.exists(params![run])? {
                     continue;
+                }
+                if let Some(progress) = &batch.last_progress {
+                    keep_progress.execute(params![run, attempt, &**progress])?;
                 }
                 let mut series: HashMap<String, (i64, SeriesState, bool)> = states
                     .query_map(params![run, attempt], |row| {
@@ -532,6 +553,18 @@ impl MetricReader for SqliteMetricReader {
             .map_err(|e| e.to_string())?;
         let rows: Vec<_> = rows.collect::<Result<_, _>>().map_err(|e| e.to_string())?;
         Ok(into_series(rows))
+    }
+
+    fn last_progress(&self, run: &RunId) -> Result<Option<LastProgress>, String> {
+        let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        let mut stmt = conn
+            .prepare_cached("SELECT attempt_id, progress FROM run_progress WHERE run_id = ?1")
+            .map_err(|e| e.to_string())?;
+        stmt.query_row(params![run.as_str()], |row| {
+            Ok(LastProgress { attempt_id: row.get(0)?, json: row.get(1)? })
+        })
+        .optional()
+        .map_err(|e| e.to_string())
     }
 }
 
@@ -860,6 +893,7 @@ mod tests {
                 status: ActorStatus::Alive,
                 resources: Resources::from_iter([("CPU", 1.0)]),
                 worker_log_file_path: None,
+                node_name: None,
             }],
             cluster: cluster.map(Into::into),
             ..TrainRunInfoDraft::new(id, format!("run-{id}"), "job", "ctrl", T0)

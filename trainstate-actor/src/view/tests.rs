@@ -72,6 +72,7 @@ fn run(rng: &mut Rng, id: &str, start: Option<u64>) -> Arc<RunRecord> {
                     status: ActorStatus::Alive,
                     resources: Resources::from_iter([("CPU", 1.0)]),
                     worker_log_file_path: None,
+                    node_name: None,
                 }
             })
             .collect(),

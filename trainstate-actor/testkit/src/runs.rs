@@ -27,6 +27,7 @@ pub fn workers(n: u32, per_node: u32, prefix: &str) -> Vec<TrainWorkerInfo> {
                 status: ActorStatus::Alive,
                 resources: Resources::from_iter([("CPU", 1.0), ("GPU", 1.0)]),
                 worker_log_file_path: None,
+                node_name: None,
             }
             .validate()
             .unwrap()

@@ -83,8 +83,7 @@ async fn run_command(command: RunsCommand) -> Result<String, String> {
             }
             // Links are a nicety: a head without them (or an older one) still shows the run.
             let links = state.links().await.unwrap_or_default();
-            let progress = Progress::of(&served_progress(&run));
-            show(&run.parse().map_err(|e| e.to_string())?, &links, progress.as_ref())
+            show(&run.parse().map_err(|e| e.to_string())?, &links, &served_progress(&run))
         }
     }
 }
@@ -175,11 +174,24 @@ impl Progress {
     }
 }
 
+/// A node as people name it: `hostname (id)`, or its id alone when its
+/// host name is unknown.
+fn node_text(w: &trainstate_schema::TrainWorkerInfo) -> String {
+    match w.node_name() {
+        Some(name) => format!("{} ({})", escape_control(name), escape_control(w.node_id())),
+        None => escape_control(w.node_id()).into_owned(),
+    }
+}
+
+/// `run`, for a person; `ranks` is each rank's progress as served (an
+/// ended run's: their last progress).
 fn show(
     run: &TrainRunInfo,
     links: &LinksResponse,
-    progress: Option<&Progress>,
+    ranks: &[Option<RankProgressServed>],
 ) -> Result<String, String> {
+    let progress = Progress::of(ranks);
+    let progress = progress.as_ref();
     let mut out = String::new();
     let line = |out: &mut String, key: &str, value: &str| {
         out.push_str(&format!("{key:<16}{}\n", escape_control(value)));
@@ -247,7 +259,8 @@ fn show(
             let from = h.last_advance_ms.or(progress.last_advance_ms).unwrap_or(h.since_ms);
             now_ms().saturating_sub(from)
         });
-        line(&mut out, "progress", &progress.text(elapsed, stalled_for));
+        let key = if live { "progress" } else { "last progress" };
+        line(&mut out, key, &progress.text(elapsed, stalled_for));
     }
     let named = [("logs", links.logs.as_deref()), ("metrics", links.metrics.as_deref())];
     let run_links =
@@ -301,6 +314,12 @@ fn show(
         ["RANK", "LOCAL", "NODE", "NODE ID", "NODE IP", "PID", "GPUS", "STATUS"]
             .map(String::from)
             .to_vec();
+    // Each rank's step, phase and last advance: an ended run's, where its
+    // ranks were when it ended.
+    let with_progress = ranks.iter().any(Option::is_some);
+    if with_progress {
+        header.extend(["STEP", "PHASE", "LAST ADVANCE (UTC)"].map(String::from));
+    }
     header.extend(worker_links.iter().map(|(n, _)| n.to_uppercase()));
     let mut rows = vec![header];
     for w in run.workers() {
@@ -308,12 +327,21 @@ fn show(
             w.world_rank().to_string(),
             w.local_rank().to_string(),
             w.node_rank().to_string(),
-            escape_control(w.node_id()).into_owned(),
+            node_text(w),
             w.node_ip().to_owned(),
             w.pid().to_string(),
             w.gpu_ids().iter().map(u32::to_string).collect::<Vec<_>>().join(","),
             w.status().to_string(),
         ];
+        if with_progress {
+            let p = ranks.get(w.world_rank() as usize).and_then(Option::as_ref);
+            let or_dash = |text: Option<String>| text.unwrap_or_else(|| "-".into());
+            row.push(or_dash(p.and_then(|p| p.step).map(|s| s.to_string())));
+            row.push(or_dash(
+                p.and_then(|p| p.phase.as_deref()).map(|t| escape_control(t).into_owned()),
+            ));
+            row.push(or_dash(p.and_then(|p| p.last_advance_ms).map(utc)));
+        }
         row.extend(worker_links.iter().map(|(_, t)| fill(t, run, Some(w))));
         rows.push(row);
     }

@@ -36,6 +36,7 @@ pub(crate) fn worker(i: u64, w: u32) -> TrainWorkerInfoDraft {
         status: ActorStatus::Alive,
         resources: resources(),
         worker_log_file_path: None,
+        node_name: None,
     }
 }
 
