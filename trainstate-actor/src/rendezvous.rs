@@ -470,9 +470,19 @@ impl Pending {
     }
 }
 
-/// Who a worker is, for reasons: `pid 4242 on node host-1 (10.0.0.2)`.
+/// Who a worker is, for reasons: `pid 4242 on node gpu-7 (3f2a…, 10.0.0.2)`
+/// with its host name, else `pid 4242 on node 3f2a… (10.0.0.2)`.
 fn who_of(worker: &TrainWorkerInfo) -> Arc<str> {
-    format!("pid {} on node {} ({})", worker.pid(), worker.node_id(), worker.node_ip()).into()
+    match worker.node_name() {
+        Some(host) => format!(
+            "pid {} on node {host} ({}, {})",
+            worker.pid(),
+            worker.node_id(),
+            worker.node_ip()
+        ),
+        None => format!("pid {} on node {} ({})", worker.pid(), worker.node_id(), worker.node_ip()),
+    }
+    .into()
 }
 
 /// True when `end` is a communication error that a peer's death causes

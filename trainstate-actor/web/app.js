@@ -818,8 +818,12 @@
           progress.stalledSince !== null ? h('span', { class: 'muted', id: 'run-stalled-for' }, ' · stalled for ',
             h('span', { 'data-live-since': String(progress.stalledSince) }, formatDuration(Date.now() - progress.stalledSince))) : null)) : null;
       const endedStalled = health && Number.isFinite(health.ended_ms);
+      // An ended run's health is history: no live badge, what it was at the end.
+      const endedMoving = ended(run) && !endedStalled;
       const healthLine = health ? h('p', { id: 'run-health', 'data-health': endedStalled ? 'ENDED_STALLED' : health.state },
-        endedStalled ? stalledBadge(run) : h('span', { class: `badge h-${String(health.state).toLowerCase()}` }, health.state),
+        endedStalled ? stalledBadge(run)
+          : endedMoving ? h('span', { class: 'badge h-ended' }, `${String(health.state).toLowerCase()} when it ended`)
+            : h('span', { class: `badge h-${String(health.state).toLowerCase()}` }, health.state),
         ' since ', timeEl(health.since_ms),
         health.ranks && health.ranks.length ? [', ranks ', ...health.ranks.flatMap((r, i) => (i ? [', ', rankLink(r)] : [rankLink(r)]))] : null,
         endedStalled ? [', until the run ended at ', timeEl(health.ended_ms)] : null,
