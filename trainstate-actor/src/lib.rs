@@ -39,50 +39,32 @@
 //!   panic, fail a commit or hold the store writer. Never enable it in
 //!   production.
 
-mod actor;
-#[doc(hidden)]
-pub mod bench_support;
-mod change;
-mod clock;
-mod config;
-mod errors;
-#[cfg(feature = "fault-injection")]
-mod faults;
-#[cfg(feature = "forward")]
-pub mod forward;
-mod health;
-#[cfg(feature = "server")]
-pub mod http;
-mod liveness;
-mod log_sample;
-mod log_throttle;
-#[cfg(feature = "notify")]
-pub mod notify;
-mod progress;
-mod reader;
-mod record;
-mod rendezvous;
-mod state;
-mod stats;
+mod decisions;
+mod engine;
+mod services;
 mod store;
-mod supervisor;
-mod time_text;
-mod tokens;
-mod view;
-mod writer;
 
-pub use clock::{Clock, ManualClock, SystemClock};
-pub use config::{
+#[doc(hidden)]
+pub use engine::bench_support;
+#[cfg(feature = "forward")]
+pub use services::forward;
+#[cfg(feature = "server")]
+pub use services::http;
+#[cfg(feature = "notify")]
+pub use services::notify;
+
+pub use decisions::clock::{Clock, ManualClock, SystemClock};
+pub use decisions::rendezvous::{ECHO_MESSAGES, ECHO_TIE_MS, ECHO_WINDOW_MS, FAILURE_WINDOW_MS};
+pub use engine::config::{
     DEFAULT_EVENT_BACKLOG, DEFAULT_EVENT_BACKLOG_BYTES, DEFAULT_HEALTH_TICK, DEFAULT_LEASE,
     DEFAULT_MAX_IN_FLIGHT_WRITES, DEFAULT_MAX_RETAINED_BYTES, DEFAULT_MAX_RUNS,
     DEFAULT_STALL_AFTER, PostgresConfig, Retention, StateConfig, StoreConfig, Synchronous,
 };
-pub use errors::{LaunchError, StoreError};
+pub use engine::error::{LaunchError, StoreError};
 #[cfg(feature = "fault-injection")]
-pub use faults::Faults;
-pub use rendezvous::{ECHO_MESSAGES, ECHO_TIE_MS, ECHO_WINDOW_MS, FAILURE_WINDOW_MS};
-pub use stats::StoreStats;
-pub use supervisor::{
+pub use engine::faults::Faults;
+pub use engine::stats::StoreStats;
+pub use engine::supervisor::{
     StateService, get_or_launch_state_actor, launch_state_actor, shutdown_state_actor,
 };
 

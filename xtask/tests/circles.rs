@@ -1,27 +1,55 @@
-//! No import circle among the state actor's modules: the top-level modules
-//! of `trainstate-actor/src` (a file `x.rs` or a folder `x/`) import each
-//! other one way only, so each can be read, and changed, on top of the ones
-//! below it.
+//! The head crate's structure, read from its source: four wings with the
+//! arrows allowed between them, and no import circle among its files.
 //!
 //! The edges are read from the source: every path that starts with
 //! `crate::` or climbs out of a module with `super::` (in `use` items and
 //! in expressions alike, comments and strings aside), resolved to the
-//! top-level module it names. A name the crate root re-exports
-//! (`crate::StateService`) counts as the module it comes from.
+//! deepest file of the crate it names (`crate::engine::writer::Job` is
+//! `engine/writer`). A name the crate root re-exports
+//! (`crate::StateService`) counts as the file it comes from.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// An edge between two top-level modules, with where it was first seen.
+/// An edge between two files, named by their module paths
+/// (`engine/writer`), with where it was first seen.
 type Edges = BTreeMap<(String, String), String>;
 
+/// The head crate's wings, from the bottom up, and the wings each may
+/// import. The CLI (the binary's modules) and the crate root sit on top
+/// and may import any wing.
+const WINGS: [(&str, &[&str]); 4] = [
+    ("decisions", &[]),
+    ("store", &["decisions"]),
+    ("engine", &["decisions", "store"]),
+    ("services", &["engine", "decisions"]),
+];
+
+/// What services may import of the engine: its door, `StateService`, with
+/// the configuration it is launched with, its errors and counters.
+const ENGINE_DOOR: [&str; 4] =
+    ["engine/supervisor", "engine/config", "engine/error", "engine/stats"];
+
+/// What services may import of the decisions: leaves every wing shares
+/// (clocks, the words of times, the throttle of repeated log lines).
+const SHARED_DECISIONS: [&str; 3] =
+    ["decisions/clock", "decisions/time_text", "decisions/log_throttle"];
+
+fn head_src() -> PathBuf {
+    xtask::workspace_root().join("trainstate-actor/src")
+}
+
 #[test]
-fn no_import_circle_among_the_actor_modules() {
-    let src = xtask::workspace_root().join("trainstate-actor/src");
-    let edges = module_edges(&src);
+fn no_import_circle_among_the_head_files() {
+    let edges = file_edges(&head_src());
     // The reader must see the imports it is meant to see, or the check
     // below would pass on nothing.
-    for (from, to) in [("supervisor", "actor"), ("actor", "state"), ("writer", "store")] {
+    for (from, to) in [
+        ("engine/supervisor", "engine/actor"),
+        ("engine/actor", "decisions/state"),
+        ("engine/writer", "store"),
+        ("decisions/state/ray", "decisions/record"),
+    ] {
         assert!(
             edges.contains_key(&(from.to_owned(), to.to_owned())),
             "the import of {to} by {from} was not found; the reader is broken"
@@ -30,9 +58,69 @@ fn no_import_circle_among_the_actor_modules() {
     let circles = circles(&edges);
     assert!(
         circles.is_empty(),
-        "import circles among trainstate-actor's modules:\n{}",
+        "import circles among trainstate-actor's files:\n{}",
         circles.join("\n")
     );
+}
+
+#[test]
+fn every_head_file_keeps_to_its_wing() {
+    let src = head_src();
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut broken = Vec::new();
+    for file in &files {
+        let path = module_path(&src, file);
+        let on_top = path.is_empty() || path[0] == "cli";
+        if !on_top && !WINGS.iter().any(|(wing, _)| *wing == path[0]) {
+            broken.push(format!("{} is in no wing", path.join("/")));
+        }
+    }
+    for ((from, to), site) in file_edges(&src) {
+        if let Some(rule) = broken_arrow(&from, &to) {
+            broken.push(format!("{from} -> {to} ({site}): {rule}"));
+        }
+    }
+    assert!(broken.is_empty(), "arrows the wings do not allow:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn the_wing_rules_refuse_what_they_should() {
+    assert_eq!(broken_arrow("engine/writer", "store/sqlite"), None);
+    assert_eq!(broken_arrow("services/http/routes", "engine/supervisor"), None);
+    assert_eq!(broken_arrow("cli/serve", "store/lock"), None);
+    assert!(broken_arrow("store/sqlite", "engine/config").is_some());
+    assert!(broken_arrow("decisions/rendezvous", "engine/view").is_some());
+    assert!(broken_arrow("services/http/events", "engine/writer").is_some());
+    assert!(broken_arrow("services/http/routes", "decisions/state").is_some());
+    assert!(broken_arrow("services/forward", "store").is_some());
+}
+
+/// Why the arrow `from -> to` between two files breaks the wings' rules, if
+/// it does.
+fn broken_arrow(from: &str, to: &str) -> Option<String> {
+    let wing = |path: &str| path.split('/').next().unwrap_or_default().to_owned();
+    let (from_wing, to_wing) = (wing(from), wing(to));
+    let Some((_, allowed)) = WINGS.iter().find(|(w, _)| *w == from_wing) else {
+        return None; // the CLI and the crate root may import anything
+    };
+    if from_wing == to_wing {
+        return None;
+    }
+    if !allowed.contains(&to_wing.as_str()) {
+        return Some(format!("{from_wing} may import only {allowed:?}"));
+    }
+    let inside =
+        |list: &[&str]| list.iter().any(|door| to == *door || to.starts_with(&format!("{door}/")));
+    match (from_wing.as_str(), to_wing.as_str()) {
+        ("services", "engine") if !inside(&ENGINE_DOOR) => {
+            Some(format!("services reach the engine only through its door {ENGINE_DOOR:?}"))
+        }
+        ("services", "decisions") if !inside(&SHARED_DECISIONS) => {
+            Some(format!("services take of the decisions only {SHARED_DECISIONS:?}"))
+        }
+        _ => None,
+    }
 }
 
 #[test]
@@ -46,34 +134,45 @@ fn a_circle_is_found_and_named() {
     assert!(circles[0].starts_with("a -> b -> c -> a"), "{}", circles[0]);
 }
 
-/// Every edge between two different top-level modules of the crate at `src`.
-fn module_edges(src: &Path) -> Edges {
+/// Every edge between two different files of the crate at `src`, each file
+/// named by its module path.
+fn file_edges(src: &Path) -> Edges {
     let mut files = Vec::new();
     rust_files(src, &mut files);
+    let modules: BTreeSet<Vec<String>> =
+        files.iter().map(|file| module_path(src, file)).filter(|p| !p.is_empty()).collect();
     let root = std::fs::read_to_string(src.join("lib.rs")).expect("lib.rs reads");
-    let modules: BTreeSet<String> =
-        files.iter().filter_map(|file| module_path(src, file).first().cloned()).collect();
     let reexports = root_reexports(&tokens(&root), &modules);
     let mut edges = Edges::new();
     for file in &files {
         let path = module_path(src, file);
-        let Some(from) = path.first() else { continue };
+        // The binary's modules (`main.rs`, `cli/`) are a crate of their own.
+        if path.is_empty() || path[0] == "cli" {
+            continue;
+        }
         let text = std::fs::read_to_string(file).expect("a source file reads");
         let shown = file.strip_prefix(src).unwrap_or(file).display().to_string();
         for (line, target) in imports(&tokens(&text), &path) {
-            let to = match target.as_str() {
-                name if modules.contains(name) => name.to_owned(),
-                name => match reexports.get(name) {
+            let to = match deepest_module(&target, &modules) {
+                Some(module) => module,
+                None => match target.first().and_then(|name| reexports.get(name)) {
                     Some(module) => module.clone(),
                     None => continue,
                 },
             };
-            if &to != from {
-                edges.entry((from.clone(), to)).or_insert_with(|| format!("{shown}:{line}"));
+            if to != path {
+                edges
+                    .entry((path.join("/"), to.join("/")))
+                    .or_insert_with(|| format!("{shown}:{line}"));
             }
         }
     }
     edges
+}
+
+/// The longest prefix of `path` that is a file's module.
+fn deepest_module(path: &[String], modules: &BTreeSet<Vec<String>>) -> Option<Vec<String>> {
+    (1..=path.len()).rev().map(|n| path[..n].to_vec()).find(|prefix| modules.contains(prefix))
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -255,43 +354,31 @@ fn byte_string(chars: &[char], i: usize) -> Option<usize> {
     None
 }
 
-/// The names the crate root re-exports (`pub use module::{A, B}`), each
-/// with the top-level module it comes from.
+/// The names the crate root re-exports (`pub use a::b::{X, Y}`), each
+/// with the file it comes from.
 fn root_reexports(
     tokens: &[(usize, Token)],
-    modules: &BTreeSet<String>,
-) -> BTreeMap<String, String> {
+    modules: &BTreeSet<Vec<String>>,
+) -> BTreeMap<String, Vec<String>> {
     let mut out = BTreeMap::new();
-    let mut i = 0;
-    while i < tokens.len() {
-        if tokens[i].1 == Token::Ident("use".into())
-            && let Some((_, Token::Ident(module))) = tokens.get(i + 1)
-            && modules.contains(module)
-        {
-            let mut j = i + 2;
-            while j < tokens.len() && tokens[j].1 != Token::Punct(';') {
-                if let Token::Ident(name) = &tokens[j].1
-                    && matches!(
-                        tokens.get(j + 1).map(|t| &t.1),
-                        Some(Token::Punct(',' | '}' | ';'))
-                    )
-                {
-                    out.insert(name.clone(), module.clone());
-                }
-                j += 1;
-            }
-            i = j;
+    for (i, (_, token)) in tokens.iter().enumerate() {
+        if *token != Token::Ident("use".into()) {
+            continue;
         }
-        i += 1;
+        for path in use_tree(tokens, i + 1) {
+            if let (Some(name), Some(module)) = (path.last(), deepest_module(&path, modules)) {
+                out.insert(name.clone(), module);
+            }
+        }
     }
     out
 }
 
-/// The first segment, below the crate root, of every path in `tokens` that
-/// starts at the root (`crate::…`, or `super::` climbing to it), each with
-/// its line. `module` is the file's module; inline modules (`mod tests {`)
-/// are followed, so that their `super::` means the file's module.
-fn imports(tokens: &[(usize, Token)], module: &[String]) -> Vec<(usize, String)> {
+/// Every path, below the crate root, that `tokens` name from the root
+/// (`crate::…`, or `super::` climbing), each with its line. `module` is the
+/// file's module; inline modules (`mod tests {`) are followed, so that
+/// their `super::` means the file's module.
+fn imports(tokens: &[(usize, Token)], module: &[String]) -> Vec<(usize, Vec<String>)> {
     let mut out = Vec::new();
     // The brace depths at which inline modules open.
     let mut inline: Vec<usize> = Vec::new();
@@ -322,8 +409,9 @@ fn imports(tokens: &[(usize, Token)], module: &[String]) -> Vec<(usize, String)>
                         Some(Token::PathSep)
                     ) =>
             {
-                // How far below the root the path starts.
-                let mut depth = if word == "crate" { 0 } else { module.len() + inline.len() };
+                // How far below the root the path starts: inline modules
+                // climb within the file's own module first.
+                let mut depth = module.len() + inline.len();
                 let mut j = i;
                 while let Some((_, Token::Ident(w))) = tokens.get(j) {
                     if w == "crate" {
@@ -338,16 +426,11 @@ fn imports(tokens: &[(usize, Token)], module: &[String]) -> Vec<(usize, String)>
                     }
                     j += 2;
                 }
-                // Still below the root: inside the file's own top module.
-                let below_root = depth == 0;
-                if below_root {
-                    match tokens.get(j).map(|t| &t.1) {
-                        Some(Token::Ident(name)) => out.push((*line, name.clone())),
-                        Some(Token::Punct('{')) => {
-                            out.extend(group_heads(tokens, j).into_iter().map(|n| (*line, n)))
-                        }
-                        _ => {}
-                    }
+                let base = &module[..depth.min(module.len())];
+                for rest in use_tree(tokens, j) {
+                    let mut path = base.to_vec();
+                    path.extend(rest);
+                    out.push((*line, path));
                 }
                 i = j;
                 continue;
@@ -359,33 +442,56 @@ fn imports(tokens: &[(usize, Token)], module: &[String]) -> Vec<(usize, String)>
     out
 }
 
-/// The first segment of each item of the group `{a::X, b::{Y, Z}, c}` that
-/// opens at `open`.
-fn group_heads(tokens: &[(usize, Token)], open: usize) -> Vec<String> {
-    let mut heads = Vec::new();
-    let mut depth = 0;
-    let mut expect_head = true;
-    for (_, token) in &tokens[open..] {
-        match token {
-            Token::Punct('{') => {
-                depth += 1;
-                expect_head = depth == 1;
-            }
-            Token::Punct('}') => {
-                depth -= 1;
-                if depth == 0 {
-                    break;
+/// The paths of the use tree (or plain path) that starts at `at`:
+/// `a::b::{c::D, e}` is `[a, b, c, D]` and `[a, b, e]`.
+fn use_tree(tokens: &[(usize, Token)], at: usize) -> Vec<Vec<String>> {
+    let mut prefix = Vec::new();
+    let mut j = at;
+    loop {
+        match tokens.get(j).map(|t| &t.1) {
+            Some(Token::Ident(name)) => {
+                prefix.push(name.clone());
+                if tokens.get(j + 1).map(|t| &t.1) != Some(&Token::PathSep) {
+                    return vec![prefix];
                 }
+                j += 2;
             }
-            Token::Punct(',') if depth == 1 => expect_head = true,
-            Token::Ident(name) if expect_head && depth == 1 => {
-                heads.push(name.clone());
-                expect_head = false;
+            Some(Token::Punct('{')) => {
+                let mut out = Vec::new();
+                let mut depth = 0;
+                let mut item_start = true;
+                for k in j..tokens.len() {
+                    match &tokens[k].1 {
+                        Token::Punct('{') => {
+                            depth += 1;
+                            item_start = depth == 1;
+                            if depth == 1 {
+                                continue;
+                            }
+                        }
+                        Token::Punct('}') => {
+                            depth -= 1;
+                            if depth == 0 {
+                                break;
+                            }
+                        }
+                        Token::Punct(',') if depth == 1 => item_start = true,
+                        _ => {}
+                    }
+                    if item_start && depth == 1 {
+                        item_start = false;
+                        for rest in use_tree(tokens, k) {
+                            let mut path = prefix.clone();
+                            path.extend(rest);
+                            out.push(path);
+                        }
+                    }
+                }
+                return out;
             }
-            _ => {}
+            _ => return if prefix.is_empty() { Vec::new() } else { vec![prefix] },
         }
     }
-    heads
 }
 
 /// Every circle among `edges`: one per strongly connected group of modules

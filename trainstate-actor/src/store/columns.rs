@@ -11,7 +11,7 @@
 //! existed) is read from its JSON as before, so a damaged document is
 //! still refused and named.
 
-use crate::record::RunColumns;
+use crate::decisions::record::RunColumns;
 
 /// The check of a row: a CRC-32 of its id, its JSON and its columns, each
 /// field preceded by its length (or a tag for a missing one), so that no

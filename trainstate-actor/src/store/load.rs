@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use trainstate_schema::RunId;
 
 use super::columns::StoredColumns;
-use crate::record::{RunRecord, versions};
+use crate::decisions::record::{RunRecord, versions};
 
 /// One stored run as read: its id, its version when the store keeps one,
 /// its JSON as stored (or why it cannot be read), and its columns when it

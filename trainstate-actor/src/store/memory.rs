@@ -9,10 +9,10 @@ use trainstate_schema::RunId;
 
 use super::metrics::{MemoryHistories, MetricBatch, MetricReader};
 use super::{ChangedRun, Committed, JobChanges, NotifyRun, Position, Store};
-use crate::change::StoreOp;
-use crate::errors::StoreError;
-use crate::record::RunRecord;
-use crate::tokens::StoredToken;
+use crate::decisions::change::StoreOp;
+use crate::decisions::record::RunRecord;
+use crate::decisions::tokens::StoredToken;
+use crate::engine::error::StoreError;
 
 /// Why an in-memory store cannot be forwarded or notified from.
 const NO_POSITIONS: &str = "an in-memory store keeps no positions to forward or notify from";

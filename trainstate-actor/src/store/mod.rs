@@ -44,11 +44,11 @@ use std::sync::mpsc;
 use trainstate_client::EventKind;
 use trainstate_schema::RunId;
 
-use crate::change::{PendingEvent, RemoteChange, StoreOp};
-use crate::config::{PostgresConfig, StoreConfig};
-use crate::errors::StoreError;
-use crate::record::RunRecord;
-use crate::tokens::{StoredToken, hash_from_hex, scopes_from_text};
+use crate::decisions::change::{PendingEvent, RemoteChange, StoreOp};
+use crate::decisions::record::RunRecord;
+use crate::decisions::tokens::{StoredToken, hash_from_hex, scopes_from_text};
+use crate::engine::config::{PostgresConfig, StoreConfig};
+use crate::engine::error::StoreError;
 use metrics::{MetricBatch, MetricReader};
 
 /// The changes of one write job: committed together or not at all.

@@ -51,11 +51,11 @@ use super::{
     ChangedRun, Committed, Followed, JobChanges, NotifyRun, Position, SharedStore,
     SharedStoreHandle, Store, TOKEN_COLUMNS, event_kind, notify_key, token_from_columns,
 };
-use crate::change::{RemoteChange, StoreOp};
-use crate::config::PostgresConfig;
-use crate::errors::StoreError;
-use crate::record::{RunColumns, RunRecord};
-use crate::tokens::StoredToken;
+use crate::decisions::change::{RemoteChange, StoreOp};
+use crate::decisions::record::{RunColumns, RunRecord};
+use crate::decisions::tokens::StoredToken;
+use crate::engine::config::PostgresConfig;
+use crate::engine::error::StoreError;
 
 /// The schema migrations, in order; `trainstate_version.version` is the
 /// number applied. Append, never edit.
@@ -279,7 +279,7 @@ impl PgStore {
             Ok::<_, StoreError>(row.get::<_, Option<String>>(0).unwrap_or_default())
         })?;
         let channel: String = format!("trainstate.{schema}").chars().take(63).collect();
-        let head = crate::record::versions::next();
+        let head = crate::decisions::record::versions::next();
         let handle = SharedStoreHandle::new(config.clone());
         // One wake-up pending is enough: the follow it starts reads them all.
         let (wake, wakeups) = mpsc::sync_channel(1);

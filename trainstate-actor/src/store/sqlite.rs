@@ -16,11 +16,11 @@ use super::{
     ChangedRun, Committed, JobChanges, NotifyRun, Position, Store, TOKEN_COLUMNS, notify_key,
     token_from_columns,
 };
-use crate::change::StoreOp;
-use crate::config::Synchronous;
-use crate::errors::StoreError;
-use crate::record::{RunColumns, RunRecord};
-use crate::tokens::StoredToken;
+use crate::decisions::change::StoreOp;
+use crate::decisions::record::{RunColumns, RunRecord};
+use crate::decisions::tokens::StoredToken;
+use crate::engine::config::Synchronous;
+use crate::engine::error::StoreError;
 
 /// One step of the store's schema.
 enum Migration {

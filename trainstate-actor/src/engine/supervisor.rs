@@ -1,0 +1,410 @@
+//! The supervisor of the state actor, and how the actor is launched, found
+//! and shut down.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SpawnErr, SupervisionEvent};
+use tokio::sync::oneshot;
+use trainstate_client::{StateHandle, StateMessage, get_state_actor_named};
+
+use crate::engine::actor::{ActorArgs, TrainStateActor};
+use crate::engine::config::StateConfig;
+use crate::engine::error::LaunchError;
+use crate::engine::stats::StoreStats;
+use crate::engine::writer::{Published, Writer};
+
+/// More restarts than this within [`RESTART_WINDOW`] and the supervisor gives up.
+const MAX_RESTARTS: usize = 10;
+const RESTART_WINDOW: Duration = Duration::from_secs(10);
+
+/// The supervisor's registry name for a state actor named `name`.
+pub(crate) fn supervisor_name(name: &str) -> String {
+    format!("{name}.supervisor")
+}
+
+pub(crate) enum SupervisorMessage {
+    /// Answers once the supervisor (and so its first actor) has started.
+    Ready(RpcReplyPort<Arc<Writer>>),
+    /// Drains the actor, commits everything queued, and stops.
+    Shutdown(RpcReplyPort<()>),
+}
+
+pub(crate) struct StateSupervisor;
+
+pub(crate) struct SupervisorState {
+    config: StateConfig,
+    writer: Arc<Writer>,
+    child: Option<ActorRef<StateMessage>>,
+    shutting_down: bool,
+    restarts: VecDeque<Instant>,
+}
+
+impl Actor for StateSupervisor {
+    type Msg = SupervisorMessage;
+    type State = SupervisorState;
+    type Arguments = StateConfig;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<SupervisorMessage>,
+        config: StateConfig,
+    ) -> Result<SupervisorState, ActorProcessingErr> {
+        let writer = Arc::new(Writer::start(&config)?);
+        let mut state = SupervisorState {
+            config,
+            writer,
+            child: None,
+            shutting_down: false,
+            restarts: VecDeque::new(),
+        };
+        state.spawn_child(&myself).await?;
+        Ok(state)
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<SupervisorMessage>,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(child) = state.child.take() {
+            child.stop(Some("supervisor stopped".into()));
+        }
+        let writer = state.writer.clone();
+        let _ = tokio::task::spawn_blocking(move || writer.close()).await;
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<SupervisorMessage>,
+        message: SupervisorMessage,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            SupervisorMessage::Ready(reply) => {
+                let _ = reply.send(state.writer.clone());
+            }
+            SupervisorMessage::Shutdown(reply) => {
+                state.shutting_down = true;
+                if let Some(child) = state.child.take() {
+                    // Handle every queued request, then stop.
+                    let _ = child.drain_and_wait(None).await;
+                }
+                let writer = state.writer.clone();
+                let _ = tokio::task::spawn_blocking(move || writer.close()).await;
+                let _ = reply.send(());
+                myself.stop(Some("shut down".into()));
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<SupervisorMessage>,
+        event: SupervisionEvent,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        let (cell, why) = match &event {
+            SupervisionEvent::ActorFailed(cell, err) => (cell, err.to_string()),
+            SupervisionEvent::ActorTerminated(cell, _, reason) => {
+                (cell, reason.clone().unwrap_or_else(|| "stopped".into()))
+            }
+            _ => return Ok(()),
+        };
+        let is_child = state.child.as_ref().is_some_and(|c| c.get_id() == cell.get_id());
+        if !is_child || state.shutting_down {
+            return Ok(());
+        }
+        state.child = None;
+        let now = Instant::now();
+        state.restarts.retain(|at| now.duration_since(*at) < RESTART_WINDOW);
+        if state.restarts.len() >= MAX_RESTARTS {
+            state.give_up(
+                &myself,
+                format!(
+                    "the state actor failed {} times within {RESTART_WINDOW:?} (last: {why})",
+                    MAX_RESTARTS + 1
+                ),
+            );
+            return Ok(());
+        }
+        tracing::error!(reason = %why, "state actor stopped; restarting it from the store");
+        state.restarts.push_back(now);
+        state.writer.shared.actor_restarts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if let Err(err) = state.spawn_child(&myself).await {
+            state.give_up(&myself, format!("the state actor could not be restarted: {err}"));
+        }
+        Ok(())
+    }
+}
+
+impl SupervisorState {
+    /// Stops for good: logs why, tells whoever waits on
+    /// [`StateService::gave_up`], and stops (closing the store after what is
+    /// queued). Nothing answers requests any more: the process should exit.
+    fn give_up(&mut self, myself: &ActorRef<SupervisorMessage>, reason: String) {
+        tracing::error!(reason = %reason, "giving up on the state actor");
+        self.writer.shared.gave_up.send_replace(Some(reason.clone()));
+        myself.stop(Some(reason));
+    }
+
+    async fn spawn_child(
+        &mut self,
+        myself: &ActorRef<SupervisorMessage>,
+    ) -> Result<(), ActorProcessingErr> {
+        let name = self.config.name.clone();
+        // The old actor's name is released as it exits; allow that a moment.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let args = ActorArgs { config: self.config.clone(), writer: self.writer.clone() };
+            match Actor::spawn_linked(Some(name.clone()), TrainStateActor, args, myself.get_cell())
+                .await
+            {
+                Ok((child, _)) => {
+                    self.child = Some(child);
+                    return Ok(());
+                }
+                Err(SpawnErr::ActorAlreadyRegistered(_)) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                // Why it failed (a store that does not load), not ractor's
+                // wrapping of it, which speaks of a panic.
+                Err(SpawnErr::StartupFailed(why)) => return Err(why),
+                Err(err) => return Err(err.into()),
+            }
+        }
+    }
+}
+
+/// A running state actor with its supervisor and store, as launched by this
+/// process.
+pub struct StateService {
+    handle: StateHandle,
+    supervisor: ActorRef<SupervisorMessage>,
+    shared: Arc<Published>,
+    writer: Arc<Writer>,
+    /// The actor's clock, for work done for it off its turn.
+    clock: Arc<dyn crate::decisions::clock::Clock>,
+    /// Test-only fault hooks, for work done off the actor's turn.
+    #[cfg(feature = "fault-injection")]
+    faults: Arc<crate::engine::faults::Faults>,
+    /// Reads and heartbeats answered without the actor's turn.
+    reader: crate::engine::reader::Reader,
+}
+
+impl std::fmt::Debug for StateService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateService").field("handle", &self.handle).finish()
+    }
+}
+
+impl StateService {
+    /// A handle to the actor.
+    pub fn handle(&self) -> StateHandle {
+        self.handle.clone()
+    }
+
+    /// The actor's clock: what work done for it off its turn reads.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) fn clock(&self) -> &Arc<dyn crate::decisions::clock::Clock> {
+        &self.clock
+    }
+
+    /// Test-only fault hooks.
+    #[cfg(feature = "fault-injection")]
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) fn faults(&self) -> &Arc<crate::engine::faults::Faults> {
+        &self.faults
+    }
+
+    /// Reads and heartbeats answered without the actor's turn.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) fn reader(&self) -> &crate::engine::reader::Reader {
+        &self.reader
+    }
+
+    /// The store writer (forwarding reads through it).
+    #[cfg_attr(not(feature = "forward"), allow(dead_code))]
+    pub(crate) fn writer(&self) -> Arc<Writer> {
+        self.writer.clone()
+    }
+
+    /// True while this head sweeps leases and retention: always with a
+    /// store of its own; with a shared store, for one head at a time.
+    pub fn is_sweeper(&self) -> bool {
+        self.shared.sweeps()
+    }
+
+    /// The store other heads share (where it is, and the flag that is set
+    /// while this head holds its sweep lock); `None` for a store of its own.
+    #[cfg_attr(not(all(feature = "server", feature = "postgres")), allow(dead_code))]
+    pub(crate) fn shared_store(&self) -> Option<&crate::store::SharedStoreHandle> {
+        self.shared.shared_store.as_ref()
+    }
+
+    /// Counters of the store.
+    pub fn store_stats(&self) -> Arc<StoreStats> {
+        self.shared.stats.clone()
+    }
+
+    /// Writes handed to the store and not yet answered.
+    pub fn in_flight_writes(&self) -> usize {
+        self.shared.in_flight.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Committed runs, by status, in `RunStatus::ALL` order.
+    pub fn runs_by_status(&self) -> [usize; trainstate_schema::RunStatus::ALL.len()] {
+        self.shared.view.read().unwrap_or_else(|e| e.into_inner()).count_by_status()
+    }
+
+    /// Committed runs, by health, in `HealthState::ALL` order (a run with
+    /// no health is in none).
+    pub fn runs_by_health(&self) -> [usize; trainstate_schema::HealthState::ALL.len()] {
+        self.shared.view.read().unwrap_or_else(|e| e.into_inner()).count_by_health()
+    }
+
+    /// Committed runs.
+    pub fn run_count(&self) -> usize {
+        self.shared.view.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Restarts of the state actor by its supervisor (after a panic).
+    pub fn actor_restarts(&self) -> u64 {
+        self.shared.actor_restarts.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// False from a failed commit until a commit succeeds again: writes are
+    /// answered `Unavailable` meanwhile, reads are served.
+    pub fn store_writable(&self) -> bool {
+        self.shared.writable.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Why the supervisor gave up on the state actor, if it has.
+    pub fn failure(&self) -> Option<String> {
+        self.shared.gave_up.borrow().clone()
+    }
+
+    /// Resolves once the supervisor has given up on the state actor (it
+    /// failed too often), with the reason. The service then answers nothing:
+    /// a process should log the reason and exit non-zero, so that its
+    /// service manager restarts it.
+    pub async fn gave_up(&self) -> String {
+        let mut changes = self.shared.gave_up.subscribe();
+        let reason = match changes.wait_for(Option::is_some).await {
+            Ok(reason) => reason.clone(),
+            // The sender lives as long as `self`.
+            Err(_) => None,
+        };
+        match reason {
+            Some(reason) => reason,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Current event subscribers.
+    pub fn subscribers(&self) -> usize {
+        self.shared.events.receiver_count()
+    }
+
+    /// Stops the actor after it has handled every queued request and the
+    /// store has committed every queued write.
+    pub async fn shutdown(&self) {
+        shutdown(&self.supervisor).await;
+    }
+}
+
+async fn shutdown(supervisor: &ActorRef<SupervisorMessage>) {
+    let (tx, rx) = oneshot::channel();
+    if supervisor.send_message(SupervisorMessage::Shutdown(tx.into())).is_ok() {
+        let _ = rx.await;
+    }
+    let _ = supervisor.get_cell().wait(None).await;
+}
+
+/// Launches the state actor under `config.name`: a detached supervisor
+/// (linked to no caller), the store, and the actor. Fails if an actor of
+/// that name already runs.
+pub async fn launch_state_actor(config: StateConfig) -> Result<StateService, LaunchError> {
+    let name = config.name.clone();
+    let clock = config.clock.clone();
+    let (lease, sweep_every) = (config.lease, config.sweep_every());
+    #[cfg(feature = "fault-injection")]
+    let faults = config.faults.clone();
+    let (supervisor, _) = Actor::spawn(Some(supervisor_name(&name)), StateSupervisor, config)
+        .await
+        .map_err(|err| match err {
+            SpawnErr::ActorAlreadyRegistered(_) => {
+                LaunchError::Startup(format!("a state actor named {name:?} already runs"))
+            }
+            other => LaunchError::Startup(startup_reason(other)),
+        })?;
+    let writer = ready(&supervisor).await?;
+    let shared = writer.shared.clone();
+    let reader =
+        crate::engine::reader::Reader::new(shared.clone(), clock.clone(), lease, sweep_every);
+    Ok(StateService {
+        handle: StateHandle::local(name),
+        supervisor,
+        shared,
+        writer,
+        clock,
+        #[cfg(feature = "fault-injection")]
+        faults,
+        reader,
+    })
+}
+
+/// The state actor named `config.name` in this process, launched with
+/// `config` if none runs yet. Race-safe: concurrent callers get handles to
+/// one actor; a caller that loses the race for the name uses the winner's.
+pub async fn get_or_launch_state_actor(config: StateConfig) -> Result<StateHandle, LaunchError> {
+    let name = config.name.clone();
+    if let Some(handle) = get_state_actor_named(&name) {
+        return Ok(handle);
+    }
+    match Actor::spawn(Some(supervisor_name(&name)), StateSupervisor, config).await {
+        Ok((supervisor, _)) => {
+            ready(&supervisor).await?;
+        }
+        Err(SpawnErr::ActorAlreadyRegistered(_)) => {
+            // Another caller won: wait until its supervisor has started.
+            let winner = ActorRef::<SupervisorMessage>::where_is(supervisor_name(&name))
+                .ok_or_else(|| {
+                    LaunchError::Startup("the state actor stopped while starting".into())
+                })?;
+            ready(&winner).await?;
+        }
+        Err(other) => return Err(LaunchError::Startup(startup_reason(other))),
+    }
+    Ok(StateHandle::local(name))
+}
+
+/// Shuts down the state actor named `name` in this process, if one runs:
+/// queued requests are handled and queued writes committed first.
+pub async fn shutdown_state_actor(name: &str) -> bool {
+    match ActorRef::<SupervisorMessage>::where_is(supervisor_name(name)) {
+        Some(supervisor) => {
+            shutdown(&supervisor).await;
+            true
+        }
+        None => false,
+    }
+}
+
+async fn ready(supervisor: &ActorRef<SupervisorMessage>) -> Result<Arc<Writer>, LaunchError> {
+    let (tx, rx) = oneshot::channel();
+    supervisor
+        .send_message(SupervisorMessage::Ready(tx.into()))
+        .map_err(|_| LaunchError::Startup("the state actor stopped while starting".into()))?;
+    rx.await.map_err(|_| LaunchError::Startup("the state actor stopped while starting".into()))
+}
+
+fn startup_reason(err: SpawnErr) -> String {
+    match err {
+        SpawnErr::StartupFailed(inner) => inner.to_string(),
+        other => other.to_string(),
+    }
+}

@@ -1,0 +1,13 @@
+//! The services: what faces the world. The HTTP API and the page,
+//! notifications and forwarding.
+//!
+//! **Wing invariant:** services reach the engine only through
+//! [`StateService`](crate::StateService); nothing here names the writer, the
+//! view or the store.
+
+#[cfg(feature = "forward")]
+pub mod forward;
+#[cfg(feature = "server")]
+pub mod http;
+#[cfg(feature = "notify")]
+pub mod notify;

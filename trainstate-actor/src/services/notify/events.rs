@@ -1,0 +1,482 @@
+//! The events a run's stored document holds, derived from it alone (pure).
+//!
+//! A document keeps everything a notification tells of: its end (status,
+//! time, cause), its health changes (`health_history`, the latest 32) and
+//! its attempts. So the events of a run are a function of its document,
+//! and so are their ids: a run read again after a crash, or read once
+//! after many changes, yields the same events with the same ids, and
+//! nothing the document keeps is lost by collapsing its changes.
+
+use serde::Deserialize;
+use trainstate_schema::api::{NotifyEvent, NotifyEventKind, NotifyNode};
+use trainstate_schema::{HealthChange, HealthState, RunCause, RunHealth, RunStatus};
+
+use crate::decisions::time_text;
+
+/// The longest `detail` an event carries, in characters.
+pub(crate) const MAX_DETAIL_CHARS: usize = 500;
+
+/// A run's stored document, as far as notifications read it. The stored
+/// JSON is the head's own canonical form of a validated run; the members
+/// not named here are skipped unparsed.
+#[derive(Debug, Deserialize)]
+pub(crate) struct StoredRun {
+    id: String,
+    name: String,
+    job_id: String,
+    #[serde(default)]
+    cluster: Option<String>,
+    run_status: RunStatus,
+    #[serde(default)]
+    status: Option<RunStatus>,
+    #[serde(default)]
+    status_detail: String,
+    #[serde(default)]
+    end_time_ms: Option<u64>,
+    #[serde(default)]
+    cause: Option<RunCause>,
+    #[serde(default)]
+    health: Option<RunHealth>,
+    #[serde(default)]
+    health_history: Vec<HealthChange>,
+    #[serde(default)]
+    attempts: Vec<StoredAttempt>,
+    #[serde(default)]
+    workers: Vec<StoredWorker>,
+}
+
+#[derive(Debug, Deserialize)]
+struct StoredAttempt {
+    attempt_id: String,
+    start_time_ms: u64,
+    #[serde(default)]
+    status_detail: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct StoredWorker {
+    world_rank: u32,
+    node_id: String,
+    node_ip: String,
+}
+
+impl StoredRun {
+    /// The run's id.
+    pub(crate) fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The run's cluster.
+    pub(crate) fn cluster(&self) -> Option<&str> {
+        self.cluster.as_deref()
+    }
+
+    /// The run's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The run's lifecycle status.
+    pub(crate) fn status(&self) -> RunStatus {
+        self.status.unwrap_or(self.run_status)
+    }
+
+    /// The node of rank `rank` among the current attempt's workers.
+    fn node_of(&self, rank: u32) -> Option<NotifyNode> {
+        self.workers
+            .iter()
+            .find(|w| w.world_rank == rank)
+            .map(|w| NotifyNode::new(rank, w.node_id.clone(), w.node_ip.clone()))
+    }
+}
+
+/// A stall, as the event that ends it (a recovery, the run's end) names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Stall {
+    /// When the run stalled (Unix ms): the id of its `STALLED` event.
+    pub(crate) since_ms: u64,
+    /// The ranks it named.
+    pub(crate) ranks: Vec<u32>,
+    /// The node of the first of them.
+    pub(crate) node: Option<NotifyNode>,
+}
+
+/// One event of a run, ready to be sent in any format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Notice {
+    /// What a webhook receives (and what the other formats are made from).
+    pub(crate) event: NotifyEvent,
+    /// For a recovery, the stall it ends; for an end, the stall the run
+    /// ended in, if it did. An Alertmanager target resolves that stall's
+    /// alert when it sends this event.
+    pub(crate) ends_stall: Option<Stall>,
+}
+
+impl Notice {
+    /// The event's id.
+    pub(crate) fn id(&self) -> &str {
+        &self.event.event_id
+    }
+
+    /// Its kind.
+    pub(crate) fn kind(&self) -> NotifyEventKind {
+        self.event.event
+    }
+}
+
+/// Every event of `run`, oldest first (the end last), each with its link
+/// under `link_base` (the head's public URL), if there is one.
+pub(crate) fn derive(run: &StoredRun, link_base: Option<&str>) -> Vec<Notice> {
+    let link = link_base.map(|base| format!("{}/runs/{}", base.trim_end_matches('/'), run.id));
+    let event = |event_id: String, kind: NotifyEventKind, at_ms: u64| {
+        let mut event = NotifyEvent::new(
+            event_id,
+            kind,
+            run.id.clone(),
+            run.name.clone(),
+            run.job_id.clone(),
+            run.status(),
+            at_ms,
+        );
+        event.cluster.clone_from(&run.cluster);
+        event.health = run.health.as_ref().map(|h| h.state);
+        event.link.clone_from(&link);
+        event
+    };
+    let mut notices = Vec::new();
+
+    for (i, attempt) in run.attempts.iter().enumerate().skip(1) {
+        let kind = NotifyEventKind::Restarting;
+        let id = format!("{}:{kind}:{}", run.id, attempt.attempt_id);
+        let mut event = event(id, kind, attempt.start_time_ms);
+        event.attempt_id = Some(attempt.attempt_id.clone());
+        let previous = &run.attempts[i - 1];
+        let why = summary(&previous.status_detail);
+        event.detail = if why.is_empty() {
+            format!(
+                "Attempt {} started after attempt {} ended.",
+                attempt.attempt_id, previous.attempt_id
+            )
+        } else {
+            format!(
+                "Attempt {} started after attempt {} ended: {why}",
+                attempt.attempt_id, previous.attempt_id
+            )
+        };
+        notices.push(Notice { event, ends_stall: None });
+    }
+
+    let mut open_stall: Option<Stall> = None;
+    // When a rank last advanced before the open stall: its length is
+    // counted from it (from the stall itself when the history does not say).
+    let mut stalled_from = 0;
+    for change in &run.health_history {
+        let stall = |change: &HealthChange| Stall {
+            since_ms: change.at_ms,
+            ranks: change.ranks.clone(),
+            node: change.ranks.first().and_then(|&rank| run.node_of(rank)),
+        };
+        match change.state {
+            HealthState::Stalled => {
+                let kind = NotifyEventKind::Stalled;
+                let id = format!("{}:{kind}:{}", run.id, change.at_ms);
+                let mut event = event(id, kind, change.at_ms);
+                let now = stall(change);
+                event.ranks.clone_from(&now.ranks);
+                event.node.clone_from(&now.node);
+                event.detail = match &run.health {
+                    Some(health)
+                        if health.state == HealthState::Stalled
+                            && health.since_ms == change.at_ms
+                            && !health.detail.is_empty() =>
+                    {
+                        health.detail.clone()
+                    }
+                    _ => format!(
+                        "No rank advanced for the run's stall window, from {}{}.",
+                        time_text::iso_ms(change.at_ms),
+                        ranks_named(&now.ranks)
+                    ),
+                };
+                notices.push(Notice { event, ends_stall: None });
+                stalled_from = change.last_advance_ms.unwrap_or(change.at_ms);
+                open_stall = Some(now);
+            }
+            HealthState::Progressing => {
+                // A first PROGRESSING is no recovery; nor one whose stall
+                // has left the bounded history (it was told long ago).
+                let Some(ended) = open_stall.take() else { continue };
+                let kind = NotifyEventKind::Recovered;
+                let id = format!("{}:{kind}:{}", run.id, change.at_ms);
+                let mut event = event(id, kind, change.at_ms);
+                event.ranks.clone_from(&ended.ranks);
+                event.node.clone_from(&ended.node);
+                // The stall's length: from the last advance before it (when
+                // the history says) to the advance that ended it.
+                event.detail = format!(
+                    "A rank advanced again at {}, after {} without an advance.",
+                    time_text::iso_ms(change.at_ms),
+                    time_text::seconds(change.at_ms.saturating_sub(stalled_from))
+                );
+                notices.push(Notice { event, ends_stall: Some(ended) });
+            }
+            _ => {}
+        }
+    }
+
+    let status = run.status();
+    if let Some(kind) = NotifyEventKind::ending(status) {
+        let at_ms = run.end_time_ms.unwrap_or_default();
+        let mut event = event(format!("{}:{kind}", run.id), kind, at_ms);
+        event.cause = run.cause;
+        if let Some(rank) = run.cause.and_then(|c| c.failed_world_rank) {
+            event.ranks = vec![rank];
+            event.node = run.node_of(rank);
+        }
+        let detail = summary(&run.status_detail);
+        event.detail = if detail.is_empty() {
+            format!("The run {} at {}.", ended_words(status), time_text::iso_ms(at_ms))
+        } else {
+            detail
+        };
+        if open_stall.is_some() {
+            // The end resolves the stall it ended in: said first, so that
+            // no truncation of a long detail loses it.
+            event.detail = format!(
+                "It ended while stalled: no rank advanced since {}. {}",
+                time_text::iso_ms(stalled_from),
+                event.detail
+            );
+        }
+        notices.push(Notice { event, ends_stall: open_stall.take() });
+    }
+
+    // Oldest first; of one millisecond, in the order above (attempts,
+    // health, the end), which the stable sort keeps.
+    notices.sort_by_key(|n| {
+        if NotifyEventKind::ending(status) == Some(n.kind()) { u64::MAX } else { n.event.at_ms }
+    });
+    for notice in &mut notices {
+        notice.event.detail = truncated(&notice.event.detail, MAX_DETAIL_CHARS);
+    }
+    notices
+}
+
+/// `text` in a line: its first non-empty line and, when it has more, its
+/// last (where a Python traceback says what was raised), trimmed. Of a
+/// rendezvous run's failure, only the cause counts: what the ranks that
+/// failed after it said is left out.
+fn summary(text: &str) -> String {
+    let cause = text.split(crate::decisions::rendezvous::NOT_THE_CAUSE).next().unwrap_or(text);
+    let mut lines = cause.lines().map(str::trim).filter(|l| !l.is_empty());
+    let Some(first) = lines.next() else { return String::new() };
+    match lines.next_back() {
+        Some(last) => format!("{first} … {last}"),
+        None => first.to_owned(),
+    }
+}
+
+/// `text`, cut to `max` characters (the last one an ellipsis when cut).
+pub(crate) fn truncated(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_owned();
+    }
+    let mut cut: String = text.chars().take(max.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
+}
+
+/// `; ranks 1, 2 named` for the ranks a stall names, or nothing.
+fn ranks_named(ranks: &[u32]) -> String {
+    match ranks {
+        [] => String::new(),
+        [rank] => format!("; rank {rank} named"),
+        ranks => {
+            let list: Vec<String> = ranks.iter().map(u32::to_string).collect();
+            format!("; ranks {} named", list.join(", "))
+        }
+    }
+}
+
+/// `errored`, `was aborted`, `finished`: how a run with `status` ended.
+pub(crate) fn ended_words(status: RunStatus) -> &'static str {
+    match status {
+        RunStatus::Errored => "errored",
+        RunStatus::Aborted => "was aborted",
+        _ => "finished",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    const T0: u64 = 1_760_000_000_000;
+
+    fn run(extra: serde_json::Value) -> StoredRun {
+        let mut doc = json!({
+            "id": "r1", "name": "bert", "job_id": "j1", "controller_actor_id": "c",
+            "workers": [
+                {"world_rank": 0, "node_id": "n0", "node_ip": "10.0.0.1", "pid": 1},
+                {"world_rank": 1, "node_id": "n1", "node_ip": "10.0.0.2", "pid": 2},
+            ],
+            "datasets": [], "run_status": "RUNNING", "status": "RUNNING",
+            "start_time_ms": T0, "end_time_ms": null,
+            "attempts": [{"attempt_id": "a0", "start_time_ms": T0}],
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            doc[k] = v.clone();
+        }
+        serde_json::from_value(doc).unwrap()
+    }
+
+    fn ids(notices: &[Notice]) -> Vec<&str> {
+        notices.iter().map(Notice::id).collect()
+    }
+
+    #[test]
+    fn a_live_run_without_changes_holds_no_event() {
+        assert!(derive(&run(json!({})), None).is_empty());
+    }
+
+    #[test]
+    fn an_errored_run_names_its_failed_rank_and_node_and_links_its_page() {
+        let doc = run(json!({
+            "run_status": "ERRORED", "status": "ERRORED", "end_time_ms": T0 + 5_000,
+            "status_detail": "Rank 1 worker raised an error.\nTraceback (most recent call last):\n  File \"train.py\", line 3\nValueError: bad batch\n",
+            "cause": {"kind": "USER_ERROR", "failed_world_rank": 1},
+        }));
+        let notices = derive(&doc, Some("https://ts.example/"));
+        assert_eq!(ids(&notices), ["r1:ERRORED"]);
+        let event = &notices[0].event;
+        assert_eq!(event.at_ms, T0 + 5_000);
+        assert_eq!(event.ranks, [1]);
+        assert_eq!(event.node, Some(NotifyNode::new(1, "n1", "10.0.0.2")));
+        assert_eq!(event.detail, "Rank 1 worker raised an error. … ValueError: bad batch");
+        assert_eq!(event.link.as_deref(), Some("https://ts.example/runs/r1"));
+        assert_eq!(event.cause.and_then(|c| c.failed_world_rank), Some(1));
+    }
+
+    #[test]
+    fn stalls_recoveries_and_restarts_come_oldest_first_with_ids_from_the_document() {
+        let doc = run(json!({
+            "run_status": "ABORTED", "status": "ABORTED", "end_time_ms": T0 + 90_000,
+            "attempts": [
+                {"attempt_id": "a0", "start_time_ms": T0, "status_detail": "node lost"},
+                {"attempt_id": "a1", "start_time_ms": T0 + 20_000},
+            ],
+            "health": {"state": "STALLED", "since_ms": T0 + 60_000, "ranks": [0], "detail": "No rank has advanced for 10 s."},
+            "health_history": [
+                {"state": "PROGRESSING", "at_ms": T0 + 1_000, "ranks": []},
+                {"state": "STALLED", "at_ms": T0 + 10_000, "ranks": [1], "last_advance_ms": T0 + 2_000},
+                {"state": "PROGRESSING", "at_ms": T0 + 15_000, "ranks": []},
+                {"state": "STALLED", "at_ms": T0 + 60_000, "ranks": [0]},
+            ],
+        }));
+        let notices = derive(&doc, None);
+        assert_eq!(
+            ids(&notices),
+            [
+                format!("r1:STALLED:{}", T0 + 10_000),
+                format!("r1:RECOVERED:{}", T0 + 15_000),
+                "r1:RESTARTING:a1".to_owned(),
+                format!("r1:STALLED:{}", T0 + 60_000),
+                "r1:ABORTED".to_owned(),
+            ]
+        );
+        let recovered = &notices[1];
+        assert_eq!(recovered.event.ranks, [1], "the recovery names the stall's ranks");
+        assert_eq!(recovered.ends_stall.as_ref().map(|s| s.since_ms), Some(T0 + 10_000));
+        // From the last advance before the stall to the one that ended it.
+        assert!(
+            recovered.event.detail.contains("after 13 s without an advance"),
+            "{}",
+            recovered.event.detail
+        );
+        assert_eq!(notices[2].event.attempt_id.as_deref(), Some("a1"));
+        assert!(notices[2].event.detail.ends_with("attempt a0 ended: node lost"));
+        assert_eq!(notices[3].event.detail, "No rank has advanced for 10 s.");
+        let end = &notices[4];
+        assert_eq!(end.ends_stall.as_ref().map(|s| s.since_ms), Some(T0 + 60_000));
+        assert_eq!(
+            end.event.detail,
+            format!(
+                "It ended while stalled: no rank advanced since {}. The run was aborted at {}.",
+                time_text::iso_ms(T0 + 60_000),
+                time_text::iso_ms(T0 + 90_000)
+            )
+        );
+        // The same document, read again, gives the same events.
+        assert_eq!(derive(&doc, None), notices);
+    }
+
+    #[test]
+    fn every_stall_is_resolved_by_its_recovery_or_by_the_runs_end() {
+        let stalled = json!({"state": "STALLED", "at_ms": T0 + 12_000, "ranks": [1], "last_advance_ms": T0 + 2_000});
+        // (what the run's history holds after the stall, the events, what
+        // the end resolves, words the last event's detail holds)
+        let cases = [
+            (
+                "recovered then finished",
+                json!([stalled, {"state": "PROGRESSING", "at_ms": T0 + 42_000, "ranks": []}]),
+                vec!["STALLED", "RECOVERED", "FINISHED"],
+                None,
+                "The run finished",
+            ),
+            (
+                "ended while stalled",
+                json!([{"state": "STALLED", "at_ms": T0 + 12_000, "ranks": [1], "last_advance_ms": T0 + 2_000, "ended_ms": T0 + 50_000}]),
+                vec!["STALLED", "FINISHED"],
+                Some(T0 + 12_000),
+                "It ended while stalled: no rank advanced since",
+            ),
+        ];
+        for (what, history, kinds, resolved, words) in cases {
+            let doc = run(json!({
+                "run_status": "FINISHED", "status": "FINISHED", "end_time_ms": T0 + 50_000,
+                "health_history": history,
+            }));
+            let notices = derive(&doc, None);
+            let seen: Vec<String> = notices.iter().map(|n| n.kind().to_string()).collect();
+            assert_eq!(seen, kinds, "{what}");
+            let end = notices.last().unwrap();
+            assert_eq!(end.ends_stall.as_ref().map(|s| s.since_ms), resolved, "{what}");
+            assert!(end.event.detail.contains(words), "{what}: {}", end.event.detail);
+            if let Some(recovered) = notices.iter().find(|n| n.kind() == NotifyEventKind::Recovered)
+            {
+                // A 40 s pause reads 40 s: from the last advance before the
+                // stall to the advance that ended it.
+                assert_eq!(recovered.event.at_ms, T0 + 42_000, "{what}");
+                assert!(
+                    recovered.event.detail.contains("after 40 s without an advance"),
+                    "{what}: {}",
+                    recovered.event.detail
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_failure_is_summed_up_by_its_cause_not_by_the_ranks_that_failed_after_it() {
+        let text = "Rank 1 worker raised an error.\nTraceback (most recent call last):\n  \
+                    File \"train.py\", line 3\nValueError: bad batch\n\nThen, not the cause:\n  \
+                    rank 0, 0.1 s later: RuntimeError: Connection closed by peer";
+        assert_eq!(summary(text), "Rank 1 worker raised an error. … ValueError: bad batch");
+    }
+
+    #[test]
+    fn details_are_bounded_and_never_raw_milliseconds() {
+        let doc = run(json!({
+            "run_status": "ERRORED", "status": "ERRORED", "end_time_ms": T0,
+            "status_detail": "x".repeat(5_000),
+            "health_history": [{"state": "STALLED", "at_ms": T0 - 1, "ranks": [0, 1]}],
+        }));
+        let notices = derive(&doc, None);
+        assert_eq!(notices[1].event.detail.chars().count(), MAX_DETAIL_CHARS);
+        let stalled = &notices[0].event.detail;
+        assert!(!stalled.contains(&(T0 - 1).to_string()), "{stalled}");
+        assert!(stalled.ends_with("; ranks 0, 1 named."), "{stalled}");
+    }
+}
