@@ -21,9 +21,8 @@ use trainstate_client::RunDocument;
 use trainstate_client::api::RendezvousResponse;
 use trainstate_schema::{RunId, RunStatus};
 
-use crate::decisions::progress::{ProgressBoard, Reporter};
+use crate::decisions::progress::{MetricBatch, ProgressBoard, Reporter};
 use crate::decisions::record::RunRecord;
-use crate::store::metrics::MetricBatch;
 
 /// A lease time no sweep ever reaches: a run this head never sweeps (a
 /// run of another cluster, kept as forwarded).

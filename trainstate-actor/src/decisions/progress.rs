@@ -21,7 +21,26 @@ use trainstate_schema::api::{MetricPoint, RankProgress, RankProgressServed, Rank
 use trainstate_schema::limits::MAX_METRIC_NAMES_PER_RUN;
 use trainstate_schema::{Rule, RunId, ValidationError};
 
-use crate::store::metrics::{MetricBatch, NamedPoint};
+/// The points of one run's attempt reported since the last flush, in the
+/// order they were reported.
+#[derive(Debug, Clone)]
+pub(crate) struct MetricBatch {
+    pub(crate) run_id: RunId,
+    pub(crate) attempt_id: Box<str>,
+    pub(crate) points: Vec<NamedPoint>,
+    /// The last progress of the attempt's ranks, when its board goes away
+    /// (the run ended, or started another attempt): `rank_progress` as
+    /// served, in JSON. The store keeps the latest of each run, so an
+    /// ended run still serves it (the store's `LastProgress`).
+    pub(crate) last_progress: Option<Arc<str>>,
+}
+
+/// A point of the metric `name`.
+#[derive(Debug, Clone)]
+pub(crate) struct NamedPoint {
+    pub(crate) name: Arc<str>,
+    pub(crate) point: MetricPoint,
+}
 
 /// The most metric points a board holds between two flushes to the store
 /// (about a second): past it, points are dropped and counted, never queued

@@ -16,7 +16,7 @@
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::Hasher;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use trainstate_client::api::RendezvousResponse;
 use trainstate_client::{
@@ -30,10 +30,26 @@ use trainstate_schema::{
 };
 
 use crate::decisions::liveness::{Liveness, RankBoard};
-use crate::decisions::record::CONTROLLER_PREFIX;
+use crate::decisions::record::{CONTROLLER_PREFIX, RunRecord};
 use crate::decisions::state::{Change, Outcome, Runs, failure_detail};
 use crate::decisions::time_text::{iso_ms, seconds};
-use crate::engine::view::View;
+
+/// What the rendezvous reads of the committed runs (the engine's
+/// committed view answers it): a group is found, or rebuilt after a
+/// restart, from the run the store holds.
+pub(crate) trait StoredRuns {
+    /// The committed run `id`, if it is stored.
+    fn stored(&self, id: &RunId) -> Option<Arc<RunRecord>>;
+
+    /// True when a committed run has `id`.
+    fn is_stored(&self, id: &RunId) -> bool {
+        self.stored(id).is_some()
+    }
+
+    /// The newest committed run whose controller is the rendezvous
+    /// `controller`.
+    fn newest_of_rendezvous(&self, controller: &str) -> Option<Arc<RunRecord>>;
+}
 
 /// How long a tracked group whose run is not (yet) in the committed view is
 /// kept: past this, its run was deleted or evicted.
@@ -769,7 +785,7 @@ impl Rendezvous {
         &mut self,
         message: RendezvousMessage,
         runs: &mut Runs,
-        view: &RwLock<View>,
+        view: &dyn StoredRuns,
         admitted: Result<(), StateError>,
         lease_ms: u64,
         now_ms: u64,
@@ -800,7 +816,7 @@ impl Rendezvous {
         &mut self,
         join: Join,
         runs: &mut Runs,
-        view: &RwLock<View>,
+        view: &dyn StoredRuns,
         admitted: Result<(), StateError>,
         lease_ms: u64,
         now_ms: u64,
@@ -903,7 +919,7 @@ impl Rendezvous {
         join: &Join,
         key: &GroupKey,
         runs: &mut Runs,
-        view: &RwLock<View>,
+        view: &dyn StoredRuns,
         lease_ms: u64,
         now_ms: u64,
     ) -> Result<Option<Step>, StateError> {
@@ -1025,9 +1041,8 @@ impl Rendezvous {
     }
 
     /// True when no run, stored or assembling, has `id`.
-    fn id_is_free(&self, id: &RunId, view: &RwLock<View>) -> bool {
-        let stored = view.read().unwrap_or_else(|e| e.into_inner()).get(id).is_some();
-        !stored
+    fn id_is_free(&self, id: &RunId, view: &dyn StoredRuns) -> bool {
+        !view.is_stored(id)
             && !self.groups.contains_key(id)
             && !self.pending.values().any(|p| p.run_id == *id)
             && !self.keys.values().any(|k| k == id)
@@ -1035,28 +1050,20 @@ impl Rendezvous {
 
     /// The run of `key`: the one this actor assembled, else the newest
     /// stored run whose controller is the key's rendezvous.
-    fn run_of_key(&mut self, key: &str, view: &RwLock<View>) -> Option<RunId> {
+    fn run_of_key(&mut self, key: &str, view: &dyn StoredRuns) -> Option<RunId> {
         if let Some(id) = self.keys.get(key) {
             return Some(id.clone());
         }
-        let id = {
-            let view = view.read().unwrap_or_else(|e| e.into_inner());
-            view.newest_of_rendezvous(&controller_of(key))?.id.clone()
-        };
+        let id = view.newest_of_rendezvous(&controller_of(key))?.id.clone();
         self.keys.insert(key.to_owned(), id.clone());
         Some(id)
     }
 
     /// The group of run `id`, rebuilt from the stored run if this actor has
     /// not tracked it (after a restart).
-    fn group(&mut self, id: &RunId, view: &RwLock<View>) -> Result<&mut Group, StateError> {
+    fn group(&mut self, id: &RunId, view: &dyn StoredRuns) -> Result<&mut Group, StateError> {
         if !self.groups.contains_key(id) {
-            let record = view
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(id)
-                .cloned()
-                .ok_or_else(|| StateError::NotFound { id: id.clone() })?;
+            let record = view.stored(id).ok_or_else(|| StateError::NotFound { id: id.clone() })?;
             let run = record.run()?;
             let attempt_id = run
                 .attempts()
@@ -1186,7 +1193,7 @@ impl Rendezvous {
         attempt_id: &str,
         progress: Option<&RankProgress>,
         runs: &mut Runs,
-        view: &RwLock<View>,
+        view: &dyn StoredRuns,
         lease_ms: u64,
         now_ms: u64,
     ) -> Result<Step, StateError> {
@@ -1220,7 +1227,7 @@ impl Rendezvous {
         id: &RunId,
         rank: u32,
         attempt_id: &str,
-        view: &RwLock<View>,
+        view: &dyn StoredRuns,
     ) -> Result<&mut Group, StateError> {
         let group = self.group(id, view)?;
         if group.attempt_id != attempt_id {
@@ -1248,7 +1255,7 @@ impl Rendezvous {
         rank: u32,
         end: RankEnd,
         runs: &mut Runs,
-        view: &RwLock<View>,
+        view: &dyn StoredRuns,
         admitted: Result<(), StateError>,
         lease_ms: u64,
         now_ms: u64,
@@ -1371,7 +1378,7 @@ impl Rendezvous {
     pub(crate) fn sweep(
         &mut self,
         runs: &mut Runs,
-        view: &RwLock<View>,
+        view: &dyn StoredRuns,
         now_ms: u64,
         change: &mut Change<Vec<RunId>>,
     ) {
@@ -1407,12 +1414,10 @@ impl Rendezvous {
                 }
             }
         }
-        let view = view.read().unwrap_or_else(|e| e.into_inner());
-        self.groups.retain(|id, group| match view.get(id) {
+        self.groups.retain(|id, group| match view.stored(id) {
             Some(record) => !record.status.is_terminal() || record.lost_controller,
             None => mono_ms.saturating_sub(group.since_ms) < UNCOMMITTED_GRACE_MS,
         });
-        drop(view);
         let groups = &self.groups;
         self.keys.retain(|_, id| groups.contains_key(id));
     }

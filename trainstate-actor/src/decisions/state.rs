@@ -22,7 +22,7 @@ use trainstate_schema::{
 use crate::decisions::change::{PendingEvent, StoreOp};
 use crate::decisions::liveness::{Beat, Liveness, NEVER_SWEPT};
 use crate::decisions::record::RunRecord;
-use crate::engine::config::Retention;
+use crate::decisions::retention::Retention;
 
 mod progress;
 mod ray;

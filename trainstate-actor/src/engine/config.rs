@@ -7,17 +7,12 @@ use std::time::Duration;
 use trainstate_client::DEFAULT_STATE_ACTOR_NAME;
 
 use crate::decisions::clock::{Clock, SystemClock};
+pub use crate::decisions::retention::{DEFAULT_MAX_RETAINED_BYTES, DEFAULT_MAX_RUNS, Retention};
+pub use crate::store::config::{PostgresConfig, StoreConfig, Synchronous};
 
 /// The default lease of a live run: without a heartbeat for this long, the
 /// run is aborted as "lost controller".
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
-
-/// The default number of runs kept.
-pub const DEFAULT_MAX_RUNS: usize = 10_000;
-
-/// The default bound on the bytes of JSON of the runs kept (1 GiB): what
-/// the head holds in memory for them, and about what the store holds.
-pub const DEFAULT_MAX_RETAINED_BYTES: u64 = 1024 * 1024 * 1024;
 
 /// The default bound on writes in flight (queued for the store, not yet
 /// committed). Past it, writes are refused as overloaded.
@@ -227,147 +222,5 @@ impl StateConfig {
 
     pub(crate) fn sweep_every(&self) -> Duration {
         self.sweep_interval.unwrap_or(self.lease / 4).max(Duration::from_millis(10))
-    }
-}
-
-/// Where runs are kept.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum StoreConfig {
-    /// A SQLite database file (WAL mode). Durable: a write is acknowledged
-    /// only once committed.
-    Sqlite {
-        /// The database file; its directory must exist.
-        path: PathBuf,
-        /// SQLite's `synchronous` level.
-        synchronous: Synchronous,
-    },
-    /// Memory only: nothing survives the process.
-    InMemory,
-    /// A PostgreSQL database, which several heads may share. Durable: a
-    /// write is acknowledged only once committed. Needs the `postgres`
-    /// feature to open.
-    Postgres(PostgresConfig),
-}
-
-/// Where a PostgreSQL store is, and how it is reached.
-#[derive(Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PostgresConfig {
-    /// A libpq-style URL, `postgres://user:password@host:port/database`
-    /// (`?options=-c%20search_path%3Dname` keeps trainstate's tables in a
-    /// schema of their own; TLS is not supported: use a local socket or a
-    /// trusted network).
-    pub url: String,
-    /// The most connections the head opens for commits and reads (one more
-    /// listens for other heads' changes and holds the sweep lock).
-    pub pool_size: usize,
-}
-
-impl PostgresConfig {
-    /// The database at `url`, with a pool of 4 connections.
-    pub fn new(url: impl Into<String>) -> Self {
-        Self { url: url.into(), pool_size: 4 }
-    }
-
-    /// The URL with its password hidden, for logs and messages.
-    pub fn redacted_url(&self) -> String {
-        redact_password(&self.url)
-    }
-}
-
-impl std::fmt::Debug for PostgresConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PostgresConfig")
-            .field("url", &self.redacted_url())
-            .field("pool_size", &self.pool_size)
-            .finish()
-    }
-}
-
-/// `scheme://user:password@host/...` with the password replaced by `***`.
-pub(crate) fn redact_password(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((user_info, host)) => match user_info.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
-}
-
-/// SQLite's `synchronous` level.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Synchronous {
-    /// `FULL`: a commit survives power loss. The default.
-    #[default]
-    Full,
-    /// `NORMAL`: in WAL mode, a commit survives a process crash but the last
-    /// commits may be lost on power loss.
-    Normal,
-}
-
-/// Which runs are kept: at most a number of runs and of bytes, and
-/// optionally not past an age. Only ended runs are evicted, the oldest
-/// (by start time) first; a live run is never evicted, so live runs are
-/// bounded at admission instead: a new live run past `max_live_runs` is
-/// refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Retention {
-    /// The most runs kept. When exceeded, the oldest ended runs are evicted.
-    pub max_runs: usize,
-    /// Ended runs older than this (since their end) are evicted.
-    pub max_age: Option<Duration>,
-    /// The most bytes of JSON the runs kept may take together. When
-    /// exceeded, the oldest ended runs are evicted, as for `max_runs`.
-    pub max_bytes: u64,
-    /// The most live (not ended) runs, of every source: a registration,
-    /// a run Ray Train V2 creates, a run the rendezvous forms or one
-    /// forwarded to a hub past it is refused (`overloaded`) and nothing is
-    /// stored. Defaults to `max_runs`, so the runs kept never outnumber it.
-    pub max_live_runs: usize,
-}
-
-impl Retention {
-    /// Keeps at most `max_runs` runs, of any age, at most
-    /// [`DEFAULT_MAX_RETAINED_BYTES`] bytes of them, and at most
-    /// `max_runs` live runs.
-    pub fn max_runs(max_runs: usize) -> Self {
-        Self {
-            max_runs,
-            max_age: None,
-            max_bytes: DEFAULT_MAX_RETAINED_BYTES,
-            max_live_runs: max_runs,
-        }
-    }
-
-    /// Keeps at most `max_live_runs` live runs (instead of `max_runs`).
-    pub fn with_max_live_runs(mut self, max_live_runs: usize) -> Self {
-        self.max_live_runs = max_live_runs;
-        self
-    }
-
-    /// Keeps at most `max_bytes` bytes of runs' JSON (live runs are kept
-    /// whatever their size).
-    pub fn with_max_bytes(mut self, max_bytes: u64) -> Self {
-        self.max_bytes = max_bytes;
-        self
-    }
-
-    /// Also evicts ended runs that ended more than `max_age` ago.
-    pub fn with_max_age(mut self, max_age: Duration) -> Self {
-        self.max_age = Some(max_age);
-        self
-    }
-}
-
-impl Default for Retention {
-    fn default() -> Self {
-        Self::max_runs(DEFAULT_MAX_RUNS)
     }
 }

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{broadcast, watch};
@@ -14,6 +14,7 @@ use trainstate_schema::{HealthState, RunId, RunStatus};
 
 use crate::decisions::change::StoreOp;
 use crate::decisions::record::RunRecord;
+use crate::decisions::rendezvous::StoredRuns;
 
 mod names;
 
@@ -780,3 +781,13 @@ impl View {
 
 #[cfg(test)]
 mod tests;
+
+impl StoredRuns for RwLock<View> {
+    fn stored(&self, id: &RunId) -> Option<Arc<RunRecord>> {
+        self.read().unwrap_or_else(|e| e.into_inner()).get(id).cloned()
+    }
+
+    fn newest_of_rendezvous(&self, controller: &str) -> Option<Arc<RunRecord>> {
+        self.read().unwrap_or_else(|e| e.into_inner()).newest_of_rendezvous(controller).cloned()
+    }
+}

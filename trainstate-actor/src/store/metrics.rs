@@ -18,19 +18,7 @@ use trainstate_schema::RunId;
 use trainstate_schema::api::{MetricPoint, MetricSeries, MetricsQuery};
 use trainstate_schema::limits::MAX_METRIC_POINTS;
 
-/// The points of one run's attempt reported since the last flush, in the
-/// order they were reported.
-#[derive(Debug, Clone)]
-pub(crate) struct MetricBatch {
-    pub(crate) run_id: RunId,
-    pub(crate) attempt_id: Box<str>,
-    pub(crate) points: Vec<NamedPoint>,
-    /// The last progress of the attempt's ranks, when its board goes away
-    /// (the run ended, or started another attempt): `rank_progress` as
-    /// served, in JSON. The store keeps the latest of each run, so an
-    /// ended run still serves it (see [`LastProgress`]).
-    pub(crate) last_progress: Option<Arc<str>>,
-}
+pub(crate) use crate::decisions::progress::MetricBatch;
 
 /// The last progress a run's ranks reported before their board went away:
 /// the attempt it is of, and `rank_progress` as served, in JSON.
@@ -38,13 +26,6 @@ pub(crate) struct MetricBatch {
 pub(crate) struct LastProgress {
     pub(crate) attempt_id: String,
     pub(crate) json: String,
-}
-
-/// A point of the metric `name`.
-#[derive(Debug, Clone)]
-pub(crate) struct NamedPoint {
-    pub(crate) name: Arc<str>,
-    pub(crate) point: MetricPoint,
 }
 
 /// Reads metric histories from the store, on a connection of its own (never

@@ -29,6 +29,7 @@
 )]
 
 pub(crate) mod columns;
+pub(crate) mod config;
 pub(crate) mod load;
 pub(crate) mod memory;
 pub(crate) mod metrics;
@@ -47,8 +48,8 @@ use trainstate_schema::RunId;
 use crate::decisions::change::{PendingEvent, RemoteChange, StoreOp};
 use crate::decisions::record::RunRecord;
 use crate::decisions::tokens::{StoredToken, hash_from_hex, scopes_from_text};
-use crate::engine::config::{PostgresConfig, StoreConfig};
 use crate::engine::error::StoreError;
+use crate::store::config::{PostgresConfig, StoreConfig};
 use metrics::{MetricBatch, MetricReader};
 
 /// The changes of one write job: committed together or not at all.

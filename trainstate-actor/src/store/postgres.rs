@@ -54,8 +54,8 @@ use super::{
 use crate::decisions::change::{RemoteChange, StoreOp};
 use crate::decisions::record::{RunColumns, RunRecord};
 use crate::decisions::tokens::StoredToken;
-use crate::engine::config::PostgresConfig;
 use crate::engine::error::StoreError;
+use crate::store::config::PostgresConfig;
 
 /// The schema migrations, in order; `trainstate_version.version` is the
 /// number applied. Append, never edit.

@@ -19,8 +19,8 @@ use super::{
 use crate::decisions::change::StoreOp;
 use crate::decisions::record::{RunColumns, RunRecord};
 use crate::decisions::tokens::StoredToken;
-use crate::engine::config::Synchronous;
 use crate::engine::error::StoreError;
+use crate::store::config::Synchronous;
 
 /// One step of the store's schema.
 enum Migration {

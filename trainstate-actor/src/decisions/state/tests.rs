@@ -20,7 +20,7 @@ use trainstate_schema::{
 };
 
 use super::{Outcome, Runs};
-use crate::engine::config::Retention;
+use crate::decisions::retention::Retention;
 
 const T0: u64 = 1_760_000_000_000;
 const LEASE: Duration = Duration::from_secs(60);

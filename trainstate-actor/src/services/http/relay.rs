@@ -35,7 +35,7 @@ use trainstate_client::api::{ErrorBody, RendezvousResponse};
 use trainstate_client::{StateError, StateHandle};
 
 use super::rendezvous::RendezvousCall;
-use crate::engine::config::PostgresConfig;
+use crate::store::config::PostgresConfig;
 
 /// How long a relaying head waits for the owner's answer.
 pub(crate) const RELAY_TIMEOUT: Duration = Duration::from_secs(10);
