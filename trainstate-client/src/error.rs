@@ -1,5 +1,6 @@
 //! The errors of the state actor's protocol.
 
+use ractor::RpcReplyPort;
 use std::time::Duration;
 
 use trainstate_schema::api::{ErrorBody, ErrorCode};
@@ -251,6 +252,9 @@ impl From<ValidationError> for StateError {
         Self::Invalid { field: err.field().to_owned(), message: err.rule().to_string() }
     }
 }
+
+/// The reply port of every request: the answer or a typed error.
+pub type Reply<T> = RpcReplyPort<Result<T, StateError>>;
 
 #[cfg(test)]
 mod tests {

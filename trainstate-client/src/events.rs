@@ -3,7 +3,7 @@
 use tokio::sync::broadcast;
 use trainstate_schema::RunId;
 
-use crate::protocol::RunDocument;
+use crate::document::RunDocument;
 
 pub use trainstate_schema::api::EventKind;
 

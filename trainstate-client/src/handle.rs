@@ -7,16 +7,20 @@ use ractor::ActorRef;
 use ractor::MessagingErr;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
-use trainstate_schema::api::{ProgressReport, ProgressResponse, RankProgress, RankReport};
+use trainstate_schema::api::{
+    ProgressReport, ProgressResponse, RankProgress, RankReport, RendezvousResponse,
+};
 use trainstate_schema::{NewRun, RunId, TrainRunInfo, ray_v2};
 
+use crate::document::RunDocument;
+use crate::error::Reply;
 use crate::error::StateError;
 use crate::events::Subscription;
 use crate::protocol::{
-    DEFAULT_STATE_ACTOR_NAME, NewAttempt, PreparedChange, Registration, Reply, RunDocument,
-    StateMessage, StatusUpdate,
+    DEFAULT_STATE_ACTOR_NAME, NewAttempt, PreparedChange, Registration, StateMessage, StatusUpdate,
 };
 use crate::query::{RunPage, RunQuery};
+use crate::rendezvous::{Join, RankEnd, RendezvousMessage};
 
 /// The deadline of a call when none is set.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(2);
@@ -516,5 +520,87 @@ impl Local {
 fn tokens_are_remote() -> StateError {
     StateError::Unsupported {
         reason: "tokens are the head service's; connect to it over HTTP".into(),
+    }
+}
+
+// The rendezvous, for launches without a controller (`rendezvous.rs`).
+impl StateHandle {
+    /// Joins `join.worker` into the rendezvous group of `join.key`.
+    ///
+    /// The answer says the run id (assigned at the group's first join, the
+    /// same for every rank) and whether the run is registered yet
+    /// (`run_status` is null while ranks are missing). The join that
+    /// completes the group is answered once the run (or its new attempt)
+    /// is committed. Repeating a join is a no-op; a second process for the
+    /// same rank, a world size that disagrees with the group's, a join into
+    /// a group that has closed or a run that has ended is refused
+    /// ([`StateError::Refused`]).
+    pub async fn join_rendezvous(&self, join: Join) -> Result<RendezvousResponse, StateError> {
+        let join = Box::new(join);
+        self.call(|reply| StateMessage::Rendezvous(RendezvousMessage::Join { join, reply })).await
+    }
+
+    /// Says rank `rank` of `attempt_id` is alive: renews the run's lease and
+    /// records when the rank was last heard from (in memory only).
+    pub async fn heartbeat_rank(
+        &self,
+        id: RunId,
+        rank: u32,
+        attempt_id: impl Into<String>,
+    ) -> Result<RendezvousResponse, StateError> {
+        let attempt_id = attempt_id.into();
+        self.call(|reply| {
+            StateMessage::Rendezvous(RendezvousMessage::Heartbeat {
+                id,
+                rank,
+                attempt_id,
+                progress: None,
+                reply,
+            })
+        })
+        .await
+    }
+
+    /// Says rank `rank` of `attempt_id` is alive, as
+    /// [`heartbeat_rank`](Self::heartbeat_rank), and where its training
+    /// loop is: its step, phase and latest metrics, from which the head
+    /// decides the run's health. A report that breaks a rule is refused
+    /// ([`StateError::Invalid`], naming the field) and nothing is recorded;
+    /// a step lower than the rank's previous one is refused
+    /// ([`StateError::Conflict`]).
+    pub async fn heartbeat_rank_with_progress(
+        &self,
+        id: RunId,
+        rank: u32,
+        attempt_id: impl Into<String>,
+        progress: RankProgress,
+    ) -> Result<RendezvousResponse, StateError> {
+        progress.check()?;
+        let attempt_id = attempt_id.into();
+        let progress = Some(Box::new(progress));
+        self.call(|reply| {
+            StateMessage::Rendezvous(RendezvousMessage::Heartbeat {
+                id,
+                rank,
+                attempt_id,
+                progress,
+                reply,
+            })
+        })
+        .await
+    }
+
+    /// Reports how rank `rank` ended. The run finishes once every rank of
+    /// its current attempt has finished, and errors (or aborts) at the first
+    /// rank that errored (or was interrupted) with no restart to come. An
+    /// end that ends the run is answered once committed.
+    pub async fn end_rank(
+        &self,
+        id: RunId,
+        rank: u32,
+        end: RankEnd,
+    ) -> Result<RendezvousResponse, StateError> {
+        self.call(|reply| StateMessage::Rendezvous(RendezvousMessage::End { id, rank, end, reply }))
+            .await
     }
 }

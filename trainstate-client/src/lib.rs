@@ -47,6 +47,7 @@ pub mod api;
 #[cfg(feature = "cli")]
 pub mod cli;
 mod clock;
+mod document;
 mod error;
 mod events;
 mod handle;
@@ -61,15 +62,15 @@ mod remote;
 mod rendezvous;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use error::StateError;
+pub use document::{RunDocument, RunJson};
+pub use error::{Reply, StateError};
 pub use events::{EventKind, StateEvent, Subscription};
 pub use handle::{
     DEADLINE_PER_MIB, DEFAULT_CALL_TIMEOUT, StateHandle, deadline_allowance, get_state_actor,
     get_state_actor_named,
 };
 pub use protocol::{
-    DEFAULT_STATE_ACTOR_NAME, NewAttempt, PreparedChange, Registration, Reply, RunDocument,
-    RunJson, StateMessage, StatusUpdate,
+    DEFAULT_STATE_ACTOR_NAME, NewAttempt, PreparedChange, Registration, StateMessage, StatusUpdate,
 };
 pub use query::{Cursor, MAX_PAGE_LIMIT, RunPage, RunQuery};
 #[cfg(feature = "rustls")]

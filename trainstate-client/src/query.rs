@@ -4,11 +4,11 @@ pub use trainstate_schema::api::Cursor;
 use trainstate_schema::api::{ListQuery, StatusFilter};
 use trainstate_schema::{HealthState, RunStatus};
 
+use crate::document::RunDocument;
 use crate::error::StateError;
-use crate::protocol::RunDocument;
 
 /// The largest page a list request may ask for.
-pub const MAX_PAGE_LIMIT: usize = 1_000;
+pub use trainstate_schema::limits::MAX_PAGE_LIMIT;
 
 /// Which runs to list, and which page. Runs are ordered by
 /// (`start_time_ms` desc, `id` desc).
@@ -46,7 +46,7 @@ impl Default for RunQuery {
             node_ip: None,
             cluster: None,
             health: None,
-            limit: Some(100),
+            limit: Some(trainstate_schema::limits::DEFAULT_PAGE_LIMIT),
             cursor: None,
         }
     }

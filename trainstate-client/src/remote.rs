@@ -17,8 +17,9 @@ use crate::api::{
     RegisterResponse, RunListResponse, StatusRequest, TokenInfo, TokenListResponse,
     VersionResponse,
 };
+use crate::document::RunDocument;
 use crate::error::StateError;
-use crate::protocol::{NewAttempt, Registration, RunDocument, StateMessage, StatusUpdate};
+use crate::protocol::{NewAttempt, Registration, StateMessage, StatusUpdate};
 use crate::query::{RunPage, RunQuery};
 
 /// The first wait before retrying; it doubles up to [`MAX_BACKOFF`].

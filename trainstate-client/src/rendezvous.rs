@@ -36,9 +36,7 @@ use trainstate_schema::{
     CauseKind, FailureMode, RunId, RunStatus, TrainWorkerInfo, validate_name, validate_time,
 };
 
-use crate::error::StateError;
-use crate::handle::StateHandle;
-use crate::protocol::{Reply, StateMessage};
+use crate::error::{Reply, StateError};
 
 /// One rank joining the rendezvous, checked: see [`StateHandle::join_rendezvous`].
 #[derive(Debug, Clone, PartialEq)]
@@ -341,9 +339,9 @@ impl From<RankEnd> for RankEndRequest {
 }
 
 /// A request to the rendezvous of the state actor: the one
-/// [`StateMessage::Rendezvous`] carries.
+/// `StateMessage::Rendezvous` carries.
 ///
-/// Exhaustive on purpose, like [`StateMessage`]: the actor matches every
+/// Exhaustive on purpose, like `StateMessage`: the actor matches every
 /// variant.
 #[derive(Debug)]
 pub enum RendezvousMessage {
@@ -378,85 +376,4 @@ pub enum RendezvousMessage {
         /// Where the group stands.
         reply: Reply<RendezvousResponse>,
     },
-}
-
-impl StateHandle {
-    /// Joins `join.worker` into the rendezvous group of `join.key`.
-    ///
-    /// The answer says the run id (assigned at the group's first join, the
-    /// same for every rank) and whether the run is registered yet
-    /// (`run_status` is null while ranks are missing). The join that
-    /// completes the group is answered once the run (or its new attempt)
-    /// is committed. Repeating a join is a no-op; a second process for the
-    /// same rank, a world size that disagrees with the group's, a join into
-    /// a group that has closed or a run that has ended is refused
-    /// ([`StateError::Refused`]).
-    pub async fn join_rendezvous(&self, join: Join) -> Result<RendezvousResponse, StateError> {
-        let join = Box::new(join);
-        self.call(|reply| StateMessage::Rendezvous(RendezvousMessage::Join { join, reply })).await
-    }
-
-    /// Says rank `rank` of `attempt_id` is alive: renews the run's lease and
-    /// records when the rank was last heard from (in memory only).
-    pub async fn heartbeat_rank(
-        &self,
-        id: RunId,
-        rank: u32,
-        attempt_id: impl Into<String>,
-    ) -> Result<RendezvousResponse, StateError> {
-        let attempt_id = attempt_id.into();
-        self.call(|reply| {
-            StateMessage::Rendezvous(RendezvousMessage::Heartbeat {
-                id,
-                rank,
-                attempt_id,
-                progress: None,
-                reply,
-            })
-        })
-        .await
-    }
-
-    /// Says rank `rank` of `attempt_id` is alive, as
-    /// [`heartbeat_rank`](Self::heartbeat_rank), and where its training
-    /// loop is: its step, phase and latest metrics, from which the head
-    /// decides the run's health. A report that breaks a rule is refused
-    /// ([`StateError::Invalid`], naming the field) and nothing is recorded;
-    /// a step lower than the rank's previous one is refused
-    /// ([`StateError::Conflict`]).
-    pub async fn heartbeat_rank_with_progress(
-        &self,
-        id: RunId,
-        rank: u32,
-        attempt_id: impl Into<String>,
-        progress: RankProgress,
-    ) -> Result<RendezvousResponse, StateError> {
-        progress.check()?;
-        let attempt_id = attempt_id.into();
-        let progress = Some(Box::new(progress));
-        self.call(|reply| {
-            StateMessage::Rendezvous(RendezvousMessage::Heartbeat {
-                id,
-                rank,
-                attempt_id,
-                progress,
-                reply,
-            })
-        })
-        .await
-    }
-
-    /// Reports how rank `rank` ended. The run finishes once every rank of
-    /// its current attempt has finished, and errors (or aborts) at the first
-    /// rank that errored (or was interrupted) with no restart to come. An
-    /// end that ends the run is answered once committed.
-    pub async fn end_rank(
-        &self,
-        id: RunId,
-        rank: u32,
-        end: RankEnd,
-    ) -> Result<RendezvousResponse, StateError> {
-        self.call(|reply| StateMessage::Rendezvous(RendezvousMessage::End { id, rank, end, reply }))
-            .await
-    }
 }
