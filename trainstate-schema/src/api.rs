@@ -433,7 +433,10 @@ pub struct ListQuery {
     pub health: Option<crate::HealthState>,
     /// Page size, 1 to 1000; 100 when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "schemars", schemars(range(min = 1, max = 1000)))]
+    #[cfg_attr(
+        feature = "schemars",
+        schemars(range(min = 1, max = crate::limits::MAX_PAGE_LIMIT))
+    )]
     pub limit: Option<u32>,
     /// The `next_cursor` of the previous page.
     #[serde(default, skip_serializing_if = "Option::is_none")]

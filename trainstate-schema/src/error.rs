@@ -194,7 +194,7 @@ pub enum Rule {
 impl fmt::Display for Rule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Rule::RunIdFormat => f.write_str("must match ^[A-Za-z0-9_-]{1,128}$"),
+            Rule::RunIdFormat => write!(f, "must match {}", crate::RUN_ID_PATTERN),
             Rule::Empty => f.write_str("must not be empty"),
             Rule::TooLong { max } => write!(f, "must be at most {max} characters"),
             Rule::ControlCharacter => f.write_str("must not contain control characters"),

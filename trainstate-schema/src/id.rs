@@ -8,6 +8,11 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use crate::error::{Rule, ValidationError};
 use crate::limits::MAX_RUN_ID_LEN;
 
+/// The rule of a run id, as a regular expression: 1 to
+/// [`MAX_RUN_ID_LEN`] characters, each a letter, digit, `_` or `-`, safe in
+/// URL paths.
+pub const RUN_ID_PATTERN: &str = "^[A-Za-z0-9_-]{1,128}$";
+
 ///
 /// Cloning one shares its text: the head keeps each id in several maps.
 /// The id of one training run: `^[A-Za-z0-9_-]{1,128}$`, safe in URL paths.
@@ -97,7 +102,7 @@ impl schemars::JsonSchema for RunId {
         schemars::json_schema!({
             "description": "The id of one training run. New ids are UUID v7 as 32 lowercase hex characters; ids made elsewhere are accepted when they match the pattern.",
             "type": "string",
-            "pattern": "^[A-Za-z0-9_-]{1,128}$",
+            "pattern": RUN_ID_PATTERN,
             "minLength": 1,
             "maxLength": MAX_RUN_ID_LEN,
         })

@@ -81,7 +81,7 @@ pub use draft::{
 };
 pub use error::{Rule, ValidationError};
 pub use health::{HealthChange, HealthState, RunHealth, Straggler};
-pub use id::RunId;
+pub use id::{RUN_ID_PATTERN, RunId};
 pub use json::JsonValue;
 pub use model::{NewRun, RunAttempt, TrainDatasetInfo, TrainRunInfo, TrainWorkerInfo};
 pub use resources::Resources;

@@ -131,3 +131,10 @@ pub const MAX_HEALTH_RANKS: usize = 1_024;
 
 /// Longest `detail` of a run's `health`, in characters.
 pub const MAX_HEALTH_DETAIL_LEN: usize = 4_096;
+
+/// The largest page of runs a listing answers (`limit` of
+/// `GET /api/train/runs`).
+pub const MAX_PAGE_LIMIT: usize = 1_000;
+
+/// The page size of a listing that does not name one.
+pub const DEFAULT_PAGE_LIMIT: usize = 100;

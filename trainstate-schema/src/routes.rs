@@ -276,7 +276,7 @@ pub struct Route {
 }
 
 const RUN_ID: PathParam =
-    PathParam { name: "id", description: "The run id.", pattern: Some("^[A-Za-z0-9_-]{1,128}$") };
+    PathParam { name: "id", description: "The run id.", pattern: Some(crate::RUN_ID_PATTERN) };
 
 const RENDEZVOUS_KEY: PathParam = PathParam {
     name: "key",
