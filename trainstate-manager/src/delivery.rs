@@ -21,7 +21,7 @@ use trainstate_client::{NewAttempt, StateError, StateHandle, StatusUpdate};
 use trainstate_schema::{RunId, TrainRunInfo, TrainWorkerInfo};
 
 use crate::config::ManagerConfig;
-use crate::errors::ManagerError;
+use crate::error::ManagerError;
 
 /// The shortest heartbeat interval, whatever the lease.
 const MIN_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(10);

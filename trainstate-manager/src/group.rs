@@ -10,7 +10,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use trainstate_schema::TrainWorkerInfo;
 
-use crate::errors::{ManagerError, WorkerError};
+use crate::error::{ManagerError, WorkerError};
 
 /// What [`WorkerGroup::worker_info`] returns: a future that owns what it
 /// needs, so the manager can run every worker's request at once.

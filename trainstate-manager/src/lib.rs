@@ -71,7 +71,7 @@
 
 mod config;
 mod delivery;
-mod errors;
+mod error;
 mod group;
 mod manager;
 mod probe;
@@ -82,7 +82,7 @@ pub use config::{
     DEFAULT_CALL_TIMEOUT, DEFAULT_GATHER_TIMEOUT, DEFAULT_MAX_BACKOFF, DEFAULT_MIN_BACKOFF,
     DEFAULT_PROGRESS_INTERVAL, ManagerConfig,
 };
-pub use errors::{ManagerError, WorkerError};
+pub use error::{ManagerError, WorkerError};
 pub use group::{WorkerGroup, WorkerInfoFuture};
 pub use manager::{DatasetSpec, Delivery, RunRegistration, TrainRunStateManager};
 pub use probe::{

@@ -15,7 +15,7 @@ use trainstate_schema::{
 
 use crate::config::ManagerConfig;
 use crate::delivery::{Ack, Outbox, deliver};
-use crate::errors::ManagerError;
+use crate::error::ManagerError;
 use crate::group::{WorkerGroup, gather};
 use crate::progress::{ProgressOutbox, send_progress};
 

@@ -9,7 +9,7 @@ use trainstate_schema::{
     ActorStatus, Rule, TrainWorkerInfo, TrainWorkerInfoDraft, ValidationError,
 };
 
-use crate::errors::WorkerError;
+use crate::error::WorkerError;
 use crate::group::{WorkerGroup, WorkerInfoFuture};
 use crate::probe::{ProbeInputs, WorkerMetadata};
 

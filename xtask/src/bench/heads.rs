@@ -9,9 +9,11 @@
 //! reached it), and gets `--get-calls` × 100 runs at random (spread over
 //! the heads). Every phase checks that the runs read are the runs written.
 
+use super::paths;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+use trainstate_schema::routes::Operation;
 
 use bytes::Bytes;
 use serde_json::{Value, json};
@@ -113,7 +115,7 @@ async fn run_one(opts: &Options, postgres: &str, config: Config) -> Result<Value
             let body = bodies[i].clone();
             async move {
                 let response = client
-                    .post(format!("{base}/api/train/runs"))
+                    .post(format!("{base}{}", paths::path(Operation::RegisterRun)))
                     .header("content-type", "application/json")
                     .body(body)
                     .send()
@@ -137,7 +139,7 @@ async fn run_one(opts: &Options, postgres: &str, config: Config) -> Result<Value
     for base in bases.iter() {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let body = get(&client, &format!("{base}/api/train/runs?limit=1")).await?;
+            let body = get(&client, &format!("{base}{}", paths::runs_query("limit=1"))).await?;
             let page: Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
             if page["total"].as_u64() == Some(opts.n as u64) {
                 break;
@@ -154,7 +156,7 @@ async fn run_one(opts: &Options, postgres: &str, config: Config) -> Result<Value
         let mut bodies = Vec::new();
         let mut cursor: Option<String> = None;
         loop {
-            let mut url = format!("{base}/api/train/runs?limit=1000");
+            let mut url = format!("{base}{}", paths::runs_query("limit=1000"));
             if let Some(cursor) = &cursor {
                 url.push_str(&format!("&cursor={cursor}"));
             }
@@ -193,7 +195,11 @@ async fn run_one(opts: &Options, postgres: &str, config: Config) -> Result<Value
         load(&client, opts.concurrency, calls, bases.clone(), move |client, base, i| {
             let id = ids[picks[i]].clone();
             async move {
-                match client.get(format!("{base}/api/train/runs/{id}")).send().await {
+                match client
+                    .get(format!("{base}{}", paths::run_path(Operation::GetRun, &id)))
+                    .send()
+                    .await
+                {
                     Ok(r) => {
                         r.status().is_success()
                             && r.bytes().await.is_ok_and(|b| {

@@ -5,12 +5,14 @@
 //! Every answer that is not 2xx, and every transport error, is a failure:
 //! nothing is retried.
 
+use super::paths;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+use trainstate_schema::routes::Operation;
 
 use bytes::Bytes;
 use serde_json::{Value, json};
@@ -24,7 +26,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The routes the client's ceiling is measured on: no store behind the
 /// first; one read of the actor behind the second.
-const CEILING_ROUTES: [&str; 2] = ["/api/version", "/healthz"];
+const CEILING_ROUTES: [Operation; 2] = [Operation::GetVersion, Operation::Health];
 
 /// The options of `serve` the benchmark sets beyond its defaults: none. The
 /// head bounds request bodies by bytes in flight (256 MiB), so every
@@ -83,7 +85,8 @@ impl Server {
             let asked = std::net::TcpStream::connect(&addr).and_then(|mut socket| {
                 write!(
                     socket,
-                    "GET /healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+                    "GET {} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n",
+                    paths::path(Operation::Health)
                 )?;
                 socket.read_to_end(&mut answer)
             });
@@ -241,7 +244,7 @@ impl HttpTarget {
 
     /// Opens the connection, so the first measured request does not pay for it.
     pub(crate) async fn warm_up(&self) {
-        let _ = self.get("/api/version").await;
+        let _ = self.get(paths::path(Operation::GetVersion)).await;
     }
 
     async fn post(client: &reqwest::Client, url: &str, body: &Bytes) -> bool {
@@ -270,7 +273,7 @@ impl HttpTarget {
         runs: &[TrainRunInfo],
     ) -> (Duration, Vec<Duration>, usize) {
         let bodies = Self::bodies(runs);
-        let url = self.server.url("/api/train/runs");
+        let url = self.server.url(paths::path(Operation::RegisterRun));
         let mut lat = Vec::with_capacity(bodies.len());
         let mut failures = 0;
         let started = Instant::now();
@@ -288,7 +291,7 @@ impl HttpTarget {
     /// soon as the previous is answered.
     pub(crate) async fn register_pipelined(&self, runs: &[TrainRunInfo]) -> (Duration, usize) {
         let bodies = Arc::new(Self::bodies(runs));
-        let url = Arc::new(self.server.url("/api/train/runs"));
+        let url = Arc::new(self.server.url(paths::path(Operation::RegisterRun)));
         let next = Arc::new(AtomicUsize::new(0));
         let failures = Arc::new(AtomicUsize::new(0));
         let started = Instant::now();
@@ -315,7 +318,7 @@ impl HttpTarget {
     pub(crate) async fn ceiling(&self, requests: usize) -> Value {
         let mut out = serde_json::Map::new();
         for route in CEILING_ROUTES {
-            let url = Arc::new(self.server.url(route));
+            let url = Arc::new(self.server.url(paths::path(route)));
             let mut lat = Vec::with_capacity(requests);
             let mut failures = 0;
             let started = Instant::now();
@@ -346,7 +349,7 @@ impl HttpTarget {
             while tasks.join_next().await.is_some() {}
             let pipelined = started.elapsed();
             out.insert(
-                route.to_owned(),
+                paths::path(route).to_owned(),
                 json!({
                     "requests": requests,
                     "seq_req_per_s": round(requests as f64 / seq.as_secs_f64(), 1),

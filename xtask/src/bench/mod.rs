@@ -16,6 +16,7 @@
 mod heads;
 mod http;
 mod instrument;
+mod paths;
 mod records;
 mod scale;
 mod unit;

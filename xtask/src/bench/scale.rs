@@ -8,7 +8,9 @@
 //! that the listing's total is N, and the last start times a page of 100
 //! for filters that match and that match nothing.
 
+use super::paths;
 use std::time::{Duration, Instant};
+use trainstate_schema::routes::Operation;
 
 use serde_json::{Map, Value, json};
 
@@ -93,7 +95,7 @@ async fn start(opts: &Options, dir: &std::path::Path) -> Result<(Value, bool, Ht
         if started.elapsed() > LOAD_DEADLINE {
             return Err(format!("the head was not loaded within {LOAD_DEADLINE:?}"));
         }
-        if let Ok(body) = http.get("/healthz").await {
+        if let Ok(body) = http.get(paths::path(Operation::Health)).await {
             let now = started.elapsed();
             healthz.get_or_insert(now);
             match says_loaded(&body) {
@@ -131,7 +133,7 @@ pub(crate) async fn run_scale(opts: &Options) -> Result<Value, String> {
         let (times, said, http) = start(opts, dir.path()).await?;
         says |= said;
         rss.push(round(kib(&proc_mem(http.server.pid()), "VmRSS") / 1024.0, 1));
-        let total = total_of(&http.get("/api/train/runs?limit=1").await?)?;
+        let total = total_of(&http.get(&paths::runs_query("limit=1")).await?)?;
         if total != opts.n {
             return Err(format!("scale: {total} runs loaded, {} written", opts.n));
         }
@@ -147,9 +149,9 @@ pub(crate) async fn run_scale(opts: &Options) -> Result<Value, String> {
     let mut pages = Vec::new();
     for (label, query, expect) in filters(opts.n) {
         let path = if query.is_empty() {
-            "/api/train/runs?limit=100".to_owned()
+            paths::runs_query("limit=100")
         } else {
-            format!("/api/train/runs?limit=100&{query}")
+            paths::runs_query(&format!("limit=100&{query}"))
         };
         let runs = page_len(&http.get(&path).await?)?;
         match expect {

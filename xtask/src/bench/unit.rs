@@ -8,9 +8,11 @@
 //! and a fresh state, so that every registration carries a fresh id and N
 //! runs are stored when the reads are measured.
 
+use super::paths;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use trainstate_schema::routes::Operation;
 
 use bytes::Bytes;
 use serde::de::IgnoredAny;
@@ -27,7 +29,7 @@ use super::util::{
 use super::{Options, PathKind, StoreKind};
 
 /// The page size of the paged walk.
-pub(crate) const PAGE_LIMIT: usize = 1_000;
+pub(crate) const PAGE_LIMIT: usize = trainstate_schema::limits::MAX_PAGE_LIMIT;
 
 /// Which half of a configuration a unit measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -192,7 +194,7 @@ impl Target {
             }
             Self::Http(http) => {
                 let t = Instant::now();
-                let body = http.get("/api/train/v2/runs").await?;
+                let body = http.get(paths::path(Operation::ListRunsRay)).await?;
                 Ok((Answer::Body(body), t.elapsed()))
             }
         }
@@ -217,8 +219,8 @@ impl Target {
             }
             Self::Http(http) => {
                 let path = match cursor {
-                    Some(c) => format!("/api/train/runs?limit={PAGE_LIMIT}&cursor={c}"),
-                    None => format!("/api/train/runs?limit={PAGE_LIMIT}"),
+                    Some(c) => paths::runs_query(&format!("limit={PAGE_LIMIT}&cursor={c}")),
+                    None => paths::runs_query(&format!("limit={PAGE_LIMIT}")),
                 };
                 let t = Instant::now();
                 let body = http.get(&path).await?;
@@ -240,7 +242,7 @@ impl Target {
             }
             Self::Http(http) => {
                 let t = Instant::now();
-                let body = http.get(&format!("/api/train/runs/{id}")).await?;
+                let body = http.get(&paths::run_path(Operation::GetRun, id)).await?;
                 let took = t.elapsed();
                 let got = serde_json::from_slice::<Value>(&body)
                     .ok()
@@ -265,7 +267,7 @@ impl Target {
                 http.server.terminate()?;
                 let (server, ready) = Server::spawn(&opts.trainstate_bin, dir, StoreKind::Durable)?;
                 let http = HttpTarget::new(server, 1)?;
-                let body = http.get("/api/train/runs?limit=1").await?;
+                let body = http.get(&paths::runs_query("limit=1")).await?;
                 let total = total_of(&body)?;
                 http.server.terminate()?;
                 Ok((ready, total))
@@ -537,7 +539,7 @@ pub(crate) async fn run_ready(opts: &Options, rounds: usize) -> Result<Value, St
     let rss_empty = kib(&proc_mem(server.pid()), "VmRSS") / 1024.0;
     let http = HttpTarget::new(server, 1)?;
     // Serving, so a SIGTERM is handled rather than fatal.
-    http.get("/healthz").await?;
+    http.get(paths::path(Operation::Health)).await?;
     http.server.terminate()?;
     let mut ready = Vec::new();
     let mut rss = Vec::new();
@@ -545,7 +547,7 @@ pub(crate) async fn run_ready(opts: &Options, rounds: usize) -> Result<Value, St
         let (server, took) = Server::spawn(&opts.trainstate_bin, dir.path(), StoreKind::Durable)?;
         rss.push(kib(&proc_mem(server.pid()), "VmRSS") / 1024.0);
         let http = HttpTarget::new(server, 1)?;
-        let total = total_of(&http.get("/api/train/runs?limit=1").await?)?;
+        let total = total_of(&http.get(&paths::runs_query("limit=1")).await?)?;
         http.server.terminate()?;
         if total != opts.n {
             return Err(format!("ready: {total} runs loaded, {} written", opts.n));

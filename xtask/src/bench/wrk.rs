@@ -13,10 +13,12 @@
 //! error, and `created ≤ stored ≤ created + connections` and
 //! `stored ≤ sent`.
 
+use super::paths;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use trainstate_schema::routes::Operation;
 
 use serde_json::{Map, Value, json};
 
@@ -352,7 +354,7 @@ async fn phase(
     let (server, ready) = spawn_server(&opts.trainstate_bin, dir.path(), store)?;
     let pid = server.pid();
     let http = HttpTarget::new(server, 1)?;
-    http.get("/healthz").await?;
+    http.get(paths::path(Operation::Health)).await?;
     let mem_before = proc_mem(pid);
     let cpu_before = cpu_time(pid);
 
@@ -361,7 +363,7 @@ async fn phase(
     let (report, _) = load.start(wrk, root, &http.server.url(""))?.finish()?;
     let cpu = cpu_time(pid).saturating_sub(cpu_before);
     let mem_after = proc_mem(pid);
-    let stored = total_of(&http.get("/api/train/runs?limit=1").await?)? as u64;
+    let stored = total_of(&http.get(&paths::runs_query("limit=1")).await?)? as u64;
     let checks = check_stored(&report, stored, connections)?;
     http.server.terminate()?;
 

@@ -34,8 +34,10 @@
 //! them (every 201 stored, no other status); the runs a phase stores first
 //! are all stored, and the heartbeat phases store no run.
 
+use super::paths;
 use std::path::Path;
 use std::time::Duration;
+use trainstate_schema::routes::Operation;
 
 use serde_json::{Map, Value, json};
 use trainstate_schema::api::{JoinRequest, RankHeartbeatRequest, RendezvousResponse};
@@ -99,7 +101,7 @@ impl Head {
         let dir = tempdir()?;
         let (server, _) = wrk::spawn_server(&opts.trainstate_bin, dir.path(), store)?;
         let http = HttpTarget::new(server, opts.concurrency)?;
-        http.get("/healthz").await?;
+        http.get(paths::path(Operation::Health)).await?;
         Ok(Self { http, dir })
     }
 
@@ -116,7 +118,7 @@ impl Head {
     }
 
     async fn stored(&self) -> Result<usize, String> {
-        total_of(&self.http.get("/api/train/runs?limit=1").await?)
+        total_of(&self.http.get(&paths::runs_query("limit=1")).await?)
     }
 
     /// Registers `n` fresh live runs of `w` workers over the client's
@@ -230,7 +232,7 @@ fn measure(
 
 /// The get of one stored run after another, on one connection.
 fn get_requests(ids: &[RunId]) -> Vec<Request> {
-    ids.iter().map(|id| Request::get(format!("/api/train/runs/{id}"))).collect()
+    ids.iter().map(|id| Request::get(paths::run_path(Operation::GetRun, id))).collect()
 }
 
 /// `get_one`: one run at a time, cycling through N stored runs.
@@ -242,7 +244,7 @@ async fn get_one(
 ) -> Result<Value, String> {
     let head = Head::start(opts, store).await?;
     let ids = head.store_runs(opts.n, opts.w).await?;
-    let body = head.http.get(&format!("/api/train/runs/{}", ids[0])).await?;
+    let body = head.http.get(&paths::run_path(Operation::GetRun, &ids[0])).await?;
     let got: Value = serde_json::from_slice(&body).map_err(|e| format!("a run: {e}"))?;
     if got["id"] != json!(ids[0].as_str()) {
         return Err(format!("asked for run {}, got {}", ids[0], got["id"]));
@@ -265,10 +267,10 @@ async fn get_all(
     wrk: &Path,
     root: &Path,
 ) -> Result<Value, String> {
-    const ROUTE: &str = "/api/train/v2/runs";
+    let route = paths::path(Operation::ListRunsRay);
     let head = Head::start(opts, store).await?;
     let ids = head.store_runs(opts.n, opts.w).await?;
-    let body = head.http.get(ROUTE).await?;
+    let body = head.http.get(route).await?;
     let listed = ids_of_listing(&body)?;
     let mut want: Vec<&str> = ids.iter().map(RunId::as_str).collect();
     let mut got: Vec<&str> = listed.iter().map(String::as_str).collect();
@@ -277,13 +279,13 @@ async fn get_all(
     if want != got {
         return Err(format!("the listing holds {} runs, not the {} stored", got.len(), want.len()));
     }
-    let file = head.request_file("list.tsv", &[Request::get(ROUTE.into())])?;
+    let file = head.request_file("list.tsv", &[Request::get(route.into())])?;
     let (report, mut out) = measure(wrk, root, &head, &cycle_load(opts, &file, 1, 1))?;
     let checks = check_every_answer("list every run", &report, 200)?;
     head.stop().await?;
     out.insert("runs_stored".into(), json!(ids.len()));
     out.insert("json_bytes".into(), json!(body.len()));
-    out.insert("route".into(), json!(format!("GET {ROUTE}")));
+    out.insert("route".into(), json!(format!("GET {route}")));
     out.insert("checks".into(), checks);
     Ok(Value::Object(out))
 }
@@ -339,7 +341,7 @@ async fn run_heartbeats(
     let ids = head.store_runs(HEARTBEAT_TARGETS, opts.w).await?;
     let requests: Vec<Request> = ids
         .iter()
-        .map(|id| Request::post(format!("/api/train/runs/{id}/heartbeat"), None))
+        .map(|id| Request::post(paths::run_path(Operation::HeartbeatRun, id), None))
         .collect();
     let file = head.request_file("heartbeat.tsv", &requests)?;
     let load = cycle_load(opts, &file, THREADS, CONNECTIONS);
@@ -379,7 +381,7 @@ async fn assemble(head: &Head, groups: usize, world_size: u32) -> Result<Vec<Ran
                 format!("bench-rendezvous-{group}"),
                 format!("{:08x}", group + 1),
             );
-            let path = format!("/api/train/rendezvous/{key}/join");
+            let path = paths::key_path(Operation::JoinRendezvous, &key);
             let body = serde_json::to_vec(&join).map_err(|e| e.to_string())?;
             let (status, answer) = head.http.post_json(&path, body).await?;
             if status != 200 {
@@ -422,7 +424,7 @@ async fn rank_heartbeats(
     for r in &ranks {
         let body = serde_json::to_string(&RankHeartbeatRequest::new(r.attempt_id.clone()))
             .map_err(|e| e.to_string())?;
-        let path = format!("/api/train/runs/{}/ranks/{}/heartbeat", r.run_id, r.rank);
+        let path = paths::rank_path(Operation::HeartbeatRank, &r.run_id, r.rank);
         requests.push(Request::post(path, Some(body)));
     }
     let file = head.request_file("rank-heartbeat.tsv", &requests)?;
