@@ -15,6 +15,7 @@ pub(crate) mod log_throttle;
 pub(crate) mod progress;
 pub(crate) mod record;
 pub(crate) mod rendezvous;
+pub(crate) mod rendezvous_call;
 pub(crate) mod retention;
 pub(crate) mod state;
 pub(crate) mod time_text;

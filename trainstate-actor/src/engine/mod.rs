@@ -14,6 +14,7 @@ pub(crate) mod error;
 #[cfg(feature = "fault-injection")]
 pub(crate) mod faults;
 pub(crate) mod reader;
+pub(crate) mod relay;
 pub(crate) mod stats;
 pub(crate) mod supervisor;
 pub(crate) mod view;

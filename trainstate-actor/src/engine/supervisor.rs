@@ -15,6 +15,11 @@ use crate::engine::error::LaunchError;
 use crate::engine::stats::StoreStats;
 use crate::engine::writer::{Published, Writer};
 
+/// What a rendezvous request is, for the services that receive one (see
+/// [`StateService::rendezvous`]).
+#[cfg(feature = "server")]
+pub(crate) use crate::decisions::rendezvous_call::RendezvousCall;
+
 /// More restarts than this within [`RESTART_WINDOW`] and the supervisor gives up.
 const MAX_RESTARTS: usize = 10;
 const RESTART_WINDOW: Duration = Duration::from_secs(10);
@@ -193,6 +198,12 @@ pub struct StateService {
     faults: Arc<crate::engine::faults::Faults>,
     /// Reads and heartbeats answered without the actor's turn.
     reader: crate::engine::reader::Reader,
+    /// On a shared store, once started (see
+    /// [`relay_rendezvous_calls`](Self::relay_rendezvous_calls)): relays
+    /// rendezvous calls to the head that owns the groups, and answers the
+    /// other heads' calls while this head owns them.
+    #[cfg(feature = "postgres")]
+    relay: std::sync::Mutex<Option<Arc<crate::engine::relay::RendezvousRelay>>>,
 }
 
 impl std::fmt::Debug for StateService {
@@ -243,6 +254,51 @@ impl StateService {
     #[cfg_attr(not(all(feature = "server", feature = "postgres")), allow(dead_code))]
     pub(crate) fn shared_store(&self) -> Option<&crate::store::SharedStoreHandle> {
         self.shared.shared_store.as_ref()
+    }
+
+    /// On a shared store, starts relaying rendezvous calls between this
+    /// head and the one that owns the groups (once; a server calls it as it
+    /// starts serving). Until [`shutdown`](Self::shutdown), this head then
+    /// relays the calls it receives while another head owns the groups, and
+    /// answers the other heads' calls while it owns them. With a store of
+    /// its own, nothing to do.
+    #[cfg(feature = "server")]
+    pub(crate) fn relay_rendezvous_calls(&self) {
+        #[cfg(feature = "postgres")]
+        if let Some(store) = self.shared_store() {
+            let mut relay = self.relay.lock().unwrap_or_else(|e| e.into_inner());
+            if relay.is_none() {
+                *relay = crate::engine::relay::RendezvousRelay::start(store, self.handle())
+                    .inspect_err(|err| tracing::error!("the rendezvous relay cannot start: {err}"))
+                    .ok();
+            }
+        }
+    }
+
+    /// Answers a rendezvous call (a join, a rank heartbeat, a rank end):
+    /// here, when this head owns the rendezvous groups (always with a store
+    /// of its own); otherwise checked here and relayed to the head that
+    /// owns them, whose answer it is.
+    #[cfg(feature = "server")]
+    pub(crate) async fn rendezvous(
+        &self,
+        call: RendezvousCall,
+    ) -> Result<trainstate_client::api::RendezvousResponse, crate::engine::error::ApiError> {
+        #[cfg(feature = "postgres")]
+        {
+            let relay = self.relay.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            if let Some(relay) = relay.filter(|relay| !relay.owns()) {
+                // Refused here, by the head the client reached, before it is relayed.
+                call.check()?;
+                return match relay.call(&call).await? {
+                    crate::decisions::rendezvous_call::RelayedAnswer::Ok(response) => Ok(response),
+                    crate::decisions::rendezvous_call::RelayedAnswer::Err(body) => {
+                        Err(crate::engine::error::ApiError::from_body(body))
+                    }
+                };
+            }
+        }
+        Ok(crate::engine::relay::answer_here(call, &self.reader, &self.handle).await?)
     }
 
     /// Counters of the store.
@@ -312,6 +368,9 @@ impl StateService {
     /// Stops the actor after it has handled every queued request and the
     /// store has committed every queued write.
     pub async fn shutdown(&self) {
+        // Other heads' calls are no longer answered here; the relay's tasks end.
+        #[cfg(feature = "postgres")]
+        drop(self.relay.lock().unwrap_or_else(|e| e.into_inner()).take());
         shutdown(&self.supervisor).await;
     }
 }
@@ -354,6 +413,8 @@ pub async fn launch_state_actor(config: StateConfig) -> Result<StateService, Lau
         #[cfg(feature = "fault-injection")]
         faults,
         reader,
+        #[cfg(feature = "postgres")]
+        relay: std::sync::Mutex::default(),
     })
 }
 

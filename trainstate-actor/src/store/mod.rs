@@ -37,6 +37,8 @@ pub(crate) mod sqlite;
 
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
+#[cfg(feature = "postgres")]
+pub(crate) mod relay;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -214,6 +216,8 @@ pub(crate) trait SharedStore {
 /// for "is the store shared", and for "does this head sweep".
 #[derive(Debug, Clone)]
 pub(crate) struct SharedStoreHandle {
+    /// Where the store is, for the rendezvous relay's table.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     config: PostgresConfig,
     sweep_lock: Arc<AtomicBool>,
     closing: Arc<AtomicBool>,
@@ -225,10 +229,15 @@ impl SharedStoreHandle {
         Self { config, sweep_lock: Arc::default(), closing: Arc::default() }
     }
 
-    /// Where the store is, for what else talks to it (the rendezvous relay).
-    #[cfg_attr(not(all(feature = "server", feature = "postgres")), allow(dead_code))]
-    pub(crate) fn config(&self) -> &PostgresConfig {
-        &self.config
+    /// The table through which heads relay rendezvous calls to the one that
+    /// owns the groups, on this store; its connections wait at most `wait`.
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) fn relay_table(
+        &self,
+        wait: std::time::Duration,
+    ) -> Result<relay::RelayTable, relay::RelayError> {
+        relay::RelayTable::open(&self.config.url, wait)
     }
 
     /// True while this head holds the sweep lock: it sweeps leases and

@@ -99,7 +99,7 @@ const MIGRATIONS: &[&str] = &[
         id TEXT NOT NULL
     );",
     // 2: the rendezvous calls one head relays to the head that owns the
-    // groups (`http/relay.rs`); transient, so never durable.
+    // groups (`store/relay.rs`); transient, so never durable.
     "CREATE UNLOGGED TABLE trainstate_rendezvous_calls (
         id BIGSERIAL PRIMARY KEY,
         call TEXT NOT NULL,

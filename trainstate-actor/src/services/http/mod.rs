@@ -12,8 +12,6 @@ mod body_budget;
 mod events;
 mod loading;
 mod metrics;
-#[cfg(feature = "postgres")]
-mod relay;
 mod rendezvous;
 mod routes;
 mod tls;
@@ -374,10 +372,6 @@ pub(crate) struct App {
     listen: Option<std::net::SocketAddr>,
     documents: Arc<Documents>,
     shutdown: watch::Receiver<bool>,
-    /// Relays rendezvous requests to the head that owns the groups, on a
-    /// shared store.
-    #[cfg(feature = "postgres")]
-    relay: Option<Arc<relay::RendezvousRelay>>,
 }
 
 /// Serves the API on `listener` until `shutdown` completes; then stops
@@ -525,17 +519,11 @@ fn router(
     shutdown: watch::Receiver<bool>,
     listen: Option<std::net::SocketAddr>,
 ) -> Router {
-    #[cfg(feature = "postgres")]
-    let relay = service.shared_store().and_then(|store| {
-        relay::RendezvousRelay::start(store.config(), store.sweep_lock(), service.handle())
-            .inspect_err(|err| tracing::error!("the rendezvous relay cannot start: {err}"))
-            .ok()
-    });
+    // On a shared store, rendezvous calls go to the head that owns the groups.
+    service.relay_rendezvous_calls();
     let auth = Arc::new(auth::Auth::new(config.token.as_deref(), config.protect_reads));
     auth::refresh_while_shared(&auth, &service.writer(), shutdown.clone());
     let state = AppState(Arc::new(App {
-        #[cfg(feature = "postgres")]
-        relay,
         auth,
         handle: service.handle(),
         service,
