@@ -19,8 +19,8 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -641,18 +641,6 @@ fn handled<I: Item>(state: &mut Sending<I>, item: &I) {
     progress.queued = progress.queued.saturating_sub(1);
     progress.handled.insert(item.id().to_owned());
     state.dirty = true;
-}
-
-/// The feeds of a head, by what they send: what `/metrics` and `GET
-/// /api/notify` show of them.
-#[derive(Default)]
-pub(crate) struct Feeds {
-    /// The counters of forwarding to a hub, once the head forwards.
-    #[cfg(feature = "forward")]
-    pub(crate) forwarding: Mutex<Option<Arc<crate::engine::stats::ForwardStats>>>,
-    /// The state of each notification target, once the head notifies.
-    #[cfg(feature = "notify")]
-    pub(crate) notify: Mutex<Vec<Arc<crate::engine::stats::NotifyStats>>>,
 }
 
 #[cfg(feature = "forward")]

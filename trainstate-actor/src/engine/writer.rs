@@ -137,7 +137,7 @@ pub(crate) struct Published {
     pub(crate) clock: Arc<dyn crate::decisions::clock::Clock>,
     /// The feeds of the committed changes (forwarding, notifications)
     /// and their counters.
-    pub(crate) feeds: crate::engine::feed::Feeds,
+    pub(crate) feeds: crate::engine::stats::Feeds,
 }
 
 impl Published {
