@@ -111,30 +111,28 @@ impl Sink for Delivery {
         }
     }
 
-    fn send<'a>(
+    async fn send<'a>(
         &'a mut self,
         front: &'a [&'a Notice],
         context: &'a FeedContext,
-    ) -> impl Future<Output = (usize, Sent)> + Send + 'a {
-        async move {
-            match self.target.kind {
-                NotifyTargetKind::Alertmanager => {
-                    let (alerts, taken, firing) = self.alerts_of_front(front, context);
-                    let sent = self.try_post(serde_json::to_vec(&alerts), None).await;
-                    if matches!(sent, Sent::Delivered) {
-                        self.firing = firing;
-                    }
-                    (taken, sent)
+    ) -> (usize, Sent) {
+        match self.target.kind {
+            NotifyTargetKind::Alertmanager => {
+                let (alerts, taken, firing) = self.alerts_of_front(front, context);
+                let sent = self.try_post(serde_json::to_vec(&alerts), None).await;
+                if matches!(sent, Sent::Delivered) {
+                    self.firing = firing;
                 }
-                kind => {
-                    let notice = front[0];
-                    let body = if kind == NotifyTargetKind::Slack {
-                        serde_json::to_vec(&slack::message(notice))
-                    } else {
-                        serde_json::to_vec(&notice.event)
-                    };
-                    (1, self.try_post(body, Some(notice.id())).await)
-                }
+                (taken, sent)
+            }
+            kind => {
+                let notice = front[0];
+                let body = if kind == NotifyTargetKind::Slack {
+                    serde_json::to_vec(&slack::message(notice))
+                } else {
+                    serde_json::to_vec(&notice.event)
+                };
+                (1, self.try_post(body, Some(notice.id())).await)
             }
         }
     }
