@@ -17,6 +17,9 @@
 //! writer for a batch of runs now and then, and for a save at most once a
 //! [`SAVE_EVERY`].
 
+// Parts serve only forwarding or notifications.
+#![cfg_attr(not(all(feature = "forward", feature = "notify")), allow(dead_code, unused_imports))]
+
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::sync::Arc;

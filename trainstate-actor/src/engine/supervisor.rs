@@ -232,8 +232,8 @@ impl StateService {
         &self.reader
     }
 
-    /// The store writer (forwarding reads through it).
-    #[cfg_attr(not(feature = "forward"), allow(dead_code))]
+    /// The store writer.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
     pub(crate) fn writer(&self) -> Arc<Writer> {
         self.writer.clone()
     }
