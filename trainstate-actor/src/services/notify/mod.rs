@@ -11,8 +11,9 @@
 //! backlog bound, counted and logged), so after a crash the events in
 //! flight are sent again, with the same ids, for the receiver to drop.
 //!
-//! Each target has a loop of its own (`delivery.rs`); a target that is
-//! down slows nothing else. With a shared (PostgreSQL) store only the head
+//! Each target is a sink of a change feed of its own (`delivery.rs` says
+//! how to send; the engine's feed reads, queues, retries and saves); a
+//! target that is down slows nothing else. With a shared (PostgreSQL) store only the head
 //! that sweeps sends. The rules are in `docs/notify.md`.
 
 mod alertmanager;
