@@ -60,13 +60,14 @@ pub use engine::config::{
     DEFAULT_MAX_IN_FLIGHT_WRITES, DEFAULT_MAX_RETAINED_BYTES, DEFAULT_MAX_RUNS,
     DEFAULT_STALL_AFTER, PostgresConfig, Retention, StateConfig, StoreConfig, Synchronous,
 };
-pub use engine::error::{LaunchError, StoreError};
+pub use engine::error::LaunchError;
 #[cfg(feature = "fault-injection")]
 pub use engine::faults::Faults;
 pub use engine::stats::StoreStats;
 pub use engine::supervisor::{
     StateService, get_or_launch_state_actor, launch_state_actor, shutdown_state_actor,
 };
+pub use store::error::StoreError;
 
 /// The schema version of the SQLite store this build writes.
 pub const STORE_SCHEMA_VERSION: u32 = store::sqlite::SCHEMA_VERSION;

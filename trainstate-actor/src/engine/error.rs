@@ -1,99 +1,12 @@
-//! The errors of trainstate-actor: the store's ([`StoreError`]), a
-//! launch's ([`LaunchError`]) and, with the `server` feature, the one JSON
+//! The errors of the engine: a launch's ([`LaunchError`], which wraps the
+//! store's [`StoreError`]) and, with the `server` feature, the one JSON
 //! error shape of the HTTP API and how every failure maps to it
 //! (`ApiError`).
 
-use std::path::PathBuf;
+pub(crate) use crate::store::error::StoreError;
 
 #[cfg(feature = "server")]
 pub(crate) use api::ApiError;
-
-/// The store could not be opened or used.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum StoreError {
-    /// SQLite failed on the database file.
-    #[error("store {path}: {source}")]
-    Sqlite {
-        /// The database file.
-        path: PathBuf,
-        /// SQLite's error.
-        #[source]
-        source: rusqlite::Error,
-    },
-    /// The database was written by a newer trainstate.
-    #[error(
-        "store {path} has schema version {found}, newer than the {supported} this trainstate supports; \
-         upgrade trainstate or point it at another data directory"
-    )]
-    NewerSchema {
-        /// The database file.
-        path: PathBuf,
-        /// The schema version found.
-        found: u32,
-        /// The newest schema version this build knows.
-        supported: u32,
-    },
-    /// SQLite refused WAL mode (for example on a network file system).
-    #[error("store {path}: SQLite refused WAL mode (journal mode is {mode})")]
-    NoWal {
-        /// The database file.
-        path: PathBuf,
-        /// The journal mode SQLite kept.
-        mode: String,
-    },
-    /// A stored run does not parse: the file was changed by something else.
-    #[error("store holds a run that does not parse: {0}")]
-    Corrupt(String),
-    /// A stored run does not load (its row was damaged): the store is
-    /// refused, naming the run and how to start without it.
-    #[error(
-        "store {store}: run {id} does not load ({reason}){more}; nothing was changed. \
-         Restore the store from a backup, or start with --quarantine-corrupt \
-         (StateConfig::with_quarantine_corrupt) to move such runs aside into the table \
-         {table} (kept, not deleted) and start without them",
-        more = match others { 0 => String::new(), n => format!(", and {n} more run(s) do not load either") }
-    )]
-    CorruptRun {
-        /// The database file or URL (password hidden).
-        store: String,
-        /// The id the run is stored under.
-        id: String,
-        /// Why it does not load.
-        reason: String,
-        /// How many other runs do not load either.
-        others: usize,
-        /// Where `--quarantine-corrupt` would move them.
-        table: &'static str,
-    },
-    /// The thread that writes the store could not start, or has stopped.
-    #[error("the store writer {0}")]
-    Writer(&'static str),
-    /// This build cannot open such a store.
-    #[error("cannot open the store: {0}")]
-    Unsupported(&'static str),
-    /// PostgreSQL could not be reached or refused a statement.
-    #[error("PostgreSQL store {url}: {message}")]
-    Postgres {
-        /// The database, password hidden.
-        url: String,
-        /// What went wrong.
-        message: String,
-    },
-    /// The PostgreSQL database was migrated by a newer trainstate.
-    #[error(
-        "PostgreSQL store {url} has schema version {found}, newer than the {supported} this trainstate supports; \
-         upgrade trainstate or point it at another database"
-    )]
-    NewerPostgresSchema {
-        /// The database, password hidden.
-        url: String,
-        /// The schema version found.
-        found: u32,
-        /// The newest schema version this build knows.
-        supported: u32,
-    },
-}
 
 /// The state actor could not be launched.
 #[derive(Debug, thiserror::Error)]

@@ -13,6 +13,7 @@ pub(crate) mod config;
 pub(crate) mod error;
 #[cfg(feature = "fault-injection")]
 pub(crate) mod faults;
+pub(crate) mod feed;
 pub(crate) mod reader;
 pub(crate) mod relay;
 pub(crate) mod stats;

@@ -1,8 +1,10 @@
 //! The counters a head keeps for `/metrics` and for tests: the store's,
-//! forwarding's and each notification target's. A leaf, so the writer that
+//! forwarding's and each notification target's (the feeds', [`Feeds`]). A leaf, so the writer that
 //! holds them and the parts that count into them import it, not each other.
 
 use std::sync::atomic::AtomicU64;
+#[cfg(any(feature = "forward", feature = "notify"))]
+use std::sync::{Arc, Mutex};
 
 /// Counters of the store, for metrics and tests.
 #[derive(Debug, Default)]
@@ -119,4 +121,16 @@ impl NotifyStats {
         (info.last_error, info.last_error_ms) = last_error.unzip();
         info
     }
+}
+
+/// The feeds of a head, by what they send: what `/metrics` and `GET
+/// /api/notify` show of them.
+#[derive(Default)]
+pub(crate) struct Feeds {
+    /// The counters of forwarding to a hub, once the head forwards.
+    #[cfg(feature = "forward")]
+    pub(crate) forwarding: Mutex<Option<Arc<ForwardStats>>>,
+    /// The state of each notification target, once the head notifies.
+    #[cfg(feature = "notify")]
+    pub(crate) notify: Mutex<Vec<Arc<NotifyStats>>>,
 }

@@ -12,6 +12,12 @@ use trainstate_client::{StateHandle, StateMessage, get_state_actor_named};
 use crate::engine::actor::{ActorArgs, TrainStateActor};
 use crate::engine::config::StateConfig;
 use crate::engine::error::LaunchError;
+// The change feed, as services reach it: through this door.
+#[cfg_attr(not(any(feature = "forward", feature = "notify")), allow(unused_imports))]
+pub(crate) use crate::engine::feed::{
+    Feed, FeedContext, FeedCounters, FeedHandle, Item, QueuePolicy, RunItems, Sent, Sink,
+};
+use crate::engine::stats::Feeds;
 use crate::engine::stats::StoreStats;
 use crate::engine::writer::{Published, Writer};
 
@@ -237,10 +243,31 @@ impl StateService {
         &self.reader
     }
 
-    /// The store writer (forwarding reads through it).
-    #[cfg_attr(not(feature = "forward"), allow(dead_code))]
+    /// The store writer.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
     pub(crate) fn writer(&self) -> Arc<Writer> {
         self.writer.clone()
+    }
+
+    /// Starts feeding `sink` the committed changes, from its durable
+    /// cursor (see [`crate::engine::feed`]); stop it with
+    /// [`FeedHandle::stop`].
+    #[cfg_attr(not(any(feature = "forward", feature = "notify")), allow(dead_code))]
+    pub(crate) fn follow_changes<S: Sink>(&self, sink: S) -> FeedHandle {
+        crate::engine::feed::follow(self.writer.clone(), sink)
+    }
+
+    /// Reads the durable cursor of `feed` (saving where a new one starts):
+    /// fails if the store keeps none (memory only) or cannot be read.
+    #[cfg_attr(not(feature = "notify"), allow(dead_code))]
+    pub(crate) async fn check_feed(&self, feed: &Feed) -> Result<(), crate::store::StoreError> {
+        self.writer.load_cursor(feed).await.map(drop)
+    }
+
+    /// The feeds of the committed changes and their counters.
+    #[cfg_attr(not(any(feature = "forward", feature = "notify")), allow(dead_code))]
+    pub(crate) fn feeds(&self) -> &Feeds {
+        &self.shared.feeds
     }
 
     /// True while this head sweeps leases and retention: always with a

@@ -23,8 +23,7 @@ use crate::engine::stats::StoreStats;
 use crate::engine::view::View;
 use crate::store::metrics::MetricReader;
 use crate::store::{
-    self, ChangedRun, Committed, Followed, JobChanges, NotifyRun, Position, SharedStoreHandle,
-    Store,
+    self, ChangedRun, Committed, Feed, Followed, JobChanges, Position, SharedStoreHandle, Store,
 };
 
 /// The most writes committed in one transaction.
@@ -61,43 +60,25 @@ pub(crate) enum Job {
         heartbeats: bool,
         reply: Option<oneshot::Sender<()>>,
     },
-    /// Runs changed after a position, for forwarding.
-    Changed {
+    /// Runs changed after a position, with what a feed recorded of their
+    /// events.
+    ChangesAfter {
+        feed: Feed,
         after: Position,
         limit: usize,
-        reply: oneshot::Sender<Result<Vec<ChangedRun>, String>>,
+        reply: oneshot::Sender<Result<Vec<ChangedRun>, StoreError>>,
     },
-    /// The durable position of forwarding to a target.
-    ForwardPosition {
-        target: String,
-        reply: oneshot::Sender<Result<Position, String>>,
+    /// The durable cursor of a feed.
+    LoadCursor {
+        feed: Feed,
+        reply: oneshot::Sender<Result<Position, StoreError>>,
     },
-    /// Makes a position of forwarding durable.
-    SaveForwardPosition {
-        target: String,
-        at: Position,
-        reply: oneshot::Sender<Result<(), String>>,
-    },
-    /// Runs changed after a position, with what a notification target
-    /// recorded of their events.
-    NotifyChanged {
-        target: String,
-        after: Position,
-        limit: usize,
-        reply: oneshot::Sender<Result<Vec<NotifyRun>, String>>,
-    },
-    /// The durable position of a notification target (the latest change,
-    /// for a target seen for the first time).
-    NotifyPosition {
-        target: String,
-        reply: oneshot::Sender<Result<Position, String>>,
-    },
-    /// Makes a notification target's position and delivered events durable.
-    SaveNotify {
-        target: String,
+    /// Makes a feed's cursor and the events it delivered durable.
+    SaveCursor {
+        feed: Feed,
         at: Position,
         delivered: Vec<(String, String)>,
-        reply: oneshot::Sender<Result<(), String>>,
+        reply: oneshot::Sender<Result<(), StoreError>>,
     },
     /// Reads or changes the bearer tokens.
     Tokens(TokenJob),
@@ -154,14 +135,9 @@ pub(crate) struct Published {
     /// (forwarding's last success).
     #[cfg_attr(not(feature = "forward"), allow(dead_code))]
     pub(crate) clock: Arc<dyn crate::decisions::clock::Clock>,
-    /// The counters of this head's forwarding to a hub, once it forwards:
-    /// what `/metrics` shows of it.
-    #[cfg(feature = "forward")]
-    pub(crate) forwarding: Mutex<Option<Arc<crate::engine::stats::ForwardStats>>>,
-    /// The state of each notification target, once the head notifies:
-    /// what `/metrics` and `GET /api/notify` show of it.
-    #[cfg(feature = "notify")]
-    pub(crate) notify: Mutex<Vec<Arc<crate::engine::stats::NotifyStats>>>,
+    /// The feeds of the committed changes (forwarding, notifications)
+    /// and their counters.
+    pub(crate) feeds: crate::engine::stats::Feeds,
 }
 
 impl Published {
@@ -284,10 +260,7 @@ impl Writer {
             liveness: Arc::default(),
             metric_reader,
             clock: config.clock.clone(),
-            #[cfg(feature = "forward")]
-            forwarding: Mutex::default(),
-            #[cfg(feature = "notify")]
-            notify: Mutex::default(),
+            feeds: Default::default(),
         });
         if give_shared.send(shared.clone()).is_err() {
             let _ = handle.join();
@@ -314,91 +287,50 @@ impl Writer {
         }
     }
 
-    /// Runs changed after `after`, at most `limit`, in position order.
-    #[cfg_attr(not(feature = "forward"), allow(dead_code))]
-    pub(crate) async fn changed_after(
+    /// Runs changed after `after`, at most `limit`, in position order,
+    /// with what `feed` recorded of their events.
+    #[cfg_attr(not(any(feature = "forward", feature = "notify")), allow(dead_code))]
+    pub(crate) async fn changes_after(
         &self,
+        feed: &Feed,
         after: Position,
         limit: usize,
-    ) -> Result<Vec<ChangedRun>, String> {
+    ) -> Result<Vec<ChangedRun>, StoreError> {
         let (reply, rx) = oneshot::channel();
-        if !self.send(Job::Changed { after, limit, reply }) {
-            return Err("the store writer has stopped".into());
-        }
-        rx.await.map_err(|_| "the store writer has stopped".to_owned())?
+        self.ask(Job::ChangesAfter { feed: feed.clone(), after, limit, reply }, rx).await
     }
 
-    /// The durable position of forwarding to `target`.
-    #[cfg_attr(not(feature = "forward"), allow(dead_code))]
-    pub(crate) async fn forward_position(&self, target: &str) -> Result<Position, String> {
+    /// The durable cursor of `feed` (see [`Store::load_cursor`]).
+    #[cfg_attr(not(any(feature = "forward", feature = "notify")), allow(dead_code))]
+    pub(crate) async fn load_cursor(&self, feed: &Feed) -> Result<Position, StoreError> {
         let (reply, rx) = oneshot::channel();
-        if !self.send(Job::ForwardPosition { target: target.to_owned(), reply }) {
-            return Err("the store writer has stopped".into());
-        }
-        rx.await.map_err(|_| "the store writer has stopped".to_owned())?
+        self.ask(Job::LoadCursor { feed: feed.clone(), reply }, rx).await
     }
 
-    /// Makes `at` the durable position of forwarding to `target`.
-    #[cfg_attr(not(feature = "forward"), allow(dead_code))]
-    pub(crate) async fn save_forward_position(
+    /// Makes `at` the durable cursor of `feed`, with the events of runs it
+    /// delivered (see [`Store::save_cursor`]).
+    #[cfg_attr(not(any(feature = "forward", feature = "notify")), allow(dead_code))]
+    pub(crate) async fn save_cursor(
         &self,
-        target: &str,
-        at: Position,
-    ) -> Result<(), String> {
-        let (reply, rx) = oneshot::channel();
-        if !self.send(Job::SaveForwardPosition { target: target.to_owned(), at, reply }) {
-            return Err("the store writer has stopped".into());
-        }
-        rx.await.map_err(|_| "the store writer has stopped".to_owned())?
-    }
-
-    /// Runs changed after `after`, at most `limit`, in position order, with
-    /// what notification target `target` recorded of their events.
-    #[cfg_attr(not(feature = "notify"), allow(dead_code))]
-    pub(crate) async fn notify_changed_after(
-        &self,
-        target: &str,
-        after: Position,
-        limit: usize,
-    ) -> Result<Vec<NotifyRun>, String> {
-        let (reply, rx) = oneshot::channel();
-        let target = target.to_owned();
-        self.ask(Job::NotifyChanged { target, after, limit, reply }, rx).await
-    }
-
-    /// The durable position of notification target `target`.
-    #[cfg_attr(not(feature = "notify"), allow(dead_code))]
-    pub(crate) async fn notify_position(&self, target: &str) -> Result<Position, String> {
-        let (reply, rx) = oneshot::channel();
-        self.ask(Job::NotifyPosition { target: target.to_owned(), reply }, rx).await
-    }
-
-    /// Makes `at` the durable position of notification target `target`,
-    /// with the events of runs it delivered (see
-    /// [`Store::save_notify_progress`]).
-    #[cfg_attr(not(feature = "notify"), allow(dead_code))]
-    pub(crate) async fn save_notify_progress(
-        &self,
-        target: &str,
+        feed: &Feed,
         at: Position,
         delivered: Vec<(String, String)>,
-    ) -> Result<(), String> {
+    ) -> Result<(), StoreError> {
         let (reply, rx) = oneshot::channel();
-        let target = target.to_owned();
-        self.ask(Job::SaveNotify { target, at, delivered, reply }, rx).await
+        self.ask(Job::SaveCursor { feed: feed.clone(), at, delivered, reply }, rx).await
     }
 
     /// Sends `job` and waits for its answer on `answer`.
-    #[cfg_attr(not(feature = "notify"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "forward", feature = "notify")), allow(dead_code))]
     async fn ask<T>(
         &self,
         job: Job,
-        answer: oneshot::Receiver<Result<T, String>>,
-    ) -> Result<T, String> {
+        answer: oneshot::Receiver<Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
         if !self.send(job) {
-            return Err("the store writer has stopped".into());
+            return Err(StoreError::Writer("has stopped"));
         }
-        answer.await.map_err(|_| "the store writer has stopped".to_owned())?
+        answer.await.map_err(|_| StoreError::Writer("has stopped"))?
     }
 
     /// Every stored token, oldest first.
@@ -561,23 +493,14 @@ impl WriterThread {
                     let mut heartbeats = heartbeats;
                     self.follow(&mut heartbeats, &mut replies);
                 }
-                Some(Job::Changed { after, limit, reply }) => {
-                    let _ = reply.send(self.store.changed_after(&after, limit));
+                Some(Job::ChangesAfter { feed, after, limit, reply }) => {
+                    let _ = reply.send(self.store.changes_after(&feed, &after, limit));
                 }
-                Some(Job::ForwardPosition { target, reply }) => {
-                    let _ = reply.send(self.store.forward_position(&target));
+                Some(Job::LoadCursor { feed, reply }) => {
+                    let _ = reply.send(self.store.load_cursor(&feed));
                 }
-                Some(Job::SaveForwardPosition { target, at, reply }) => {
-                    let _ = reply.send(self.store.save_forward_position(&target, &at));
-                }
-                Some(Job::NotifyChanged { target, after, limit, reply }) => {
-                    let _ = reply.send(self.store.notify_changed_after(&target, &after, limit));
-                }
-                Some(Job::NotifyPosition { target, reply }) => {
-                    let _ = reply.send(self.store.notify_position(&target));
-                }
-                Some(Job::SaveNotify { target, at, delivered, reply }) => {
-                    let _ = reply.send(self.store.save_notify_progress(&target, &at, &delivered));
+                Some(Job::SaveCursor { feed, at, delivered, reply }) => {
+                    let _ = reply.send(self.store.save_cursor(&feed, &at, &delivered));
                 }
                 Some(Job::Tokens(job)) => self.tokens(job),
             }
@@ -616,7 +539,9 @@ impl WriterThread {
             }
             Err(err) => {
                 stats.metric_points_dropped.fetch_add(points, Ordering::Relaxed);
-                if let Some(due) = self.failure_log.metrics.failed(Instant::now(), points, &err) {
+                if let Some(due) =
+                    self.failure_log.metrics.failed(Instant::now(), points, &err.to_string())
+                {
                     tracing::error!(
                         error = %due.last_error,
                         lost_points = due.count,
@@ -634,14 +559,15 @@ impl WriterThread {
         let store = &mut self.store;
         match job {
             TokenJob::List(reply) => {
-                let _ = reply.send(store.tokens());
+                let _ = reply.send(store.tokens().map_err(|e| e.to_string()));
             }
             TokenJob::Insert(token, reply) => {
                 let token = StoredToken { created_at_ms: now_ms, ..*token };
-                let _ = reply.send(store.insert_token(&token).map(|()| token));
+                let _ = reply
+                    .send(store.insert_token(&token).map(|()| token).map_err(|e| e.to_string()));
             }
             TokenJob::Revoke(id, reply) => {
-                let _ = reply.send(store.revoke_token(&id, now_ms));
+                let _ = reply.send(store.revoke_token(&id, now_ms).map_err(|e| e.to_string()));
             }
         }
     }
@@ -657,7 +583,7 @@ impl WriterThread {
             let log = &mut self.failure_log;
             if !beats.is_empty()
                 && let Err(err) = store.share_heartbeats(&beats)
-                && let Some(due) = log.share_heartbeats.failed(Instant::now(), 1, &err)
+                && let Some(due) = log.share_heartbeats.failed(Instant::now(), 1, &err.to_string())
             {
                 tracing::warn!(error = %due.last_error, failures = due.count, "cannot share heartbeats with the other heads");
             }
@@ -674,7 +600,7 @@ impl WriterThread {
                     shared.push_inbox([Absorb::Reload(records)]);
                 }
                 Err(err) => {
-                    if let Some(due) = log.follow.failed(Instant::now(), 1, &err) {
+                    if let Some(due) = log.follow.failed(Instant::now(), 1, &err.to_string()) {
                         tracing::warn!(error = %due.last_error, failures = due.count, "cannot follow the other heads' changes");
                     }
                 }
@@ -685,7 +611,9 @@ impl WriterThread {
                         shared.push_inbox(beats.into_iter().map(|(id, at)| Absorb::Heard(id, at)))
                     }
                     Err(err) => {
-                        if let Some(due) = log.read_heartbeats.failed(Instant::now(), 1, &err) {
+                        if let Some(due) =
+                            log.read_heartbeats.failed(Instant::now(), 1, &err.to_string())
+                        {
                             tracing::warn!(error = %due.last_error, failures = due.count, "cannot read the other heads' heartbeats");
                         }
                     }
@@ -761,7 +689,7 @@ impl WriterThread {
             let injected = false;
             let shared_store = shared.shared_store.is_some();
             let result = if injected {
-                Err("injected fault: database or disk is full".to_owned())
+                Err(StoreError::Injected("database or disk is full"))
             } else if has_ops {
                 let changes: Vec<JobChanges<'_>> = batch
                     .iter()
@@ -795,6 +723,7 @@ impl WriterThread {
                 }
                 Err(err) => {
                     let writes = batch.len() as u64;
+                    let err = err.to_string();
                     if let Some(due) = self.failure_log.commits.failed(Instant::now(), writes, &err)
                     {
                         tracing::error!(

@@ -16,29 +16,25 @@
 //! registered before the head had one. With a shared (PostgreSQL) store,
 //! only the head that sweeps forwards.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use trainstate_client::{StateError, StateHandle, TrustedCas};
 use trainstate_schema::TrainRunInfo;
 
 use crate::StateService;
 pub use crate::engine::stats::ForwardStats;
-use crate::engine::writer::Writer;
-use crate::store::Position;
-
-/// Runs read from the store at a time.
-const BATCH: usize = 256;
-
-/// How often forwarding looks for changes when it was told of none.
-const IDLE_CHECK: Duration = Duration::from_secs(1);
+use crate::engine::supervisor::{
+    Feed, FeedContext, FeedCounters, FeedHandle, Item, QueuePolicy, RunItems, Sent, Sink,
+};
 
 /// How long one send of a run may take by default (tries to an
 /// unreachable hub included).
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The first wait before a failed send is tried again.
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 
 /// The longest wait between two tries to reach the hub.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -94,8 +90,7 @@ impl ForwardConfig {
 /// Forwarding in progress; stop it with [`Forwarder::stop`].
 #[derive(Debug)]
 pub struct Forwarder {
-    stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
+    feed: FeedHandle,
     stats: Arc<ForwardStats>,
 }
 
@@ -107,14 +102,13 @@ impl Forwarder {
 
     /// Stops forwarding; what was forwarded is recorded.
     pub async fn stop(self) {
-        let _ = self.stop.send(true);
-        let _ = self.task.await;
+        self.feed.stop().await;
     }
 }
 
 /// Starts forwarding `service`'s runs as `config` says. Fails if the
-/// store keeps no positions (memory only), the hub's URL is not one, or
-/// CAs are given for an `http://` hub.
+/// hub's URL is not one, or CAs are given for an `http://` hub; a store
+/// that keeps no positions (memory only) is retried, and logged.
 pub fn start_forwarding(
     service: &StateService,
     config: ForwardConfig,
@@ -122,98 +116,44 @@ pub fn start_forwarding(
     trainstate_schema::validate_name("cluster", &config.cluster)?;
     let hub = StateHandle::connect_with_ca(&config.hub, config.token.clone(), config.cas.as_ref())?
         .with_timeout(config.call_timeout);
-    let (stop, stopped) = watch::channel(false);
     let stats = Arc::new(ForwardStats::default());
-    *service.writer().shared.forwarding.lock().unwrap_or_else(|e| e.into_inner()) =
-        Some(stats.clone());
-    let forwarding = Forwarding {
-        writer: service.writer(),
-        hub,
-        target: config.hub.trim_end_matches('/').to_owned(),
-        cluster: config.cluster,
-        stats: stats.clone(),
-        stopped,
-    };
-    let task = tokio::spawn(forwarding.run());
-    Ok(Forwarder { stop, task, stats })
+    *service.feeds().forwarding.lock().unwrap_or_else(|e| e.into_inner()) = Some(stats.clone());
+    let target = config.hub.trim_end_matches('/').to_owned();
+    tracing::info!(hub = %target, "forwarding runs to the hub");
+    let sink = HubSink { hub, target, cluster: config.cluster, stats: stats.clone() };
+    Ok(Forwarder { feed: service.follow_changes(sink), stats })
 }
 
-struct Forwarding {
-    writer: Arc<Writer>,
+/// Forwarding as a sink of the change feed: each changed run is sent, as
+/// it is stored now, to the hub.
+struct HubSink {
     hub: StateHandle,
+    /// The hub's URL: the name of the feed's cursor.
     target: String,
     cluster: String,
     stats: Arc<ForwardStats>,
-    stopped: watch::Receiver<bool>,
 }
 
-impl Forwarding {
-    async fn run(mut self) {
-        let mut position = loop {
-            match self.writer.forward_position(&self.target).await {
-                Ok(position) => break position,
-                Err(err) => {
-                    tracing::warn!(error = %err, "cannot read the forwarding position; retrying");
-                    if self.pause(IDLE_CHECK).await {
-                        return;
-                    }
-                }
-            }
-        };
-        tracing::info!(hub = %self.target, seq = position.seq, "forwarding runs to the hub");
-        let mut changes = self.writer.shared.events.subscribe();
-        loop {
-            if *self.stopped.borrow() {
-                return;
-            }
-            if !self.writer.shared.sweeps() {
-                // Another head of this shared store forwards.
-                if self.pause(IDLE_CHECK).await {
-                    return;
-                }
-                continue;
-            }
-            let batch = match self.writer.changed_after(position.clone(), BATCH).await {
-                Ok(batch) => batch,
-                Err(err) => {
-                    tracing::warn!(error = %err, "cannot read runs to forward; retrying");
-                    if self.pause(IDLE_CHECK).await {
-                        return;
-                    }
-                    continue;
-                }
-            };
-            if batch.is_empty() {
-                // Wait for a commit (any event), or look again in a while.
-                let mut stopped = self.stopped.clone();
-                tokio::select! {
-                    _ = changes.recv() => {}
-                    _ = tokio::time::sleep(IDLE_CHECK) => {}
-                    _ = stopped.changed() => return,
-                }
-                continue;
-            }
-            self.stats.pending.store(batch.len() as u64, Ordering::Relaxed);
-            for changed in batch {
-                match self.stamped(&changed.json) {
-                    Ok(run) => {
-                        if !self.send(run).await {
-                            // Stopped: the position stays before this run.
-                            self.save(&position).await;
-                            return;
-                        }
-                    }
-                    Err(err) => {
-                        tracing::error!(position = ?changed.at, error = %err, "a stored run does not parse; not forwarded");
-                    }
-                }
-                position = changed.at;
-                self.stats.pending.fetch_sub(1, Ordering::Relaxed);
-            }
-            self.save(&position).await;
-        }
+/// A run to forward, as stored at one commit.
+struct ForwardedRun {
+    /// The run's id and the commit's sequence number: a run that changes
+    /// again is sent again.
+    id: String,
+    run_id: String,
+    run: TrainRunInfo,
+}
+
+impl Item for ForwardedRun {
+    fn id(&self) -> &str {
+        &self.id
     }
 
+    fn run_id(&self) -> &str {
+        &self.run_id
+    }
+}
+
+impl HubSink {
     /// The stored run, with this head's cluster if it names none.
     fn stamped(&self, json: &str) -> Result<TrainRunInfo, String> {
         let run: TrainRunInfo = serde_json::from_str(json).map_err(|e| e.to_string())?;
@@ -224,61 +164,63 @@ impl Forwarding {
         draft.cluster = Some(self.cluster.clone());
         draft.validate().map_err(|e| e.to_string())
     }
+}
 
-    /// Sends one run until the hub has it or refuses it for good; false
-    /// when stopped first.
-    async fn send(&mut self, run: TrainRunInfo) -> bool {
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            match self.hub.forward(run.clone()).await {
-                Ok(_) => {
-                    self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
-                    let now = self.writer.shared.clock.now_ms();
-                    self.stats.last_success_ms.store(now, Ordering::Relaxed);
-                    return true;
-                }
+impl Sink for HubSink {
+    type Item = ForwardedRun;
+
+    fn name(&self) -> &str {
+        &self.target
+    }
+
+    fn feed(&self) -> Feed {
+        Feed::Forward(self.target.clone())
+    }
+
+    fn policy(&self) -> QueuePolicy {
+        // One batch of runs at a time, none ever dropped: the store holds
+        // the rest until the hub takes them.
+        QueuePolicy {
+            backlog: 1,
+            drop_oldest: false,
+            first_backoff: FIRST_BACKOFF,
+            max_backoff: MAX_BACKOFF,
+        }
+    }
+
+    fn counters(&self) -> Arc<dyn FeedCounters> {
+        self.stats.clone()
+    }
+
+    fn items(&mut self, seq: u64, json: &str) -> Result<RunItems<ForwardedRun>, String> {
+        let run = self.stamped(json)?;
+        let run_id = run.id().to_string();
+        let id = format!("{run_id}@{seq}");
+        Ok(RunItems {
+            derivable: BTreeSet::from([id.clone()]),
+            wanted: vec![ForwardedRun { id, run_id, run }],
+        })
+    }
+
+    fn send<'a>(
+        &'a mut self,
+        front: &'a [&'a ForwardedRun],
+        _: &'a FeedContext,
+    ) -> impl Future<Output = (usize, Sent)> + Send + 'a {
+        let run = front[0].run.clone();
+        async move {
+            let sent = match self.hub.forward(run).await {
+                Ok(_) => Sent::Delivered,
                 Err(
                     err @ (StateError::Conflict { .. }
                     | StateError::IllegalTransition { .. }
                     | StateError::Invalid { .. }),
-                ) => {
-                    tracing::error!(run = %run.id(), error = %err, "the hub refused the run; skipping it");
-                    self.stats.refused.fetch_add(1, Ordering::Relaxed);
-                    return true;
-                }
-                Err(err) => {
-                    // Unreachable, busy, or not (yet) accepting us: keep the
-                    // position and try again.
-                    let retries = self.stats.retries.fetch_add(1, Ordering::Relaxed);
-                    if retries.is_multiple_of(20) {
-                        tracing::warn!(hub = %self.target, error = %err, "cannot forward to the hub; retrying");
-                    }
-                    if self.pause(backoff).await {
-                        return false;
-                    }
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                }
-            }
-        }
-    }
-
-    async fn save(&self, position: &Position) {
-        match self.writer.save_forward_position(&self.target, position.clone()).await {
-            Ok(()) => self.stats.position.store(position.seq, Ordering::Relaxed),
-            // Not fatal: the runs after the saved position are sent again.
-            Err(err) => tracing::warn!(error = %err, "cannot save the forwarding position"),
-        }
-    }
-
-    /// Waits `duration`; true if stopped meanwhile.
-    async fn pause(&self, duration: Duration) -> bool {
-        let mut stopped = self.stopped.clone();
-        if *stopped.borrow() {
-            return true;
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(duration) => *stopped.borrow(),
-            _ = stopped.changed() => true,
+                ) => Sent::Refused(err.to_string()),
+                // Unreachable, busy, or not (yet) accepting us: keep the
+                // position and try again.
+                Err(err) => Sent::Retry { error: err.to_string(), after: None },
+            };
+            (1, sent)
         }
     }
 }

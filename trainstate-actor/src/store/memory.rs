@@ -8,14 +8,11 @@ use std::sync::Arc;
 use trainstate_schema::RunId;
 
 use super::metrics::{MemoryHistories, MetricBatch, MetricReader};
-use super::{ChangedRun, Committed, JobChanges, NotifyRun, Position, Store};
+use super::{ChangedRun, Committed, Feed, JobChanges, Position, Store};
 use crate::decisions::change::StoreOp;
 use crate::decisions::record::RunRecord;
 use crate::decisions::tokens::StoredToken;
-use crate::engine::error::StoreError;
-
-/// Why an in-memory store cannot be forwarded or notified from.
-const NO_POSITIONS: &str = "an in-memory store keeps no positions to forward or notify from";
+use crate::store::error::StoreError;
 
 /// A store of this head's own, in memory only.
 #[derive(Default)]
@@ -30,7 +27,7 @@ impl Store for MemoryStore {
         Ok(self.runs.values().cloned().collect())
     }
 
-    fn commit(&mut self, jobs: &[JobChanges<'_>]) -> Result<Committed, String> {
+    fn commit(&mut self, jobs: &[JobChanges<'_>]) -> Result<Committed, StoreError> {
         for op in jobs.iter().flat_map(|job| job.ops) {
             match op {
                 StoreOp::Put(record) => {
@@ -45,7 +42,7 @@ impl Store for MemoryStore {
         Ok(Committed::default())
     }
 
-    fn append_metrics(&mut self, batches: &[MetricBatch]) -> Result<(), String> {
+    fn append_metrics(&mut self, batches: &[MetricBatch]) -> Result<(), StoreError> {
         let stored: Vec<MetricBatch> =
             batches.iter().filter(|b| self.runs.contains_key(&b.run_id)).cloned().collect();
         self.histories.append(&stored);
@@ -56,50 +53,38 @@ impl Store for MemoryStore {
         Ok(Arc::new(self.histories.clone()))
     }
 
-    fn changed_after(&mut self, _: &Position, _: usize) -> Result<Vec<ChangedRun>, String> {
-        Err(NO_POSITIONS.into())
-    }
-
-    fn forward_position(&mut self, _: &str) -> Result<Position, String> {
-        Err(NO_POSITIONS.into())
-    }
-
-    fn save_forward_position(&mut self, _: &str, _: &Position) -> Result<(), String> {
-        Err(NO_POSITIONS.into())
-    }
-
-    fn notify_changed_after(
+    fn changes_after(
         &mut self,
-        _: &str,
+        _: &Feed,
         _: &Position,
         _: usize,
-    ) -> Result<Vec<NotifyRun>, String> {
-        Err(NO_POSITIONS.into())
+    ) -> Result<Vec<ChangedRun>, StoreError> {
+        Err(StoreError::NoCursors)
     }
 
-    fn notify_position(&mut self, _: &str) -> Result<Position, String> {
-        Err(NO_POSITIONS.into())
+    fn load_cursor(&mut self, _: &Feed) -> Result<Position, StoreError> {
+        Err(StoreError::NoCursors)
     }
 
-    fn save_notify_progress(
+    fn save_cursor(
         &mut self,
-        _: &str,
+        _: &Feed,
         _: &Position,
         _: &[(String, String)],
-    ) -> Result<(), String> {
-        Err(NO_POSITIONS.into())
+    ) -> Result<(), StoreError> {
+        Err(StoreError::NoCursors)
     }
 
-    fn tokens(&mut self) -> Result<Vec<StoredToken>, String> {
+    fn tokens(&mut self) -> Result<Vec<StoredToken>, StoreError> {
         Ok(self.tokens.clone())
     }
 
-    fn insert_token(&mut self, token: &StoredToken) -> Result<(), String> {
+    fn insert_token(&mut self, token: &StoredToken) -> Result<(), StoreError> {
         self.tokens.push(token.clone());
         Ok(())
     }
 
-    fn revoke_token(&mut self, id: &str, at_ms: u64) -> Result<Option<StoredToken>, String> {
+    fn revoke_token(&mut self, id: &str, at_ms: u64) -> Result<Option<StoredToken>, StoreError> {
         Ok(self.tokens.iter_mut().find(|t| t.id == id).map(|token| {
             token.revoked_at_ms.get_or_insert(at_ms);
             token.clone()

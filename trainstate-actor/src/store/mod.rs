@@ -30,6 +30,7 @@
 
 pub(crate) mod columns;
 pub(crate) mod config;
+pub(crate) mod error;
 pub(crate) mod load;
 pub(crate) mod memory;
 pub(crate) mod metrics;
@@ -50,8 +51,8 @@ use trainstate_schema::RunId;
 use crate::decisions::change::{PendingEvent, RemoteChange, StoreOp};
 use crate::decisions::record::RunRecord;
 use crate::decisions::tokens::{StoredToken, hash_from_hex, scopes_from_text};
-use crate::engine::error::StoreError;
 use crate::store::config::{PostgresConfig, StoreConfig};
+pub(crate) use error::StoreError;
 use metrics::{MetricBatch, MetricReader};
 
 /// The changes of one write job: committed together or not at all.
@@ -85,36 +86,57 @@ pub(crate) enum Followed {
 }
 
 /// A position in a store's commits: the runs changed after it are the
-/// ones to forward. Keyset order: commit sequence number, then run id.
+/// ones a feed has yet to take. Keyset order: commit sequence number, then
+/// run id.
 #[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Position {
     pub(crate) seq: u64,
     pub(crate) id: String,
 }
 
-/// A run changed after a [`Position`], as stored now.
+/// A consumer of the committed changes whose cursor the store keeps. Each
+/// kind keeps its cursor where it always has (the forwarding positions),
+/// so a store written before keeps its positions.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) enum Feed {
+    /// Forwarding to the hub at this URL: it starts at the first change,
+    /// and keeps nothing beside its cursor.
+    Forward(String),
+    /// The notification target of this name: it starts at the latest
+    /// change, and keeps beside its cursor the events of each run it has
+    /// delivered.
+    Notify(String),
+}
+
+impl Feed {
+    /// The key of the feed's cursor among the forwarding positions: the
+    /// hub's URL, or `notify:<target>` (hub URLs never start so).
+    pub(crate) fn key(&self) -> String {
+        match self {
+            Self::Forward(hub) => hub.clone(),
+            Self::Notify(target) => format!("notify:{target}"),
+        }
+    }
+
+    /// The notification target whose delivered events are kept, if any.
+    pub(crate) fn target(&self) -> Option<&str> {
+        match self {
+            Self::Forward(_) => None,
+            Self::Notify(target) => Some(target),
+        }
+    }
+}
+
+/// A run changed after a [`Position`], as stored now, with what the feed
+/// recorded as delivered of its events.
 #[derive(Debug, Clone)]
 pub(crate) struct ChangedRun {
     pub(crate) at: Position,
     pub(crate) json: String,
-}
-
-/// A run changed after a [`Position`], as stored now, with what one
-/// notification target recorded as delivered of its events.
-#[derive(Debug, Clone)]
-pub(crate) struct NotifyRun {
-    pub(crate) at: Position,
-    pub(crate) json: String,
-    /// The ids of the run's events delivered (or dropped) to the target, as
-    /// [`Store::save_notify_progress`] saved them (a JSON array); `None`
-    /// when none were.
+    /// The ids of the run's events the feed delivered (or dropped), as
+    /// [`Store::save_cursor`] saved them (a JSON array); `None` when none
+    /// were, and always for a feed that keeps none.
     pub(crate) delivered: Option<String>,
-}
-
-/// The key of notification target `target`'s position among the
-/// forwarding positions (whose keys are hub URLs, never starting so).
-pub(crate) fn notify_key(target: &str) -> String {
-    format!("notify:{target}")
 }
 
 /// The interface of a durable store, called from the writer thread only.
@@ -125,7 +147,7 @@ pub(crate) trait Store: Send {
     /// Commits the changes of every job in `jobs` that is not stale, in one
     /// transaction. An error means nothing was committed (or, if the
     /// connection was lost while committing, that it is unknown).
-    fn commit(&mut self, jobs: &[JobChanges<'_>]) -> Result<Committed, String>;
+    fn commit(&mut self, jobs: &[JobChanges<'_>]) -> Result<Committed, StoreError>;
 
     /// What this store can do as a store other heads share; `None` for a
     /// store of this head's own (the default).
@@ -136,55 +158,48 @@ pub(crate) trait Store: Send {
     /// Adds the points of `batches` to their runs' metric histories, in one
     /// transaction, each series bounded by [`metrics::SeriesState`]. The
     /// points of a run that is not stored (deleted meanwhile) are dropped.
-    fn append_metrics(&mut self, batches: &[MetricBatch]) -> Result<(), String>;
+    fn append_metrics(&mut self, batches: &[MetricBatch]) -> Result<(), StoreError>;
 
     /// A reader of the metric histories, on a connection of its own.
     fn metric_reader(&mut self) -> Result<Arc<dyn MetricReader>, StoreError>;
 
-    /// Runs changed after `after`, in position order, at most `limit`.
-    fn changed_after(&mut self, after: &Position, limit: usize) -> Result<Vec<ChangedRun>, String>;
-
-    /// The durable position of forwarding to `target`.
-    fn forward_position(&mut self, target: &str) -> Result<Position, String>;
-
-    /// Makes `at` the durable position of forwarding to `target`.
-    fn save_forward_position(&mut self, target: &str, at: &Position) -> Result<(), String>;
-
-    /// Runs changed after `after`, in position order, at most `limit`, each
-    /// with what notification target `target` recorded of its events.
-    fn notify_changed_after(
+    /// Runs changed after `after`, in position order, at most `limit`,
+    /// each with what `feed` recorded as delivered of its events.
+    fn changes_after(
         &mut self,
-        target: &str,
+        feed: &Feed,
         after: &Position,
         limit: usize,
-    ) -> Result<Vec<NotifyRun>, String>;
+    ) -> Result<Vec<ChangedRun>, StoreError>;
 
-    /// The durable position of notification target `target`. A target seen
-    /// for the first time starts at the latest change, saved at once: it
-    /// tells of what happens from now on, not of every stored run's past.
-    fn notify_position(&mut self, target: &str) -> Result<Position, String>;
+    /// The durable cursor of `feed`. A forwarding feed seen for the first
+    /// time starts at the first change; a notification target at the
+    /// latest, saved at once (it tells of what happens from now on, not of
+    /// every stored run's past).
+    fn load_cursor(&mut self, feed: &Feed) -> Result<Position, StoreError>;
 
-    /// Makes `at` the durable position of notification target `target` and,
-    /// in the same transaction, records for each `(run id, event ids as a
-    /// JSON array)` in `delivered` the events of that run the target has
-    /// delivered (an empty array forgets the run). A run no longer stored
-    /// is skipped; a run's record goes when the run does.
-    fn save_notify_progress(
+    /// Makes `at` the durable cursor of `feed` (unless it is behind the
+    /// saved one) and, in the same transaction, records for each `(run id,
+    /// event ids as a JSON array)` in `delivered` the events of that run
+    /// the feed has delivered (an empty array forgets the run; a feed that
+    /// keeps none is given none). A run no longer stored is skipped; a
+    /// run's record goes when the run does.
+    fn save_cursor(
         &mut self,
-        target: &str,
+        feed: &Feed,
         at: &Position,
         delivered: &[(String, String)],
-    ) -> Result<(), String>;
+    ) -> Result<(), StoreError>;
 
     /// Every bearer token, revoked ones included, oldest first.
-    fn tokens(&mut self) -> Result<Vec<StoredToken>, String>;
+    fn tokens(&mut self) -> Result<Vec<StoredToken>, StoreError>;
 
     /// Stores a new token (its hash, never its secret).
-    fn insert_token(&mut self, token: &StoredToken) -> Result<(), String>;
+    fn insert_token(&mut self, token: &StoredToken) -> Result<(), StoreError>;
 
     /// Marks the token `id` revoked at `at_ms`, unless it already is, and
     /// answers it as stored after; `None` when no token has this id.
-    fn revoke_token(&mut self, id: &str, at_ms: u64) -> Result<Option<StoredToken>, String>;
+    fn revoke_token(&mut self, id: &str, at_ms: u64) -> Result<Option<StoredToken>, StoreError>;
 }
 
 /// The capability of a store that several heads share (PostgreSQL only):
@@ -202,14 +217,14 @@ pub(crate) trait SharedStore {
     fn take_wakeups(&mut self) -> Option<mpsc::Receiver<()>>;
 
     /// What other heads committed since the last load, commit or follow.
-    fn follow(&mut self) -> Result<Followed, String>;
+    fn follow(&mut self) -> Result<Followed, StoreError>;
 
     /// Shares the heartbeats this head received, so that whichever head
     /// sweeps leases sees them (never durable).
-    fn share_heartbeats(&mut self, beats: &[(RunId, u64)]) -> Result<(), String>;
+    fn share_heartbeats(&mut self, beats: &[(RunId, u64)]) -> Result<(), StoreError>;
 
     /// Every heartbeat shared by any head.
-    fn shared_heartbeats(&mut self) -> Result<Vec<(RunId, u64)>, String>;
+    fn shared_heartbeats(&mut self) -> Result<Vec<(RunId, u64)>, StoreError>;
 }
 
 /// A shared store as the rest of the head sees it: the one source of truth
@@ -301,8 +316,8 @@ pub(crate) fn token_from_columns(
     hash: &str,
     created_at_ms: i64,
     revoked_at_ms: Option<i64>,
-) -> Result<StoredToken, String> {
-    let damaged = |e: String| format!("stored token {id}: {e}");
+) -> Result<StoredToken, StoreError> {
+    let damaged = |e: String| StoreError::CorruptRecord(format!("stored token {id}: {e}"));
     Ok(StoredToken {
         scopes: scopes_from_text(scopes).map_err(damaged)?,
         hash: hash_from_hex(hash).map_err(damaged)?,

@@ -48,14 +48,14 @@ use super::columns::{StoredColumns, check};
 use super::load::{Loaded, StoredRow, log_quarantined, parse_rows};
 use super::metrics::{LastProgress, MetricBatch, MetricReader, SeriesState, into_series};
 use super::{
-    ChangedRun, Committed, Followed, JobChanges, NotifyRun, Position, SharedStore,
-    SharedStoreHandle, Store, TOKEN_COLUMNS, event_kind, notify_key, token_from_columns,
+    ChangedRun, Committed, Feed, Followed, JobChanges, Position, SharedStore, SharedStoreHandle,
+    Store, TOKEN_COLUMNS, event_kind, token_from_columns,
 };
 use crate::decisions::change::{RemoteChange, StoreOp};
 use crate::decisions::record::{RunColumns, RunRecord};
 use crate::decisions::tokens::StoredToken;
-use crate::engine::error::StoreError;
 use crate::store::config::PostgresConfig;
+use crate::store::error::StoreError;
 
 /// The schema migrations, in order; `trainstate_version.version` is the
 /// number applied. Append, never edit.
@@ -402,6 +402,16 @@ impl PgStore {
                 "stored runs were read from their JSON, but their columns could not be written"
             ),
         }
+    }
+
+    /// [`block_on`](Self::block_on), for what the rest of the head asks:
+    /// an error is PostgreSQL's.
+    fn call<T>(
+        &self,
+        what: &str,
+        future: impl Future<Output = Result<T, PgError>>,
+    ) -> Result<T, StoreError> {
+        self.block_on(what, future).map_err(StoreError::PostgresStatement)
     }
 
     fn block_on<T>(
@@ -754,11 +764,11 @@ impl Store for PgStore {
         }
     }
 
-    fn commit(&mut self, jobs: &[JobChanges<'_>]) -> Result<Committed, String> {
+    fn commit(&mut self, jobs: &[JobChanges<'_>]) -> Result<Committed, StoreError> {
         let pool = self.pool.clone();
         let last_seen = self.last_seen;
         let notify = (self.channel.clone(), self.head);
-        let (committed, seen) = self.block_on("a commit", commit(pool, jobs, last_seen, notify))?;
+        let (committed, seen) = self.call("a commit", commit(pool, jobs, last_seen, notify))?;
         self.last_seen = seen;
         Ok(committed)
     }
@@ -767,9 +777,9 @@ impl Store for PgStore {
         Some(self)
     }
 
-    fn append_metrics(&mut self, batches: &[MetricBatch]) -> Result<(), String> {
+    fn append_metrics(&mut self, batches: &[MetricBatch]) -> Result<(), StoreError> {
         let pool = self.pool.clone();
-        self.block_on("adding metric points", append_metrics(pool, batches))
+        self.call("adding metric points", append_metrics(pool, batches))
     }
 
     fn metric_reader(&mut self) -> Result<Arc<dyn MetricReader>, StoreError> {
@@ -779,38 +789,17 @@ impl Store for PgStore {
         }))
     }
 
-    fn changed_after(&mut self, after: &Position, limit: usize) -> Result<Vec<ChangedRun>, String> {
-        let pool = self.pool.clone();
-        let (seq, id) = (after.seq as i64, after.id.clone());
-        self.block_on("reading changed runs", async move {
-            let client = pool.get().await.map_err(pg)?;
-            let rows = client
-                .query(
-                    "SELECT seq, id, json FROM trainstate_runs WHERE (seq, id) > ($1, $2)
-                     ORDER BY seq, id LIMIT $3",
-                    &[&seq, &id, &(limit as i64)],
-                )
-                .await
-                .map_err(pg)?;
-            Ok(rows
-                .into_iter()
-                .map(|row| ChangedRun {
-                    at: Position { seq: row.get::<_, i64>(0) as u64, id: row.get(1) },
-                    json: row.get(2),
-                })
-                .collect())
-        })
-    }
-
-    fn notify_changed_after(
+    fn changes_after(
         &mut self,
-        target: &str,
+        feed: &Feed,
         after: &Position,
         limit: usize,
-    ) -> Result<Vec<NotifyRun>, String> {
+    ) -> Result<Vec<ChangedRun>, StoreError> {
         let pool = self.pool.clone();
-        let (seq, id, target) = (after.seq as i64, after.id.clone(), target.to_owned());
-        self.block_on("reading changed runs", async move {
+        let (seq, id) = (after.seq as i64, after.id.clone());
+        // A feed that keeps no delivered events matches no record.
+        let target = feed.target().map(str::to_owned);
+        self.call("reading changed runs", async move {
             let client = pool.get().await.map_err(pg)?;
             let rows = client
                 .query(
@@ -824,7 +813,7 @@ impl Store for PgStore {
                 .map_err(pg)?;
             Ok(rows
                 .into_iter()
-                .map(|row| NotifyRun {
+                .map(|row| ChangedRun {
                     at: Position { seq: row.get::<_, i64>(0) as u64, id: row.get(1) },
                     json: row.get(2),
                     delivered: row.get(3),
@@ -833,50 +822,56 @@ impl Store for PgStore {
         })
     }
 
-    fn notify_position(&mut self, target: &str) -> Result<Position, String> {
+    fn load_cursor(&mut self, feed: &Feed) -> Result<Position, StoreError> {
         let pool = self.pool.clone();
-        let key = notify_key(target);
-        self.block_on("reading a notification position", async move {
+        let key = feed.key();
+        let from_latest = matches!(feed, Feed::Notify(_));
+        self.call("reading a feed's position", async move {
             let client = pool.get().await.map_err(pg)?;
-            // A target seen for the first time starts at the latest change;
-            // of two heads that start it at once, the first one's stays.
-            client
-                .execute(
-                    "INSERT INTO trainstate_forward_positions (target, seq, id)
-                     SELECT $1, COALESCE(latest.seq, 0), COALESCE(latest.id, '')
-                     FROM (SELECT 1) AS one LEFT JOIN LATERAL (
-                         SELECT seq, id FROM trainstate_runs ORDER BY seq DESC, id DESC LIMIT 1
-                     ) AS latest ON TRUE
-                     ON CONFLICT (target) DO NOTHING",
-                    &[&key],
-                )
-                .await
-                .map_err(pg)?;
+            if from_latest {
+                // A target seen for the first time starts at the latest
+                // change; of two heads that start it at once, the first
+                // one's stays.
+                client
+                    .execute(
+                        "INSERT INTO trainstate_forward_positions (target, seq, id)
+                         SELECT $1, COALESCE(latest.seq, 0), COALESCE(latest.id, '')
+                         FROM (SELECT 1) AS one LEFT JOIN LATERAL (
+                             SELECT seq, id FROM trainstate_runs ORDER BY seq DESC, id DESC LIMIT 1
+                         ) AS latest ON TRUE
+                         ON CONFLICT (target) DO NOTHING",
+                        &[&key],
+                    )
+                    .await
+                    .map_err(pg)?;
+            }
             let row = client
-                .query_one(
+                .query_opt(
                     "SELECT seq, id FROM trainstate_forward_positions WHERE target = $1",
                     &[&key],
                 )
                 .await
                 .map_err(pg)?;
-            Ok(Position { seq: row.get::<_, i64>(0) as u64, id: row.get(1) })
+            Ok(row
+                .map(|row| Position { seq: row.get::<_, i64>(0) as u64, id: row.get(1) })
+                .unwrap_or_default())
         })
     }
 
-    fn save_notify_progress(
+    fn save_cursor(
         &mut self,
-        target: &str,
+        feed: &Feed,
         at: &Position,
         delivered: &[(String, String)],
-    ) -> Result<(), String> {
+    ) -> Result<(), StoreError> {
         let pool = self.pool.clone();
         let (key, target, seq, id) =
-            (notify_key(target), target.to_owned(), at.seq as i64, at.id.clone());
+            (feed.key(), feed.target().map(str::to_owned), at.seq as i64, at.id.clone());
         let (kept, forgotten): (Vec<_>, Vec<_>) =
             delivered.iter().cloned().partition(|(_, events)| events != "[]");
         let (run_ids, events): (Vec<String>, Vec<String>) = kept.into_iter().unzip();
         let forgotten: Vec<String> = forgotten.into_iter().map(|(run_id, _)| run_id).collect();
-        self.block_on("saving a notification position", async move {
+        self.call("saving a feed's position", async move {
             let mut client = pool.get().await.map_err(pg)?;
             let tx = client.transaction().await.map_err(pg)?;
             tx.execute(
@@ -888,66 +883,31 @@ impl Store for PgStore {
             )
             .await
             .map_err(pg)?;
-            tx.execute(
-                "INSERT INTO trainstate_notify_delivered (run_id, target, events)
-                 SELECT d.run_id, $1, d.events
-                 FROM UNNEST($2::text[], $3::text[]) AS d(run_id, events)
-                 JOIN trainstate_runs r ON r.id = d.run_id
-                 ON CONFLICT (run_id, target) DO UPDATE SET events = EXCLUDED.events",
-                &[&target, &run_ids, &events],
-            )
-            .await
-            .map_err(pg)?;
-            tx.execute(
-                "DELETE FROM trainstate_notify_delivered WHERE target = $1 AND run_id = ANY($2)",
-                &[&target, &forgotten],
-            )
-            .await
-            .map_err(pg)?;
+            if let Some(target) = target {
+                tx.execute(
+                    "INSERT INTO trainstate_notify_delivered (run_id, target, events)
+                     SELECT d.run_id, $1, d.events
+                     FROM UNNEST($2::text[], $3::text[]) AS d(run_id, events)
+                     JOIN trainstate_runs r ON r.id = d.run_id
+                     ON CONFLICT (run_id, target) DO UPDATE SET events = EXCLUDED.events",
+                    &[&target, &run_ids, &events],
+                )
+                .await
+                .map_err(pg)?;
+                tx.execute(
+                    "DELETE FROM trainstate_notify_delivered WHERE target = $1 AND run_id = ANY($2)",
+                    &[&target, &forgotten],
+                )
+                .await
+                .map_err(pg)?;
+            }
             tx.commit().await.map_err(pg)
         })
     }
 
-    fn forward_position(&mut self, target: &str) -> Result<Position, String> {
+    fn tokens(&mut self) -> Result<Vec<StoredToken>, StoreError> {
         let pool = self.pool.clone();
-        let target = target.to_owned();
-        self.block_on("reading a forwarding position", async move {
-            let client = pool.get().await.map_err(pg)?;
-            let row = client
-                .query_opt(
-                    "SELECT seq, id FROM trainstate_forward_positions WHERE target = $1",
-                    &[&target],
-                )
-                .await
-                .map_err(pg)?;
-            Ok(row
-                .map(|row| Position { seq: row.get::<_, i64>(0) as u64, id: row.get(1) })
-                .unwrap_or_default())
-        })
-    }
-
-    fn save_forward_position(&mut self, target: &str, at: &Position) -> Result<(), String> {
-        let pool = self.pool.clone();
-        let (target, seq, id) = (target.to_owned(), at.seq as i64, at.id.clone());
-        self.block_on("saving a forwarding position", async move {
-            let client = pool.get().await.map_err(pg)?;
-            client
-                .execute(
-                    "INSERT INTO trainstate_forward_positions (target, seq, id) VALUES ($1, $2, $3)
-                     ON CONFLICT (target) DO UPDATE SET seq = EXCLUDED.seq, id = EXCLUDED.id
-                     WHERE (trainstate_forward_positions.seq, trainstate_forward_positions.id)
-                         < (EXCLUDED.seq, EXCLUDED.id)",
-                    &[&target, &seq, &id],
-                )
-                .await
-                .map_err(pg)?;
-            Ok(())
-        })
-    }
-
-    fn tokens(&mut self) -> Result<Vec<StoredToken>, String> {
-        let pool = self.pool.clone();
-        self.block_on("reading the tokens", async move {
+        self.call("reading the tokens", async move {
             let client = pool.get().await.map_err(pg)?;
             let rows = client
                 .query(
@@ -962,10 +922,10 @@ impl Store for PgStore {
         })
     }
 
-    fn insert_token(&mut self, token: &StoredToken) -> Result<(), String> {
+    fn insert_token(&mut self, token: &StoredToken) -> Result<(), StoreError> {
         let pool = self.pool.clone();
         let token = token.clone();
-        self.block_on("storing a token", async move {
+        self.call("storing a token", async move {
             let client = pool.get().await.map_err(pg)?;
             client
                 .execute(
@@ -989,10 +949,10 @@ impl Store for PgStore {
         })
     }
 
-    fn revoke_token(&mut self, id: &str, at_ms: u64) -> Result<Option<StoredToken>, String> {
+    fn revoke_token(&mut self, id: &str, at_ms: u64) -> Result<Option<StoredToken>, StoreError> {
         let pool = self.pool.clone();
         let id = id.to_owned();
-        self.block_on("revoking a token", async move {
+        self.call("revoking a token", async move {
             let client = pool.get().await.map_err(pg)?;
             client
                 .execute(
@@ -1023,10 +983,10 @@ impl SharedStore for PgStore {
         self.wakeups.take()
     }
 
-    fn follow(&mut self) -> Result<Followed, String> {
+    fn follow(&mut self) -> Result<Followed, StoreError> {
         let pool = self.pool.clone();
         let last_seen = self.last_seen;
-        let (followed, seen) = self.block_on("following", async move {
+        let (followed, seen) = self.call("following", async move {
             let mut client = pool.get().await.map_err(pg)?;
             let seq: i64 =
                 client.query_one("SELECT seq FROM trainstate_meta", &[]).await.map_err(pg)?.get(0);
@@ -1063,11 +1023,11 @@ impl SharedStore for PgStore {
         Ok(followed)
     }
 
-    fn share_heartbeats(&mut self, beats: &[(RunId, u64)]) -> Result<(), String> {
+    fn share_heartbeats(&mut self, beats: &[(RunId, u64)]) -> Result<(), StoreError> {
         let ids: Vec<&str> = beats.iter().map(|(id, _)| id.as_str()).collect();
         let times: Vec<i64> = beats.iter().map(|(_, at)| *at as i64).collect();
         let pool = self.pool.clone();
-        self.block_on("sharing heartbeats", async move {
+        self.call("sharing heartbeats", async move {
             let client = pool.get().await.map_err(pg)?;
             client
                 .execute(
@@ -1083,9 +1043,9 @@ impl SharedStore for PgStore {
         })
     }
 
-    fn shared_heartbeats(&mut self) -> Result<Vec<(RunId, u64)>, String> {
+    fn shared_heartbeats(&mut self) -> Result<Vec<(RunId, u64)>, StoreError> {
         let pool = self.pool.clone();
-        self.block_on("reading heartbeats", async move {
+        self.call("reading heartbeats", async move {
             let client = pool.get().await.map_err(pg)?;
             let rows = client
                 .query("SELECT run_id, last_heard_ms FROM trainstate_heartbeats", &[])
@@ -1109,6 +1069,7 @@ fn token_of_row(row: &tokio_postgres::Row) -> Result<StoredToken, String> {
         row.get(5),
         row.get(6),
     )
+    .map_err(|e| e.to_string())
 }
 
 /// One transaction for a group of jobs: takes the next sequence number

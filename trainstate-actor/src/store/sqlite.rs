@@ -13,14 +13,13 @@ use super::columns::{StoredColumns, check};
 use super::load::{Loaded, StoredRow, log_quarantined, parse_rows};
 use super::metrics::{LastProgress, MetricBatch, MetricReader, SeriesState, into_series};
 use super::{
-    ChangedRun, Committed, JobChanges, NotifyRun, Position, Store, TOKEN_COLUMNS, notify_key,
-    token_from_columns,
+    ChangedRun, Committed, Feed, JobChanges, Position, Store, TOKEN_COLUMNS, token_from_columns,
 };
 use crate::decisions::change::StoreOp;
 use crate::decisions::record::{RunColumns, RunRecord};
 use crate::decisions::tokens::StoredToken;
-use crate::engine::error::StoreError;
 use crate::store::config::Synchronous;
+use crate::store::error::StoreError;
 
 /// One step of the store's schema.
 enum Migration {
@@ -605,7 +604,7 @@ impl Store for SqliteStore {
         })
     }
 
-    fn commit(&mut self, jobs: &[JobChanges<'_>]) -> Result<Committed, String> {
+    fn commit(&mut self, jobs: &[JobChanges<'_>]) -> Result<Committed, StoreError> {
         match self.commit_ops(jobs.iter().flat_map(|job| job.ops.iter())) {
             Ok(()) => Ok(Committed::default()),
             Err(err) => {
@@ -615,17 +614,17 @@ impl Store for SqliteStore {
                 if !self.conn.is_autocommit() {
                     let _ = self.conn.execute_batch("ROLLBACK");
                 }
-                Err(err.to_string())
+                Err(err.into())
             }
         }
     }
 
-    fn append_metrics(&mut self, batches: &[MetricBatch]) -> Result<(), String> {
+    fn append_metrics(&mut self, batches: &[MetricBatch]) -> Result<(), StoreError> {
         self.append_points(batches).map_err(|err| {
             if !self.conn.is_autocommit() {
                 let _ = self.conn.execute_batch("ROLLBACK");
             }
-            err.to_string()
+            err.into()
         })
     }
 
@@ -641,111 +640,68 @@ impl Store for SqliteStore {
         Ok(Arc::new(SqliteMetricReader { conn: Mutex::new(conn) }))
     }
 
-    fn changed_after(&mut self, after: &Position, limit: usize) -> Result<Vec<ChangedRun>, String> {
-        let mut stmt = self
-            .conn
-            .prepare_cached(
-                "SELECT seq, id, json FROM runs WHERE (seq, id) > (?1, ?2)
-                 ORDER BY seq, id LIMIT ?3",
-            )
-            .map_err(|e| e.to_string())?;
-        let rows = stmt
-            .query_map(params![after.seq as i64, after.id, limit as i64], |row| {
-                Ok(ChangedRun {
-                    at: Position { seq: row.get::<_, i64>(0)? as u64, id: row.get(1)? },
-                    json: row.get(2)?,
-                })
-            })
-            .map_err(|e| e.to_string())?;
-        rows.collect::<Result<_, _>>().map_err(|e| e.to_string())
-    }
-
-    fn forward_position(&mut self, target: &str) -> Result<Position, String> {
-        self.conn
-            .query_row(
-                "SELECT seq, id FROM forward_positions WHERE target = ?1",
-                params![target],
-                |row| Ok(Position { seq: row.get::<_, i64>(0)? as u64, id: row.get(1)? }),
-            )
-            .optional()
-            .map(Option::unwrap_or_default)
-            .map_err(|e| e.to_string())
-    }
-
-    fn save_forward_position(&mut self, target: &str, at: &Position) -> Result<(), String> {
-        self.conn
-            .execute(
-                "INSERT OR REPLACE INTO forward_positions (target, seq, id) VALUES (?1, ?2, ?3)",
-                params![target, at.seq as i64, at.id],
-            )
-            .map(drop)
-            .map_err(|e| e.to_string())
-    }
-
-    fn notify_changed_after(
+    fn changes_after(
         &mut self,
-        target: &str,
+        feed: &Feed,
         after: &Position,
         limit: usize,
-    ) -> Result<Vec<NotifyRun>, String> {
-        let mut stmt = self
-            .conn
-            .prepare_cached(
-                "SELECT r.seq, r.id, r.json, d.events FROM runs r
-                 LEFT JOIN notify_delivered d ON d.run_id = r.id AND d.target = ?4
-                 WHERE (r.seq, r.id) > (?1, ?2)
-                 ORDER BY r.seq, r.id LIMIT ?3",
-            )
-            .map_err(|e| e.to_string())?;
-        let rows = stmt
-            .query_map(params![after.seq as i64, after.id, limit as i64, target], |row| {
-                Ok(NotifyRun {
+    ) -> Result<Vec<ChangedRun>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT r.seq, r.id, r.json, d.events FROM runs r
+             LEFT JOIN notify_delivered d ON d.run_id = r.id AND d.target = ?4
+             WHERE (r.seq, r.id) > (?1, ?2)
+             ORDER BY r.seq, r.id LIMIT ?3",
+        )?;
+        // A feed that keeps no delivered events matches no record.
+        let target = feed.target();
+        let rows =
+            stmt.query_map(params![after.seq as i64, after.id, limit as i64, target], |row| {
+                Ok(ChangedRun {
                     at: Position { seq: row.get::<_, i64>(0)? as u64, id: row.get(1)? },
                     json: row.get(2)?,
                     delivered: row.get(3)?,
                 })
-            })
-            .map_err(|e| e.to_string())?;
-        rows.collect::<Result<_, _>>().map_err(|e| e.to_string())
+            })?;
+        Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    fn notify_position(&mut self, target: &str) -> Result<Position, String> {
-        let key = notify_key(target);
+    fn load_cursor(&mut self, feed: &Feed) -> Result<Position, StoreError> {
+        let key = feed.key();
         let position = |row: &rusqlite::Row<'_>| {
             Ok(Position { seq: row.get::<_, i64>(0)? as u64, id: row.get(1)? })
         };
         let saved = self
             .conn
             .query_row("SELECT seq, id FROM forward_positions WHERE target = ?1", [&key], position)
-            .optional()
-            .map_err(|e| e.to_string())?;
+            .optional()?;
         if let Some(saved) = saved {
             return Ok(saved);
         }
+        let Feed::Notify(_) = feed else { return Ok(Position::default()) };
         let latest = self
             .conn
             .query_row("SELECT seq, id FROM runs ORDER BY seq DESC, id DESC LIMIT 1", [], position)
-            .optional()
-            .map_err(|e| e.to_string())?
+            .optional()?
             .unwrap_or_default();
-        self.save_forward_position(&key, &latest)?;
+        save_cursor(&mut self.conn, feed, &latest, &[])?;
         Ok(latest)
     }
 
-    fn save_notify_progress(
+    fn save_cursor(
         &mut self,
-        target: &str,
+        feed: &Feed,
         at: &Position,
         delivered: &[(String, String)],
-    ) -> Result<(), String> {
+    ) -> Result<(), StoreError> {
         // A transaction that fails is rolled back when it is dropped.
-        save_notify_progress(&mut self.conn, target, at, delivered).map_err(|e| e.to_string())
+        Ok(save_cursor(&mut self.conn, feed, at, delivered)?)
     }
-    fn tokens(&mut self) -> Result<Vec<StoredToken>, String> {
+
+    fn tokens(&mut self) -> Result<Vec<StoredToken>, StoreError> {
         self.select_tokens("", params![])
     }
 
-    fn insert_token(&mut self, token: &StoredToken) -> Result<(), String> {
+    fn insert_token(&mut self, token: &StoredToken) -> Result<(), StoreError> {
         self.conn
             .execute(
                 &format!(
@@ -762,16 +718,14 @@ impl Store for SqliteStore {
                 ],
             )
             .map(drop)
-            .map_err(|e| e.to_string())
+            .map_err(StoreError::from)
     }
 
-    fn revoke_token(&mut self, id: &str, at_ms: u64) -> Result<Option<StoredToken>, String> {
-        self.conn
-            .execute(
-                "UPDATE tokens SET revoked_at_ms = ?2 WHERE id = ?1 AND revoked_at_ms IS NULL",
-                params![id, at_ms as i64],
-            )
-            .map_err(|e| e.to_string())?;
+    fn revoke_token(&mut self, id: &str, at_ms: u64) -> Result<Option<StoredToken>, StoreError> {
+        self.conn.execute(
+            "UPDATE tokens SET revoked_at_ms = ?2 WHERE id = ?1 AND revoked_at_ms IS NULL",
+            params![id, at_ms as i64],
+        )?;
         Ok(self.select_tokens("WHERE id = ?1", params![id])?.pop())
     }
 }
@@ -782,29 +736,23 @@ impl SqliteStore {
         &self,
         filter: &str,
         params: &[&dyn rusqlite::ToSql],
-    ) -> Result<Vec<StoredToken>, String> {
-        let mut stmt = self
-            .conn
-            .prepare_cached(&format!(
-                "SELECT {TOKEN_COLUMNS} FROM tokens {filter} ORDER BY created_at_ms, id"
+    ) -> Result<Vec<StoredToken>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT {TOKEN_COLUMNS} FROM tokens {filter} ORDER BY created_at_ms, id"
+        ))?;
+        let rows = stmt.query_map(params, |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, Option<String>>(1)?,
+                row.get::<_, String>(2)?,
+                row.get::<_, Option<String>>(3)?,
+                row.get::<_, String>(4)?,
+                row.get::<_, i64>(5)?,
+                row.get::<_, Option<i64>>(6)?,
             ))
-            .map_err(|e| e.to_string())?;
-        let rows = stmt
-            .query_map(params, |row| {
-                Ok((
-                    row.get::<_, String>(0)?,
-                    row.get::<_, Option<String>>(1)?,
-                    row.get::<_, String>(2)?,
-                    row.get::<_, Option<String>>(3)?,
-                    row.get::<_, String>(4)?,
-                    row.get::<_, i64>(5)?,
-                    row.get::<_, Option<i64>>(6)?,
-                ))
-            })
-            .map_err(|e| e.to_string())?;
+        })?;
         rows.map(|row| {
-            let (id, name, scopes, cluster, hash, created, revoked) =
-                row.map_err(|e| e.to_string())?;
+            let (id, name, scopes, cluster, hash, created, revoked) = row?;
             token_from_columns(id, name, &scopes, cluster, &hash, created, revoked)
         })
         .collect()
@@ -822,19 +770,19 @@ impl From<rusqlite::Error> for MigrateError {
     }
 }
 
-/// [`Store::save_notify_progress`] in one transaction.
-fn save_notify_progress(
+/// [`Store::save_cursor`] in one transaction.
+fn save_cursor(
     conn: &mut Connection,
-    target: &str,
+    feed: &Feed,
     at: &Position,
     delivered: &[(String, String)],
 ) -> Result<(), rusqlite::Error> {
     let tx = conn.transaction()?;
     tx.execute(
         "INSERT OR REPLACE INTO forward_positions (target, seq, id) VALUES (?1, ?2, ?3)",
-        params![notify_key(target), at.seq as i64, at.id],
+        params![feed.key(), at.seq as i64, at.id],
     )?;
-    {
+    if let Some(target) = feed.target() {
         let mut record = tx.prepare_cached(
             "INSERT OR REPLACE INTO notify_delivered (run_id, target, events)
              SELECT ?1, ?2, ?3 WHERE EXISTS (SELECT 1 FROM runs WHERE id = ?1)",
@@ -930,37 +878,65 @@ mod tests {
         };
         put(&mut store, StoreOp::Put(record(&id(1), true, None)));
         put(&mut store, StoreOp::Put(record(&id(2), true, None)));
+        let hook = Feed::Notify("hook".into());
         // A new target tells of what happens from now on: not runs 1 and 2.
-        let start = store.notify_position("hook").unwrap();
+        let start = store.load_cursor(&hook).unwrap();
         assert_eq!(start.id, id(2), "the run changed last");
-        assert!(store.notify_changed_after("hook", &start, 10).unwrap().is_empty());
-        assert_eq!(store.notify_position("hook").unwrap(), start, "saved at once");
+        assert!(store.changes_after(&hook, &start, 10).unwrap().is_empty());
+        assert_eq!(store.load_cursor(&hook).unwrap(), start, "saved at once");
 
         put(&mut store, StoreOp::Put(record(&id(3), true, None)));
-        let changed = store.notify_changed_after("hook", &start, 10).unwrap();
+        let changed = store.changes_after(&hook, &start, 10).unwrap();
         assert_eq!(changed.len(), 1);
         assert_eq!(changed[0].delivered, None);
         let delivered = vec![(id(3), r#"["x:FINISHED"]"#.to_owned())];
-        store.save_notify_progress("hook", &changed[0].at, &delivered).unwrap();
-        assert_eq!(store.notify_position("hook").unwrap(), changed[0].at);
-        let again = store.notify_changed_after("hook", &start, 10).unwrap();
+        store.save_cursor(&hook, &changed[0].at, &delivered).unwrap();
+        assert_eq!(store.load_cursor(&hook).unwrap(), changed[0].at);
+        let again = store.changes_after(&hook, &start, 10).unwrap();
         assert_eq!(again[0].delivered.as_deref(), Some(r#"["x:FINISHED"]"#));
-        let other = store.notify_changed_after("other", &start, 10).unwrap();
+        let other = store.changes_after(&Feed::Notify("other".into()), &start, 10).unwrap();
         assert_eq!(other[0].delivered, None, "a record is the target's own");
 
         // Deleted and stored again, the run has no record: it went with it.
         put(&mut store, StoreOp::Delete(RunId::parse(&id(3)).unwrap()));
         put(&mut store, StoreOp::Put(record(&id(3), true, None)));
-        let back = store.notify_changed_after("hook", &start, 10).unwrap();
+        let back = store.changes_after(&hook, &start, 10).unwrap();
         assert_eq!(back[0].delivered, None);
         // A record of a run that is gone is not written.
         let gone = vec![(id(9), r#"["y:FINISHED"]"#.to_owned())];
-        store.save_notify_progress("hook", &back[0].at, &gone).unwrap();
+        store.save_cursor(&hook, &back[0].at, &gone).unwrap();
         let rows: i64 = store
             .conn
             .query_row("SELECT COUNT(*) FROM notify_delivered", [], |row| row.get(0))
             .unwrap();
         assert_eq!(rows, 0);
+    }
+
+    #[test]
+    fn a_forwarding_feed_starts_at_the_first_change_and_keeps_its_position_under_the_hub_url() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = SqliteStore::open(&dir.path().join("s.db"), Synchronous::Full).unwrap();
+        let put = |store: &mut SqliteStore, op: StoreOp| {
+            store.commit(&[JobChanges { ops: &[op], events: &[] }]).unwrap();
+        };
+        put(&mut store, StoreOp::Put(record(&id(1), true, None)));
+        put(&mut store, StoreOp::Put(record(&id(2), true, None)));
+        let hub = Feed::Forward("http://hub:8266".into());
+        let start = store.load_cursor(&hub).unwrap();
+        assert_eq!(start, Position::default(), "every stored run is forwarded");
+        let changed = store.changes_after(&hub, &start, 10).unwrap();
+        assert_eq!(changed.len(), 2);
+        assert!(changed.iter().all(|run| run.delivered.is_none()));
+        store.save_cursor(&hub, &changed[0].at, &[]).unwrap();
+        // Where a head written before this cursor API kept it.
+        let kept: (String, i64, String) = store
+            .conn
+            .query_row("SELECT target, seq, id FROM forward_positions", [], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+            })
+            .unwrap();
+        assert_eq!(kept, ("http://hub:8266".into(), changed[0].at.seq as i64, id(1)));
+        assert_eq!(store.load_cursor(&hub).unwrap(), changed[0].at);
     }
 
     #[test]

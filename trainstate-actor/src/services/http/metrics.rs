@@ -273,8 +273,7 @@ impl HttpMetrics {
     /// Each notification target's delivery, when the head notifies.
     #[cfg(feature = "notify")]
     fn notifications(registry: &mut Registry, service: &StateService) {
-        let targets =
-            service.writer().shared.notify.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let targets = service.feeds().notify.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if targets.is_empty() {
             return;
         }
@@ -318,9 +317,8 @@ impl HttpMetrics {
     /// Forwarding to a hub, when this head forwards (`--forward-to`).
     #[cfg(feature = "forward")]
     fn forwarding(registry: &mut Registry, service: &StateService) {
-        let shared = &service.writer().shared;
-        let Some(stats) = shared.forwarding.lock().unwrap_or_else(|e| e.into_inner()).clone()
-        else {
+        let feeds = service.feeds();
+        let Some(stats) = feeds.forwarding.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
             return;
         };
         let read = |counter: &std::sync::atomic::AtomicU64| counter.load(Ordering::Relaxed);

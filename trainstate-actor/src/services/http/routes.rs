@@ -509,8 +509,7 @@ pub(crate) async fn notify(
 ) -> Json<trainstate_client::api::NotifyResponse> {
     #[cfg(feature = "notify")]
     let targets = {
-        let targets =
-            app.service.writer().shared.notify.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let targets = app.service.feeds().notify.lock().unwrap_or_else(|e| e.into_inner()).clone();
         targets.iter().map(|stats| stats.info()).collect()
     };
     #[cfg(not(feature = "notify"))]

@@ -51,6 +51,8 @@ struct StoredAttempt {
     start_time_ms: u64,
     #[serde(default)]
     status_detail: String,
+    #[serde(default)]
+    cause: Option<RunCause>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -151,7 +153,7 @@ pub(crate) fn derive(run: &StoredRun, link_base: Option<&str>) -> Vec<Notice> {
         let mut event = event(id, kind, attempt.start_time_ms);
         event.attempt_id = Some(attempt.attempt_id.clone());
         let previous = &run.attempts[i - 1];
-        let why = summary(&previous.status_detail);
+        let why = summary(&previous.status_detail, previous.cause.as_ref());
         event.detail = if why.is_empty() {
             format!(
                 "Attempt {} started after attempt {} ended.",
@@ -233,7 +235,7 @@ pub(crate) fn derive(run: &StoredRun, link_base: Option<&str>) -> Vec<Notice> {
             event.ranks = vec![rank];
             event.node = run.node_of(rank);
         }
-        let detail = summary(&run.status_detail);
+        let detail = summary(&run.status_detail, run.cause.as_ref());
         event.detail = if detail.is_empty() {
             format!("The run {} at {}.", ended_words(status), time_text::iso_ms(at_ms))
         } else {
@@ -263,12 +265,14 @@ pub(crate) fn derive(run: &StoredRun, link_base: Option<&str>) -> Vec<Notice> {
 }
 
 /// `text` in a line: its first non-empty line and, when it has more, its
-/// last (where a Python traceback says what was raised), trimmed. Of a
-/// rendezvous run's failure, only the cause counts: what the ranks that
-/// failed after it said is left out.
-fn summary(text: &str) -> String {
-    let cause = text.split(crate::decisions::rendezvous::NOT_THE_CAUSE).next().unwrap_or(text);
-    let mut lines = cause.lines().map(str::trim).filter(|l| !l.is_empty());
+/// last (where a Python traceback says what was raised), trimmed. When the
+/// head judged the cause from the ranks' reports (`cause` says how the
+/// rank failed), the detail is the failed rank's report, then, a paragraph
+/// later, what followed it: only the report counts.
+fn summary(text: &str, cause: Option<&RunCause>) -> String {
+    let judged = cause.is_some_and(|cause| cause.how.is_some());
+    let report = if judged { text.trim_start().split("\n\n").next().unwrap_or(text) } else { text };
+    let mut lines = report.lines().map(str::trim).filter(|l| !l.is_empty());
     let Some(first) = lines.next() else { return String::new() };
     match lines.next_back() {
         Some(last) => format!("{first} … {last}"),
@@ -339,6 +343,18 @@ mod tests {
     #[test]
     fn a_live_run_without_changes_holds_no_event() {
         assert!(derive(&run(json!({})), None).is_empty());
+    }
+
+    #[test]
+    fn a_cause_the_head_judged_is_told_by_the_ranks_report_not_by_what_followed_it() {
+        let doc = run(json!({
+            "run_status": "ERRORED", "status": "ERRORED", "end_time_ms": T0 + 5_000,
+            "status_detail": "Rank 1 worker raised an error.\nValueError: boom\n\nThen, not the cause:\n- rank 2 0.5 s later: ABORTED (RAISED) SIGTERM",
+            "cause": {"kind": "USER_ERROR", "failed_world_rank": 1, "how": "RAISED", "failed_at_ms": T0 + 4_000},
+        }));
+        let notices = derive(&doc, None);
+        assert_eq!(notices[0].event.detail, "Rank 1 worker raised an error. … ValueError: boom");
+        assert_eq!(notices[0].event.ranks, [1]);
     }
 
     #[test]
@@ -463,7 +479,12 @@ mod tests {
         let text = "Rank 1 worker raised an error.\nTraceback (most recent call last):\n  \
                     File \"train.py\", line 3\nValueError: bad batch\n\nThen, not the cause:\n  \
                     rank 0, 0.1 s later: RuntimeError: Connection closed by peer";
-        assert_eq!(summary(text), "Rank 1 worker raised an error. … ValueError: bad batch");
+        let judged = RunCause::new(trainstate_schema::CauseKind::UserError, Some(1))
+            .with_failure(Some(trainstate_schema::FailureMode::Raised), Some(T0));
+        assert_eq!(
+            summary(text, Some(&judged)),
+            "Rank 1 worker raised an error. … ValueError: bad batch"
+        );
     }
 
     #[test]

@@ -11,8 +11,9 @@
 //! backlog bound, counted and logged), so after a crash the events in
 //! flight are sent again, with the same ids, for the receiver to drop.
 //!
-//! Each target has a loop of its own (`delivery.rs`); a target that is
-//! down slows nothing else. With a shared (PostgreSQL) store only the head
+//! Each target is a sink of a change feed of its own (`delivery.rs` says
+//! how to send; the engine's feed reads, queues, retries and saves); a
+//! target that is down slows nothing else. With a shared (PostgreSQL) store only the head
 //! that sweeps sends. The rules are in `docs/notify.md`.
 
 mod alertmanager;
@@ -24,14 +25,14 @@ mod target;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use trainstate_schema::api::NotifyTargetInfo;
 
 use self::delivery::Delivery;
 pub use self::target::{DEFAULT_EVENTS, DEFAULT_RESEND, EventChoice, NotifyTarget, TargetError};
 use crate::StateService;
+use crate::decisions::log_throttle::LogThrottle;
 pub use crate::engine::stats::NotifyStats;
+use crate::engine::supervisor::{Feed, FeedHandle};
 
 /// The most events a target holds to send by default; past it, while the
 /// target fails, the oldest are dropped.
@@ -131,8 +132,7 @@ pub fn check_public_url(text: &str) -> Result<String, NotifyError> {
 /// Notifications in progress; stop them with [`Notifier::stop`].
 #[derive(Debug)]
 pub struct Notifier {
-    stop: watch::Sender<bool>,
-    tasks: Vec<JoinHandle<()>>,
+    feeds: Vec<FeedHandle>,
     stats: Vec<Arc<NotifyStats>>,
 }
 
@@ -144,9 +144,8 @@ impl Notifier {
 
     /// Stops every target's loop; what was delivered is saved.
     pub async fn stop(self) {
-        let _ = self.stop.send(true);
-        for task in self.tasks {
-            let _ = task.await;
+        for feed in self.feeds {
+            feed.stop().await;
         }
     }
 }
@@ -157,12 +156,10 @@ pub async fn start_notifying(
     service: &StateService,
     config: NotifyConfig,
 ) -> Result<Notifier, NotifyError> {
-    let writer = service.writer();
     for target in &config.targets {
-        writer
-            .notify_position(target.name())
-            .await
-            .map_err(|reason| NotifyError::Store { target: target.name().to_owned(), reason })?;
+        service.check_feed(&Feed::Notify(target.name().to_owned())).await.map_err(|reason| {
+            NotifyError::Store { target: target.name().to_owned(), reason: reason.to_string() }
+        })?;
     }
     let client = reqwest::Client::builder()
         .timeout(REQUEST_TIMEOUT)
@@ -174,25 +171,25 @@ pub async fn start_notifying(
     if config.public_url.is_none() && !config.targets.is_empty() {
         tracing::warn!("no --public-url: notifications carry no link to the run's page");
     }
-    let (stop, stopped) = watch::channel(false);
-    let mut tasks = Vec::new();
+    let mut feeds = Vec::new();
     let mut all = Vec::new();
     for target in config.targets {
         let stats = Arc::new(NotifyStats::new(describe(&target)));
         all.push(stats.clone());
         let delivery = Delivery {
-            writer: writer.clone(),
             target,
             client: client.clone(),
             stats,
-            stopped: stopped.clone(),
             link_base: config.public_url.clone(),
             backlog: config.backlog,
+            firing: Default::default(),
+            resend_at: tokio::time::Instant::now(),
+            resend_log: LogThrottle::default(),
         };
-        tasks.push(tokio::spawn(delivery.run()));
+        feeds.push(service.follow_changes(delivery));
     }
-    writer.shared.notify.lock().unwrap_or_else(|e| e.into_inner()).clone_from(&all);
-    Ok(Notifier { stop, tasks, stats: all })
+    service.feeds().notify.lock().unwrap_or_else(|e| e.into_inner()).clone_from(&all);
+    Ok(Notifier { feeds, stats: all })
 }
 
 /// What `GET /api/notify` says of `target` beside its counters.
