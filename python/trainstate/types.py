@@ -887,6 +887,7 @@ _RunCauseOptional = TypedDict(
         "failed_world_rank": "Optional[int]",
         "how": "Optional[FailureMode]",
         "failed_at_ms": "Optional[int]",
+        "report": "Optional[str]",
     },
     total=False,
 )

@@ -38,7 +38,7 @@ impl Held {
     fn start(dir: &Path) -> Held {
         let release = dir.with_extension("release");
         let head = serve(dir)
-            .env("RUST_LOG", "warn,trainstate_actor::http=debug")
+            .env("RUST_LOG", "warn,trainstate_actor::services::http=debug")
             .env("TRAINSTATE_HOLD_LOAD_UNTIL", release.to_str().unwrap())
             .start()
             .unwrap_or_else(|refused| panic!("no `listening on` line ({refused})"));

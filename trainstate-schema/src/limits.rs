@@ -132,6 +132,10 @@ pub const MAX_HEALTH_RANKS: usize = 1_024;
 /// Longest `detail` of a run's `health`, in characters.
 pub const MAX_HEALTH_DETAIL_LEN: usize = 4_096;
 
+/// The longest `cause.report`, in characters: one line of what the rank
+/// that failed first reported.
+pub const MAX_CAUSE_REPORT_LEN: usize = 1_024;
+
 /// The largest page of runs a listing answers (`limit` of
 /// `GET /api/train/runs`).
 pub const MAX_PAGE_LIMIT: usize = 1_000;

@@ -254,7 +254,7 @@ impl RunAttempt {
     }
     /// The machine-readable cause of an ERRORED or ABORTED attempt.
     pub fn cause(&self) -> Option<RunCause> {
-        self.cause
+        self.cause.clone()
     }
     /// The workers of an ended attempt; `None` for the current attempt,
     /// whose workers are the run's [`TrainRunInfo::workers`].
@@ -406,7 +406,7 @@ impl TrainRunInfo {
             current.end_time_ms = Some(end.max(current.start_time_ms));
             current.status = ending;
             current.status_detail.clone_from(&self.status_detail);
-            current.cause = self.cause;
+            current.cause.clone_from(&self.cause);
         }
         self.workers.mark_dead();
     }
@@ -479,7 +479,7 @@ impl TrainRunInfo {
     }
     /// The machine-readable cause of an `ERRORED` or `ABORTED` run.
     pub fn cause(&self) -> Option<RunCause> {
-        self.cause
+        self.cause.clone()
     }
     /// The run this one was restored from.
     pub fn restored_from(&self) -> Option<&RunId> {

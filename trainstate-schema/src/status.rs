@@ -292,7 +292,7 @@ impl fmt::Display for FailureMode {
 }
 
 /// The machine-readable cause of an `ERRORED` or `ABORTED` run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[non_exhaustive]
 pub struct RunCause {
@@ -308,12 +308,19 @@ pub struct RunCause {
     /// when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed_at_ms: Option<u64>,
+    /// What the rank that failed first reported, in one line (its first
+    /// line and, when it has more, its last, where a Python traceback says
+    /// what was raised), when the head judged the cause from the ranks'
+    /// reports: what a notification shows, without reading
+    /// `status_detail`, which also tells what followed the failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report: Option<String>,
 }
 
 impl RunCause {
     /// A cause of `kind`, with the world rank that failed first if known.
     pub fn new(kind: CauseKind, failed_world_rank: Option<u32>) -> Self {
-        Self { kind, failed_world_rank, how: None, failed_at_ms: None }
+        Self { kind, failed_world_rank, how: None, failed_at_ms: None, report: None }
     }
 
     /// This cause, saying how its rank failed and when.

@@ -93,6 +93,14 @@ pub fn validate_client_cause(
     if cause.kind == CauseKind::LostController {
         return Err(ValidationError::new(format!("{path}.kind"), Rule::CauseReservedForHead));
     }
+    if let Some(report) = &cause.report
+        && report.chars().count() > crate::limits::MAX_CAUSE_REPORT_LEN
+    {
+        return Err(ValidationError::new(
+            format!("{path}.report"),
+            Rule::TooLong { max: crate::limits::MAX_CAUSE_REPORT_LEN },
+        ));
+    }
     if let Some(rank) =
         cause.failed_world_rank.filter(|&rank| workers > 0 && rank as usize >= workers)
     {

@@ -23,7 +23,7 @@ use trainstate_client::{
     Join, NewAttempt, RankEnd, RendezvousMessage, Reply, StateError, StatusUpdate,
 };
 use trainstate_schema::api::RankProgress;
-use trainstate_schema::text::last_chars;
+use trainstate_schema::text::{last_chars, one_line};
 use trainstate_schema::{
     CauseKind, FailureMode, NewRun, RunAttemptDraft, RunCause, RunId, RunStatus, TrainRunInfoDraft,
     TrainWorkerInfo,
@@ -607,6 +607,7 @@ fn failure_update(
     } else {
         aborted_detail(rank, end)
     };
+    let own_report = detail.clone();
     let mut others: Vec<&Failure> =
         all.iter().filter(|f| !std::ptr::eq(*f, first) && f.rank != rank).collect();
     others.sort_by_key(|f| (f.at_ms, f.rank));
@@ -630,11 +631,14 @@ fn failure_update(
             detail.push_str(&format!("\n- and {} more", others.len() - MAX_SECONDARY_FAILURES));
         }
     }
-    let cause = RunCause::new(kind, Some(rank)).with_failure(Some(how), Some(first.at_ms));
+    let mut cause = RunCause::new(kind, Some(rank)).with_failure(Some(how), Some(first.at_ms));
     let mut update = match end.status {
         RunStatus::Aborted => StatusUpdate::aborted(kind, detail),
         _ => StatusUpdate::errored(Some(rank), kind, detail),
     };
+    // What the failed rank itself said, as the run's detail will begin,
+    // without what the others said after it.
+    cause.report = Some(one_line(&failure_detail(update.status, Some(&cause), &own_report)));
     update.cause = Some(cause);
     update
 }
@@ -1162,8 +1166,9 @@ impl Rendezvous {
             };
             draft.run_status = status;
             if let Some(update) = &failure {
-                draft.status_detail = failure_detail(update.status, update.cause, &update.detail);
-                draft.cause = update.cause;
+                draft.status_detail =
+                    failure_detail(update.status, update.cause.as_ref(), &update.detail);
+                draft.cause = update.cause.clone();
             }
             let run = NewRun::try_from(draft)?;
             answered(runs.register(run, now_ms)?, ())
@@ -1458,7 +1463,7 @@ impl Rendezvous {
                 detail.push('\n');
                 detail.push_str(&update.detail);
                 update.detail = detail;
-                let cause = update.cause.expect("a failure has a cause");
+                let cause = update.cause.clone().expect("a failure has a cause");
                 (update, cause)
             }
             None => (
@@ -1469,7 +1474,8 @@ impl Rendezvous {
         let outcome = if pending.existing {
             answered(runs.set_status(&pending.run_id, update.clone(), now_ms)?, ())
         } else {
-            let status_detail = failure_detail(update.status, update.cause, &update.detail);
+            let status_detail =
+                failure_detail(update.status, update.cause.as_ref(), &update.detail);
             let draft = TrainRunInfoDraft {
                 run_status: update.status,
                 status_detail,
@@ -1745,8 +1751,12 @@ mod tests {
             failure(1, T + 1_000, How::Killed("SIGKILL")),
         ];
         let update = failure_update(cause_of(&all, 2).unwrap(), &all, |_| None);
-        let cause = update.cause.unwrap();
+        let cause = update.cause.clone().unwrap();
         assert_eq!((cause.failed_world_rank, cause.how), (Some(1), Some(FailureMode::Killed)));
+        // The cause's report is the killed rank's alone: not the echo after it.
+        let report = cause.report.expect("a judged cause has a report");
+        assert!(report.starts_with("Rank 1 died without reporting: killed by SIGKILL"), "{report}");
+        assert!(!report.contains("RuntimeError"), "{report}");
         assert!(
             update.detail.starts_with("Rank 1 died without reporting: killed by SIGKILL"),
             "{}",
@@ -1757,6 +1767,18 @@ mod tests {
             "{}",
             update.detail
         );
+    }
+
+    #[test]
+    fn a_chained_tracebacks_report_ends_with_the_last_exception_raised() {
+        const CHAINED: &str = "Traceback (most recent call last):\nKeyError: 'x'\n\n\
+            During handling of the above exception, another exception occurred:\n\n\
+            Traceback (most recent call last):\nValueError: bad batch";
+        let all =
+            vec![failure(1, T, How::Raised(CHAINED)), failure(0, T + 300, How::Raised(RESET))];
+        let update = failure_update(cause_of(&all, 2).unwrap(), &all, |_| None);
+        let report = update.cause.and_then(|cause| cause.report).expect("a report");
+        assert_eq!(report, "Rank 1 worker raised an error. … ValueError: bad batch");
     }
 
     #[test]

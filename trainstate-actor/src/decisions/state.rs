@@ -369,7 +369,7 @@ impl Runs {
         }
         if update.cause.is_some() || update.end_time_ms.is_some() {
             let run = record.run()?;
-            validate_client_cause("cause", update.cause, failed, run.workers().len())?;
+            validate_client_cause("cause", update.cause.clone(), failed, run.workers().len())?;
             if let Some(end) = update.end_time_ms {
                 validate_time("end_time_ms", end)?;
                 self.not_ahead("end_time_ms", end, now_ms)?;
@@ -429,7 +429,7 @@ impl Runs {
         let mut draft = record.run()?.into_draft();
         draft.run_status = to;
         draft.status = Some(to);
-        draft.status_detail = failure_detail(to, update.cause, &update.detail);
+        draft.status_detail = failure_detail(to, update.cause.as_ref(), &update.detail);
         draft.cause = update.cause;
         end_run(&mut draft, update.end_time_ms, now_ms);
         Ok(Outcome::Changed(self.replace(draft, EventKind::StatusChanged, now_ms)?))
@@ -468,10 +468,10 @@ impl Runs {
         if current.end_time_ms.is_some() {
             return Ok(Outcome::Unchanged(self.document(&record)));
         }
-        let detail = failure_detail(update.status, update.cause, &update.detail);
+        let detail = failure_detail(update.status, update.cause.as_ref(), &update.detail);
         current.end_time_ms = Some(update.end_time_ms.unwrap_or(now_ms).max(current.start_time_ms));
         current.status = AttemptStatus::ending(update.status);
-        current.cause = update.cause;
+        current.cause = update.cause.clone();
         let attempt_id = current.attempt_id.clone();
         let headline = detail.lines().next().unwrap_or_default().trim_end().to_owned();
         current.status_detail = detail;
@@ -945,7 +945,7 @@ fn first_failed_rank(detail: &str) -> Option<u32> {
 /// `cause` with `detail`: after Ray's `Rank {r} worker raised an error.`
 /// line for an error a rank raised; as it is for a rank that died without
 /// reporting (the rendezvous wrote the words) and for other statuses.
-pub(crate) fn failure_detail(status: RunStatus, cause: Option<RunCause>, detail: &str) -> String {
+pub(crate) fn failure_detail(status: RunStatus, cause: Option<&RunCause>, detail: &str) -> String {
     let died = cause.and_then(|c| c.how).is_some_and(|how| how.died_unreported());
     match status {
         RunStatus::Errored if !died => {
@@ -992,7 +992,7 @@ fn end_run(draft: &mut TrainRunInfoDraft, end_time_ms: Option<u64>, now_ms: u64)
         current.end_time_ms = Some(end.max(current.start_time_ms));
         current.status = AttemptStatus::ending(status);
         current.status_detail.clone_from(&draft.status_detail);
-        current.cause = draft.cause;
+        current.cause.clone_from(&draft.cause);
     }
     // The workers of an ended run are gone.
     for worker in &mut draft.workers {

@@ -122,7 +122,7 @@ impl NewRun {
             }
         }
         let failed = matches!(run.status, RunStatus::Errored | RunStatus::Aborted);
-        validate_client_cause("cause", run.cause, failed, run.workers.len())?;
+        validate_client_cause("cause", run.cause.clone(), failed, run.workers.len())?;
         for (i, attempt) in run.attempts.iter().enumerate() {
             validate_time(&format!("attempts[{i}].start_time_ms"), attempt.start_time_ms)?;
             if let Some(end) = attempt.end_time_ms {
@@ -130,7 +130,12 @@ impl NewRun {
             }
             let failed = matches!(attempt.status, AttemptStatus::Errored | AttemptStatus::Aborted);
             let workers = attempt.workers.as_ref().map_or(run.workers.len(), |w| w.len());
-            validate_client_cause(&format!("attempts[{i}].cause"), attempt.cause, failed, workers)?;
+            validate_client_cause(
+                &format!("attempts[{i}].cause"),
+                attempt.cause.clone(),
+                failed,
+                workers,
+            )?;
         }
         for (i, change) in run.status_history.iter().enumerate() {
             validate_time(&format!("status_history[{i}].at_ms"), change.at_ms)?;

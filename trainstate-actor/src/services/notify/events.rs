@@ -9,6 +9,7 @@
 
 use serde::Deserialize;
 use trainstate_schema::api::{NotifyEvent, NotifyEventKind, NotifyNode};
+use trainstate_schema::text::one_line;
 use trainstate_schema::{HealthChange, HealthState, RunCause, RunHealth, RunStatus};
 
 use crate::decisions::time_text;
@@ -230,8 +231,8 @@ pub(crate) fn derive(run: &StoredRun, link_base: Option<&str>) -> Vec<Notice> {
     if let Some(kind) = NotifyEventKind::ending(status) {
         let at_ms = run.end_time_ms.unwrap_or_default();
         let mut event = event(format!("{}:{kind}", run.id), kind, at_ms);
-        event.cause = run.cause;
-        if let Some(rank) = run.cause.and_then(|c| c.failed_world_rank) {
+        event.cause = run.cause.clone();
+        if let Some(rank) = run.cause.as_ref().and_then(|c| c.failed_world_rank) {
             event.ranks = vec![rank];
             event.node = run.node_of(rank);
         }
@@ -264,19 +265,13 @@ pub(crate) fn derive(run: &StoredRun, link_base: Option<&str>) -> Vec<Notice> {
     notices
 }
 
-/// `text` in a line: its first non-empty line and, when it has more, its
-/// last (where a Python traceback says what was raised), trimmed. When the
-/// head judged the cause from the ranks' reports (`cause` says how the
-/// rank failed), the detail is the failed rank's report, then, a paragraph
-/// later, what followed it: only the report counts.
+/// What a notification says of a failure: the report of the rank that
+/// failed first, when the head judged the cause from the ranks' reports
+/// (`cause.report`), else `text` in one line.
 fn summary(text: &str, cause: Option<&RunCause>) -> String {
-    let judged = cause.is_some_and(|cause| cause.how.is_some());
-    let report = if judged { text.trim_start().split("\n\n").next().unwrap_or(text) } else { text };
-    let mut lines = report.lines().map(str::trim).filter(|l| !l.is_empty());
-    let Some(first) = lines.next() else { return String::new() };
-    match lines.next_back() {
-        Some(last) => format!("{first} … {last}"),
-        None => first.to_owned(),
+    match cause.and_then(|cause| cause.report.as_deref()) {
+        Some(report) => report.to_owned(),
+        None => one_line(text),
     }
 }
 
@@ -350,7 +345,8 @@ mod tests {
         let doc = run(json!({
             "run_status": "ERRORED", "status": "ERRORED", "end_time_ms": T0 + 5_000,
             "status_detail": "Rank 1 worker raised an error.\nValueError: boom\n\nThen, not the cause:\n- rank 2 0.5 s later: ABORTED (RAISED) SIGTERM",
-            "cause": {"kind": "USER_ERROR", "failed_world_rank": 1, "how": "RAISED", "failed_at_ms": T0 + 4_000},
+            "cause": {"kind": "USER_ERROR", "failed_world_rank": 1, "how": "RAISED", "failed_at_ms": T0 + 4_000,
+                      "report": "Rank 1 worker raised an error. … ValueError: boom"},
         }));
         let notices = derive(&doc, None);
         assert_eq!(notices[0].event.detail, "Rank 1 worker raised an error. … ValueError: boom");
@@ -372,7 +368,7 @@ mod tests {
         assert_eq!(event.node, Some(NotifyNode::new(1, "n1", "10.0.0.2")));
         assert_eq!(event.detail, "Rank 1 worker raised an error. … ValueError: bad batch");
         assert_eq!(event.link.as_deref(), Some("https://ts.example/runs/r1"));
-        assert_eq!(event.cause.and_then(|c| c.failed_world_rank), Some(1));
+        assert_eq!(event.cause.as_ref().and_then(|c| c.failed_world_rank), Some(1));
     }
 
     #[test]
@@ -475,15 +471,17 @@ mod tests {
     }
 
     #[test]
-    fn a_failure_is_summed_up_by_its_cause_not_by_the_ranks_that_failed_after_it() {
-        let text = "Rank 1 worker raised an error.\nTraceback (most recent call last):\n  \
-                    File \"train.py\", line 3\nValueError: bad batch\n\nThen, not the cause:\n  \
+    fn a_failure_is_summed_up_by_its_causes_report_not_by_the_detail() {
+        let text = "Rank 1 worker raised an error.\nValueError: bad batch\n\nThen, not the cause:\n  \
                     rank 0, 0.1 s later: RuntimeError: Connection closed by peer";
-        let judged = RunCause::new(trainstate_schema::CauseKind::UserError, Some(1))
+        let mut judged = RunCause::new(trainstate_schema::CauseKind::UserError, Some(1))
             .with_failure(Some(trainstate_schema::FailureMode::Raised), Some(T0));
+        judged.report = Some("Rank 1 worker raised an error. … ValueError: bad batch".into());
+        assert_eq!(summary(text, Some(&judged)), judged.report.clone().unwrap());
+        // Without a report (a controller's cause), the detail in one line.
         assert_eq!(
-            summary(text, Some(&judged)),
-            "Rank 1 worker raised an error. … ValueError: bad batch"
+            summary(text, None),
+            "Rank 1 worker raised an error. … rank 0, 0.1 s later: RuntimeError: Connection closed by peer"
         );
     }
 

@@ -29,7 +29,7 @@ pub(crate) fn message(notice: &Notice) -> Value {
     if let Some(health) = event.health {
         fields.push(field("Health", health.as_str()));
     }
-    if let Some(cause) = event.cause {
+    if let Some(cause) = &event.cause {
         fields.push(field("Cause", cause.kind.as_str()));
     }
     if !event.ranks.is_empty() {
