@@ -63,6 +63,21 @@ pub fn escape_control(text: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// `text` in one line: its first non-empty line and, when it has more, its
+/// last (where a Python traceback says what was raised), each trimmed,
+/// joined by ` … `, then cut to [`MAX_CAUSE_REPORT_LEN`] characters.
+///
+/// [`MAX_CAUSE_REPORT_LEN`]: crate::limits::MAX_CAUSE_REPORT_LEN
+pub fn one_line(text: &str) -> String {
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    let Some(first) = lines.next() else { return String::new() };
+    let line = match lines.next_back() {
+        Some(last) => format!("{first} … {last}"),
+        None => first.to_owned(),
+    };
+    first_chars(&line, crate::limits::MAX_CAUSE_REPORT_LEN).to_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,19 +112,4 @@ mod tests {
         assert_eq!(escape_control("a\nb"), "a\nb");
         assert_eq!(escape_control("a\u{1b}[31m"), "a\\u{1b}[31m");
     }
-}
-
-/// `text` in one line: its first non-empty line and, when it has more, its
-/// last (where a Python traceback says what was raised), each trimmed,
-/// joined by ` … `, then cut to [`MAX_CAUSE_REPORT_LEN`] characters.
-///
-/// [`MAX_CAUSE_REPORT_LEN`]: crate::limits::MAX_CAUSE_REPORT_LEN
-pub fn one_line(text: &str) -> String {
-    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
-    let Some(first) = lines.next() else { return String::new() };
-    let line = match lines.next_back() {
-        Some(last) => format!("{first} … {last}"),
-        None => first.to_owned(),
-    };
-    first_chars(&line, crate::limits::MAX_CAUSE_REPORT_LEN).to_owned()
 }
