@@ -532,7 +532,7 @@ fn router(
             .ok()
     });
     let auth = Arc::new(auth::Auth::new(config.token.as_deref(), config.protect_reads));
-    auth::refresh_while_shared(&auth, &service.writer(), shutdown.clone());
+    auth::refresh_while_shared(&auth, &service, shutdown.clone());
     let state = AppState(Arc::new(App {
         #[cfg(feature = "postgres")]
         relay,
