@@ -49,6 +49,8 @@ pub use engine::bench_support;
 #[cfg(feature = "forward")]
 pub use services::forward;
 #[cfg(feature = "server")]
+pub use services::head::{Head, HeadConfig, HeadError, HeadStopper, Listening};
+#[cfg(feature = "server")]
 pub use services::http;
 #[cfg(feature = "notify")]
 pub use services::notify;

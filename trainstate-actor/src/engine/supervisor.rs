@@ -411,6 +411,7 @@ pub(crate) use crate::{
     },
     engine::reader::Found,
     engine::view::{Snapshot, Start},
+    store::lock::DataDirLock,
 };
 
 /// One subscriber's way into the committed event stream: the events after

@@ -8,6 +8,8 @@
 #[cfg(feature = "forward")]
 pub mod forward;
 #[cfg(feature = "server")]
+pub(crate) mod head;
+#[cfg(feature = "server")]
 pub mod http;
 #[cfg(feature = "notify")]
 pub mod notify;
