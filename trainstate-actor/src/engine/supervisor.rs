@@ -414,6 +414,11 @@ pub(crate) use crate::{
     store::lock::DataDirLock,
 };
 
+/// A rank's progress: its world rank, its step, and when the step last
+/// grew (in ms).
+#[cfg(feature = "server")]
+pub(crate) type RankPosition = (u32, u64, u64);
+
 /// One subscriber's way into the committed event stream: the events after
 /// a position, read from the view's backlog under its read lock.
 #[cfg(feature = "server")]
@@ -591,7 +596,7 @@ impl StateService {
 
     /// Each live rank's progress, by run id then rank: (run id, rank,
     /// step, last advance in ms).
-    pub(crate) fn rank_positions(&self) -> Vec<(trainstate_schema::RunId, Vec<(u32, u64, u64)>)> {
+    pub(crate) fn rank_positions(&self) -> Vec<(trainstate_schema::RunId, Vec<RankPosition>)> {
         let mut boards = self.shared.liveness.progress_boards();
         boards.sort_by(|(a, _), (b, _)| a.as_str().cmp(b.as_str()));
         boards.into_iter().map(|(id, board)| (id, board.positions())).collect()
