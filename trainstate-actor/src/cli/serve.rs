@@ -49,7 +49,36 @@ pub(super) fn init_logging(json: bool) {
 
 async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
     let shutdown = shutdown_signals()?;
-    let token = read_token(&args)?;
+    let (head, tls) = head_config(&args).await?;
+    reload_on_sighup(tls)?;
+    let listening = Head::listen(head).await.map_err(|e| e.to_string())?;
+    // A signal stops the head, loaded or not.
+    tokio::spawn({
+        let stopper = listening.stopper();
+        async move {
+            shutdown.await;
+            stopper.stop();
+        }
+    });
+    {
+        let mut stdout = std::io::stdout().lock();
+        let _ = writeln!(stdout, "listening on {}", listening.url());
+        let _ = stdout.flush();
+    }
+    tracing::info!(data_dir = %args.data_dir.display(), "serving from the data directory");
+    let Some(head) = listening.loaded().await.map_err(|e| e.to_string())? else {
+        return Ok(());
+    };
+    if args.demo {
+        super::demo::start(head.service().handle());
+    }
+    head.wait().await.map_err(|e| e.to_string())
+}
+
+/// The head the flags describe, every flag checked, and its TLS
+/// certificate (reloaded on SIGHUP).
+async fn head_config(args: &ServeArgs) -> Result<(HeadConfig, Option<Arc<ServerTls>>), String> {
+    let token = read_token(args)?;
     // Every flag is checked before the head says it is listening.
     for (flag, template) in [("--logs-url", &args.logs_url), ("--metrics-url", &args.metrics_url)] {
         if let Some(template) = template {
@@ -57,7 +86,7 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
                 .map_err(|e| format!("{flag}: {e}"))?;
         }
     }
-    check_limits(&args)?;
+    check_limits(args)?;
     let links = LinksResponse::new(args.logs_url.clone(), args.metrics_url.clone());
     let addr: SocketAddr = tokio::net::lookup_host(&args.listen)
         .await
@@ -110,7 +139,7 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
             None
         }
     };
-    let notify = notify_config(&args)?;
+    let notify = notify_config(args)?;
     // Read before `listening on`, so that a bad file refuses to start.
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => {
@@ -120,7 +149,6 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
         (Some(_), None) => return Err("--tls-cert needs --tls-key".into()),
         (None, Some(_)) => return Err("--tls-key needs --tls-cert".into()),
     };
-    reload_on_sighup(tls.clone())?;
     let postgres = match args.store.as_deref() {
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
             if args.in_memory {
@@ -182,34 +210,13 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
         .with_any_host(args.insecure)
         .with_cors_origins(args.cors_origins.clone())
         .with_links(links)
-        .with_tls(tls);
+        .with_tls(tls.clone());
     let head = HeadConfig::new(config, http)
         .with_address(addr)
         .with_allow_empty_store(args.allow_empty_store)
         .with_forward(forward)
         .with_notify(notify);
-    let listening = Head::listen(head).await.map_err(|e| e.to_string())?;
-    // A signal stops the head, loaded or not.
-    tokio::spawn({
-        let stopper = listening.stopper();
-        async move {
-            shutdown.await;
-            stopper.stop();
-        }
-    });
-    {
-        let mut stdout = std::io::stdout().lock();
-        let _ = writeln!(stdout, "listening on {}", listening.url());
-        let _ = stdout.flush();
-    }
-    tracing::info!(data_dir = %args.data_dir.display(), "serving from the data directory");
-    let Some(head) = listening.loaded().await.map_err(|e| e.to_string())? else {
-        return Ok(());
-    };
-    if args.demo {
-        super::demo::start(head.service().handle());
-    }
-    head.wait().await.map_err(|e| e.to_string())
+    Ok((head, tls))
 }
 
 /// The notification targets the flags give (`None`: none), checked: each

@@ -351,6 +351,7 @@ impl Listening {
             runs = service.runs_by_status().iter().sum::<usize>(),
             "head service ready: every stored run is loaded"
         );
+        #[cfg_attr(not(any(feature = "forward", feature = "notify")), allow(unused_mut))]
         let mut head = Head {
             address,
             tls,
