@@ -27,7 +27,9 @@
 //!   turns on `server`. Its `serve --demo` drives simulated runs through a
 //!   `StateHandle`.
 //! - `server`: the head service, `http::serve`: the HTTP API, live events
-//!   and the web page (axum).
+//!   and the web page (axum); and `Head`, the whole head composed in one
+//!   place (the data directory's lock, the listener, the state actor, the
+//!   HTTP service, forwarding and notifying), which `serve` starts.
 //! - `postgres` (with `cli`): the PostgreSQL store,
 //!   [`StateConfig::postgres`], which several heads can share.
 //! - `forward` (with `cli`): [`forward::start_forwarding`], a head sending
@@ -48,6 +50,8 @@ mod store;
 pub use engine::bench_support;
 #[cfg(feature = "forward")]
 pub use services::forward;
+#[cfg(feature = "server")]
+pub use services::head::{Head, HeadConfig, HeadError, HeadStopper, Listening};
 #[cfg(feature = "server")]
 pub use services::http;
 #[cfg(feature = "notify")]

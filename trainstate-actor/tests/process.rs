@@ -28,6 +28,43 @@ fn a_second_serve_on_the_same_directory_refuses_and_kill_9_releases_the_lock() {
     start_head(dir.path(), &[]).expect("a restart after kill -9 starts");
 }
 
+/// Two heads of one process on one data directory: the second is refused,
+/// naming the directory and the holder, and the first keeps serving.
+#[tokio::test]
+async fn a_second_head_in_the_same_process_on_the_same_directory_refuses() {
+    use trainstate_actor::http::HttpConfig;
+    use trainstate_actor::{Head, HeadConfig, StateConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("trainstate.db");
+    let first = Head::start(HeadConfig::new(
+        StateConfig::sqlite(&store).with_name("one-dir-first"),
+        HttpConfig::default(),
+    ))
+    .await
+    .expect("the first head starts");
+    let refused = Head::start(HeadConfig::new(
+        StateConfig::sqlite(&store).with_name("one-dir-second"),
+        HttpConfig::default(),
+    ))
+    .await
+    .expect_err("the second head must refuse");
+    let refused = refused.to_string();
+    assert!(refused.contains(&dir.path().display().to_string()), "names the directory: {refused}");
+    assert!(refused.contains("another head of this process"), "names the holder: {refused}");
+    assert!(refused.contains(&std::process::id().to_string()), "names the holder: {refused}");
+    let health = reqwest::get(format!("{}/healthz", first.url())).await.unwrap();
+    assert_eq!(health.status(), reqwest::StatusCode::OK, "the first head keeps serving");
+    first.shutdown().await.expect("the first head stops cleanly");
+    // Released with the head: a third starts.
+    let third = Head::start(HeadConfig::new(
+        StateConfig::sqlite(&store).with_name("one-dir-third"),
+        HttpConfig::default(),
+    ))
+    .await
+    .expect("a head after the first stopped starts");
+    third.shutdown().await.unwrap();
+}
+
 #[test]
 fn listening_beyond_loopback_without_a_token_is_refused() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,27 +1,19 @@
 //! `trainstate serve`: the head service.
 
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, Write};
+use std::io::Write;
 use std::net::SocketAddr;
-use std::os::unix::fs::MetadataExt;
-use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use trainstate_actor::forward::{ForwardConfig, start_forwarding};
-use trainstate_actor::http::{
-    HttpConfig, ServerTls, TlsFileError, load_channel, serve_while_loading,
-};
-use trainstate_actor::notify::{NotifyConfig, NotifyTarget, start_notifying};
-use trainstate_actor::{Retention, StateConfig, Synchronous, launch_state_actor};
+use trainstate_actor::forward::ForwardConfig;
+use trainstate_actor::http::{HttpConfig, ServerTls, TlsFileError};
+use trainstate_actor::notify::{NotifyConfig, NotifyTarget};
+use trainstate_actor::{Head, HeadConfig, Retention, StateConfig, Synchronous};
 use trainstate_client::api::LinksResponse;
 
 use super::ServeArgs;
 
-/// The lock file in the data directory: held (an OS file lock) while a
-/// head serves from it, released when the process dies, however it dies.
-const LOCK_FILE: &str = "trainstate.lock";
 const STORE_FILE: &str = "trainstate.db";
 
 pub(crate) fn run(args: ServeArgs) -> ExitCode {
@@ -57,7 +49,36 @@ pub(super) fn init_logging(json: bool) {
 
 async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
     let shutdown = shutdown_signals()?;
-    let token = read_token(&args)?;
+    let (head, tls) = head_config(&args).await?;
+    reload_on_sighup(tls)?;
+    let listening = Head::listen(head).await.map_err(|e| e.to_string())?;
+    // A signal stops the head, loaded or not.
+    tokio::spawn({
+        let stopper = listening.stopper();
+        async move {
+            shutdown.await;
+            stopper.stop();
+        }
+    });
+    {
+        let mut stdout = std::io::stdout().lock();
+        let _ = writeln!(stdout, "listening on {}", listening.url());
+        let _ = stdout.flush();
+    }
+    tracing::info!(data_dir = %args.data_dir.display(), "serving from the data directory");
+    let Some(head) = listening.loaded().await.map_err(|e| e.to_string())? else {
+        return Ok(());
+    };
+    if args.demo {
+        super::demo::start(head.service().handle());
+    }
+    head.wait().await.map_err(|e| e.to_string())
+}
+
+/// The head the flags describe, every flag checked, and its TLS
+/// certificate (reloaded on SIGHUP).
+async fn head_config(args: &ServeArgs) -> Result<(HeadConfig, Option<Arc<ServerTls>>), String> {
+    let token = read_token(args)?;
     // Every flag is checked before the head says it is listening.
     for (flag, template) in [("--logs-url", &args.logs_url), ("--metrics-url", &args.metrics_url)] {
         if let Some(template) = template {
@@ -65,7 +86,7 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
                 .map_err(|e| format!("{flag}: {e}"))?;
         }
     }
-    check_limits(&args)?;
+    check_limits(args)?;
     let links = LinksResponse::new(args.logs_url.clone(), args.metrics_url.clone());
     let addr: SocketAddr = tokio::net::lookup_host(&args.listen)
         .await
@@ -118,7 +139,7 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
             None
         }
     };
-    let notify = notify_config(&args)?;
+    let notify = notify_config(args)?;
     // Read before `listening on`, so that a bad file refuses to start.
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => {
@@ -128,7 +149,6 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
         (Some(_), None) => return Err("--tls-cert needs --tls-key".into()),
         (None, Some(_)) => return Err("--tls-key needs --tls-cert".into()),
     };
-    reload_on_sighup(tls.clone())?;
     let postgres = match args.store.as_deref() {
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
             if args.in_memory {
@@ -154,17 +174,6 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
         })?;
         StateConfig::sqlite(args.data_dir.join(STORE_FILE))
     };
-    // Held until the process exits. A shared store needs none: heads take turns there.
-    let lock = if args.in_memory || postgres.is_some() {
-        None
-    } else {
-        // A lock file that says a head opened its store here: one has served
-        // from here before (a head stopped before its store existed has not).
-        let used_before = store_was_opened(&args.data_dir);
-        let lock = lock_data_dir(&args.data_dir)?;
-        check_store_not_lost(&args.data_dir, used_before, args.allow_empty_store)?;
-        Some(lock)
-    };
     config = config.with_cluster(args.cluster.clone());
     let mut retention = Retention::max_runs(args.max_runs)
         .with_max_bytes(args.max_retained_bytes)
@@ -185,10 +194,6 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
     {
         config = config.with_faults(faults_from_env());
     }
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-    let local = listener.local_addr().map_err(|e| e.to_string())?;
     let http = HttpConfig::default()
         .with_token(token)
         .with_protected_reads(args.protect_reads)
@@ -206,126 +211,12 @@ async fn serve_until_signal(args: ServeArgs) -> Result<(), String> {
         .with_cors_origins(args.cors_origins.clone())
         .with_links(links)
         .with_tls(tls.clone());
-    // Serving starts before the stored runs are loaded: `/healthz` answers
-    // at once (`"loaded": false`) and every other request waits for the load.
-    // A signal, or a state actor given up on, stops it.
-    let stop = Arc::new(tokio::sync::watch::channel(false).0);
-    tokio::spawn({
-        let stop = stop.clone();
-        async move {
-            shutdown.await;
-            stop.send_replace(true);
-        }
-    });
-    let (load, loading) = load_channel();
-    let server = tokio::spawn(serve_while_loading(listener, loading, http, stopped(&stop)));
-    {
-        let mut stdout = std::io::stdout().lock();
-        let scheme = if tls.is_some() { "https" } else { "http" };
-        let _ = writeln!(stdout, "listening on {scheme}://{local}");
-        let _ = stdout.flush();
-    }
-    let store = match &postgres {
-        Some(_) => "postgres",
-        None if args.in_memory => "memory",
-        None => "sqlite",
-    };
-    tracing::info!(address = %local, data_dir = %args.data_dir.display(), store, cluster = ?args.cluster, "listening; loading the stored runs");
-    let launched = tokio::select! {
-        launched = launch_state_actor(config) => Some(launched),
-        () = stopped(&stop) => None,
-    };
-    let service = match launched {
-        Some(Ok(service)) => Arc::new(service),
-        Some(Err(err)) => {
-            // Held requests get 503 naming why; then the process exits non-zero.
-            let message = err.to_string();
-            load.failed(message.clone());
-            stop.send_replace(true);
-            let _ = server.await;
-            return Err(message);
-        }
-        None => {
-            // Nothing was served from the store, so nothing can be lost: the
-            // launch is dropped (the store closed after reading), held
-            // requests get 503 and the head exits 0.
-            server
-                .await
-                .map_err(|e| format!("serving: {e}"))?
-                .map_err(|e| format!("serving: {e}"))?;
-            drop(load);
-            tracing::info!("stopped before the stored runs were loaded; nothing was written");
-            return Ok(());
-        }
-    };
-    load.loaded(service.clone());
-    if let Some(lock) = &lock {
-        mark_store_opened(lock);
-    }
-    tracing::info!(
-        runs = service.runs_by_status().iter().sum::<usize>(),
-        "head service ready: every stored run is loaded"
-    );
-    let forwarder = match forward {
-        Some(forward) => match start_forwarding(&service, forward) {
-            Ok(forwarder) => Some(forwarder),
-            Err(err) => {
-                stop.send_replace(true);
-                let _ = server.await;
-                service.shutdown().await;
-                return Err(format!("--forward-to: {err}"));
-            }
-        },
-        None => None,
-    };
-
-    let notifier = match notify {
-        Some(notify) => match start_notifying(&service, notify).await {
-            Ok(notifier) => Some(notifier),
-            Err(err) => {
-                stop.send_replace(true);
-                let _ = server.await;
-                if let Some(forwarder) = forwarder {
-                    forwarder.stop().await;
-                }
-                service.shutdown().await;
-                return Err(err.to_string());
-            }
-        },
-        None => None,
-    };
-
-    if args.demo {
-        super::demo::start(service.handle());
-    }
-
-    // A state actor given up on answers nothing: stop, and exit non-zero
-    // so that a service manager starts the head again.
-    tokio::spawn({
-        let (service, stop) = (service.clone(), stop.clone());
-        async move {
-            let reason = service.gave_up().await;
-            tracing::error!(
-                reason = %reason,
-                "the state actor is gone for good; stopping so that the head can be restarted"
-            );
-            stop.send_replace(true);
-        }
-    });
-    server.await.map_err(|e| format!("serving: {e}"))?.map_err(|e| format!("serving: {e}"))?;
-    if let Some(forwarder) = forwarder {
-        forwarder.stop().await;
-    }
-    if let Some(notifier) = notifier {
-        notifier.stop().await;
-    }
-    tracing::info!("stopped accepting; committing what is queued");
-    service.shutdown().await;
-    if let Some(reason) = service.failure() {
-        return Err(format!("the state actor was given up on: {reason}"));
-    }
-    tracing::info!("shut down cleanly");
-    Ok(())
+    let head = HeadConfig::new(config, http)
+        .with_address(addr)
+        .with_allow_empty_store(args.allow_empty_store)
+        .with_forward(forward)
+        .with_notify(notify);
+    Ok((head, tls))
 }
 
 /// The notification targets the flags give (`None`: none), checked: each
@@ -359,16 +250,6 @@ fn notify_config(args: &ServeArgs) -> Result<Option<NotifyConfig>, String> {
         .and_then(|config| config.with_public_url(args.public_url.clone()))
         .map_err(|e| format!("--notify-*: {e}"))?;
     Ok(Some(config.with_backlog(args.notify_backlog)))
-}
-
-/// Resolves once `stop` says so.
-fn stopped(
-    stop: &tokio::sync::watch::Sender<bool>,
-) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let mut stop = stop.subscribe();
-    async move {
-        let _ = stop.wait_for(|stop| *stop).await;
-    }
 }
 
 /// Test builds only: faults asked for by `TRAINSTATE_FAULTS` (comma-separated;
@@ -484,117 +365,6 @@ fn read_token(args: &ServeArgs) -> Result<Option<String>, String> {
     match token {
         Some(token) if token.is_empty() => Err("the token is empty".into()),
         other => Ok(other),
-    }
-}
-
-/// Takes the data directory's OS file lock, or explains who holds it.
-fn lock_data_dir(dir: &Path) -> Result<File, String> {
-    let path = dir.join(LOCK_FILE);
-    // Never follow a symlink: opening one would create or truncate whatever
-    // it points at. Checked before opening (a dangling link would create its
-    // target) and again after, against the file actually opened, before a
-    // byte is written.
-    refuse_symlink(&path)?;
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-    let opened = file.metadata().map_err(|e| format!("cannot inspect {}: {e}", path.display()))?;
-    let named = refuse_symlink(&path)?;
-    if named.is_none_or(|named| (named.dev(), named.ino()) != (opened.dev(), opened.ino())) {
-        return Err(format!("{} changed while it was being opened; refusing it", path.display()));
-    }
-    if file.try_lock().is_err() {
-        let mut holder = String::new();
-        let _ = file.read_to_string(&mut holder);
-        let holder = holder.lines().next().unwrap_or_default().trim();
-        let who = if holder.is_empty() { String::new() } else { format!(" (pid {holder})") };
-        return Err(format!(
-            "another trainstate serve{who} is using data directory {}; \
-             stop it or choose another --data-dir",
-            dir.display()
-        ));
-    }
-    // The pid replaces the last head's; whether a store was opened here stays.
-    let mut before = String::new();
-    let _ = file.read_to_string(&mut before);
-    let _ = file.set_len(0);
-    let _ = file.rewind();
-    let _ = write!(file, "{}", std::process::id());
-    if before.lines().any(|line| line.trim() == STORE_OPENED) {
-        let _ = write!(file, "\n{STORE_OPENED}\n");
-    }
-    let _ = file.flush();
-    Ok(file)
-}
-
-/// The line the lock file gains once its head has opened the store (after
-/// the pid on the first line).
-const STORE_OPENED: &str = "store opened";
-
-/// Whether the lock file in `dir` says that a head opened its store there.
-fn store_was_opened(dir: &Path) -> bool {
-    std::fs::read_to_string(dir.join(LOCK_FILE))
-        .is_ok_and(|text| text.lines().any(|line| line.trim() == STORE_OPENED))
-}
-
-/// Writes [`STORE_OPENED`] into the held lock file: from now on a missing
-/// store in this directory means a lost one.
-fn mark_store_opened(mut lock: &File) {
-    let _ = lock.set_len(0);
-    let _ = lock.rewind();
-    let _ = write!(lock, "{}\n{STORE_OPENED}\n", std::process::id());
-    let _ = lock.flush();
-}
-
-/// Refuses to start from a store file that is missing or empty (0 bytes) in
-/// a data directory an earlier head served from: the store was truncated or
-/// removed, and starting would silently begin with no runs. With
-/// `--allow-empty-store`, warns and starts.
-fn check_store_not_lost(dir: &Path, used_before: bool, allow_empty: bool) -> Result<(), String> {
-    let path = dir.join(STORE_FILE);
-    let state = match std::fs::metadata(&path) {
-        Ok(meta) if meta.len() == 0 => "is empty (0 bytes)",
-        Ok(_) => return Ok(()),
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => "is missing",
-        Err(err) => return Err(format!("cannot inspect {}: {err}", path.display())),
-    };
-    if !used_before {
-        return Ok(());
-    }
-    let message = format!(
-        "{} {state}, but {} was in use by an earlier head (it holds {LOCK_FILE}): the store \
-         was truncated or removed, and starting would begin with no runs",
-        path.display(),
-        dir.display()
-    );
-    if allow_empty {
-        tracing::warn!("{message}; --allow-empty-store: starting an empty store");
-        return Ok(());
-    }
-    Err(format!(
-        "{message}. Restore {STORE_FILE} (with its -wal file) from a backup, or start with \
-         --allow-empty-store to begin an empty store deliberately"
-    ))
-}
-
-/// Refuses `path` if it is a symlink (or anything but a regular file);
-/// returns its metadata if it exists.
-fn refuse_symlink(path: &Path) -> Result<Option<std::fs::Metadata>, String> {
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_symlink() => Err(format!(
-            "{} is a symlink; refusing to follow it (remove it: the head creates its own lock file)",
-            path.display()
-        )),
-        Ok(meta) if !meta.is_file() => {
-            Err(format!("{} is not a regular file; refusing it", path.display()))
-        }
-        Ok(meta) => Ok(Some(meta)),
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(err) => Err(format!("cannot inspect {}: {err}", path.display())),
     }
 }
 

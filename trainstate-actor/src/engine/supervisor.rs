@@ -198,9 +198,11 @@ pub struct StateService {
     shared: Arc<Published>,
     writer: Arc<Writer>,
     /// The actor's clock, for work done for it off its turn.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
     clock: Arc<dyn crate::decisions::clock::Clock>,
     /// Test-only fault hooks, for work done off the actor's turn.
     #[cfg(feature = "fault-injection")]
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
     faults: Arc<crate::engine::faults::Faults>,
     /// Reads and heartbeats answered without the actor's turn.
     reader: crate::engine::reader::Reader,
@@ -222,31 +224,6 @@ impl StateService {
     /// A handle to the actor.
     pub fn handle(&self) -> StateHandle {
         self.handle.clone()
-    }
-
-    /// The actor's clock: what work done for it off its turn reads.
-    #[cfg_attr(not(feature = "server"), allow(dead_code))]
-    pub(crate) fn clock(&self) -> &Arc<dyn crate::decisions::clock::Clock> {
-        &self.clock
-    }
-
-    /// Test-only fault hooks.
-    #[cfg(feature = "fault-injection")]
-    #[cfg_attr(not(feature = "server"), allow(dead_code))]
-    pub(crate) fn faults(&self) -> &Arc<crate::engine::faults::Faults> {
-        &self.faults
-    }
-
-    /// Reads and heartbeats answered without the actor's turn.
-    #[cfg_attr(not(feature = "server"), allow(dead_code))]
-    pub(crate) fn reader(&self) -> &crate::engine::reader::Reader {
-        &self.reader
-    }
-
-    /// The store writer.
-    #[cfg_attr(not(feature = "server"), allow(dead_code))]
-    pub(crate) fn writer(&self) -> Arc<Writer> {
-        self.writer.clone()
     }
 
     /// Starts feeding `sink` the committed changes, from its durable
@@ -494,5 +471,219 @@ fn startup_reason(err: SpawnErr) -> String {
     match err {
         SpawnErr::StartupFailed(inner) => inner.to_string(),
         other => other.to_string(),
+    }
+}
+
+/// What the services name of the engine, handed out through this door.
+#[cfg(feature = "server")]
+pub(crate) use crate::{
+    decisions::state::RayWrite,
+    decisions::tokens::{
+        SecretHash, StoredToken, check_request as check_token_request, constant_time_eq,
+        hash_secret, new_id_and_secret,
+    },
+    engine::reader::Found,
+    engine::view::{Snapshot, Start},
+    store::lock::DataDirLock,
+};
+
+/// A rank's progress: its world rank, its step, and when the step last
+/// grew (in ms).
+#[cfg(feature = "server")]
+pub(crate) type RankPosition = (u32, u64, u64);
+
+/// One subscriber's way into the committed event stream: the events after
+/// a position, read from the view's backlog under its read lock.
+#[cfg(feature = "server")]
+pub(crate) struct EventFeed {
+    shared: Arc<Published>,
+}
+
+#[cfg(feature = "server")]
+impl EventFeed {
+    /// At most `max` events after `position`, or, when the next one is no
+    /// longer kept, a fresh snapshot to start over from.
+    pub(crate) fn events_after(
+        &self,
+        position: u64,
+        max: usize,
+    ) -> Result<Vec<trainstate_client::StateEvent>, Snapshot> {
+        let view = self.shared.view.read().unwrap_or_else(|e| e.into_inner());
+        view.events_after(position, max).map_err(|_| view.snapshot())
+    }
+}
+
+/// The door the HTTP service goes through: reads answered from the
+/// committed view, token administration, the event stream and the
+/// counters it shows. Each method hands out what it read, never the
+/// engine's insides.
+#[cfg(feature = "server")]
+impl StateService {
+    /// The run `id` as committed here, or where to look for it.
+    pub(crate) fn find_run(&self, id: &trainstate_schema::RunId) -> Found {
+        self.reader.get(id)
+    }
+
+    /// The attempt of an ended run whose ranks' last progress the store
+    /// keeps, if `id` is such a run.
+    pub(crate) fn ended_attempt(&self, id: &trainstate_schema::RunId) -> Option<String> {
+        self.reader.ended_attempt(id)
+    }
+
+    /// The ranks' last progress of an ended attempt, read from the store on
+    /// a blocking thread.
+    pub(crate) async fn last_progress(
+        &self,
+        id: trainstate_schema::RunId,
+        attempt: String,
+    ) -> Result<
+        Option<Arc<[Option<trainstate_schema::api::RankProgressServed>]>>,
+        trainstate_client::StateError,
+    > {
+        let reader = self.reader.clone();
+        tokio::task::spawn_blocking(move || reader.last_progress(&id, &attempt)).await.map_err(
+            |e| {
+                trainstate_client::StateError::unavailable(format!(
+                    "reading the last progress failed: {e}"
+                ))
+            },
+        )?
+    }
+
+    /// A run's metric histories, read from the store on a blocking thread.
+    pub(crate) async fn metric_histories(
+        &self,
+        id: trainstate_schema::RunId,
+        query: trainstate_client::api::MetricsQuery,
+    ) -> Result<trainstate_client::api::MetricsResponse, trainstate_client::StateError> {
+        let reader = self.reader.clone();
+        tokio::task::spawn_blocking(move || reader.metrics(&id, &query)).await.map_err(|e| {
+            trainstate_client::StateError::unavailable(format!(
+                "reading metric histories failed: {e}"
+            ))
+        })?
+    }
+
+    /// One page of runs, from the committed view.
+    pub(crate) fn list_runs(
+        &self,
+        query: &trainstate_client::RunQuery,
+    ) -> Result<trainstate_client::RunPage, trainstate_client::StateError> {
+        self.reader.list(query)
+    }
+
+    /// Takes a heartbeat on the connection when the run's liveness entry
+    /// takes heartbeats; `None` leaves it to the actor.
+    pub(crate) fn heartbeat(&self, id: &trainstate_schema::RunId) -> Option<Duration> {
+        self.reader.heartbeat(id)
+    }
+
+    /// Takes a progress report on the connection when the board of the
+    /// run's current attempt exists; `None` leaves it to the actor.
+    pub(crate) fn report_progress(
+        &self,
+        id: &trainstate_schema::RunId,
+        report: &trainstate_schema::api::ProgressReport,
+    ) -> Option<Result<trainstate_schema::api::ProgressResponse, trainstate_client::StateError>>
+    {
+        self.reader.report_progress(id, report)
+    }
+
+    /// Why the head is unhealthy, if it is.
+    pub(crate) fn unhealthy(&self) -> Option<trainstate_client::StateError> {
+        self.reader.unhealthy()
+    }
+
+    /// The cluster of the committed run `id`: `None` when no such run is
+    /// committed here, `Some(None)` for a run of no cluster.
+    pub(crate) fn committed_cluster(
+        &self,
+        id: &trainstate_schema::RunId,
+    ) -> Option<Option<String>> {
+        let view = self.shared.view.read().unwrap_or_else(|e| e.into_inner());
+        view.get(id).map(|record| record.cluster.as_deref().map(str::to_owned))
+    }
+
+    /// A Ray Train V2 write, converted and validated off the actor's turn
+    /// (on a blocking thread) against the committed version of its run,
+    /// with the bytes it weighs: what `StateHandle::upsert_ray_prepared`
+    /// takes.
+    pub(crate) async fn prepare_ray_write(
+        &self,
+        write: Arc<RayWrite>,
+        at_ms: Option<u64>,
+    ) -> Result<(trainstate_client::PreparedChange, u64), trainstate_client::StateError> {
+        let id = write.run_id()?;
+        let base = self.shared.view.read().unwrap_or_else(|e| e.into_inner()).get(&id).cloned();
+        let now = self.clock.now_ms();
+        let at = crate::engine::actor::written_at(at_ms, now)?;
+        #[cfg(feature = "fault-injection")]
+        let faults = self.faults.clone();
+        let (prepared, bytes) = tokio::task::spawn_blocking(move || {
+            #[cfg(feature = "fault-injection")]
+            faults.wait_while_ray_preparations_held();
+            let bytes = match &*write {
+                RayWrite::Run(run) => crate::decisions::state::json_len(run),
+                RayWrite::Attempt(attempt) => crate::decisions::state::json_len(attempt),
+            };
+            crate::decisions::state::prepare_ray_write(base, &write, at, now).map(|p| (p, bytes))
+        })
+        .await
+        .map_err(|e| {
+            trainstate_client::StateError::unavailable(format!("preparing the write failed: {e}"))
+        })??;
+        Ok((trainstate_client::PreparedChange::new(prepared), bytes as u64))
+    }
+
+    /// The stored access tokens, revoked ones included.
+    pub(crate) async fn tokens(&self) -> Result<Vec<StoredToken>, String> {
+        self.writer.tokens().await
+    }
+
+    /// Stores a new access token; answers it as stored (with its time).
+    pub(crate) async fn insert_token(&self, token: StoredToken) -> Result<StoredToken, String> {
+        self.writer.insert_token(token).await
+    }
+
+    /// Revokes the token `id`; `None` when no token has that id.
+    pub(crate) async fn revoke_token(&self, id: &str) -> Result<Option<StoredToken>, String> {
+        self.writer.revoke_token(id).await
+    }
+
+    /// Follows the committed event stream after `after` (or from a
+    /// snapshot): where to start, decided under the view's read lock, the
+    /// feed to read on from, and the last sequence number published.
+    pub(crate) fn follow_events(
+        &self,
+        after: Option<u64>,
+    ) -> (EventFeed, Start, tokio::sync::watch::Receiver<u64>) {
+        let (start, published) =
+            self.shared.view.read().unwrap_or_else(|e| e.into_inner()).follow(after);
+        (EventFeed { shared: self.shared.clone() }, start, published)
+    }
+
+    /// Events kept for subscribers that resume, and their bytes.
+    pub(crate) fn event_backlog(&self) -> (usize, usize) {
+        self.shared.view.read().unwrap_or_else(|e| e.into_inner()).backlog_usage()
+    }
+
+    /// Each live rank's progress, by run id then rank: (run id, rank,
+    /// step, last advance in ms).
+    pub(crate) fn rank_positions(&self) -> Vec<(trainstate_schema::RunId, Vec<RankPosition>)> {
+        let mut boards = self.shared.liveness.progress_boards();
+        boards.sort_by(|(a, _), (b, _)| a.as_str().cmp(b.as_str()));
+        boards.into_iter().map(|(id, board)| (id, board.positions())).collect()
+    }
+
+    /// Each notification target's delivery counters, when the head notifies.
+    #[cfg(feature = "notify")]
+    pub(crate) fn notify_targets(&self) -> Vec<Arc<crate::engine::stats::NotifyStats>> {
+        self.shared.feeds.notify.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The forwarding counters, when the head forwards.
+    #[cfg(feature = "forward")]
+    pub(crate) fn forwarding_stats(&self) -> Option<Arc<crate::engine::stats::ForwardStats>> {
+        self.shared.feeds.forwarding.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }

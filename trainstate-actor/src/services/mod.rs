@@ -1,5 +1,5 @@
 //! The services: what faces the world. The HTTP API and the page,
-//! notifications and forwarding.
+//! notifications and forwarding, and the head that composes them.
 //!
 //! **Wing invariant:** services reach the engine only through
 //! [`StateService`](crate::StateService); nothing here names the writer, the
@@ -7,6 +7,8 @@
 
 #[cfg(feature = "forward")]
 pub mod forward;
+#[cfg(feature = "server")]
+pub(crate) mod head;
 #[cfg(feature = "server")]
 pub mod http;
 #[cfg(feature = "notify")]

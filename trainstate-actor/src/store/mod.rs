@@ -32,6 +32,8 @@ pub(crate) mod columns;
 pub(crate) mod config;
 pub(crate) mod error;
 pub(crate) mod load;
+#[cfg(feature = "server")]
+pub(crate) mod lock;
 pub(crate) mod memory;
 pub(crate) mod metrics;
 pub(crate) mod sqlite;

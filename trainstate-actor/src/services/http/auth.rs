@@ -33,11 +33,11 @@ use trainstate_schema::routes::{Access, HttpMethod, Operation};
 
 use super::AppState;
 use super::body::JsonBody;
-use crate::decisions::tokens::{
-    SecretHash, StoredToken, constant_time_eq, hash_secret, new_id_and_secret,
-};
 use crate::engine::error::ApiError;
-use crate::engine::writer::Writer;
+use crate::engine::supervisor::{
+    SecretHash, StateService, StoredToken, check_token_request, constant_time_eq, hash_secret,
+    new_id_and_secret,
+};
 
 /// How often a head sharing its store reads the tokens again, so that a
 /// token revoked on another head is refused here within a second.
@@ -106,17 +106,21 @@ impl Auth {
     }
 
     /// Reads the stored tokens.
-    async fn refresh(&self, writer: &Writer) -> Result<(), String> {
+    async fn refresh(&self, service: &StateService) -> Result<(), String> {
         let _turn = self.refreshing.lock().await;
-        let tokens = writer.tokens().await?;
+        let tokens = service.tokens().await?;
         self.replace(&tokens);
         Ok(())
     }
 
     /// What `secret` grants, if it is the head's token or a valid token.
     /// Every known hash is compared, in constant time, whichever matches.
-    async fn grant_for(&self, secret: &str, writer: &Writer) -> Result<Option<Grant>, ApiError> {
-        self.loaded.get_or_try_init(|| async { self.refresh(writer).await }).await.map_err(
+    async fn grant_for(
+        &self,
+        secret: &str,
+        service: &StateService,
+    ) -> Result<Option<Grant>, ApiError> {
+        self.loaded.get_or_try_init(|| async { self.refresh(service).await }).await.map_err(
             |e| ApiError::new(ErrorCode::Unavailable, format!("cannot read the tokens: {e}")),
         )?;
         let hash = hash_secret(secret);
@@ -155,21 +159,22 @@ fn method(method: HttpMethod) -> Method {
 /// head that shares its store: other heads create and revoke tokens too.
 pub(crate) fn refresh_while_shared(
     auth: &Arc<Auth>,
-    writer: &Arc<Writer>,
+    service: &Arc<StateService>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    if auth.head_token.is_none() || writer.shared.shared_store.is_none() {
+    if auth.head_token.is_none() || service.shared_store().is_none() {
         return;
     }
-    let (auth, writer): (Weak<Auth>, Weak<Writer>) = (Arc::downgrade(auth), Arc::downgrade(writer));
+    let (auth, service): (Weak<Auth>, Weak<StateService>) =
+        (Arc::downgrade(auth), Arc::downgrade(service));
     tokio::spawn(async move {
         loop {
             tokio::select! {
                 () = tokio::time::sleep(REFRESH_EVERY) => {}
                 _ = shutdown.changed() => return,
             }
-            let (Some(auth), Some(writer)) = (auth.upgrade(), writer.upgrade()) else { return };
-            if let Err(err) = auth.refresh(&writer).await {
+            let (Some(auth), Some(service)) = (auth.upgrade(), service.upgrade()) else { return };
+            if let Err(err) = auth.refresh(&service).await {
                 tracing::warn!(error = %err, "cannot read the tokens; keeping the ones known");
             }
         }
@@ -198,7 +203,7 @@ pub(crate) async fn authorize(
     let Some(given) = given_token(&request, access == Access::Read) else {
         return ApiError::unauthorized().into_response();
     };
-    let grant = match auth.grant_for(&given, &app.service.writer()).await {
+    let grant = match auth.grant_for(&given, &app.service).await {
         Ok(Some(grant)) => grant,
         Ok(None) => return ApiError::unauthorized().into_response(),
         Err(err) => return err.into_response(),
@@ -297,8 +302,7 @@ pub(crate) async fn create_token(
     JsonBody(request): JsonBody<CreateTokenRequest>,
 ) -> Result<Response, ApiError> {
     administered(&app)?;
-    crate::decisions::tokens::check_request(&request)
-        .map_err(|(field, rule)| ApiError::invalid(field, rule))?;
+    check_token_request(&request).map_err(|(field, rule)| ApiError::invalid(field, rule))?;
     let (id, secret) = new_id_and_secret().map_err(|e| ApiError::new(ErrorCode::Internal, e))?;
     let token = StoredToken {
         id,
@@ -309,8 +313,8 @@ pub(crate) async fn create_token(
         created_at_ms: 0,
         revoked_at_ms: None,
     };
-    let stored = app.service.writer().insert_token(token).await.map_err(unavailable)?;
-    app.auth.refresh(&app.service.writer()).await.map_err(unavailable)?;
+    let stored = app.service.insert_token(token).await.map_err(unavailable)?;
+    app.auth.refresh(&app.service).await.map_err(unavailable)?;
     let answer = CreateTokenResponse::new(stored.info(), secret);
     Ok((StatusCode::CREATED, Json(answer)).into_response())
 }
@@ -320,7 +324,7 @@ pub(crate) async fn list_tokens(
     State(app): State<AppState>,
 ) -> Result<Json<TokenListResponse>, ApiError> {
     administered(&app)?;
-    let tokens = app.service.writer().tokens().await.map_err(unavailable)?;
+    let tokens = app.service.tokens().await.map_err(unavailable)?;
     Ok(Json(TokenListResponse::new(tokens.iter().map(StoredToken::info).collect())))
 }
 
@@ -330,12 +334,11 @@ pub(crate) async fn revoke_token(
     Path(id): Path<String>,
 ) -> Result<Json<TokenInfo>, ApiError> {
     administered(&app)?;
-    let writer = app.service.writer();
-    let revoked = writer.revoke_token(&id).await.map_err(unavailable)?;
+    let revoked = app.service.revoke_token(&id).await.map_err(unavailable)?;
     let Some(revoked) = revoked else {
         return Err(ApiError::not_found(format!("no token has the id {id:?}")));
     };
-    app.auth.refresh(&writer).await.map_err(unavailable)?;
+    app.auth.refresh(&app.service).await.map_err(unavailable)?;
     Ok(Json(revoked.info()))
 }
 

@@ -5,14 +5,13 @@
 //! its `Last-Event-ID`) is decided under the view's read lock, the lock the
 //! writer publishes under, so no event falls between the two. A snapshot
 //! is a shared list of references to the committed records (see
-//! [`crate::engine::view::Snapshot`]), serialized a chunk at a time as the socket
+//! [`Snapshot`]), serialized a chunk at a time as the socket
 //! takes bytes; change events are read from the view's backlog, the one
 //! copy every subscriber shares. A subscriber whose next event is no
 //! longer kept gets a fresh snapshot at the current sequence number S and
 //! then only events above S: ids on the wire always increase.
 
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -28,8 +27,7 @@ use super::AppState;
 use super::answer::{AnswerBudget, CHUNK_BYTES, json_line, text};
 use super::body::QueryParams;
 use crate::engine::error::ApiError;
-use crate::engine::view::{Snapshot, Start};
-use crate::engine::writer::Published;
+use crate::engine::supervisor::{EventFeed, Snapshot, Start};
 
 /// How long a quiet stream waits before it sends a keep-alive comment.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -47,7 +45,7 @@ fn write_change(buf: &mut Vec<u8>, event: &StateEvent) {
 
 /// One subscriber's position in the stream.
 struct Follower {
-    shared: Arc<Published>,
+    feed: EventFeed,
     /// The last sequence number published, to wait for the next one.
     notify: watch::Receiver<u64>,
     /// The last event sent (or the snapshot's sequence number).
@@ -93,11 +91,7 @@ impl Follower {
             }
             // Seen before reading, so a publish after the read wakes us.
             self.notify.borrow_and_update();
-            let read = {
-                let view = self.shared.view.read().unwrap_or_else(|e| e.into_inner());
-                view.events_after(self.position, EVENTS_PER_READ).map_err(|_| view.snapshot())
-            };
-            match read {
+            match self.feed.events_after(self.position, EVENTS_PER_READ) {
                 // Fell behind: what was missed is gone. Start over from a
                 // snapshot at S, then only events above S.
                 Err(snapshot) => self.snapshot = Some((snapshot, 0)),
@@ -160,14 +154,13 @@ pub(crate) async fn events(
         ApiError::new(ErrorCode::TooManySubscribers, "too many event subscribers; retry later")
     })?;
     let after = resume_after(&headers, &params)?;
-    let shared = app.service.writer().shared.clone();
-    let (start, notify) = shared.view.read().unwrap_or_else(|e| e.into_inner()).follow(after);
+    let (feed, start, notify) = app.service.follow_events(after);
     let (position, snapshot) = match start {
         Start::After(after) => (after, None),
         Start::Snapshot(snapshot) => (snapshot.seq, Some((snapshot, 0))),
     };
     let follower = Follower {
-        shared,
+        feed,
         notify,
         position,
         snapshot,

@@ -190,8 +190,7 @@ impl HttpMetrics {
             "Live event subscribers: open event streams and in-process subscriptions",
             ConstGauge::new((streams + service.subscribers()) as i64),
         );
-        let (events, bytes) =
-            service.writer().shared.view.read().unwrap_or_else(|e| e.into_inner()).backlog_usage();
+        let (events, bytes) = service.event_backlog();
         registry.register(
             "events_backlog",
             "Recent events kept for subscribers that resume",
@@ -235,11 +234,9 @@ impl HttpMetrics {
     fn ranks(registry: &mut Registry, service: &StateService, max: usize) {
         let steps = Family::<RankLabels, Gauge>::default();
         let advances = Family::<RankLabels, Gauge<f64, AtomicU64>>::default();
-        let mut boards = service.writer().shared.liveness.progress_boards();
-        boards.sort_by(|(a, _), (b, _)| a.as_str().cmp(b.as_str()));
         let (mut shown, mut omitted) = (0usize, 0usize);
-        for (id, board) in boards {
-            for (rank, step, last_advance_ms) in board.positions() {
+        for (id, positions) in service.rank_positions() {
+            for (rank, step, last_advance_ms) in positions {
                 if shown >= max {
                     omitted += 1;
                     continue;
@@ -273,7 +270,7 @@ impl HttpMetrics {
     /// Each notification target's delivery, when the head notifies.
     #[cfg(feature = "notify")]
     fn notifications(registry: &mut Registry, service: &StateService) {
-        let targets = service.feeds().notify.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let targets = service.notify_targets();
         if targets.is_empty() {
             return;
         }
@@ -317,8 +314,7 @@ impl HttpMetrics {
     /// Forwarding to a hub, when this head forwards (`--forward-to`).
     #[cfg(feature = "forward")]
     fn forwarding(registry: &mut Registry, service: &StateService) {
-        let feeds = service.feeds();
-        let Some(stats) = feeds.forwarding.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
+        let Some(stats) = service.forwarding_stats() else {
             return;
         };
         let read = |counter: &std::sync::atomic::AtomicU64| counter.load(Ordering::Relaxed);

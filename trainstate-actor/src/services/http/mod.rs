@@ -522,7 +522,7 @@ fn router(
     // On a shared store, rendezvous calls go to the head that owns the groups.
     service.relay_rendezvous_calls();
     let auth = Arc::new(auth::Auth::new(config.token.as_deref(), config.protect_reads));
-    auth::refresh_while_shared(&auth, &service.writer(), shutdown.clone());
+    auth::refresh_while_shared(&auth, &service, shutdown.clone());
     let state = AppState(Arc::new(App {
         auth,
         handle: service.handle(),

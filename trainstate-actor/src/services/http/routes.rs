@@ -14,16 +14,15 @@ use trainstate_client::api::{
     RegisterMinimalResponse, RegisterRequest, RegisterResponse, StatusRequest, VersionResponse,
 };
 
-use trainstate_client::{NewAttempt, PreparedChange, RunDocument, RunQuery, StateError};
+use trainstate_client::{NewAttempt, RunDocument, RunQuery, StateError};
 use trainstate_schema::{NewRun, RunId, TrainRunInfo, ray_v2};
 
 use super::AppState;
 use super::answer::CHUNK_BYTES;
 use super::auth::{Grant, check_cluster};
 use super::body::{JsonBody, QueryParams};
-use crate::decisions::state::{RayWrite, json_len};
 use crate::engine::error::ApiError;
-use crate::engine::reader::{Found, Reader};
+use crate::engine::supervisor::{Found, RayWrite, StateService};
 
 fn run_id(text: &str) -> Result<RunId, ApiError> {
     RunId::parse(text).map_err(|e| ApiError::invalid("id", e.rule().to_string()))
@@ -53,19 +52,19 @@ enum Source {
     /// Every run, read from the committed view a page at a time as the
     /// client reads: each page is the state of its moment (as paging with
     /// a cursor is), and a slow reader holds one page, never the view.
-    All { reader: Reader, page: std::vec::IntoIter<RunDocument>, next: Option<Cursor> },
+    All { service: Arc<StateService>, page: std::vec::IntoIter<RunDocument>, next: Option<Cursor> },
 }
 
 impl Source {
     async fn next(&mut self) -> Result<Option<RunDocument>, StateError> {
         match self {
             Source::Page(runs) => Ok(runs.next()),
-            Source::All { reader, page, next } => loop {
+            Source::All { service, page, next } => loop {
                 if let Some(run) = page.next() {
                     return Ok(Some(run));
                 }
                 let Some(cursor) = next.take() else { return Ok(None) };
-                let more = reader.list(&RunQuery::new().limit(LISTING_PAGE).after(cursor))?;
+                let more = service.list_runs(&RunQuery::new().limit(LISTING_PAGE).after(cursor))?;
                 *page = more.runs.into_iter();
                 *next = more.next_cursor;
             },
@@ -174,16 +173,16 @@ async fn stream_listing(app: &AppState, mut listing: Listing) -> Result<Response
 /// Every run, newest first, unpaged: the first page read now, the rest as
 /// the client reads.
 async fn every_run(app: &AppState) -> Result<Source, ApiError> {
-    let reader = app.service.reader().clone();
-    let first = reader.list(&RunQuery::new().limit(LISTING_PAGE))?;
-    Ok(Source::All { reader, page: first.runs.into_iter(), next: first.next_cursor })
+    let service = app.service.clone();
+    let first = service.list_runs(&RunQuery::new().limit(LISTING_PAGE))?;
+    Ok(Source::All { service, page: first.runs.into_iter(), next: first.next_cursor })
 }
 
 pub(crate) async fn list_runs(
     State(app): State<AppState>,
     QueryParams(params): QueryParams<ListQuery>,
 ) -> Result<Response, ApiError> {
-    let page = app.service.reader().list(&RunQuery::try_from(params)?)?;
+    let page = app.service.list_runs(&RunQuery::try_from(params)?)?;
     let next_cursor = serde_json::to_string(&page.next_cursor).expect("a cursor serializes");
     let suffix = format!("],\"next_cursor\":{next_cursor},\"total\":{}}}", page.total);
     let listing = Listing::new(
@@ -250,35 +249,10 @@ async fn ray_write(
     write: RayWrite,
     at_ms: Option<u64>,
 ) -> Result<RunDocument, StateError> {
-    let id = write.run_id()?;
     let write = Arc::new(write);
     for _ in 0..RAY_PREPARATIONS {
-        let base = {
-            let shared = &app.service.writer().shared;
-            let view = shared.view.read().unwrap_or_else(|e| e.into_inner());
-            view.get(&id).cloned()
-        };
-        let now = app.service.clock().now_ms();
-        let at = crate::engine::actor::written_at(at_ms, now)?;
-        #[cfg(feature = "fault-injection")]
-        let faults = app.service.faults().clone();
-        let (prepared, bytes) = tokio::task::spawn_blocking({
-            let write = write.clone();
-            move || {
-                #[cfg(feature = "fault-injection")]
-                faults.wait_while_ray_preparations_held();
-                let bytes = match &*write {
-                    RayWrite::Run(run) => json_len(run),
-                    RayWrite::Attempt(attempt) => json_len(attempt),
-                };
-                crate::decisions::state::prepare_ray_write(base, &write, at, now)
-                    .map(|p| (p, bytes))
-            }
-        })
-        .await
-        .map_err(|e| StateError::unavailable(format!("preparing the write failed: {e}")))??;
-        let prepared = PreparedChange::new(prepared);
-        if let Some(stored) = app.handle.upsert_ray_prepared(prepared, bytes as u64).await? {
+        let (prepared, bytes) = app.service.prepare_ray_write(write.clone(), at_ms).await?;
+        if let Some(stored) = app.handle.upsert_ray_prepared(prepared, bytes).await? {
             return Ok(stored);
         }
     }
@@ -296,7 +270,7 @@ pub(crate) async fn get_run(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let id = run_id(&id)?;
-    let run = match app.service.reader().get(&id) {
+    let run = match app.service.find_run(&id) {
         Found::Run(run) => run,
         Found::Missing => return Err(StateError::NotFound { id }.into()),
         // Perhaps another head has just committed it: the actor reads the
@@ -305,15 +279,9 @@ pub(crate) async fn get_run(
     };
     // An ended run serves its ranks' last progress, kept in the store
     // when their board went away (a read that may block for a moment).
-    let run = match app.service.reader().ended_attempt(&id) {
+    let run = match app.service.ended_attempt(&id) {
         Some(attempt) if run.rank_progress().is_none() => {
-            let reader = app.service.reader().clone();
-            let last = tokio::task::spawn_blocking(move || reader.last_progress(&id, &attempt))
-                .await
-                .map_err(|e| {
-                    StateError::unavailable(format!("reading the last progress failed: {e}"))
-                })??;
-            match last {
+            match app.service.last_progress(id, attempt).await? {
                 Some(progress) => run.with_rank_progress(progress),
                 None => run,
             }
@@ -330,11 +298,7 @@ pub(crate) async fn get_run_metrics(
 ) -> Result<Json<MetricsResponse>, ApiError> {
     let id = run_id(&id)?;
     // Histories are read from the store, which may block for a moment.
-    let reader = app.service.reader().clone();
-    let answer = tokio::task::spawn_blocking(move || reader.metrics(&id, &query))
-        .await
-        .map_err(|e| StateError::unavailable(format!("reading metric histories failed: {e}")))?;
-    Ok(Json(answer?))
+    Ok(Json(app.service.metric_histories(id, query).await?))
 }
 
 pub(crate) async fn register_run(
@@ -426,11 +390,7 @@ pub(crate) async fn forward_run(
     if let Some(Extension(grant)) = &grant {
         // The committed view holds every stored run's cluster, which never
         // changes after registration.
-        let stored: Option<Option<String>> = {
-            let writer = app.service.writer();
-            let view = writer.shared.view.read().unwrap_or_else(|e| e.into_inner());
-            view.get(&id).map(|record| record.cluster.as_deref().map(str::to_owned))
-        };
+        let stored = app.service.committed_cluster(&id);
         check_cluster(Some(grant), run.cluster(), stored.as_ref().map(Option::as_deref))?;
     }
     Ok(Json(app.handle.forward(run).await?))
@@ -441,7 +401,7 @@ pub(crate) async fn heartbeat(
     Path(id): Path<String>,
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
     let id = run_id(&id)?;
-    let lease = match app.service.reader().heartbeat(&id) {
+    let lease = match app.service.heartbeat(&id) {
         Some(lease) => lease,
         None => app.handle.heartbeat(id).await?,
     };
@@ -449,7 +409,7 @@ pub(crate) async fn heartbeat(
 }
 
 /// A controller's progress report: taken on the connection when the board
-/// of the run's current attempt exists (see [`Reader::report_progress`]),
+/// of the run's current attempt exists (see [`StateService::report_progress`]),
 /// else by the actor, which creates it.
 pub(crate) async fn report_progress(
     State(app): State<AppState>,
@@ -458,7 +418,7 @@ pub(crate) async fn report_progress(
 ) -> Result<Json<ProgressResponse>, ApiError> {
     let id = run_id(&id)?;
     report.check().map_err(StateError::from)?;
-    if let Some(answer) = app.service.reader().report_progress(&id, &report) {
+    if let Some(answer) = app.service.report_progress(&id, &report) {
         return Ok(Json(answer?));
     }
     let ranks = report.ranks.into_iter().map(|entry| (entry.rank, entry.progress)).collect();
@@ -509,7 +469,7 @@ pub(crate) async fn notify(
 ) -> Json<trainstate_client::api::NotifyResponse> {
     #[cfg(feature = "notify")]
     let targets = {
-        let targets = app.service.feeds().notify.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let targets = app.service.notify_targets();
         targets.iter().map(|stats| stats.info()).collect()
     };
     #[cfg(not(feature = "notify"))]
@@ -524,7 +484,7 @@ pub(crate) async fn healthz(State(app): State<AppState>) -> Result<Json<HealthRe
     // Never through the actor's mailbox, which a burst of writes may fill:
     // the supervisor has not given up on the actor, and the actor takes
     // turns (its lease sweep comes every period).
-    if let Some(err) = app.service.reader().unhealthy() {
+    if let Some(err) = app.service.unhealthy() {
         return Err(err.into());
     }
     Ok(Json(HealthResponse::ok()))
