@@ -18,12 +18,12 @@ pub(crate) fn json(run: &TrainRunInfo) -> serde_json::Value {
     serde_json::to_value(run).unwrap()
 }
 
-/// A head service in this process, on a free loopback port.
+/// A head service in this process, on a free loopback port: the same
+/// [`trainstate_actor::Head`] the binary composes.
 pub(crate) struct Server {
     pub(crate) url: String,
     pub(crate) service: std::sync::Arc<trainstate_actor::StateService>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    head: trainstate_actor::Head,
 }
 
 impl Server {
@@ -31,31 +31,20 @@ impl Server {
         config: trainstate_actor::StateConfig,
         http: trainstate_actor::http::HttpConfig,
     ) -> Self {
-        let service =
-            std::sync::Arc::new(trainstate_actor::launch_state_actor(config).await.unwrap());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(trainstate_actor::http::serve(
-            listener,
-            service.clone(),
-            http,
-            async move {
-                let _ = stopped.await;
-            },
-        ));
-        Self { url, service, stop: Some(stop), task: Some(task) }
+        let head = trainstate_actor::Head::start(trainstate_actor::HeadConfig::new(config, http))
+            .await
+            .unwrap();
+        Self { url: head.url(), service: head.service().clone(), head }
     }
 
     /// Stops accepting, ends event streams, then shuts the actor down.
-    pub(crate) async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
+    pub(crate) async fn stop(self) {
+        drop(self.service);
+        // A head whose actor was given up on (an injected fault) says so as
+        // it stops; any other error is the test's.
+        if let Err(err) = self.head.shutdown().await {
+            assert!(err.to_string().contains("given up on"), "{err}");
         }
-        if let Some(task) = self.task.take() {
-            task.await.unwrap().unwrap();
-        }
-        self.service.shutdown().await;
     }
 }
 
