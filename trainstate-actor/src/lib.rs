@@ -59,6 +59,7 @@ pub use services::notify;
 
 pub use decisions::clock::{Clock, ManualClock, SystemClock};
 pub use decisions::rendezvous::{ECHO_MESSAGES, ECHO_TIE_MS, ECHO_WINDOW_MS, FAILURE_WINDOW_MS};
+pub use engine::config::STORE_SCHEMA_VERSION;
 pub use engine::config::{
     DEFAULT_EVENT_BACKLOG, DEFAULT_EVENT_BACKLOG_BYTES, DEFAULT_HEALTH_TICK, DEFAULT_LEASE,
     DEFAULT_MAX_IN_FLIGHT_WRITES, DEFAULT_MAX_RETAINED_BYTES, DEFAULT_MAX_RUNS,
@@ -72,6 +73,3 @@ pub use engine::supervisor::{
     StateService, get_or_launch_state_actor, launch_state_actor, shutdown_state_actor,
 };
 pub use store::error::StoreError;
-
-/// The schema version of the SQLite store this build writes.
-pub const STORE_SCHEMA_VERSION: u32 = store::sqlite::SCHEMA_VERSION;

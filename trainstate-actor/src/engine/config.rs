@@ -10,6 +10,9 @@ use crate::decisions::clock::{Clock, SystemClock};
 pub use crate::decisions::retention::{DEFAULT_MAX_RETAINED_BYTES, DEFAULT_MAX_RUNS, Retention};
 pub use crate::store::config::{PostgresConfig, StoreConfig, Synchronous};
 
+/// The schema version of the SQLite store this build writes.
+pub const STORE_SCHEMA_VERSION: u32 = crate::store::sqlite::SCHEMA_VERSION;
+
 /// The default lease of a live run: without a heartbeat for this long, the
 /// run is aborted as "lost controller".
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);

@@ -23,8 +23,8 @@ use std::time::Duration;
 use trainstate_client::{StateError, StateHandle, TrustedCas};
 use trainstate_schema::TrainRunInfo;
 
-use crate::StateService;
 pub use crate::engine::stats::ForwardStats;
+use crate::engine::supervisor::StateService;
 use crate::engine::supervisor::{
     Feed, FeedContext, FeedCounters, FeedHandle, Item, QueuePolicy, RunItems, Sent, Sink,
 };

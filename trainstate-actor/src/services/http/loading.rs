@@ -15,8 +15,8 @@ use hyper::body::Incoming;
 use tokio::sync::watch;
 use trainstate_client::api::{ErrorCode, HealthResponse};
 
-use crate::StateService;
 use crate::engine::error::ApiError;
+use crate::engine::supervisor::StateService;
 
 /// The longest a request that arrives while the head loads its stored runs
 /// is held: past it, it is answered 503 `unavailable` with `Retry-After: 1`.

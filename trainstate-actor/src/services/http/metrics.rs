@@ -13,7 +13,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 use trainstate_schema::{HealthState, RunStatus};
 
-use crate::StateService;
+use crate::engine::supervisor::StateService;
 
 /// The `Content-Type` of what [`HttpMetrics::render`] writes.
 pub(crate) const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;

@@ -38,8 +38,8 @@ pub use self::loading::{DEFAULT_LOAD_HOLD, Load, LoadWatch, load_channel};
 use self::loading::{LoadState, Phase};
 use self::metrics::HttpMetrics;
 pub use self::tls::{ServerTls, TlsFileError};
-use crate::StateService;
 use crate::engine::error::ApiError;
+use crate::engine::supervisor::StateService;
 
 /// The default limit of a request body: a run of 32,768 workers fits.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 16 * 1024 * 1024;

@@ -455,7 +455,7 @@ pub(crate) async fn version() -> Json<VersionResponse> {
     Json(VersionResponse::new(
         env!("CARGO_PKG_VERSION").to_owned(),
         trainstate_schema::WIRE_SCHEMA_VERSION.to_owned(),
-        crate::STORE_SCHEMA_VERSION,
+        crate::engine::config::STORE_SCHEMA_VERSION,
     ))
 }
 

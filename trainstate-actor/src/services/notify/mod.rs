@@ -29,9 +29,9 @@ use trainstate_schema::api::NotifyTargetInfo;
 
 use self::delivery::Delivery;
 pub use self::target::{DEFAULT_EVENTS, DEFAULT_RESEND, EventChoice, NotifyTarget, TargetError};
-use crate::StateService;
 use crate::decisions::log_throttle::LogThrottle;
 pub use crate::engine::stats::NotifyStats;
+use crate::engine::supervisor::StateService;
 use crate::engine::supervisor::{Feed, FeedHandle};
 
 /// The most events a target holds to send by default; past it, while the
