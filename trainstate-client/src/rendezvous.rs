@@ -38,7 +38,7 @@ use trainstate_schema::{
 
 use crate::error::{Reply, StateError};
 
-/// One rank joining the rendezvous, checked: see [`StateHandle::join_rendezvous`].
+/// One rank joining the rendezvous, checked: see [`StateHandle::join_rendezvous`](crate::StateHandle::join_rendezvous).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct Join {
@@ -207,7 +207,7 @@ impl Join {
     }
 }
 
-/// How one rank ended: see [`StateHandle::end_rank`].
+/// How one rank ended: see [`StateHandle::end_rank`](crate::StateHandle::end_rank).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RankEnd {
