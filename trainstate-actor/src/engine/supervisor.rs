@@ -205,6 +205,7 @@ pub struct StateService {
     #[cfg_attr(not(feature = "server"), allow(dead_code))]
     faults: Arc<crate::engine::faults::Faults>,
     /// Reads and heartbeats answered without the actor's turn.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
     reader: crate::engine::reader::Reader,
     /// On a shared store, once started (see
     /// [`relay_rendezvous_calls`](Self::relay_rendezvous_calls)): relays
