@@ -54,6 +54,15 @@ async fn a_second_head_in_the_same_process_on_the_same_directory_refuses() {
     assert!(refused.contains(&std::process::id().to_string()), "names the holder: {refused}");
     let health = reqwest::get(format!("{}/healthz", first.url())).await.unwrap();
     assert_eq!(health.status(), reqwest::StatusCode::OK, "the first head keeps serving");
+    // Another store file in the same directory has a lock of its own.
+    let beside = Head::start(HeadConfig::new(
+        StateConfig::sqlite(dir.path().join("other.db")).with_name("one-dir-beside"),
+        HttpConfig::default(),
+    ))
+    .await
+    .expect("a head of another store file in the directory starts");
+    assert!(dir.path().join("other.db.lock").exists());
+    beside.shutdown().await.unwrap();
     first.shutdown().await.expect("the first head stops cleanly");
     // Released with the head: a third starts.
     let third = Head::start(HeadConfig::new(

@@ -13,6 +13,20 @@ use std::sync::Mutex;
 /// head serves from it, released when the process dies, however it dies.
 pub(crate) const LOCK_FILE: &str = "trainstate.lock";
 
+/// The store file of a data directory as the binary lays it out, whose
+/// lock is [`LOCK_FILE`].
+const STORE_FILE: &str = "trainstate.db";
+
+/// The lock file of the store file `store`: [`LOCK_FILE`] beside the
+/// binary's `trainstate.db`, `<name>.lock` beside any other, so that a
+/// library may keep two stores in one directory, each with its own lock.
+fn lock_file_of(store: &Path) -> String {
+    match store.file_name().map(|name| name.to_string_lossy()) {
+        Some(name) if name != STORE_FILE => format!("{name}.lock"),
+        _ => LOCK_FILE.to_owned(),
+    }
+}
+
 /// The line the lock file gains once its head has opened the store (after
 /// the pid on the first line).
 const STORE_OPENED: &str = "store opened";
@@ -35,7 +49,8 @@ impl DataDirLock {
     /// empty where an earlier head opened one (unless `allow_empty`).
     pub(crate) fn take(store: &Path, allow_empty: bool) -> Result<Self, String> {
         let dir = store.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let key = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_owned());
+        let lock_file = lock_file_of(store);
+        let key = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_owned()).join(&lock_file);
         {
             let mut held = HELD_HERE.lock().unwrap_or_else(|e| e.into_inner());
             if !held.get_or_insert_with(HashSet::new).insert(key.clone()) {
@@ -51,9 +66,9 @@ impl DataDirLock {
             // A lock file that says a head opened its store here: one has
             // served from here before (a head stopped before its store
             // existed has not).
-            let used_before = store_was_opened(dir);
-            let file = lock_data_dir(dir)?;
-            check_store_not_lost(store, dir, used_before, allow_empty)?;
+            let used_before = store_was_opened(dir, &lock_file);
+            let file = lock_data_dir(dir, &lock_file)?;
+            check_store_not_lost(store, dir, &lock_file, used_before, allow_empty)?;
             Ok(file)
         })();
         match taken {
@@ -90,8 +105,8 @@ fn release(dir: &Path) {
 }
 
 /// Takes the data directory's OS file lock, or explains who holds it.
-fn lock_data_dir(dir: &Path) -> Result<File, String> {
-    let path = dir.join(LOCK_FILE);
+fn lock_data_dir(dir: &Path, lock_file: &str) -> Result<File, String> {
+    let path = dir.join(lock_file);
     // Never follow a symlink: opening one would create or truncate whatever
     // it points at. Checked before opening (a dangling link would create its
     // target) and again after, against the file actually opened, before a
@@ -134,8 +149,8 @@ fn lock_data_dir(dir: &Path) -> Result<File, String> {
 }
 
 /// Whether the lock file in `dir` says that a head opened its store there.
-fn store_was_opened(dir: &Path) -> bool {
-    std::fs::read_to_string(dir.join(LOCK_FILE))
+fn store_was_opened(dir: &Path, lock_file: &str) -> bool {
+    std::fs::read_to_string(dir.join(lock_file))
         .is_ok_and(|text| text.lines().any(|line| line.trim() == STORE_OPENED))
 }
 
@@ -146,6 +161,7 @@ fn store_was_opened(dir: &Path) -> bool {
 fn check_store_not_lost(
     path: &Path,
     dir: &Path,
+    lock_file: &str,
     used_before: bool,
     allow_empty: bool,
 ) -> Result<(), String> {
@@ -159,7 +175,7 @@ fn check_store_not_lost(
         return Ok(());
     }
     let message = format!(
-        "{} {state}, but {} was in use by an earlier head (it holds {LOCK_FILE}): the store \
+        "{} {state}, but {} was in use by an earlier head (it holds {lock_file}): the store \
          was truncated or removed, and starting would begin with no runs",
         path.display(),
         dir.display()
