@@ -199,3 +199,16 @@ fn a_recorded_status_history_keeps_the_first_change_and_the_latest() {
     let json = serde_json::to_string(&stored).unwrap();
     assert_eq!(read_run(&json).unwrap(), stored);
 }
+
+#[test]
+fn a_causes_report_is_bounded_and_names_its_field() {
+    use trainstate_schema::limits::MAX_CAUSE_REPORT_LEN;
+    use trainstate_schema::{CauseKind, RunCause, validate_client_cause};
+    let mut cause = RunCause::new(CauseKind::UserError, Some(1));
+    cause.report = Some("x".repeat(MAX_CAUSE_REPORT_LEN));
+    assert!(validate_client_cause("cause", Some(cause.clone()), true, 2).is_ok());
+    cause.report = Some("x".repeat(MAX_CAUSE_REPORT_LEN + 1));
+    let err = validate_client_cause("cause", Some(cause), true, 2).unwrap_err();
+    assert_eq!(err.field(), "cause.report");
+    assert_eq!(err.rule(), &Rule::TooLong { max: MAX_CAUSE_REPORT_LEN });
+}
