@@ -12,6 +12,7 @@ __all__ = [
     "ActorStatus",
     "AttemptRequest",
     "AttemptStatus",
+    "CauseClass",
     "CauseKind",
     "CreateTokenRequest",
     "CreateTokenResponse",
@@ -81,8 +82,11 @@ ActorStatus = Literal["ALIVE", "DEAD"]
 AttemptStatus = Literal["PENDING", "RUNNING", "FINISHED", "ERRORED", "ABORTED"]
 """The status of one attempt (worker group) of a run, spelled as Ray Train V2 spells it."""
 
-CauseKind = Literal["USER_ERROR", "SYSTEM_ERROR", "LOST_CONTROLLER", "USER_INTERRUPT"]
-"""What ended a run that did not finish: machine-readable, beside the human-readable `status_detail`."""
+CauseClass = Literal["INFRASTRUCTURE", "APPLICATION", "INTERRUPTED", "NO_PROGRESS"]
+"""Whose fault the end of a run was, coarsely: what a person paged for it would first want to know. Each [`CauseKind`] has one ([`CauseKind::class`]), except that a run that had stopped making progress (STALLED) and was then interrupted, timed out or lost is `NO_PROGRESS`: the hang, not the signal that ended it, is the news."""
+
+CauseKind = Literal["USER_ERROR", "SYSTEM_ERROR", "LOST_CONTROLLER", "USER_INTERRUPT", "OOM", "PREEMPTED", "TIMEOUT", "NODE_LOST", "HARDWARE"]
+"""What ended a run that did not finish: machine-readable, beside the human-readable `status_detail`. Each kind has a [`CauseClass`], which says whose fault it was; `docs/causes.md` says how each is told."""
 
 Cursor = str
 """An opaque, versioned position in the listing: pass a page's next_cursor back as cursor."""
@@ -884,6 +888,7 @@ _RunCauseRequired = TypedDict(
 _RunCauseOptional = TypedDict(
     "_RunCauseOptional",
     {
+        "class": "Optional[CauseClass]",
         "failed_world_rank": "Optional[int]",
         "how": "Optional[FailureMode]",
         "failed_at_ms": "Optional[int]",
@@ -894,7 +899,7 @@ _RunCauseOptional = TypedDict(
 
 
 class RunCause(_RunCauseRequired, _RunCauseOptional):
-    """The machine-readable cause of an `ERRORED` or `ABORTED` run."""
+    """The machine-readable cause of an `ERRORED` or `ABORTED` run. Its `class` is the head's: read from a record that has none (written before classes were kept), and from a client, it is the kind's own ([`CauseKind::class`])."""
 
 
 _RunEventRequired = TypedDict(

@@ -58,7 +58,9 @@ pub use services::http;
 pub use services::notify;
 
 pub use decisions::clock::{Clock, ManualClock, SystemClock};
-pub use decisions::rendezvous::{ECHO_MESSAGES, ECHO_TIE_MS, ECHO_WINDOW_MS, FAILURE_WINDOW_MS};
+pub use decisions::rendezvous::{
+    ECHO_MESSAGES, ECHO_TIE_MS, ECHO_WINDOW_MS, FAILURE_WINDOW_MS, HARDWARE_MESSAGES,
+};
 pub use engine::config::STORE_SCHEMA_VERSION;
 pub use engine::config::{
     DEFAULT_EVENT_BACKLOG, DEFAULT_EVENT_BACKLOG_BYTES, DEFAULT_HEALTH_TICK, DEFAULT_LEASE,

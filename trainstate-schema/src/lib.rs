@@ -85,7 +85,9 @@ pub use id::{RUN_ID_PATTERN, RunId};
 pub use json::JsonValue;
 pub use model::{NewRun, RunAttempt, TrainDatasetInfo, TrainRunInfo, TrainWorkerInfo};
 pub use resources::Resources;
-pub use status::{ActorStatus, AttemptStatus, CauseKind, FailureMode, RunCause, RunStatus};
+pub use status::{
+    ActorStatus, AttemptStatus, CauseClass, CauseKind, FailureMode, RunCause, RunStatus,
+};
 pub use validate::{validate_client_cause, validate_name, validate_time};
 pub use workers::WorkerList;
 

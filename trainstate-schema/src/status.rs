@@ -212,15 +212,19 @@ impl fmt::Display for ActorStatus {
 }
 
 /// What ended a run that did not finish: machine-readable, beside the
-/// human-readable `status_detail`.
+/// human-readable `status_detail`. Each kind has a [`CauseClass`], which
+/// says whose fault it was; `docs/causes.md` says how each is told.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 #[non_exhaustive]
 pub enum CauseKind {
-    /// The training code raised an error.
+    /// The training code raised an error, or its process exited with a
+    /// non-zero status.
     UserError,
-    /// The system failed under the training code (node lost, out of memory, ...).
+    /// The system failed under the training code, and how is not known
+    /// more closely (a rank killed by a signal no one is known to have
+    /// sent, a rank that vanished).
     SystemError,
     /// The run's controller stopped heartbeating; the head aborted the run.
     /// For a run of the rendezvous (no controller): no rank was heard from
@@ -228,9 +232,37 @@ pub enum CauseKind {
     LostController,
     /// A person or a scheduler interrupted the run.
     UserInterrupt,
+    /// The kernel's out-of-memory killer ended a rank: its cgroup's memory
+    /// limit, or the machine's memory, was reached.
+    #[serde(rename = "OOM")]
+    Oom,
+    /// The scheduler took the allocation back before its time: a preempted
+    /// job, a node drained for a job of higher priority or a spot instance
+    /// reclaimed.
+    Preempted,
+    /// The allocation's time ran out (Slurm's time limit, a job's deadline).
+    Timeout,
+    /// A node died under the run.
+    NodeLost,
+    /// A device failed: a GPU's uncorrectable memory error, an Xid of its
+    /// driver, a GPU fallen off the bus.
+    Hardware,
 }
 
 impl CauseKind {
+    /// Every kind, in documentation order.
+    pub const ALL: [CauseKind; 9] = [
+        CauseKind::UserError,
+        CauseKind::SystemError,
+        CauseKind::LostController,
+        CauseKind::UserInterrupt,
+        CauseKind::Oom,
+        CauseKind::Preempted,
+        CauseKind::Timeout,
+        CauseKind::NodeLost,
+        CauseKind::Hardware,
+    ];
+
     /// The wire spelling, for example `"LOST_CONTROLLER"`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -238,11 +270,91 @@ impl CauseKind {
             CauseKind::SystemError => "SYSTEM_ERROR",
             CauseKind::LostController => "LOST_CONTROLLER",
             CauseKind::UserInterrupt => "USER_INTERRUPT",
+            CauseKind::Oom => "OOM",
+            CauseKind::Preempted => "PREEMPTED",
+            CauseKind::Timeout => "TIMEOUT",
+            CauseKind::NodeLost => "NODE_LOST",
+            CauseKind::Hardware => "HARDWARE",
+        }
+    }
+
+    /// The kind spelled `text` on the wire, without regard to case.
+    pub fn parse(text: &str) -> Option<CauseKind> {
+        CauseKind::ALL.into_iter().find(|kind| kind.as_str().eq_ignore_ascii_case(text))
+    }
+
+    /// Whose fault a failure of this kind is, unless what the run did
+    /// before says otherwise (see [`CauseClass`]).
+    pub fn class(self) -> CauseClass {
+        match self {
+            CauseKind::UserError => CauseClass::Application,
+            CauseKind::SystemError
+            | CauseKind::LostController
+            | CauseKind::Oom
+            | CauseKind::NodeLost
+            | CauseKind::Hardware => CauseClass::Infrastructure,
+            CauseKind::UserInterrupt | CauseKind::Preempted | CauseKind::Timeout => {
+                CauseClass::Interrupted
+            }
         }
     }
 }
 
 impl fmt::Display for CauseKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Whose fault the end of a run was, coarsely: what a person paged for it
+/// would first want to know. Each [`CauseKind`] has one
+/// ([`CauseKind::class`]), except that a run that had stopped making
+/// progress (STALLED) and was then interrupted, timed out or lost is
+/// `NO_PROGRESS`: the hang, not the signal that ended it, is the news.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[non_exhaustive]
+pub enum CauseClass {
+    /// The machine failed under the code: out of memory, a node lost, a
+    /// device fault, a rank killed by no one known, the controller lost.
+    Infrastructure,
+    /// The training code failed: it raised, or exited non-zero.
+    Application,
+    /// Someone stopped the run on purpose: a person, the scheduler's
+    /// preemption or its time limit.
+    Interrupted,
+    /// The run had stopped making progress before it ended (it was
+    /// STALLED); what ended it followed the hang.
+    NoProgress,
+}
+
+impl CauseClass {
+    /// Every class, in documentation order.
+    pub const ALL: [CauseClass; 4] = [
+        CauseClass::Infrastructure,
+        CauseClass::Application,
+        CauseClass::Interrupted,
+        CauseClass::NoProgress,
+    ];
+
+    /// The wire spelling, for example `"NO_PROGRESS"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CauseClass::Infrastructure => "INFRASTRUCTURE",
+            CauseClass::Application => "APPLICATION",
+            CauseClass::Interrupted => "INTERRUPTED",
+            CauseClass::NoProgress => "NO_PROGRESS",
+        }
+    }
+
+    /// The class spelled `text` on the wire, without regard to case.
+    pub fn parse(text: &str) -> Option<CauseClass> {
+        CauseClass::ALL.into_iter().find(|class| class.as_str().eq_ignore_ascii_case(text))
+    }
+}
+
+impl fmt::Display for CauseClass {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
@@ -292,12 +404,19 @@ impl fmt::Display for FailureMode {
 }
 
 /// The machine-readable cause of an `ERRORED` or `ABORTED` run.
+///
+/// Its `class` is the head's: read from a record that has none (written
+/// before classes were kept), and from a client, it is the kind's own
+/// ([`CauseKind::class`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[serde(from = "RunCauseFields")]
 #[non_exhaustive]
 pub struct RunCause {
     /// What kind of failure ended the run.
     pub kind: CauseKind,
+    /// Whose fault it was, coarsely.
+    pub class: CauseClass,
     /// The world rank of the worker that failed first in time, when one did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed_world_rank: Option<u32>,
@@ -317,14 +436,70 @@ pub struct RunCause {
     pub report: Option<String>,
 }
 
+/// A [`RunCause`] as read: its `class` may be missing (an older record or
+/// client), and is then the kind's own.
+#[derive(Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+struct RunCauseFields {
+    /// What kind of failure ended the run.
+    kind: CauseKind,
+    /// Whose fault it was, coarsely: the head's, kept with the record.
+    /// Without it, the kind's own.
+    #[serde(default)]
+    class: Option<CauseClass>,
+    /// The world rank of the worker that failed first in time, when one did.
+    #[serde(default)]
+    failed_world_rank: Option<u32>,
+    /// How that rank is known to have failed, when a rank did.
+    #[serde(default)]
+    how: Option<FailureMode>,
+    /// When that rank failed (Unix ms, by the clock of the rank's machine),
+    /// when known.
+    #[serde(default)]
+    failed_at_ms: Option<u64>,
+    /// What the rank that failed first reported, in one line (its first
+    /// line and, when it has more, its last, where a Python traceback says
+    /// what was raised), when the head judged the cause from the ranks'
+    /// reports: what a notification shows, without reading
+    /// `status_detail`, which also tells what followed the failure.
+    #[serde(default)]
+    report: Option<String>,
+}
+
+impl From<RunCauseFields> for RunCause {
+    fn from(fields: RunCauseFields) -> Self {
+        RunCause {
+            kind: fields.kind,
+            class: fields.class.unwrap_or(fields.kind.class()),
+            failed_world_rank: fields.failed_world_rank,
+            how: fields.how,
+            failed_at_ms: fields.failed_at_ms,
+            report: fields.report,
+        }
+    }
+}
+
 impl RunCause {
-    /// A cause of `kind`, with the world rank that failed first if known.
+    /// A cause of `kind`, of the kind's own class, with the world rank that
+    /// failed first if known.
     pub fn new(kind: CauseKind, failed_world_rank: Option<u32>) -> Self {
-        Self { kind, failed_world_rank, how: None, failed_at_ms: None, report: None }
+        Self {
+            kind,
+            class: kind.class(),
+            failed_world_rank,
+            how: None,
+            failed_at_ms: None,
+            report: None,
+        }
     }
 
     /// This cause, saying how its rank failed and when.
     pub fn with_failure(self, how: Option<FailureMode>, failed_at_ms: Option<u64>) -> Self {
         Self { how, failed_at_ms, ..self }
+    }
+
+    /// This cause, of class `class`.
+    pub fn with_class(self, class: CauseClass) -> Self {
+        Self { class, ..self }
     }
 }

@@ -86,6 +86,18 @@ pub const ECHO_MESSAGES: &[&str] = &[
     "NCCL communicator was aborted",
 ];
 
+/// What a device fault reads like in the error a rank raised (CUDA's and
+/// the NVIDIA driver's words), looked for, without regard to case, at the
+/// end of a raised error's detail: a rank that raised one failed of
+/// `HARDWARE`, not of its code. The one list: `docs/causes.md` names these.
+pub const HARDWARE_MESSAGES: &[&str] = &[
+    "uncorrectable ECC error",
+    "uncorrectable NVLink error",
+    "has fallen off the bus",
+    "NVRM: Xid",
+    "ECC page retirement or row remapping",
+];
+
 /// How close in time, either side, a rank's death must be to a peer's echo
 /// for the echo not to be the cause. The times compared are each
 /// observer's: a peer's error is stamped as it is raised, a death when its
@@ -511,6 +523,16 @@ fn is_echo(end: &RankEnd) -> bool {
     ECHO_MESSAGES.iter().any(|m| tail.contains(&m.to_ascii_lowercase()))
 }
 
+/// True when `end` is an error a rank raised because its device failed
+/// (one of [`HARDWARE_MESSAGES`] in it).
+fn is_device_fault(end: &RankEnd) -> bool {
+    if end.status != RunStatus::Errored || end.failure_mode() != Some(FailureMode::Raised) {
+        return false;
+    }
+    let tail = last_chars(&end.detail, 2_000).to_ascii_lowercase();
+    HARDWARE_MESSAGES.iter().any(|m| tail.contains(&m.to_ascii_lowercase()))
+}
+
 /// True when `end` is an interrupt: killed by SIGTERM, SIGINT or SIGHUP, or
 /// a `KeyboardInterrupt` (what a launcher, a scheduler or a person does).
 fn is_interrupt(end: &RankEnd) -> bool {
@@ -590,7 +612,10 @@ fn failure_update(
     let end = &first.end;
     let rank = first.rank;
     let how = end.failure_mode().unwrap_or(FailureMode::Raised);
-    let kind = end.cause_kind().unwrap_or(CauseKind::UserError);
+    let kind = match end.cause_kind().unwrap_or(CauseKind::UserError) {
+        CauseKind::UserError if is_device_fault(end) => CauseKind::Hardware,
+        kind => kind,
+    };
     let mut detail = if how.died_unreported() {
         let who = who(rank).map(|w| format!(" ({w})")).unwrap_or_default();
         let at = iso_ms(first.at_ms);
@@ -1791,5 +1816,24 @@ mod tests {
         let mut killed = RankEnd::errored("0", "Connection reset by peer");
         killed.how = Some(FailureMode::Killed);
         assert!(!is_echo(&killed), "only an error a rank raised is an echo");
+    }
+
+    #[test]
+    fn a_rank_that_raised_a_device_fault_failed_of_hardware_and_its_class_is_the_machines() {
+        use trainstate_schema::CauseClass;
+        for message in HARDWARE_MESSAGES {
+            let detail = format!("Traceback:\nRuntimeError: CUDA error: {message}");
+            let end = RankEnd::errored("0", detail).at(T, Some(FailureMode::Raised));
+            let all = vec![Failure { rank: 1, at_ms: T, end }];
+            let cause = failure_update(cause_of(&all, 2).unwrap(), &all, |_| None).cause.unwrap();
+            assert_eq!(
+                (cause.kind, cause.class, cause.failed_world_rank),
+                (CauseKind::Hardware, CauseClass::Infrastructure, Some(1)),
+                "{message}"
+            );
+        }
+        let all = vec![failure(1, T, How::Raised("ValueError: loss diverged"))];
+        let cause = failure_update(cause_of(&all, 2).unwrap(), &all, |_| None).cause.unwrap();
+        assert_eq!((cause.kind, cause.class), (CauseKind::UserError, CauseClass::Application));
     }
 }

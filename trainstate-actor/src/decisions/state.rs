@@ -14,9 +14,9 @@ use trainstate_client::{
 use trainstate_schema::limits::{MAX_ATTEMPT_HISTORY_BYTES, MAX_STATUS_DETAIL_LEN};
 use trainstate_schema::text::{errored_status_detail, last_chars};
 use trainstate_schema::{
-    ActorStatus, AttemptStatus, CauseKind, NewRun, Rule, RunAttemptDraft, RunCause, RunHealth,
-    RunId, RunStatus, TrainRunInfo, TrainRunInfoDraft, TrainWorkerInfoDraft, ValidationError,
-    validate_client_cause, validate_time,
+    ActorStatus, AttemptStatus, CauseClass, CauseKind, HealthState, NewRun, Rule, RunAttemptDraft,
+    RunCause, RunHealth, RunId, RunStatus, TrainRunInfo, TrainRunInfoDraft, TrainWorkerInfoDraft,
+    ValidationError, validate_client_cause, validate_time,
 };
 
 use crate::decisions::change::{PendingEvent, StoreOp};
@@ -426,11 +426,13 @@ impl Runs {
             // The controller's own late report replaces a lost-controller abort.
         }
 
-        let mut draft = record.run()?.into_draft();
+        let stored = record.run()?;
+        let cause = classified(update.cause, was_stalled(&stored));
+        let mut draft = stored.into_draft();
         draft.run_status = to;
         draft.status = Some(to);
-        draft.status_detail = failure_detail(to, update.cause.as_ref(), &update.detail);
-        draft.cause = update.cause;
+        draft.status_detail = failure_detail(to, cause.as_ref(), &update.detail);
+        draft.cause = cause;
         end_run(&mut draft, update.end_time_ms, now_ms);
         Ok(Outcome::Changed(self.replace(draft, EventKind::StatusChanged, now_ms)?))
     }
@@ -459,7 +461,11 @@ impl Runs {
                 reason: "only a live run's attempt fails and restarts".into(),
             });
         }
-        let mut draft = record.run()?.into_draft();
+        let stored = record.run()?;
+        let cause = classified(update.cause.clone(), was_stalled(&stored));
+        let mut update = update;
+        update.cause = cause;
+        let mut draft = stored.into_draft();
         if draft.attempts.is_empty() {
             let first = RunAttemptDraft::new(NewRun::FIRST_ATTEMPT_ID, draft.start_time_ms);
             draft.attempts.push(first);
@@ -861,6 +867,25 @@ pub(crate) fn not_ahead_of(path: &str, time_ms: u64, now_ms: u64) -> Result<(), 
             crate::decisions::time_text::iso_ms(now_ms)
         ),
     ))
+}
+
+/// True when `run`'s health says it had stopped making progress.
+fn was_stalled(run: &TrainRunInfo) -> bool {
+    run.health().is_some_and(|health| health.state == HealthState::Stalled)
+}
+
+/// `cause` with the head's class: the kind's own (a class a client sent is
+/// not taken), except that a run that was STALLED when it was interrupted,
+/// timed out or lost its controller is `NO_PROGRESS`, the hang being what
+/// a person needs to hear of (see `docs/causes.md`).
+pub(crate) fn classified(cause: Option<RunCause>, stalled: bool) -> Option<RunCause> {
+    cause.map(|cause| {
+        let own = cause.kind.class();
+        let followed_a_hang =
+            stalled && (own == CauseClass::Interrupted || cause.kind == CauseKind::LostController);
+        let class = if followed_a_hang { CauseClass::NoProgress } else { own };
+        cause.with_class(class)
+    })
 }
 
 /// The cause of a run or attempt Ray Train V2 reports `errored`: a user
