@@ -159,3 +159,29 @@ fn largest_real_run_is_valid() {
         run.workers().iter().map(|w| w.node_id()).collect();
     assert_eq!(nodes.len(), 4_096);
 }
+
+#[test]
+fn a_cause_kept_before_classes_reads_with_its_kind_s_class_and_a_kept_class_stays() {
+    use trainstate_schema::{CauseClass, CauseKind, RunCause};
+    let cases = [
+        (r#"{"kind":"USER_ERROR","failed_world_rank":1}"#, CauseClass::Application),
+        (r#"{"kind":"SYSTEM_ERROR"}"#, CauseClass::Infrastructure),
+        (r#"{"kind":"LOST_CONTROLLER"}"#, CauseClass::Infrastructure),
+        (r#"{"kind":"USER_INTERRUPT"}"#, CauseClass::Interrupted),
+        (r#"{"kind":"USER_INTERRUPT","class":"NO_PROGRESS"}"#, CauseClass::NoProgress),
+    ];
+    for (json, class) in cases {
+        let cause: RunCause = serde_json::from_str(json).unwrap();
+        assert_eq!(cause.class, class, "{json}");
+        let again: RunCause =
+            serde_json::from_value(serde_json::to_value(&cause).unwrap()).unwrap();
+        assert_eq!(again, cause, "{json}");
+    }
+    for kind in CauseKind::ALL {
+        assert_eq!(CauseKind::parse(&kind.as_str().to_lowercase()), Some(kind));
+        let json = serde_json::to_string(&kind).unwrap();
+        assert_eq!(json, format!("\"{}\"", kind.as_str()));
+    }
+    let err = serde_json::from_str::<RunCause>(r#"{"kind":"OOPS"}"#).unwrap_err().to_string();
+    assert!(err.contains("OOM") && err.contains("NODE_LOST"), "the kinds are listed: {err}");
+}

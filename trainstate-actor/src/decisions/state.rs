@@ -393,6 +393,10 @@ impl Runs {
         now_ms: u64,
     ) -> Result<Outcome<RunDocument>, StateError> {
         let record = self.entry(id)?.record.clone();
+        let mut update = update;
+        if update.cause.is_some() {
+            update.cause = classified(update.cause, was_stalled(&record)?);
+        }
         let from = record.status;
         let to = update.status;
         let illegal = |reason: &str| StateError::IllegalTransition {
@@ -426,13 +430,11 @@ impl Runs {
             // The controller's own late report replaces a lost-controller abort.
         }
 
-        let stored = record.run()?;
-        let cause = classified(update.cause, was_stalled(&stored));
-        let mut draft = stored.into_draft();
+        let mut draft = record.run()?.into_draft();
         draft.run_status = to;
         draft.status = Some(to);
-        draft.status_detail = failure_detail(to, cause.as_ref(), &update.detail);
-        draft.cause = cause;
+        draft.status_detail = failure_detail(to, update.cause.as_ref(), &update.detail);
+        draft.cause = update.cause;
         end_run(&mut draft, update.end_time_ms, now_ms);
         Ok(Outcome::Changed(self.replace(draft, EventKind::StatusChanged, now_ms)?))
     }
@@ -461,11 +463,9 @@ impl Runs {
                 reason: "only a live run's attempt fails and restarts".into(),
             });
         }
-        let stored = record.run()?;
-        let cause = classified(update.cause.clone(), was_stalled(&stored));
         let mut update = update;
-        update.cause = cause;
-        let mut draft = stored.into_draft();
+        update.cause = classified(update.cause, was_stalled(&record)?);
+        let mut draft = record.run()?.into_draft();
         if draft.attempts.is_empty() {
             let first = RunAttemptDraft::new(NewRun::FIRST_ATTEMPT_ID, draft.start_time_ms);
             draft.attempts.push(first);
@@ -869,9 +869,13 @@ pub(crate) fn not_ahead_of(path: &str, time_ms: u64, now_ms: u64) -> Result<(), 
     ))
 }
 
-/// True when `run`'s health says it had stopped making progress.
-fn was_stalled(run: &TrainRunInfo) -> bool {
-    run.health().is_some_and(|health| health.state == HealthState::Stalled)
+/// True when `record`'s run had stopped making progress: its health is
+/// STALLED (an ended run keeps the health it ended with).
+fn was_stalled(record: &RunRecord) -> Result<bool, StateError> {
+    if record.status.is_live() {
+        return Ok(record.health == Some(HealthState::Stalled));
+    }
+    Ok(record.run()?.health().is_some_and(|health| health.state == HealthState::Stalled))
 }
 
 /// `cause` with the head's class: the kind's own (a class a client sent is

@@ -667,3 +667,37 @@ fn every_status_change_is_recorded_in_the_run_s_history() {
         ]
     );
 }
+
+#[test]
+fn a_cause_s_class_is_the_head_s_and_a_stalled_run_interrupted_is_no_progress() {
+    use trainstate_schema::{CauseClass, HealthState, RunHealth};
+    // (cause kind, a class the client claims, the run stalled before, the class kept)
+    let cases = [
+        (CauseKind::Oom, CauseClass::Application, false, CauseClass::Infrastructure),
+        (CauseKind::UserError, CauseClass::Infrastructure, false, CauseClass::Application),
+        (CauseKind::UserInterrupt, CauseClass::Interrupted, false, CauseClass::Interrupted),
+        (CauseKind::Preempted, CauseClass::Interrupted, false, CauseClass::Interrupted),
+        (CauseKind::UserInterrupt, CauseClass::Interrupted, true, CauseClass::NoProgress),
+        (CauseKind::Timeout, CauseClass::Interrupted, true, CauseClass::NoProgress),
+        // A real fault explains the stall: its class is its own.
+        (CauseKind::Hardware, CauseClass::Interrupted, true, CauseClass::Infrastructure),
+        (CauseKind::UserError, CauseClass::Interrupted, true, CauseClass::Application),
+    ];
+    for (kind, claimed, stalled, kept) in cases {
+        let what = format!("{kind} claimed {claimed}, stalled {stalled}");
+        let mut m = Machine::new();
+        let run = live_run();
+        let id = run.id().clone();
+        assert_eq!(m.register(run), Got::Changed, "{what}");
+        if stalled {
+            let health = RunHealth::new(HealthState::Stalled, m.now_ms, vec![0], "stalled".into());
+            assert!(matches!(m.runs.set_health(&id, health, m.now_ms), Ok(Outcome::Changed(_))));
+        }
+        let mut update = StatusUpdate::aborted(kind, "ended");
+        update.cause = Some(RunCause::new(kind, Some(0)).with_class(claimed));
+        assert_eq!(m.set_status(&id, update.clone()), Got::Changed, "{what}");
+        assert_eq!(m.run(&id).cause().map(|c| c.class), Some(kept), "{what}");
+        // The same report again is a repeat, whatever class it claimed.
+        assert_eq!(m.set_status(&id, update), Got::Unchanged, "{what}");
+    }
+}
