@@ -72,8 +72,10 @@ HOLD_GIL = """
     def tick():
         while True:
             ticks[0] += 1
-            with open("ticks", "w") as f:
+            # Replaced whole, so that a read never finds it half written.
+            with open("ticks.new", "w") as f:
                 f.write(str(ticks[0]))
+            os.replace("ticks.new", "ticks")
             time.sleep(0.05)
     threading.Thread(target=tick, daemon=True).start()
     while ticks[0] < 3:
@@ -85,7 +87,9 @@ HOLD_GIL = """
 
 
 def test_a_rank_holding_the_gil_in_a_c_call_keeps_heartbeating(head, name, tmp_path):
-    path = script(tmp_path, RANK.format(body=HOLD_GIL.format(seconds=6)))
+    # Held longer than the two waits below may take on a loaded machine (5 s
+    # each), so that the ticks are read again while it still holds it.
+    path = script(tmp_path, RANK.format(body=HOLD_GIL.format(seconds=12)))
     child = start(path, child_env(head.url, name))
     try:
         assert child.stdout is not None and child.stdout.readline() == "holding the GIL\n"
@@ -97,7 +101,7 @@ def test_a_rank_holding_the_gil_in_a_c_call_keeps_heartbeating(head, name, tmp_p
             return beats[0]
 
         first = wait_until("a heartbeat", heartbeat, deadline=5)
-        # The lease is 2 s, so a heartbeat every 0.5 s: two more within the 6 s the rank holds the GIL.
+        # The lease is 2 s, so a heartbeat every 0.5 s: two more within the 12 s the rank holds the GIL.
         wait_until("two more heartbeats", lambda: (heartbeat() or 0) > first + 600, deadline=5)
         assert (tmp_path / "ticks").read_text() == ticks, "the rank's own threads were starved all along"
         assert head.run_named(name)["run_status"] == "RUNNING"
