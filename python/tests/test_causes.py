@@ -304,3 +304,26 @@ def test_the_heads_warning_about_the_node_reaches_the_rank_and_is_logged_once(ca
     ]
     ours.close()
     theirs.close()
+
+
+def test_a_rank_moved_into_a_cgroup_below_its_own_is_told_by_the_kernel_log_with_that_limit(tmp_path):
+    """The baseline was read in the rank's first cgroup; it was then moved
+    into a child with a limit (v1 counts a kill in the child only): the
+    kernel log names the child, whose limit is read where the mount has it."""
+    pid = 4242
+    proc, root = fake_tree(tmp_path, 1, pid, "/batch", {})
+    moved = root / "memory" / "batch" / "moved"
+    moved.mkdir()
+    (moved / "memory.oom_control").write_text("oom_kill 1\n")
+    (moved / "memory.limit_in_bytes").write_text(str(64 << 20))
+    kmsg = kmsg_file(tmp_path)
+    observer = _causes.Observer(pid, {}, proc=str(proc), cgroup_root=str(root), kmsg=str(kmsg), scontrol=no_scontrol)
+    append(
+        kmsg,
+        "6,9,1,-;oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,oom_memcg=/batch/moved,task_memcg=/batch/moved,task=python3,pid=4242,uid=0",
+        "3,10,2,-;Memory cgroup out of memory: Killed process 4242 (python3) total-vm:80000kB, anon-rss:65000kB",
+    )
+    assert observer.judge("ERRORED", "SYSTEM_ERROR", "KILLED", "killed by SIGKILL", signal.SIGKILL, 0) == (
+        "OOM",
+        "killed by SIGKILL: the kernel's out-of-memory killer (cgroup /batch/moved, limit 64 MiB)",
+    )

@@ -390,6 +390,12 @@ class Observer:
         limits = [(memory_limit(c), c) for c in chain]
         bound = [(size, c) for size, c in limits if size is not None and (named is None or c.path == named)]
         if not bound and named is not None:
+            # A cgroup below the rank's own (the rank was moved after the
+            # watcher started): its limit, where the mount shows it.
+            below = self.cgroup_named(named)
+            size = memory_limit(below) if below is not None else None
+            bound = [(size, below)] if size is not None and below is not None else []
+        if not bound and named is not None:
             bound = [(size, c) for size, c in limits if size is not None]
         where = []
         if bound:
@@ -400,6 +406,20 @@ class Observer:
         elif record is not None and not record.memcg:
             where = ["the machine was out of memory"]
         return "the kernel's out-of-memory killer" + (f" ({', '.join(where)})" if where else "")
+
+    def cgroup_named(self, path: str) -> Optional[MemoryCgroup]:
+        """The memory cgroup at ``path`` of the mount the rank's own is on."""
+        root = next((c for c in self.cgroups if c.path == "/"), None)
+        if root is None or ".." in path.split("/"):
+            return None
+        mount = os.path.dirname(root.limit)
+        parts = [p for p in path.split("/") if p]
+        return MemoryCgroup(
+            path,
+            os.path.join(mount, *parts, os.path.basename(root.events)),
+            os.path.join(mount, *parts, os.path.basename(root.limit)),
+            root.version,
+        )
 
     def judge(self, status: str, cause: Optional[str], how: Optional[str], detail: str, signum: Optional[int], at_ms: int) -> Tuple[Optional[str], str]:
         """The cause of a rank's end, and its detail, with what the machine
