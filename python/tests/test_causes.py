@@ -271,6 +271,8 @@ def test_under_slurm_a_sigterm_at_the_end_time_is_timeout_and_before_it_an_inter
         "terminated by SIGTERM: Slurm job 77 reached its time limit (SLURM_JOB_END_TIME 1780000000)",
     )
     assert observer.judge("ABORTED", "USER_INTERRUPT", "KILLED", "terminated by SIGTERM", signal.SIGTERM, 1_779_990_000_000)[0] == "USER_INTERRUPT"
+    # The rank's own report of an interrupt (it handled the signal) at the end time.
+    assert observer.judge("ABORTED", "USER_INTERRUPT", None, "KeyboardInterrupt", None, 1_780_000_002_000)[0] == "TIMEOUT"
     # SIGKILL after Slurm's KillWait is the time limit too; SIGHUP is not Slurm's.
     assert observer.judge("ERRORED", "SYSTEM_ERROR", "KILLED", "killed by SIGKILL", signal.SIGKILL, 1_780_000_030_000)[0] == "TIMEOUT"
     assert observer.judge("ABORTED", "USER_INTERRUPT", "KILLED", "terminated by SIGHUP", signal.SIGHUP, 1_780_000_030_000)[0] == "USER_INTERRUPT"

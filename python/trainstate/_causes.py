@@ -434,7 +434,10 @@ class Observer:
             oom = self.out_of_memory()
             if oom is not None:
                 return "OOM", f"{detail}: {oom}"
-        if how == "KILLED" and signum in (signal.SIGTERM, signal.SIGKILL, signal.SIGINT):
+        slurm_signals = (signal.SIGTERM, signal.SIGKILL, signal.SIGINT)
+        # A signal Slurm sends, or the rank's own report that it was
+        # interrupted (a KeyboardInterrupt, a handler of SIGTERM).
+        if (how == "KILLED" and signum in slurm_signals) or (status == "ABORTED" and signum is None):
             slurm = slurm_end(self.env, at_ms / 1000.0, self.scontrol)
             if slurm is not None:
                 return slurm[0], f"{detail}: {slurm[1]}"
