@@ -103,6 +103,7 @@ class Run:
         self._ended = False
         self._line_broken = False
         self._exit_status: Optional[Any] = None
+        self._warned = False
         self._socket: Optional[socket.socket] = None
         self._watcher: Optional["subprocess.Popen[bytes]"] = None
         self._progress = Progress(self._send)
@@ -389,7 +390,13 @@ class Run:
                 pass
             self._tried = self._tried or bool(state.get("tried"))
             self._given_up = bool(state.get("given_up"))
+            warning = state.get("warning")
+            new_warning = isinstance(warning, str) and bool(warning.strip()) and not self._warned
+            self._warned = self._warned or new_warning
             self._changed.notify_all()
+        if new_warning:
+            # Once: the head's word about this rank (its node keeps failing runs).
+            logger.warning("trainstate: %s", str(warning).strip())
 
     def _send(self, message: Dict[str, Any], wait: bool = True) -> bool:
         """Writes one line to the watcher without blocking: a full pipe, or

@@ -45,9 +45,9 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Dict, Optional, cast
+from typing import Any, Dict, Optional, Tuple, cast
 
-from . import _http, _proc
+from . import _causes, _http, _proc
 from ._contract import END_RANK, HEARTBEAT_RANK, JOIN_RENDEZVOUS, MAX_TRACE_LEN, TERMINAL_RUN_STATUSES, Route
 from ._progress import MAX_METRIC_NAMES_PER_REPORT
 from .types import JoinRequest, RankEndRequest, RankHeartbeatRequest, RankProgress, RendezvousResponse, RunStatus
@@ -121,6 +121,15 @@ class Watcher:
             self.launcher_fd = _proc.open_pidfd(_int(self.launcher.get("pid")))
         self.launcher_gone_ms: Optional[int] = None
         self.own_end_checked = False
+        # What the machine says of the rank (its memory cgroup's counters,
+        # the kernel log, Slurm), read now as a baseline and again at its end.
+        self.causes: Optional[_causes.Observer] = None
+        try:
+            self.causes = _causes.Observer(self.rank_pid, os.environ)
+        except Exception:  # noqa: BLE001 - the rank is reported without it
+            self.causes = None
+        # The head's warning about this rank's node, passed on to the rank.
+        self.warning: Optional[str] = None
 
     # What the rank says.
 
@@ -240,9 +249,11 @@ class Watcher:
                 if self.eof_ms is not None:
                     seen_ms = min(seen_ms, self.eof_ms)
             launcher_gone = self.launcher_exited(seen_ms)
+            # Outside the lock: asking the machine why may take a moment.
+            final = self.decide(code, seen_ms, launcher_gone)
             with self.changed:
                 self.gone = True
-                self.final = self.decide(code, seen_ms, launcher_gone)
+                self.final = final
                 self.changed.notify_all()
 
     def launcher_exited(self, now_ms: int) -> bool:
@@ -288,6 +299,9 @@ class Watcher:
             return None
         if self.own_end is not None:
             own = dict(self.own_end)
+            if not own.get("judged"):
+                own["judged"] = True
+                own["cause"], own["detail"] = self.judge(own.get("status"), own.get("cause"), own.get("how"), own.get("detail") or "", None, seen_ms)
             if launcher_gone and own.get("status") != "FINISHED":
                 own["detail"] = f"{own.get('detail') or ''}\n({self.launcher_note()})".lstrip("\n")
             return own
@@ -297,6 +311,8 @@ class Watcher:
             # status it was exiting with, as far as it knew.
             code = (_int(note.get("status")) & 0xFF) << 8
         status, cause, how, detail = _proc.describe(code)
+        signum = code & 0x7F if code is not None else None
+        cause, detail = self.judge(status, cause, how, detail, signum, seen_ms)
         at_ms = seen_ms
         if note is not None and how in (None, "EXITED"):
             at_ms = _int(note.get("at_ms")) or seen_ms
@@ -311,6 +327,17 @@ class Watcher:
         if how is not None:
             end["how"] = how
         return end
+
+    def judge(self, status: Any, cause: Any, how: Any, detail: str, signum: Optional[int], at_ms: int) -> Tuple[Any, str]:
+        """The cause and detail of the rank's end with what the machine
+        says of it (:mod:`trainstate._causes`); as they were when it says
+        nothing, or cannot be read."""
+        if self.causes is None or not isinstance(status, str):
+            return cause, detail
+        try:
+            return self.causes.judge(status, cause, how, detail, signum, at_ms)
+        except Exception:  # noqa: BLE001 - the end is reported without it
+            return cause, detail
 
     # What the rank is told.
 
@@ -327,6 +354,8 @@ class Watcher:
                 "tried": self.tried,
                 "given_up": self.given_up,
             }
+            if self.warning is not None:
+                state["warning"] = self.warning
         line = json.dumps(state, separators=(",", ":"))
         if line == self.last_sent or self.out_fd < 0:
             return
@@ -395,6 +424,11 @@ class Watcher:
             except (TypeError, ValueError):
                 pass
             self.joined = True
+            # A warning of the head's about this rank (its node is a
+            # suspect), passed on for the rank to log.
+            warning = cast(Dict[str, Any], answer).get("warning")
+            if isinstance(warning, str) and warning.strip():
+                self.warning = warning.strip()
             self.changed.notify_all()
         self.tell_rank()
 
@@ -579,13 +613,14 @@ class Watcher:
                     self.finish(final)
                 return
             if own_end is not None and not self.own_end_checked:
-                # The rank's own end, as it reports it: said once whether
-                # its launcher had exited before.
+                # The rank's own end, as it reports it: judged once with
+                # what the machine says, and said whether its launcher had
+                # exited before.
                 self.own_end_checked = True
-                if self.launcher_exited(_proc.now_ms()):
-                    with self.changed:
-                        own_end = self.decide(None, _proc.now_ms(), True) or own_end
-                        self.own_end = own_end
+                launcher_gone = self.launcher_exited(_proc.now_ms())
+                with self.changed:
+                    own_end = self.decide(None, _proc.now_ms(), launcher_gone) or own_end
+                    self.own_end = own_end
             if own_end is not None and self.settle(own_end):
                 # The rank reported its own end: nothing is left to watch.
                 return

@@ -668,18 +668,29 @@ fn failure_update(
     update
 }
 
-/// The update of a job stopped by a signal to all its ranks: ABORTED,
-/// `USER_INTERRUPT`, no rank named; the detail says how each rank ended.
+/// The update of a job stopped by a signal to all its ranks: ABORTED, no
+/// rank named; the detail says how each rank ended. Its kind is the one
+/// every interrupted rank gave when they agree (their watchers read from
+/// the scheduler that the job's time ran out, or that it was preempted),
+/// else `USER_INTERRUPT`.
 fn all_interrupted_update(first: &Failure, all: &[Failure]) -> StatusUpdate {
+    let kind = agreed_interrupt_kind(all);
     let mut detail = format!(
-        "All {} ranks were stopped by a signal to the whole job (from its launcher, the scheduler or a person), the first at {}; no rank failed first.\n\nHow each rank ended:",
+        "All {} ranks were stopped by a signal to the whole job (from its launcher, the scheduler or a person), the first at {}; no rank failed first.",
         all.len(),
         iso_ms(first.at_ms)
     );
+    match kind {
+        CauseKind::Timeout => detail.push_str(" The job's time limit ran out."),
+        CauseKind::Preempted => detail.push_str(" The scheduler preempted the job."),
+        CauseKind::NodeLost => detail.push_str(" The scheduler lost the job's node."),
+        _ => {}
+    }
+    detail.push_str("\n\nHow each rank ended:");
     let mut ranks: Vec<&Failure> = all.iter().collect();
     ranks.sort_by_key(|f| (f.at_ms, f.rank));
     if ranks.is_empty() {
-        return StatusUpdate::aborted(CauseKind::UserInterrupt, detail);
+        return StatusUpdate::aborted(kind, detail);
     }
     for f in ranks.iter().take(MAX_SECONDARY_FAILURES) {
         let what = f.end.detail.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
@@ -693,7 +704,18 @@ fn all_interrupted_update(first: &Failure, all: &[Failure]) -> StatusUpdate {
     if ranks.len() > MAX_SECONDARY_FAILURES {
         detail.push_str(&format!("\n- and {} more", ranks.len() - MAX_SECONDARY_FAILURES));
     }
-    StatusUpdate::aborted(CauseKind::UserInterrupt, detail)
+    StatusUpdate::aborted(kind, detail)
+}
+
+/// The cause kind every interrupted rank of `all` gave, when they all gave
+/// the same; `USER_INTERRUPT` when they differ or there are none. Echoes
+/// (errors a peer's death raised) have no say.
+fn agreed_interrupt_kind(all: &[Failure]) -> CauseKind {
+    let mut kinds = all.iter().filter(|f| is_interrupt(&f.end)).filter_map(|f| f.end.cause_kind());
+    match kinds.next() {
+        Some(kind) if kinds.all(|other| other == kind) => kind,
+        _ => CauseKind::UserInterrupt,
+    }
 }
 
 /// Ends `group`'s attempt for its first failure in time: the run ends with
@@ -1792,6 +1814,62 @@ mod tests {
             "{}",
             update.detail
         );
+    }
+
+    #[test]
+    fn a_whole_job_stopped_keeps_the_kind_its_ranks_agree_on() {
+        use trainstate_schema::CauseClass;
+        let stopped = |rank: u32, at: u64, kind: CauseKind| {
+            let mut f = failure(rank, T + at, How::Killed("SIGTERM"));
+            f.end.cause = Some(kind);
+            f
+        };
+        let cases: &[(&str, Vec<Failure>, CauseKind)] = &[
+            (
+                "every rank says the job's time ran out",
+                vec![stopped(0, 5, CauseKind::Timeout), stopped(1, 3, CauseKind::Timeout)],
+                CauseKind::Timeout,
+            ),
+            (
+                "every rank says it was preempted, a peer's echo aside",
+                vec![
+                    stopped(0, 5, CauseKind::Preempted),
+                    failure(1, T + 30, How::Raised(RESET)),
+                    stopped(2, 7, CauseKind::Preempted),
+                ],
+                CauseKind::Preempted,
+            ),
+            (
+                "ranks that disagree are a person's interrupt",
+                vec![stopped(0, 5, CauseKind::Timeout), stopped(1, 3, CauseKind::UserInterrupt)],
+                CauseKind::UserInterrupt,
+            ),
+            (
+                "ranks that say nothing more are a person's interrupt",
+                vec![
+                    failure(0, T + 5, How::Killed("SIGTERM")),
+                    failure(1, T + 3, How::Killed("SIGTERM")),
+                ],
+                CauseKind::UserInterrupt,
+            ),
+        ];
+        for (what, all, kind) in cases {
+            let update = failure_update(cause_of(all, all.len()).unwrap(), all, |_| None);
+            let cause = update.cause.unwrap();
+            assert_eq!(
+                (update.status, cause.kind, cause.class, cause.failed_world_rank),
+                (RunStatus::Aborted, *kind, CauseClass::Interrupted, None),
+                "{what}"
+            );
+            assert!(
+                update.detail.starts_with("All ") && update.detail.contains("How each rank ended:"),
+                "{what}: {}",
+                update.detail
+            );
+        }
+        let all = vec![stopped(0, 5, CauseKind::Timeout), stopped(1, 3, CauseKind::Timeout)];
+        let update = failure_update(cause_of(&all, 2).unwrap(), &all, |_| None);
+        assert!(update.detail.contains("The job's time limit ran out."), "{}", update.detail);
     }
 
     #[test]
