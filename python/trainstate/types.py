@@ -433,6 +433,9 @@ _NotifyTargetInfoOptional = TypedDict(
     {
         "clusters": "List[str]",
         "run_name": "Optional[str]",
+        "classes": "List[CauseClass]",
+        "causes": "List[CauseKind]",
+        "causes_left_out": "List[CauseKind]",
         "last_error": "Optional[str]",
         "last_error_ms": "Optional[int]",
         "last_sent_ms": "Optional[int]",

@@ -976,3 +976,53 @@ async fn regression_validation_gaps_and_implausible_times_are_refused_naming_the
     assert_eq!(status, StatusCode::OK, "{answer}");
     server.stop().await;
 }
+
+/// A controller reports the machine's kinds with the failed rank, and the
+/// head gives each its class; an unknown kind, from an older or newer
+/// client, is refused naming the field and listing every kind, on a run's
+/// status and on a rank's end alike, and never mapped to another.
+#[tokio::test]
+async fn a_cause_kind_is_taken_with_its_class_or_refused_naming_the_field_and_every_kind() {
+    let server = server(HttpConfig::default()).await;
+    let client = Client::new();
+    let url = |path: &str| format!("{}{path}", server.url);
+    let id = RunId::new_v7();
+    let (status, body) =
+        send(&client, Method::POST, &url("/api/train/runs"), json_body(&run_json(&id, "k")), None)
+            .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+
+    let kinds = "`USER_ERROR`, `SYSTEM_ERROR`, `LOST_CONTROLLER`, `USER_INTERRUPT`, `OOM`, \
+                 `PREEMPTED`, `TIMEOUT`, `NODE_LOST`, `HARDWARE`";
+    let status_url = url(&format!("/api/train/runs/{id}/status"));
+    let unknown = json!({"status": "ERRORED", "cause": {"kind": "OOPS"}});
+    let (status, body) = send(&client, Method::POST, &status_url, json_body(&unknown), None).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["code"], "invalid", "{body}");
+    assert_eq!(body["error"]["field"], "cause.kind", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("`OOPS`") && message.contains(kinds), "{message}");
+
+    let end_url = url(&format!("/api/train/runs/{id}/ranks/1/end"));
+    let unknown = json!({"attempt_id": "a0", "status": "ERRORED", "cause": "OOPS"});
+    let (status, body) = send(&client, Method::POST, &end_url, json_body(&unknown), None).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["field"], "cause", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("`OOPS`") && message.contains(kinds), "{message}");
+
+    // Nothing was stored; a new kind with its failed rank is taken.
+    let (_, run) =
+        send(&client, Method::GET, &url(&format!("/api/train/runs/{id}")), None, None).await;
+    assert_eq!(run["run_status"], "RUNNING", "{run}");
+    let lost = json!({"status": "ABORTED", "cause": {"kind": "NODE_LOST", "failed_world_rank": 3}});
+    let (status, body) = send(&client, Method::POST, &status_url, json_body(&lost), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (_, run) =
+        send(&client, Method::GET, &url(&format!("/api/train/runs/{id}")), None, None).await;
+    assert_eq!(
+        run["cause"],
+        json!({"kind": "NODE_LOST", "class": "INFRASTRUCTURE", "failed_world_rank": 3}),
+        "{run}"
+    );
+}

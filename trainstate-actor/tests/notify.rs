@@ -567,6 +567,92 @@ fn bad_notification_flags_refuse_to_start_naming_the_flag() {
     );
     let backlog = [&hook[..], &["--notify-backlog", "0"]].concat();
     refuses(dir, &backlog, &[], "--notify-backlog", "at least 1");
+    let classes = ["--notify-webhook", "http://h/#classes=application,user"];
+    refuses(
+        dir,
+        &classes,
+        &[],
+        "--notify-webhook",
+        "unknown class \"user\" in classes=; known: infrastructure, application, interrupted, no_progress",
+    );
+    let mixed = ["--notify-webhook", "http://h/#causes=oom,!preempted"];
+    refuses(dir, &mixed, &[], "--notify-webhook", "causes=\"oom,!preempted\"");
+}
+
+/// Ends run `id` as `status` of cause `kind`, rank 1 failing first.
+async fn end_of(client: &Client, head: &Head, id: &RunId, status: &str, kind: &str) {
+    let body = json!({
+        "status": status,
+        "detail": format!("Rank 1 ended: {kind}."),
+        "cause": {"kind": kind, "failed_world_rank": 1},
+    });
+    set_status(client, head, id, body).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_filtered_on_causes_gets_only_the_failures_of_its_classes_and_kinds() {
+    let application = Receiver::start(|_| 200).await;
+    let not_preempted = Receiver::start(|_| 200).await;
+    let dir = tempfile::tempdir().unwrap();
+    let app_hook = format!("{}/app#classes=application&target=app", application.url);
+    let kept_hook = format!("{}/kept#causes=!preempted&target=kept", not_preempted.url);
+    let head =
+        start_head(dir.path(), &["--notify-webhook", &app_hook, "--notify-webhook", &kept_hook])
+            .unwrap();
+    let client = Client::new();
+
+    // Three runs the machine failed, one a scheduler preempted, then the
+    // one the code failed. A target sends runs in the order they changed,
+    // so once it has the last one it has judged every other.
+    let mut machine = Vec::new();
+    for (i, kind) in ["OOM", "NODE_LOST", "HARDWARE"].into_iter().enumerate() {
+        let id = register(&client, &head, &format!("machine-{i}")).await;
+        end_of(&client, &head, &id, "ERRORED", kind).await;
+        machine.push(id);
+    }
+    let preempted = register(&client, &head, "preempted").await;
+    end_of(&client, &head, &preempted, "ABORTED", "PREEMPTED").await;
+    let code = register(&client, &head, "code").await;
+    end_of(&client, &head, &code, "ERRORED", "USER_ERROR").await;
+
+    let code_event = format!("{code}:ERRORED");
+    for receiver in [&application, &not_preempted] {
+        eventually("the code's failure delivered", DEADLINE, || {
+            let has = receiver.accepted().iter().any(|e| e["event_id"] == code_event.as_str());
+            std::future::ready(has.then_some(()))
+        })
+        .await;
+    }
+    let ids = |receiver: &Receiver| -> Vec<String> {
+        receiver.accepted().iter().map(|e| e["event_id"].as_str().unwrap().to_owned()).collect()
+    };
+    assert_eq!(
+        ids(&application),
+        std::slice::from_ref(&code_event),
+        "no infrastructure failure, no preemption"
+    );
+    let event = &application.accepted()[0];
+    assert_eq!(event["cause"]["kind"], "USER_ERROR");
+    assert_eq!(event["cause"]["class"], "APPLICATION");
+    check_schema(event);
+
+    let mut expected: Vec<String> = machine.iter().map(|id| format!("{id}:ERRORED")).collect();
+    expected.push(code_event);
+    assert_eq!(ids(&not_preempted), expected, "every failure but the preemption");
+    let oom = &not_preempted.accepted()[0];
+    assert_eq!(oom["cause"]["kind"], "OOM");
+    assert_eq!(oom["cause"]["class"], "INFRASTRUCTURE");
+
+    // GET /api/notify says each target's filter.
+    let url = format!("{}/api/notify", head.url);
+    let (status, answer) = send_json(&client, Method::GET, &url, None).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let targets = answer["targets"].as_array().unwrap();
+    assert_eq!(targets[0]["name"], "app");
+    assert_eq!(targets[0]["classes"], json!(["APPLICATION"]));
+    assert_eq!(targets[1]["name"], "kept");
+    assert_eq!(targets[1]["causes_left_out"], json!(["PREEMPTED"]));
+    assert_eq!(targets[1]["causes"], json!([]));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -435,7 +435,14 @@ fn runs_show_lists_attempts_with_statuses_and_fills_the_link_templates() {
     assert!(
         attempts[1].starts_with("1")
             && attempts[1].contains("ERRORED")
-            && attempts[1].contains("USER_ERROR (rank 1)"),
+            && attempts[1].contains("USER_ERROR APPLICATION (rank 1)"),
+        "{text}"
+    );
+    // The run's cause says whose fault it was: its kind, then its class.
+    assert!(text.lines().any(|l| l.starts_with("cause") && l.contains("USER_ERROR")), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("class") && l.ends_with("APPLICATION (the code's fault)")),
         "{text}"
     );
 }

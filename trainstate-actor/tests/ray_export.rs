@@ -624,7 +624,12 @@ async fn a_cluster_that_died_under_a_live_run_ends_it_aborted_with_rays_cause() 
     let runs = runs_by_name(&client, &head).await;
     let run = &runs["v2-cluster-died"];
     assert_eq!(run["run_status"], "ABORTED", "{run}");
-    assert_eq!(run["cause"], json!({"kind": "SYSTEM_ERROR"}), "{run}");
+    // The node died under it, unexpectedly: its rank 0 was lost with it.
+    assert_eq!(
+        run["cause"],
+        json!({"kind": "NODE_LOST", "class": "INFRASTRUCTURE", "failed_world_rank": 0}),
+        "{run}"
+    );
     let detail = run["status_detail"].as_str().unwrap();
     // The controller's death, in Ray's words, and the node's.
     let controller = "f7be0523d5996eb52c01ecc901000000";
@@ -687,6 +692,48 @@ async fn a_cluster_that_died_under_a_live_run_ends_it_aborted_with_rays_cause() 
     assert_eq!(runs_by_name(&client, &head).await["v2-cluster-died"], *run);
 }
 
+/// The same capture with its node preempted rather than lost
+/// (`fixtures/ray-v2/node-preempted/`, its node's death reason changed to
+/// `AUTOSCALER_DRAIN_PREEMPTED`): the run ends PREEMPTED, an interruption,
+/// with Ray's words for the node's death in its detail.
+#[tokio::test]
+async fn a_run_whose_node_was_preempted_ends_preempted_an_interruption() {
+    let site = Site::new();
+    let head = start(&site.data, "127.0.0.1:0", &[]);
+    let client = Client::new();
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/ray-v2/node-preempted");
+    for name in [
+        "event_EXPORT_TRAIN_STATE.log",
+        "event_EXPORT_NODE.log",
+        "event_EXPORT_ACTOR.log",
+        "event_EXPORT_DRIVER_JOB.log",
+    ] {
+        std::fs::copy(fixtures.join(name), site.events.join(name)).unwrap();
+    }
+    let mut ingester = site.ingester(&head, true);
+    assert!(ingester.wait().success(), "{}", site.log());
+
+    let runs = runs_by_name(&client, &head).await;
+    let run = &runs["v2-cluster-died"];
+    assert_eq!(run["run_status"], "ABORTED", "{run}");
+    assert_eq!(
+        run["cause"],
+        json!({"kind": "PREEMPTED", "class": "INTERRUPTED", "failed_world_rank": 0}),
+        "{run}"
+    );
+    let attempt = run["attempts"].as_array().unwrap().last().unwrap();
+    assert_eq!(attempt["cause"], run["cause"], "{attempt}");
+    let detail = run["status_detail"].as_str().unwrap();
+    let node = "677236be428cbd47c16fa632bada4a00266e5ad0272b9713695488fc";
+    assert!(
+        detail.contains(&format!(
+            "node {node} (192.0.2.2), where the run had workers, dead: AUTOSCALER_DRAIN_PREEMPTED"
+        )),
+        "the node's death in Ray's words: {detail}"
+    );
+    assert_eq!(site.summary()["ended"], "1");
+}
+
 /// The same cluster, its deaths read one by one by a following ingester:
 /// the node's death reaches the live attempt that had workers on it (the
 /// run stays live: its controller may still report), and the driver job's
@@ -743,7 +790,11 @@ async fn a_node_s_death_reaches_the_attempt_and_the_driver_job_s_end_ends_the_ru
         assert!(Instant::now() < until, "the run did not end: {}", site.log());
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
-    assert_eq!(run["cause"], json!({"kind": "SYSTEM_ERROR"}), "{run}");
+    assert_eq!(
+        run["cause"],
+        json!({"kind": "NODE_LOST", "class": "INFRASTRUCTURE", "failed_world_rank": 0}),
+        "{run}"
+    );
     let detail = run["status_detail"].as_str().unwrap();
     assert!(
         detail.starts_with(

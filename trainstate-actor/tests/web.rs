@@ -542,12 +542,18 @@ async fn the_page_shows_sub_statuses_attempts_with_causes_the_restart_budget_and
              const links = [...document.querySelectorAll('a.out')].map((a) => a.getAttribute('href'));
              const budget = [...document.querySelectorAll('h2')].map((e) => e.textContent).find((t) => t.startsWith('Attempts'));
              const cause = document.querySelector('.attempt-cause')?.textContent;
-             return statuses.length === 2 && links.length > 1 && { statuses, links, budget, cause };",
+             const runCause = document.getElementById('run-cause')?.textContent;
+             const runClass = document.querySelector('#run-cause .cause-class')?.textContent;
+             return statuses.length === 2 && links.length > 1 && { statuses, links, budget, cause, runCause, runClass };",
         )
         .await;
     assert_eq!(shown["statuses"], json!(["ABORTED", "ERRORED"]));
     assert_eq!(shown["budget"], "Attempts (2 of at most 3)");
     assert!(shown["cause"].as_str().unwrap().contains("first failed rank 2"), "{shown}");
+    // The failed run's cause says whose fault it was: its kind and its class.
+    assert_eq!(shown["runClass"], "APPLICATION", "{shown}");
+    let run_cause = shown["runCause"].as_str().unwrap();
+    assert!(run_cause.contains("USER_ERROR") && run_cause.contains("APPLICATION"), "{shown}");
     let links: Vec<&str> =
         shown["links"].as_array().unwrap().iter().map(|l| l.as_str().unwrap()).collect();
     assert!(

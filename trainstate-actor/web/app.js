@@ -24,7 +24,23 @@
     SYSTEM_ERROR: 'System error',
     LOST_CONTROLLER: 'Lost controller',
     USER_INTERRUPT: 'User interrupt',
+    OOM: 'Out of memory',
+    PREEMPTED: 'Preempted',
+    TIMEOUT: 'Time limit',
+    NODE_LOST: 'Node lost',
+    HARDWARE: 'Hardware fault',
   };
+  /** Whose fault a cause was, in words (`docs/causes.md`). */
+  const CLASSES = {
+    INFRASTRUCTURE: "the machine's fault",
+    APPLICATION: "the code's fault",
+    INTERRUPTED: 'stopped on purpose',
+    NO_PROGRESS: 'had stopped making progress',
+  };
+  /** Cause `cause`'s class, as a badge titled in words, or null. */
+  const classBadge = (cause) => (cause.class
+    ? h('span', { class: `cause-class class-${cause.class.toLowerCase()}`, title: CLASSES[cause.class] || '' }, cause.class)
+    : null);
   /** A run the rendezvous assembled has ranks, not a controller: its own words. */
   const RENDEZVOUS_PREFIX = 'rendezvous:';
   const RANK_CAUSES = { LOST_CONTROLLER: 'No rank heard from' };
@@ -773,7 +789,8 @@
           cause.failed_world_rank !== null && cause.failed_world_rank !== undefined
             ? [', first failed rank ', rankLink(cause.failed_world_rank)] : null,
           cause.how ? ` (${cause.how.toLowerCase()})` : null,
-          cause.failed_at_ms ? [' at ', timeEl(cause.failed_at_ms)] : null)) : null,
+          cause.failed_at_ms ? [' at ', timeEl(cause.failed_at_ms)] : null,
+          cause.class ? [' · ', classBadge(cause)] : null)) : null,
         run.last_heartbeat_ms ? item('Last heartbeat', timeEl(run.last_heartbeat_ms)) : null,
         run.restored_from ? item('Restored from',
           h('a', { href: runHref(run.restored_from), 'data-nav': true, class: 'mono' }, run.restored_from)) : null,
@@ -1040,7 +1057,8 @@
         const cause = a.cause ? h('span', { class: 'attempt-cause' }, ` · ${causeLabel(run, a.cause.kind) || a.cause.kind}`,
           a.cause.failed_world_rank !== null && a.cause.failed_world_rank !== undefined
             ? [', first failed rank ', rankLink(a.cause.failed_world_rank)] : null,
-          a.cause.how ? ` (${a.cause.how.toLowerCase()})` : null) : null;
+          a.cause.how ? ` (${a.cause.how.toLowerCase()})` : null,
+          a.cause.class ? [' · ', classBadge(a.cause)] : null) : null;
         const end = endOf(a, i);
         const workers = current ? run.workers : a.workers || [];
         const left = ((a.start_time_ms - t0) / span) * 100;

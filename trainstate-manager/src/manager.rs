@@ -9,8 +9,8 @@ use tokio::time::Instant;
 use trainstate_client::{StateHandle, StatusUpdate};
 use trainstate_schema::api::RankProgress;
 use trainstate_schema::{
-    CauseKind, RunId, TrainDatasetInfoDraft, TrainRunInfo, TrainRunInfoDraft, TrainWorkerInfo,
-    WorkerList,
+    CauseKind, RunCause, RunId, TrainDatasetInfoDraft, TrainRunInfo, TrainRunInfoDraft,
+    TrainWorkerInfo, WorkerList,
 };
 
 use crate::config::ManagerConfig;
@@ -350,14 +350,25 @@ impl TrainRunStateManager {
         run_id: &RunId,
         cause: CauseKind,
     ) -> Result<Delivery, ManagerError> {
-        let detail = match cause {
-            CauseKind::UserInterrupt => "The run was interrupted.",
-            CauseKind::LostController => "The run's controller was lost.",
-            CauseKind::SystemError => "The run was stopped by a system failure.",
-            CauseKind::UserError => "The run was stopped by an error in the training code.",
-            _ => "The run was stopped before it finished.",
-        };
-        self.end(run_id, "aborted", StatusUpdate::aborted(cause, detail)).await
+        self.aborted_with_cause(run_id, None, cause, "").await
+    }
+
+    /// As [`aborted`](Self::aborted), naming the world rank that failed
+    /// first (the rank on a node that was preempted or lost, say), if one
+    /// did, and saying why in `detail` (the kind's own words when empty).
+    /// The head gives the cause its class (`PREEMPTED` and `TIMEOUT` are
+    /// interruptions, `NODE_LOST`, `OOM` and `HARDWARE` the machine's).
+    pub async fn aborted_with_cause(
+        &self,
+        run_id: &RunId,
+        rank: Option<u32>,
+        kind: CauseKind,
+        detail: &str,
+    ) -> Result<Delivery, ManagerError> {
+        let detail = if detail.is_empty() { abort_words(kind) } else { detail };
+        let mut update = StatusUpdate::aborted(kind, detail);
+        update.cause = Some(RunCause::new(kind, rank));
+        self.end(run_id, "aborted", update).await
     }
 
     /// Flushes what is still undelivered, waiting at most `grace`, then
@@ -461,4 +472,21 @@ fn build_run(parts: RunParts<'_>) -> Result<TrainRunInfo, ManagerError> {
         )
     };
     Ok(draft.validate()?)
+}
+
+/// What a run aborted for `kind` says, when its controller says nothing
+/// more.
+fn abort_words(kind: CauseKind) -> &'static str {
+    match kind {
+        CauseKind::UserInterrupt => "The run was interrupted.",
+        CauseKind::LostController => "The run's controller was lost.",
+        CauseKind::SystemError => "The run was stopped by a system failure.",
+        CauseKind::UserError => "The run was stopped by an error in the training code.",
+        CauseKind::Oom => "The run was stopped: a rank ran out of memory.",
+        CauseKind::Preempted => "The run was stopped: the scheduler preempted its allocation.",
+        CauseKind::Timeout => "The run was stopped: its allocation's time ran out.",
+        CauseKind::NodeLost => "The run was stopped: a node was lost under it.",
+        CauseKind::Hardware => "The run was stopped: a device failed.",
+        _ => "The run was stopped before it finished.",
+    }
 }

@@ -12,7 +12,7 @@ use trainstate_manager::{
     DatasetSpec, Delivery, ManagerError, RactorWorker, RactorWorkerGroup, RunRegistration,
     TrainRunStateManager, WorkerError,
 };
-use trainstate_schema::{ActorStatus, CauseKind, Rule, RunId, RunStatus};
+use trainstate_schema::{ActorStatus, CauseClass, CauseKind, Rule, RunId, RunStatus};
 
 use crate::common::{FakeGroup, TestClock, in_memory, patient, ractor_group, stop};
 
@@ -163,6 +163,45 @@ async fn an_abort_records_its_cause() {
     assert_eq!(run.run_status(), RunStatus::Aborted);
     assert_eq!(run.cause().unwrap().kind, CauseKind::UserInterrupt);
     assert!(!run.status_detail().is_empty());
+    service.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_controller_reports_the_machines_kinds_with_the_failed_rank_and_the_head_classes_them() {
+    let service = in_memory("kinds").await;
+    let manager = TrainRunStateManager::new(Some(service.handle()), patient());
+    let register = |name: &'static str| {
+        let manager = &manager;
+        async move {
+            manager
+                .register_train_run(name, "job", "controller", &FakeGroup::new(2, 2), [], None)
+                .await
+                .unwrap()
+                .into_id()
+        }
+    };
+    let preempted = register("preempted").await;
+    manager.aborted_with_cause(&preempted, Some(1), CauseKind::Preempted, "").await.unwrap();
+    let oom = register("oom").await;
+    let trace = "rank 1 killed by the OOM killer (memory.max 8 GiB)";
+    manager.errored_with_cause(&oom, Some(1), CauseKind::Oom, "OOM", trace).await.unwrap();
+
+    let run = service.handle().get_run(preempted).await.unwrap();
+    assert_eq!(run.run_status(), RunStatus::Aborted);
+    let cause = run.cause().unwrap();
+    assert_eq!(
+        (cause.kind, cause.class, cause.failed_world_rank),
+        (CauseKind::Preempted, CauseClass::Interrupted, Some(1))
+    );
+    assert_eq!(run.status_detail(), "The run was stopped: the scheduler preempted its allocation.");
+    let run = service.handle().get_run(oom).await.unwrap();
+    assert_eq!(run.run_status(), RunStatus::Errored);
+    let cause = run.cause().unwrap();
+    assert_eq!(
+        (cause.kind, cause.class, cause.failed_world_rank),
+        (CauseKind::Oom, CauseClass::Infrastructure, Some(1))
+    );
+    assert!(run.status_detail().contains("memory.max 8 GiB"), "{}", run.status_detail());
     service.shutdown().await;
 }
 

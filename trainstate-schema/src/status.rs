@@ -214,7 +214,7 @@ impl fmt::Display for ActorStatus {
 /// What ended a run that did not finish: machine-readable, beside the
 /// human-readable `status_detail`. Each kind has a [`CauseClass`], which
 /// says whose fault it was; `docs/causes.md` says how each is told.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 #[non_exhaustive]

@@ -147,7 +147,9 @@ struct ServeArgs {
     /// stable event_id (at least once). Repeat for several (in the variable:
     /// separated by spaces). Options after '#' (never sent):
     /// events=errored,aborted,finished,stalled,restarting, cluster=A,B,
-    /// run_name=PATTERN (* matches any text), target=NAME.
+    /// run_name=PATTERN (* matches any text), target=NAME,
+    /// classes=application,infrastructure,interrupted,no_progress,
+    /// causes=KIND,... or causes=!KIND,... (see docs/notify.md).
     #[arg(
         long = "notify-webhook",
         env = "TRAINSTATE_NOTIFY_WEBHOOK",

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use trainstate_schema::ray_v2::attempt_budget;
 use trainstate_schema::text::escape_control;
-use trainstate_schema::{CauseKind, HealthState, RunHealth, Straggler, TrainRunInfo};
+use trainstate_schema::{CauseClass, CauseKind, HealthState, RunHealth, Straggler, TrainRunInfo};
 
 use super::{HeadArgs, RunsCommand};
 use crate::api::{LinksResponse, RankProgressServed, RunListResponse, StatusFilter};
@@ -95,6 +95,17 @@ fn parse_health(text: &str) -> Result<HealthState, String> {
         let states: Vec<&str> = HealthState::ALL.iter().map(|s| s.as_str()).collect();
         format!("--health: {text:?} is not a health state: one of {}", states.join(", "))
     })
+}
+
+/// Whose fault a cause of `class` was, in words.
+fn class_words(class: CauseClass) -> &'static str {
+    match class {
+        CauseClass::Infrastructure => "the machine's fault",
+        CauseClass::Application => "the code's fault",
+        CauseClass::Interrupted => "stopped on purpose",
+        CauseClass::NoProgress => "it had stopped making progress",
+        _ => "whose fault is not said",
+    }
 }
 
 /// A run's health in the list: its state, `-` for none, and `ENDED
@@ -221,6 +232,7 @@ fn show(
             _ => "",
         };
         line(&mut out, "cause", &format!("{}{label}{rank}", cause.kind));
+        line(&mut out, "class", &format!("{} ({})", cause.class, class_words(cause.class)));
     }
     if let Some(from) = run.restored_from() {
         line(&mut out, "restored from", from.as_str());
@@ -288,12 +300,15 @@ fn show(
                 || "-".to_owned(),
                 |c| match c.failed_world_rank {
                     Some(rank) => match c.how {
-                        Some(how) => {
-                            format!("{} (rank {rank}, {})", c.kind, how.as_str().to_lowercase())
-                        }
-                        None => format!("{} (rank {rank})", c.kind),
+                        Some(how) => format!(
+                            "{} {} (rank {rank}, {})",
+                            c.kind,
+                            c.class,
+                            how.as_str().to_lowercase()
+                        ),
+                        None => format!("{} {} (rank {rank})", c.kind, c.class),
                     },
-                    None => c.kind.to_string(),
+                    None => format!("{} {}", c.kind, c.class),
                 },
             );
             rows.push(vec![

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use trainstate_schema::text::first_chars;
-use trainstate_schema::{AttemptStatus, CauseKind, RunId, RunStatus, ray_v2};
+use trainstate_schema::{AttemptStatus, CauseKind, RunCause, RunId, RunStatus, ray_v2};
 
 use crate::{RunDocument, RunQuery, StateError, StateHandle, StatusUpdate};
 
@@ -413,8 +413,9 @@ struct Watched {
     start_time_ms: u64,
     /// When its current attempt started: the run does not end before.
     current_start_ms: u64,
-    /// The nodes of its current workers: id and address.
-    nodes: Vec<(String, String)>,
+    /// The nodes of its current workers: id, address and the lowest
+    /// world rank on it, by node id.
+    nodes: Vec<(String, String, u32)>,
 }
 
 /// A write to the head.
@@ -831,15 +832,29 @@ impl Ingester<'_> {
     fn end(&self, id: &str, kind: CauseKind, words: &str, at_ms: Option<u64>) -> Option<Write> {
         let run = self.live.get(id)?;
         let mut detail = words.to_owned();
-        for (node_id, _) in &run.nodes {
+        // The dead node of the lowest rank says what the machine did.
+        let mut lost: Option<(u32, CauseKind)> = None;
+        for (node_id, _, rank) in &run.nodes {
             if let Some((address, death)) = self.dead_nodes.get(node_id) {
                 detail.push_str(&format!(
                     "\nRay reports node {node_id} ({address}), where the run had workers, dead: {}",
                     node_words(death)
                 ));
+                if let Some(node_kind) = node_death_kind(death.reason)
+                    && lost.is_none_or(|(first, _)| *rank < first)
+                {
+                    lost = Some((*rank, node_kind));
+                }
             }
         }
         let mut update = StatusUpdate::aborted(kind, detail);
+        // A death Ray gives no closer reason for (not a person's kill) is
+        // the node's, when one of the run's nodes died: its rank failed.
+        if let Some((rank, node_kind)) = lost
+            && kind == CauseKind::SystemError
+        {
+            update.cause = Some(RunCause::new(node_kind, Some(rank)));
+        }
         if let Some(at) = at_ms {
             // Never before the run's current attempt started: Ray's times
             // of events are in whole seconds.
@@ -954,13 +969,14 @@ impl Ingester<'_> {
             self.live.remove(&id);
             return;
         }
-        let mut nodes: Vec<(String, String)> = run
+        let mut nodes: Vec<(String, String, u32)> = run
             .workers()
             .iter()
-            .map(|w| (w.node_id().to_owned(), w.node_ip().to_owned()))
+            .map(|w| (w.node_id().to_owned(), w.node_ip().to_owned(), w.world_rank()))
             .collect();
+        // By node, its lowest rank first: one entry a node, of that rank.
         nodes.sort();
-        nodes.dedup();
+        nodes.dedup_by(|later, first| later.0 == first.0);
         let watched = Watched {
             job_id: run.job_id().to_owned(),
             controller_actor_id: run.controller_actor_id().to_owned(),
@@ -1183,6 +1199,19 @@ fn find_old(position: &Position) -> Option<PathBuf> {
         };
         is_it().unwrap_or(false)
     })
+}
+
+/// The cause of a run whose node died for Ray's `reason`: a node the
+/// autoscaler drained (for a preemption, or as idle) was taken back by
+/// the scheduler, `PREEMPTED`; one that died unexpectedly was lost,
+/// `NODE_LOST`. An expected termination (`ray stop`) or no reason says
+/// nothing closer than the death that ended the run.
+pub(crate) fn node_death_kind(reason: &str) -> Option<CauseKind> {
+    match reason {
+        "AUTOSCALER_DRAIN_PREEMPTED" | "AUTOSCALER_DRAIN_IDLE" => Some(CauseKind::Preempted),
+        "UNEXPECTED_TERMINATION" => Some(CauseKind::NodeLost),
+        _ => None,
+    }
 }
 
 /// A node's death in words: `UNEXPECTED_TERMINATION: health check failed ...`.

@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{HealthState, RunCause, RunStatus};
+use crate::{CauseClass, CauseKind, HealthState, RunCause, RunStatus};
 
 /// What happened to a run that a notification tells of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -117,8 +117,9 @@ pub struct NotifyEvent {
     /// The run's health in that document; null for a run that never
     /// reported progress.
     pub health: Option<HealthState>,
-    /// The cause of an `ERRORED` or `ABORTED` run: its kind and, when one
-    /// did, the rank that failed first.
+    /// The cause of an `ERRORED` or `ABORTED` run, or for `RESTARTING`
+    /// of the attempt that ended: its kind, its class and, when one did,
+    /// the rank that failed first.
     pub cause: Option<RunCause>,
     /// The ranks the event names: the rank that failed first for an end,
     /// the culprits for a stall (and for the recovery, the stall's).
@@ -223,6 +224,16 @@ pub struct NotifyTargetInfo {
     pub clusters: Vec<String>,
     /// Only runs whose name matches this pattern (`*` matches any text).
     pub run_name: Option<String>,
+    /// Only events of these classes (`classes=`); empty for every class.
+    #[serde(default)]
+    pub classes: Vec<CauseClass>,
+    /// Only events whose cause is of these kinds (`causes=`); empty for
+    /// every kind.
+    #[serde(default)]
+    pub causes: Vec<CauseKind>,
+    /// Never events whose cause is of these kinds (`causes=!kind`).
+    #[serde(default)]
+    pub causes_left_out: Vec<CauseKind>,
     /// True while this head sends (on a shared store, only the head that
     /// sweeps does).
     pub sending: bool,
@@ -257,6 +268,9 @@ impl NotifyTargetInfo {
             events: Vec::new(),
             clusters: Vec::new(),
             run_name: None,
+            classes: Vec::new(),
+            causes: Vec::new(),
+            causes_left_out: Vec::new(),
             sending: false,
             position: 0,
             pending: 0,

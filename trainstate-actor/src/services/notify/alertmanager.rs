@@ -131,6 +131,10 @@ fn one_shot_alert(event: &NotifyEvent) -> Alert {
     if let Some(attempt) = &event.attempt_id {
         labels.insert("attempt_id", attempt.clone());
     }
+    if let Some(cause) = &event.cause {
+        labels.insert("cause", cause.kind.to_string());
+        labels.insert("class", cause.class.to_string());
+    }
     let what = match event.event {
         NotifyEventKind::Restarting => "restarts",
         _ => ended_words(event.status),
@@ -175,8 +179,8 @@ fn rfc3339(ms: u64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use trainstate_schema::RunStatus;
     use trainstate_schema::api::NotifyNode;
+    use trainstate_schema::{CauseKind, RunCause, RunStatus};
 
     use super::*;
 
@@ -221,6 +225,7 @@ mod tests {
     fn an_end_fires_once_and_resolves_the_stall_it_ended_in_even_when_ends_are_not_sent() {
         let mut errored = event(NotifyEventKind::Errored, RunStatus::Errored, T0 + 5_000);
         errored.job_id = String::new();
+        errored.cause = Some(RunCause::new(CauseKind::Oom, Some(1)));
         let notice = Notice {
             event: errored,
             ends_stall: Some(Stall { since_ms: T0, ranks: vec![], node: None }),
@@ -230,6 +235,9 @@ mod tests {
         assert_eq!(both[0]["labels"]["alertname"], "TrainRunErrored");
         assert_eq!(both[0]["labels"]["severity"], "critical");
         assert!(both[0]["labels"].get("job_id").is_none(), "no empty label");
+        assert_eq!(both[0]["labels"]["cause"], "OOM");
+        assert_eq!(both[0]["labels"]["class"], "INFRASTRUCTURE");
+        assert!(both[1]["labels"].get("class").is_none(), "the stall's alert is the stall's own");
         assert_eq!(both[0]["endsAt"], rfc3339(T0 + 6_000 + 3_600_000));
         assert_eq!(both[1]["labels"]["alertname"], "TrainRunStalled");
         assert_eq!(both[1]["endsAt"], rfc3339(T0 + 6_000));

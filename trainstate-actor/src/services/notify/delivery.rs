@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use trainstate_schema::api::{NotifyEventKind, NotifyTargetKind};
 
 use super::alertmanager::{self, Alert};
-use super::events::{self, Notice, StoredRun};
+use super::events::{self, Fault, Notice, StoredRun};
 use super::slack;
 use super::target::NotifyTarget;
 use crate::decisions::log_throttle::LogThrottle;
@@ -161,7 +161,7 @@ impl Delivery {
             let stall = events::derive(&run, self.link_base.as_deref())
                 .into_iter()
                 .rfind(|n| n.kind() == NotifyEventKind::Stalled);
-            if let Some(stall) = stall {
+            if let Some(stall) = stall.filter(|stall| self.sends(stall, NotifyEventKind::Stalled)) {
                 firing.insert(run.id().to_owned(), alertmanager::stall_alert(&stall.event));
             }
         }
@@ -171,10 +171,19 @@ impl Delivery {
     /// True when the target sends `notice`: its kind is one of the
     /// target's, or (Alertmanager) it resolves a stall the target fired.
     fn wants(&self, notice: &Notice) -> bool {
-        self.target.kinds.contains(&notice.kind())
+        self.sends(notice, notice.kind())
             || (self.target.kind == NotifyTargetKind::Alertmanager
                 && notice.ends_stall.is_some()
-                && self.target.kinds.contains(&NotifyEventKind::Stalled))
+                && self.sends(notice, NotifyEventKind::Stalled))
+    }
+
+    /// True when the target sends what `notice` tells of `kind`: the
+    /// event itself, or (`STALLED`) the stall it ends. The target must
+    /// send events of `kind`, and its cause filter pass the event (a
+    /// stall being judged as one, whatever ends it).
+    fn sends(&self, notice: &Notice, kind: NotifyEventKind) -> bool {
+        let fault = if kind == NotifyEventKind::Stalled { Fault::STALL } else { notice.fault() };
+        self.target.kinds.contains(&kind) && self.target.causes.passes(kind, fault)
     }
 
     /// The alerts of the events at the queue's front (at most a batch, and
@@ -187,7 +196,6 @@ impl Delivery {
         context: &FeedContext,
     ) -> (Vec<serde_json::Value>, usize, BTreeMap<String, Alert>) {
         let now_ms = context.now_ms();
-        let sends = |kind| self.target.kinds.contains(&kind);
         let mut firing = self.firing.clone();
         let mut fired_here = HashSet::new();
         let mut alerts = Vec::new();
@@ -197,6 +205,7 @@ impl Delivery {
             if notice.ends_stall.is_some() && fired_here.contains(run_id) {
                 break;
             }
+            let sends = |kind| self.sends(notice, kind);
             alerts.extend(alertmanager::alerts_for(
                 notice,
                 sends,

@@ -10,7 +10,9 @@
 use serde::Deserialize;
 use trainstate_schema::api::{NotifyEvent, NotifyEventKind, NotifyNode};
 use trainstate_schema::text::one_line;
-use trainstate_schema::{HealthChange, HealthState, RunCause, RunHealth, RunStatus};
+use trainstate_schema::{
+    CauseClass, CauseKind, HealthChange, HealthState, RunCause, RunHealth, RunStatus,
+};
 
 use crate::decisions::time_text;
 
@@ -125,6 +127,33 @@ impl Notice {
     pub(crate) fn kind(&self) -> NotifyEventKind {
         self.event.event
     }
+
+    /// Whose fault it tells of: a stall's (and its recovery's) is
+    /// `NO_PROGRESS` of no kind; an end's or a restart's, its cause's.
+    pub(crate) fn fault(&self) -> Fault {
+        match self.kind() {
+            NotifyEventKind::Stalled | NotifyEventKind::Recovered => Fault::STALL,
+            _ => Fault {
+                class: self.event.cause.as_ref().map(|c| c.class),
+                kind: self.event.cause.as_ref().map(|c| c.kind),
+            },
+        }
+    }
+}
+
+/// What an event is judged by: its class and its cause's kind, where it
+/// has them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Fault {
+    /// The event's class: its cause's, or `NO_PROGRESS` for a stall.
+    pub(crate) class: Option<CauseClass>,
+    /// Its cause's kind.
+    pub(crate) kind: Option<CauseKind>,
+}
+
+impl Fault {
+    /// A stall's: no progress, of no kind.
+    pub(crate) const STALL: Fault = Fault { class: Some(CauseClass::NoProgress), kind: None };
 }
 
 /// Every event of `run`, oldest first (the end last), each with its link
@@ -154,6 +183,7 @@ pub(crate) fn derive(run: &StoredRun, link_base: Option<&str>) -> Vec<Notice> {
         let mut event = event(id, kind, attempt.start_time_ms);
         event.attempt_id = Some(attempt.attempt_id.clone());
         let previous = &run.attempts[i - 1];
+        event.cause.clone_from(&previous.cause);
         let why = summary(&previous.status_detail, previous.cause.as_ref());
         event.detail = if why.is_empty() {
             format!(
@@ -468,6 +498,28 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_restart_carries_the_cause_of_the_attempt_that_ended_and_a_stall_is_no_progress() {
+        let doc = run(json!({
+            "attempts": [
+                {"attempt_id": "a0", "start_time_ms": T0, "status_detail": "preempted",
+                 "cause": {"kind": "PREEMPTED", "failed_world_rank": 1}},
+                {"attempt_id": "a1", "start_time_ms": T0 + 20_000},
+            ],
+            "health_history": [{"state": "STALLED", "at_ms": T0 + 30_000, "ranks": [0]}],
+        }));
+        let notices = derive(&doc, None);
+        let restart = &notices[0];
+        assert_eq!(restart.kind(), NotifyEventKind::Restarting);
+        let cause = restart.event.cause.as_ref().unwrap();
+        assert_eq!((cause.kind, cause.class), (CauseKind::Preempted, CauseClass::Interrupted));
+        assert_eq!(
+            restart.fault(),
+            Fault { class: Some(CauseClass::Interrupted), kind: Some(CauseKind::Preempted) }
+        );
+        assert_eq!(notices[1].fault(), Fault::STALL);
     }
 
     #[test]

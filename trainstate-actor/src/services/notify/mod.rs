@@ -28,6 +28,7 @@ use std::time::Duration;
 use trainstate_schema::api::NotifyTargetInfo;
 
 use self::delivery::Delivery;
+use self::target::KindFilter;
 pub use self::target::{DEFAULT_EVENTS, DEFAULT_RESEND, EventChoice, NotifyTarget, TargetError};
 use crate::decisions::log_throttle::LogThrottle;
 pub use crate::engine::stats::NotifyStats;
@@ -198,6 +199,12 @@ fn describe(target: &NotifyTarget) -> NotifyTargetInfo {
     info.events = target.events();
     info.clusters.clone_from(&target.clusters);
     info.run_name = target.run_name.as_ref().map(|p| p.as_str().to_owned());
+    info.classes = target.causes.classes.iter().flatten().copied().collect();
+    match &target.causes.kinds {
+        Some(KindFilter::Only(kinds)) => info.causes = kinds.iter().copied().collect(),
+        Some(KindFilter::Except(kinds)) => info.causes_left_out = kinds.iter().copied().collect(),
+        None => {}
+    }
     info
 }
 

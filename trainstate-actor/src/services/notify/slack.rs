@@ -30,7 +30,7 @@ pub(crate) fn message(notice: &Notice) -> Value {
         fields.push(field("Health", health.as_str()));
     }
     if let Some(cause) = &event.cause {
-        fields.push(field("Cause", cause.kind.as_str()));
+        fields.push(field("Cause", &format!("{} ({})", cause.kind, cause.class)));
     }
     if !event.ranks.is_empty() {
         let ranks: Vec<String> = event.ranks.iter().map(u32::to_string).collect();
@@ -106,8 +106,8 @@ fn escape(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use trainstate_schema::RunStatus;
     use trainstate_schema::api::NotifyEvent;
+    use trainstate_schema::{CauseKind, RunCause, RunStatus};
 
     use super::*;
 
@@ -124,6 +124,7 @@ mod tests {
         );
         event.detail = "rank 1 raised ValueError".into();
         event.ranks = vec![1];
+        event.cause = Some(RunCause::new(CauseKind::Oom, Some(1)));
         event.link = Some("https://ts.example/runs/r1".into());
         let message = message(&Notice { event, ends_stall: None });
         let blocks = message["blocks"].as_array().unwrap();
@@ -131,6 +132,11 @@ mod tests {
         assert_eq!(blocks[0]["text"]["type"], "plain_text");
         let section = blocks[1]["text"]["text"].as_str().unwrap();
         assert!(section.contains("&lt;!channel&gt; bert"), "no mention from a run name: {section}");
+        let fields = blocks[1]["fields"].as_array().unwrap();
+        assert!(
+            fields.iter().any(|f| f["text"] == "*Cause*\nOOM (INFRASTRUCTURE)"),
+            "the cause's kind and class: {fields:?}"
+        );
         assert_eq!(blocks[2]["elements"][0]["url"], "https://ts.example/runs/r1");
         let text = message["text"].as_str().unwrap();
         assert!(text.starts_with("Run &lt;!channel&gt; bert errored: rank 1 raised"), "{text}");

@@ -1,6 +1,8 @@
 //! A notification target as the operator gives it: a URL whose fragment
 //! (the part after `#`, which is never sent) carries the target's options,
 //! `https://hooks.example/x#events=errored,stalled&cluster=a,b&run_name=bert-*&target=oncall`.
+//! `classes=` and `causes=` choose among failures by whose fault they were
+//! ([`CauseFilter`]).
 //!
 //! Parsing refuses what cannot work (no URL, another scheme than `http` or
 //! `https`, no host, an unknown option or event name, a bad value), naming
@@ -11,6 +13,9 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use trainstate_schema::api::{NotifyEventKind, NotifyTargetKind};
+use trainstate_schema::{CauseClass, CauseKind};
+
+use super::events::Fault;
 
 /// The events a target sends when its URL names none: those that need
 /// people. `finished` is asked for by name.
@@ -29,7 +34,8 @@ const RESEND_RANGE: (Duration, Duration) = (Duration::from_secs(1), Duration::fr
 const MAX_TARGET_NAME_LEN: usize = 64;
 
 /// The options a target's fragment may carry.
-const OPTIONS: [&str; 5] = ["events", "cluster", "run_name", "target", "resend"];
+const OPTIONS: [&str; 7] =
+    ["events", "cluster", "run_name", "target", "resend", "classes", "causes"];
 
 /// An event a target may choose, as the operator spells it (lower case).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -109,6 +115,18 @@ pub enum TargetError {
         /// The name as written.
         name: String,
     },
+    /// A cause class no cause has.
+    #[error("unknown class {name:?} in classes=; known: {}", known_classes())]
+    UnknownClass {
+        /// The name as written.
+        name: String,
+    },
+    /// A cause kind no cause has.
+    #[error("unknown cause {name:?} in causes=; known: {}", known_kinds())]
+    UnknownCause {
+        /// The name as written (without its `!`).
+        name: String,
+    },
     /// An option whose value breaks its rule.
     #[error("{option}={value:?}: {rule}")]
     BadValue {
@@ -173,6 +191,8 @@ pub struct NotifyTarget {
     pub(crate) run_name: Option<NamePattern>,
     /// How often firing alerts are sent again (Alertmanager only).
     pub(crate) resend: Duration,
+    /// Which failures it tells of, by their cause.
+    pub(crate) causes: CauseFilter,
 }
 
 impl NotifyTarget {
@@ -195,6 +215,7 @@ impl NotifyTarget {
         let mut run_name = None;
         let mut name = None;
         let mut resend = DEFAULT_RESEND;
+        let mut causes = CauseFilter::default();
         for (option, value) in form_urlencoded::parse(fragment.as_bytes()) {
             let option = option.into_owned();
             let value = value.into_owned();
@@ -209,6 +230,8 @@ impl NotifyTarget {
                 "cluster" => clusters = parse_clusters(&value)?,
                 "run_name" => run_name = Some(parse_run_name(&value)?),
                 "target" => name = Some(parse_target_name(&value)?),
+                "classes" => causes.classes = Some(parse_classes(&value)?),
+                "causes" => causes.kinds = Some(parse_kinds(&value)?),
                 _ => resend = parse_resend(kind, &value)?,
             }
         }
@@ -222,7 +245,7 @@ impl NotifyTarget {
             url.set_path(&path);
         }
         let name = name.unwrap_or_else(|| default_name(kind, &url));
-        Ok(Self { name, kind, url, kinds, clusters, run_name, resend })
+        Ok(Self { name, kind, url, kinds, clusters, run_name, resend, causes })
     }
 
     /// The target's name: its label in metrics, its key in the store.
@@ -260,6 +283,66 @@ impl NotifyTarget {
     }
 }
 
+/// Which failures a target tells of, by their cause: `classes=` (the
+/// classes it sends) and `causes=` (the kinds it sends, or with `!` the
+/// kinds it leaves out). Without either, every event passes.
+///
+/// An event is judged by the cause it tells of: an end's, or for a
+/// restart the cause of the attempt that ended. A stall (and its
+/// recovery) has no cause: it counts as class `no_progress` and of no
+/// kind. A list of what to send (`classes=`, `causes=` without `!`) sends
+/// only what is known to be on it, so it drops an end of no cause (a
+/// record older than causes, an abort no one explained); a list of what
+/// to leave out (`causes=!preempted`) drops only what is known to be on
+/// it. A `FINISHED` event is no failure and passes every filter: it is
+/// sent only to a target whose `events=` names it, and that operator
+/// asked for it by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct CauseFilter {
+    /// `classes=`: the classes sent; `None`: every class.
+    pub(crate) classes: Option<BTreeSet<CauseClass>>,
+    /// `causes=`: the kinds sent or left out; `None`: every kind.
+    pub(crate) kinds: Option<KindFilter>,
+}
+
+/// The kinds `causes=` names: those sent, or (`!name`) those left out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum KindFilter {
+    /// Only events whose cause is of one of these kinds.
+    Only(BTreeSet<CauseKind>),
+    /// Every event but those whose cause is of one of these kinds.
+    Except(BTreeSet<CauseKind>),
+}
+
+impl CauseFilter {
+    /// True when an event of `kind` judged by `fault` passes.
+    pub(crate) fn passes(&self, kind: NotifyEventKind, fault: Fault) -> bool {
+        if kind == NotifyEventKind::Finished {
+            return true;
+        }
+        let class_passes = self
+            .classes
+            .as_ref()
+            .is_none_or(|classes| fault.class.is_some_and(|c| classes.contains(&c)));
+        let kind_passes = match &self.kinds {
+            None => true,
+            Some(KindFilter::Only(kinds)) => fault.kind.is_some_and(|k| kinds.contains(&k)),
+            Some(KindFilter::Except(kinds)) => fault.kind.is_none_or(|k| !kinds.contains(&k)),
+        };
+        class_passes && kind_passes
+    }
+}
+
+/// Every class, as an operator writes it.
+fn known_classes() -> String {
+    CauseClass::ALL.map(|c| c.as_str().to_ascii_lowercase()).join(", ")
+}
+
+/// Every kind, as an operator writes it.
+fn known_kinds() -> String {
+    CauseKind::ALL.map(|k| k.as_str().to_ascii_lowercase()).join(", ")
+}
+
 /// `<kind>-<host>[:<port>]`: a name that stays the same while the URL's
 /// host does.
 fn default_name(kind: NotifyTargetKind, url: &url::Url) -> String {
@@ -288,6 +371,52 @@ fn parse_events(value: &str) -> Result<BTreeSet<EventChoice>, TargetError> {
         });
     }
     Ok(choices)
+}
+
+fn parse_classes(value: &str) -> Result<BTreeSet<CauseClass>, TargetError> {
+    let mut classes = BTreeSet::new();
+    for name in value.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let class = CauseClass::parse(name)
+            .ok_or_else(|| TargetError::UnknownClass { name: name.to_owned() })?;
+        classes.insert(class);
+    }
+    if classes.is_empty() {
+        return Err(TargetError::BadValue {
+            option: "classes",
+            value: value.to_owned(),
+            rule: format!("name at least one class of {}", known_classes()),
+        });
+    }
+    Ok(classes)
+}
+
+fn parse_kinds(value: &str) -> Result<KindFilter, TargetError> {
+    let bad =
+        |rule: String| TargetError::BadValue { option: "causes", value: value.to_owned(), rule };
+    let mut sent = BTreeSet::new();
+    let mut left_out = BTreeSet::new();
+    for name in value.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let (negated, bare) = match name.strip_prefix('!') {
+            Some(bare) => (true, bare.trim()),
+            None => (false, name),
+        };
+        let kind = CauseKind::parse(bare)
+            .ok_or_else(|| TargetError::UnknownCause { name: bare.to_owned() })?;
+        if negated {
+            left_out.insert(kind)
+        } else {
+            sent.insert(kind)
+        };
+    }
+    match (sent.is_empty(), left_out.is_empty()) {
+        (false, true) => Ok(KindFilter::Only(sent)),
+        (true, false) => Ok(KindFilter::Except(left_out)),
+        (true, true) => Err(bad(format!("name at least one cause of {}", known_kinds()))),
+        (false, false) => Err(bad(
+            "name the causes to send (oom,hardware) or those to leave out (!preempted,!timeout), not both"
+                .into(),
+        )),
+    }
 }
 
 fn parse_clusters(value: &str) -> Result<Vec<String>, TargetError> {
@@ -427,6 +556,94 @@ mod tests {
         assert!(matches!(
             NotifyTarget::parse(NotifyTargetKind::Alertmanager, "http://h/#resend=0s"),
             Err(TargetError::BadValue { option: "resend", .. })
+        ));
+    }
+
+    fn fault(kind: CauseKind) -> Fault {
+        Fault { class: Some(kind.class()), kind: Some(kind) }
+    }
+
+    const NO_CAUSE: Fault = Fault { class: None, kind: None };
+
+    #[test]
+    fn classes_send_only_failures_known_to_be_of_them() {
+        let target = webhook("http://h/#classes=Application,NO_PROGRESS").unwrap();
+        let filter = &target.causes;
+        assert_eq!(
+            filter.classes,
+            Some(BTreeSet::from([CauseClass::Application, CauseClass::NoProgress]))
+        );
+        let errored = NotifyEventKind::Errored;
+        assert!(filter.passes(errored, fault(CauseKind::UserError)));
+        assert!(!filter.passes(errored, fault(CauseKind::Oom)), "the machine's fault");
+        assert!(!filter.passes(NotifyEventKind::Restarting, fault(CauseKind::NodeLost)));
+        assert!(!filter.passes(NotifyEventKind::Aborted, NO_CAUSE), "no cause: not known to be");
+        assert!(filter.passes(NotifyEventKind::Stalled, Fault::STALL), "a stall is no_progress");
+        let stalled_then_interrupted =
+            Fault { class: Some(CauseClass::NoProgress), kind: Some(CauseKind::UserInterrupt) };
+        assert!(filter.passes(NotifyEventKind::Aborted, stalled_then_interrupted));
+        assert!(filter.passes(NotifyEventKind::Finished, NO_CAUSE), "a finish is no failure");
+        let infra = webhook("http://h/#classes=infrastructure").unwrap();
+        assert!(!infra.causes.passes(NotifyEventKind::Stalled, Fault::STALL));
+    }
+
+    #[test]
+    fn causes_send_the_kinds_named_or_all_but_those_negated() {
+        let only = webhook("http://h/#causes=oom,HARDWARE").unwrap().causes;
+        assert_eq!(
+            only.kinds,
+            Some(KindFilter::Only(BTreeSet::from([CauseKind::Oom, CauseKind::Hardware])))
+        );
+        assert!(only.passes(NotifyEventKind::Errored, fault(CauseKind::Oom)));
+        assert!(!only.passes(NotifyEventKind::Errored, fault(CauseKind::UserError)));
+        assert!(!only.passes(NotifyEventKind::Stalled, Fault::STALL), "a stall has no kind");
+        assert!(!only.passes(NotifyEventKind::Errored, NO_CAUSE));
+
+        let except = webhook("http://h/#causes=!preempted,!Timeout").unwrap().causes;
+        assert_eq!(
+            except.kinds,
+            Some(KindFilter::Except(BTreeSet::from([CauseKind::Preempted, CauseKind::Timeout])))
+        );
+        assert!(!except.passes(NotifyEventKind::Aborted, fault(CauseKind::Preempted)));
+        assert!(!except.passes(NotifyEventKind::Restarting, fault(CauseKind::Timeout)));
+        assert!(except.passes(NotifyEventKind::Aborted, fault(CauseKind::UserInterrupt)));
+        assert!(except.passes(NotifyEventKind::Errored, NO_CAUSE), "not known to be preempted");
+        assert!(except.passes(NotifyEventKind::Stalled, Fault::STALL));
+
+        let both = webhook("http://h/#classes=infrastructure&causes=!node_lost").unwrap().causes;
+        assert!(both.passes(NotifyEventKind::Errored, fault(CauseKind::Oom)));
+        assert!(!both.passes(NotifyEventKind::Errored, fault(CauseKind::NodeLost)));
+        assert!(!both.passes(NotifyEventKind::Errored, fault(CauseKind::UserError)));
+        assert_eq!(webhook("http://h/").unwrap().causes, CauseFilter::default());
+        assert!(CauseFilter::default().passes(NotifyEventKind::Errored, NO_CAUSE));
+    }
+
+    #[test]
+    fn bad_classes_and_causes_are_refused_naming_the_option_the_value_and_the_words() {
+        let err = webhook("http://h/#classes=application,user").unwrap_err();
+        assert_eq!(err, TargetError::UnknownClass { name: "user".into() });
+        assert_eq!(
+            err.to_string(),
+            "unknown class \"user\" in classes=; known: infrastructure, application, interrupted, no_progress"
+        );
+        let err = webhook("http://h/#causes=!preempted,!spot").unwrap_err();
+        assert_eq!(err, TargetError::UnknownCause { name: "spot".into() });
+        assert_eq!(
+            err.to_string(),
+            "unknown cause \"spot\" in causes=; known: user_error, system_error, lost_controller, \
+             user_interrupt, oom, preempted, timeout, node_lost, hardware"
+        );
+        let err = webhook("http://h/#causes=oom,!preempted").unwrap_err();
+        assert!(matches!(err, TargetError::BadValue { option: "causes", .. }), "{err}");
+        assert!(err.to_string().starts_with("causes=\"oom,!preempted\": name the causes to send"));
+        let err = webhook("http://h/#classes=,").unwrap_err();
+        assert!(matches!(err, TargetError::BadValue { option: "classes", .. }), "{err}");
+        assert!(err.to_string().contains("no_progress"), "{err}");
+        let err = webhook("http://h/#causes=!").unwrap_err();
+        assert_eq!(err, TargetError::UnknownCause { name: String::new() });
+        assert!(matches!(
+            webhook("http://h/#causes=oom&causes=hardware"),
+            Err(TargetError::RepeatedOption(_))
         ));
     }
 
