@@ -49,6 +49,26 @@ pub(crate) trait StoredRuns {
     /// The newest committed run whose controller is the rendezvous
     /// `controller`.
     fn newest_of_rendezvous(&self, controller: &str) -> Option<Arc<RunRecord>>;
+
+    /// Why the node ledger calls node `node` of `cluster` a suspect from
+    /// `since_ms`, if it does.
+    fn suspect_reason(&self, node: &str, cluster: Option<&str>, since_ms: u64) -> Option<String> {
+        let _ = (node, cluster, since_ms);
+        None
+    }
+}
+
+/// The warning a rank joining from `node` gets when the ledger calls the
+/// node a suspect over the default window before `now_ms`.
+fn node_warning(
+    view: &dyn StoredRuns,
+    node: &str,
+    cluster: Option<&str>,
+    now_ms: u64,
+) -> Option<String> {
+    let since_ms = now_ms.saturating_sub(trainstate_schema::api::DEFAULT_NODE_WINDOW_MS);
+    let reason = view.suspect_reason(node, cluster, since_ms)?;
+    Some(format!("node {node} is a suspect: {reason}; see /api/train/nodes/{node}"))
 }
 
 /// How long a tracked group whose run is not (yet) in the committed view is
@@ -850,18 +870,27 @@ impl Rendezvous {
         lease_ms: u64,
         now_ms: u64,
     ) -> Result<Step, StateError> {
+        // The join goes on as usual from a suspect node; its answer warns.
+        let node = join.worker.node_name().unwrap_or(join.worker.node_id()).to_owned();
+        let warning = node_warning(view, &node, self.cluster.as_deref(), now_ms);
+        let warn = |step: Step| match step {
+            Step::Answer(answer) => Step::Answer(answer.with_warning(warning.clone())),
+            Step::Write(outcome) => {
+                Step::Write(outcome.map(|answer| answer.with_warning(warning.clone())))
+            }
+        };
         let key: GroupKey = (join.key.clone(), join.attempt);
         if !self.pending.contains_key(&key)
             && let Some(step) = self.join_run(&join, &key, runs, view, lease_ms, now_ms)?
         {
-            return Ok(step);
+            return Ok(warn(step));
         }
         let joined = self.join_pending(join, &key, runs, admitted, lease_ms, now_ms);
         if joined.is_err() && self.pending.get(&key).is_some_and(|p| p.members.is_empty()) {
             // A group opened for a join that was refused does not wait.
             self.remove_pending(&key);
         }
-        joined
+        joined.map(warn)
     }
 
     /// A join into the group waiting under `key`.
