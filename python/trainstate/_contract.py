@@ -115,6 +115,9 @@ PAGE: Final = Route("GET", "/")
 RUN_PAGE: Final = Route("GET", "/runs/{id}")
 """``runPage``: The web page, opened on one run."""
 
+NODES_PAGE: Final = Route("GET", "/nodes")
+"""``nodesPage``: The web page, opened on the node ledger (suspects first)."""
+
 PAGE_SCRIPT: Final = Route("GET", "/app.js")
 """``pageScript``: The page's script."""
 

@@ -74,7 +74,6 @@ async fn a_node_under_three_infrastructure_failures_is_the_first_suspect_and_sta
             assert_eq!(nodes[0]["node"], json!("x-node1"));
             assert_eq!(nodes[0]["suspect"], json!(true));
             assert_eq!(nodes[0]["failures"]["infrastructure"], json!(3));
-            assert_eq!(nodes[0]["attempts"], json!(3));
             assert!(nodes[0]["reason"].as_str().unwrap().contains("3 OOM"), "{}", nodes[0]);
             assert!(nodes[1..].iter().all(|n| n["suspect"] == json!(false)));
 
@@ -103,6 +102,10 @@ async fn a_node_under_three_infrastructure_failures_is_the_first_suspect_and_sta
         }
     };
     check(base.clone()).await;
+    let (_, text) = get(&client, &format!("{base}/api/train/nodes/x-node1")).await;
+    let detail: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(detail["nodes"][0]["attempts"], json!(3));
+    assert_eq!(detail["nodes"][0]["runs"]["attempts"].as_array().unwrap().len(), 3);
 
     // A rank joining from the suspect node is warned, and joins.
     let worker = workers(2, 1, "x-")[1].clone().into_draft();
@@ -122,6 +125,27 @@ async fn a_node_under_three_infrastructure_failures_is_the_first_suspect_and_sta
         "{warning}"
     );
     assert!(warning.ends_with("see /api/train/nodes/x-node1"), "{warning}");
+    // Its peer on a node that is no suspect completes the group: no warning
+    // for it, and the run's record notes the suspect.
+    let peer = workers(2, 1, "x-")[0].clone().into_draft();
+    let join = json!({"world_size": 2, "worker": peer, "name": "again", "job_id": "j"});
+    let answer: Value = client
+        .post(format!("{base}/api/train/rendezvous/again-1/join"))
+        .json(&join)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!((&answer["joined"], answer.get("warning")), (&json!(2), None), "{answer}");
+    let id = answer["run_id"].as_str().unwrap();
+    let (_, run) = get(&client, &format!("{base}/api/train/runs/{id}")).await;
+    let run: Value = serde_json::from_str(&run).unwrap();
+    assert_eq!(
+        run["status_detail"],
+        json!("ranks joined from suspect nodes: x-node1 (see /api/train/nodes)")
+    );
     // A rank from a clean node is not.
     let clean = workers(2, 1, "c0-")[0].clone().into_draft();
     let join = json!({"world_size": 2, "worker": clean, "name": "clean", "job_id": "j"});

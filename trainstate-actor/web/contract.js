@@ -136,6 +136,10 @@ const CONTRACT = deepFreeze({
       "method": "GET",
       "path": "/runs/{id}"
     },
+    "nodesPage": {
+      "method": "GET",
+      "path": "/nodes"
+    },
     "pageScript": {
       "method": "GET",
       "path": "/app.js"

@@ -73,6 +73,8 @@ pub enum Operation {
     Page,
     /// `GET /runs/{id}`: the web page, opened on one run.
     RunPage,
+    /// `GET /nodes`: the web page, opened on the node ledger.
+    NodesPage,
     /// `GET /app.js`.
     PageScript,
     /// `GET /style.css`.
@@ -966,6 +968,21 @@ pub fn routes() -> Vec<Route> {
                 Get,
                 "/runs/{id}",
                 "The web page, opened on one run.",
+                Open,
+            )
+        },
+        Route {
+            success: &[Success {
+                status: 200,
+                description: "The page.",
+                body: Body::Text("text/html"),
+            }],
+            ..route(
+                Operation::NodesPage,
+                "nodesPage",
+                Get,
+                "/nodes",
+                "The web page, opened on the node ledger (suspects first).",
                 Open,
             )
         },

@@ -58,6 +58,15 @@ pub(crate) trait StoredRuns {
     }
 }
 
+/// The most suspect nodes a run's note names.
+const MAX_NOTED_SUSPECTS: usize = 8;
+
+/// The note a run's status detail carries when ranks joined from suspect
+/// nodes: kept in its `status_history` once its status changes.
+fn suspects_note(suspects: &[String]) -> String {
+    format!("ranks joined from suspect nodes: {} (see /api/train/nodes)", suspects.join(", "))
+}
+
 /// The warning a rank joining from `node` gets when the ledger calls the
 /// node a suspect over the default window before `now_ms`.
 fn node_warning(
@@ -335,6 +344,9 @@ struct Pending {
     stall_after_ms: Option<u64>,
     members: BTreeMap<u32, Member>,
     placement: Placement,
+    /// The suspect nodes ranks joined from (at most [`MAX_NOTED_SUSPECTS`]),
+    /// which the run's status detail notes when the group completes.
+    suspects: Vec<String>,
 }
 
 struct Member {
@@ -885,6 +897,13 @@ impl Rendezvous {
         {
             return Ok(warn(step));
         }
+        if warning.is_some()
+            && let Some(pending) = self.pending.get_mut(&key)
+            && pending.suspects.len() < MAX_NOTED_SUSPECTS
+            && !pending.suspects.contains(&node)
+        {
+            pending.suspects.push(node);
+        }
         let joined = self.join_pending(join, &key, runs, admitted, lease_ms, now_ms);
         if joined.is_err() && self.pending.get(&key).is_some_and(|p| p.members.is_empty()) {
             // A group opened for a join that was refused does not wait.
@@ -1087,6 +1106,7 @@ impl Rendezvous {
                 stall_after_ms: join.stall_after_ms,
                 members: BTreeMap::new(),
                 placement: Placement::default(),
+                suspects: Vec::new(),
             },
         );
     }
@@ -1184,13 +1204,14 @@ impl Rendezvous {
         let id = pending.run_id.clone();
         let world_size = pending.world_size;
         let stall_after_ms = pending.stall_after_ms;
+        let note = (!pending.suspects.is_empty()).then(|| suspects_note(&pending.suspects));
         let outcome = if pending.existing {
             let attempt = NewAttempt::new(&attempt_id, start_ms, workers);
             let started = answered(runs.start_attempt(&id, attempt, now_ms)?, ());
             // The failure the previous attempt ended with is kept there;
             // the run trains again.
             let started = if runs.status_of(&id) == Some(RunStatus::Restarting) {
-                let running = StatusUpdate::live(RunStatus::Running, "");
+                let running = StatusUpdate::live(RunStatus::Running, note.unwrap_or_default());
                 answered(chain(started, runs.set_status(&id, running, now_ms)?), ())
             } else {
                 started
@@ -1223,6 +1244,8 @@ impl Rendezvous {
                 draft.status_detail =
                     failure_detail(update.status, update.cause.as_ref(), &update.detail);
                 draft.cause = update.cause.clone();
+            } else if let Some(note) = note {
+                draft.status_detail = note;
             }
             let run = NewRun::try_from(draft)?;
             answered(runs.register(run, now_ms)?, ())

@@ -637,7 +637,7 @@ fn handler(operation: Operation, filter: MethodFilter) -> MethodRouter<AppState>
         Operation::GetNode => on(filter, nodes::get_node),
         Operation::Health => on(filter, routes::healthz),
         Operation::Metrics => on(filter, routes::metrics),
-        Operation::Page | Operation::RunPage => on(filter, web::page),
+        Operation::Page | Operation::RunPage | Operation::NodesPage => on(filter, web::page),
         Operation::PageScript => on(filter, web::script),
         Operation::PageStyle => on(filter, web::style),
         Operation::PageContract => on(filter, web::contract),
