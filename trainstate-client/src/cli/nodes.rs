@@ -98,10 +98,12 @@ async fn answer(args: NodesArgs) -> Result<String, String> {
             let mut query = NodeQuery::default();
             query.since = since;
             query.cluster = cluster;
-            let detail = connect_head(&head)?
-                .get_node(&node, &query)
-                .await
-                .map_err(|e| unreachable_head(&head.url, e))?;
+            let detail =
+                connect_head(&head)?.get_node(&node, &query).await.map_err(|e| match e {
+                    // A 404 names no run: the head's words say which node.
+                    crate::StateError::Unsupported { reason } => reason,
+                    other => unreachable_head(&head.url, other),
+                })?;
             if head.json {
                 return Ok(format!("{}\n", serde_json::to_string(&detail).expect("serializes")));
             }
