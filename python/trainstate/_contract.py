@@ -43,6 +43,12 @@ GET_RUN: Final = Route("GET", "/api/train/runs/{id}")
 GET_RUN_METRICS: Final = Route("GET", "/api/train/runs/{id}/metrics")
 """``getRunMetrics``: The history of each metric the ranks of a rendezvous run reported with their progress (current attempt, memory only), downsampled to at most 1,000 points a metric; optionally one name, one rank and a range of steps."""
 
+LIST_NODES: Final = Route("GET", "/api/train/nodes")
+"""``listNodes``: The node ledger: per node, attempts hosted, failures by class where one of its ranks failed first or it was lost, times named a stall suspect or straggler, last seen, and the verdict `suspect` with its reason (docs/nodes.md). `format=exclude` answers the suspects as a scheduler exclude list."""
+
+GET_NODE: Final = Route("GET", "/api/train/nodes/{node}")
+"""``getNode``: One node of the ledger and the runs behind each of its counts (404 for a node never seen under a retained run)."""
+
 DELETE_RUN: Final = Route("DELETE", "/api/train/runs/{id}")
 """``deleteRun``: Delete an ended run (409 while it is live)."""
 
@@ -108,6 +114,9 @@ PAGE: Final = Route("GET", "/")
 
 RUN_PAGE: Final = Route("GET", "/runs/{id}")
 """``runPage``: The web page, opened on one run."""
+
+NODES_PAGE: Final = Route("GET", "/nodes")
+"""``nodesPage``: The web page, opened on the node ledger (suspects first)."""
 
 PAGE_SCRIPT: Final = Route("GET", "/app.js")
 """``pageScript``: The page's script."""

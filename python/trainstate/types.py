@@ -21,6 +21,7 @@ __all__ = [
     "ErrorCode",
     "ErrorResponse",
     "EventKind",
+    "FailureCounts",
     "FailureMode",
     "HealthChange",
     "HealthResponse",
@@ -30,6 +31,12 @@ __all__ = [
     "JoinRequest",
     "JsonValue",
     "ListQuery",
+    "NodeDetail",
+    "NodeDetailResponse",
+    "NodeFailure",
+    "NodeListResponse",
+    "NodeRuns",
+    "NodeSummary",
     "NotifyEvent",
     "NotifyEventKind",
     "NotifyNode",
@@ -231,6 +238,27 @@ class ErrorResponse(_ErrorResponseRequired, _ErrorResponseOptional):
     """Every error answer of the HTTP API."""
 
 
+_FailureCountsRequired = TypedDict(
+    "_FailureCountsRequired",
+    {
+        "infrastructure": "int",
+        "application": "int",
+        "interrupted": "int",
+        "no_progress": "int",
+    },
+)
+_FailureCountsOptional = TypedDict(
+    "_FailureCountsOptional",
+    {
+    },
+    total=False,
+)
+
+
+class FailureCounts(_FailureCountsRequired, _FailureCountsOptional):
+    """Failures a node is blamed for, by class of their cause."""
+
+
 _HealthChangeRequired = TypedDict(
     "_HealthChangeRequired",
     {
@@ -341,6 +369,144 @@ _ListQueryOptional = TypedDict(
 
 class ListQuery(_ListQueryRequired, _ListQueryOptional):
     """Query of `GET /api/train/runs`: filters and paging. Every filter is optional; runs come newest first (`start_time_ms` desc, `id` desc)."""
+
+
+_NodeDetailRequired = TypedDict(
+    "_NodeDetailRequired",
+    {
+        "node": "str",
+        "attempts": "int",
+        "failures": "FailureCounts",
+        "stall_suspect": "int",
+        "straggler": "int",
+        "suspect": "bool",
+        "runs": "NodeRuns",
+    },
+)
+_NodeDetailOptional = TypedDict(
+    "_NodeDetailOptional",
+    {
+        "cluster": "Optional[str]",
+        "last_seen_ms": "Optional[int]",
+        "reason": "Optional[str]",
+    },
+    total=False,
+)
+
+
+class NodeDetail(_NodeDetailRequired, _NodeDetailOptional):
+    """One node with the runs behind its counts."""
+
+
+_NodeDetailResponseRequired = TypedDict(
+    "_NodeDetailResponseRequired",
+    {
+        "since_ms": "int",
+        "beyond_retention": "bool",
+        "nodes": "List[NodeDetail]",
+    },
+)
+_NodeDetailResponseOptional = TypedDict(
+    "_NodeDetailResponseOptional",
+    {
+        "retained_since_ms": "Optional[int]",
+    },
+    total=False,
+)
+
+
+class NodeDetailResponse(_NodeDetailResponseRequired, _NodeDetailResponseOptional):
+    """The answer of `GET /api/train/nodes/{node}`: the node of that name in each cluster it was seen in (one on a head of one cluster)."""
+
+
+_NodeFailureRequired = TypedDict(
+    "_NodeFailureRequired",
+    {
+        "run_id": "RunId",
+        "kind": "CauseKind",
+        "class": "CauseClass",
+        "at_ms": "int",
+    },
+)
+_NodeFailureOptional = TypedDict(
+    "_NodeFailureOptional",
+    {
+    },
+    total=False,
+)
+
+
+class NodeFailure(_NodeFailureRequired, _NodeFailureOptional):
+    """One failure blamed on a node."""
+
+
+_NodeListResponseRequired = TypedDict(
+    "_NodeListResponseRequired",
+    {
+        "since_ms": "int",
+        "beyond_retention": "bool",
+        "rule": "str",
+        "nodes": "List[NodeSummary]",
+    },
+)
+_NodeListResponseOptional = TypedDict(
+    "_NodeListResponseOptional",
+    {
+        "retained_since_ms": "Optional[int]",
+    },
+    total=False,
+)
+
+
+class NodeListResponse(_NodeListResponseRequired, _NodeListResponseOptional):
+    """The answer of `GET /api/train/nodes`: suspects first, then by failures."""
+
+
+_NodeRunsRequired = TypedDict(
+    "_NodeRunsRequired",
+    {
+        "attempts": "List[RunId]",
+        "failures": "List[NodeFailure]",
+        "stall_suspect": "List[RunId]",
+        "straggler": "List[RunId]",
+    },
+)
+_NodeRunsOptional = TypedDict(
+    "_NodeRunsOptional",
+    {
+    },
+    total=False,
+)
+
+
+class NodeRuns(_NodeRunsRequired, _NodeRunsOptional):
+    """The runs behind a node's counts, newest first, at most `MAX_NODE_RUNS_LISTED` each."""
+
+
+_NodeSummaryRequired = TypedDict(
+    "_NodeSummaryRequired",
+    {
+        "node": "str",
+        "attempts": "int",
+        "failures": "FailureCounts",
+        "stall_suspect": "int",
+        "straggler": "int",
+        "suspect": "bool",
+    },
+)
+_NodeSummaryOptional = TypedDict(
+    "_NodeSummaryOptional",
+    {
+        "cluster": "Optional[str]",
+        "last_seen_ms": "Optional[int]",
+        "reason": "Optional[str]",
+    },
+    total=False,
+)
+
+
+class NodeSummary(_NodeSummaryRequired, _NodeSummaryOptional):
+    """One node as the ledger counts it within the window."""
 
 
 _NotifyEventRequired = TypedDict(
@@ -848,6 +1014,7 @@ _RendezvousResponseOptional = TypedDict(
     "_RendezvousResponseOptional",
     {
         "run_status": "Optional[RunStatus]",
+        "warning": "Optional[str]",
     },
     total=False,
 )

@@ -16,6 +16,7 @@ mod lifecycle;
 mod listing;
 mod liveness;
 mod loading;
+mod nodes;
 mod notify;
 mod off_the_turn;
 mod process;

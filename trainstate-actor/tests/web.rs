@@ -455,6 +455,20 @@ async fn the_page_lists_runs_shows_a_run_and_follows_changes_live() {
         )
         .await;
 
+    // The Nodes view, from the header: every node seen under the runs, the
+    // failed rank's node counting one application failure (no suspect).
+    browser.click("a.top-link").await;
+    browser
+        .wait_for(
+            "the nodes view to list the nodes with the failed rank's application failure",
+            "const rows = [...document.querySelectorAll('#nodes tbody tr')];
+             return window.notReloaded && location.pathname === '/nodes' && rows.length > 1 &&
+               rows.some((tr) => tr.children[5].textContent === '1' && tr.children[2].textContent === 'ok') &&
+               rows.every((tr) => tr.querySelector('a')?.getAttribute('href').startsWith('/nodes?node='));",
+        )
+        .await;
+    browser.screenshot(&out.join("nodes.png")).await;
+
     browser.quit().await;
     server.stop().await;
 }

@@ -480,7 +480,9 @@
   function route() {
     if (view) view.close();
     const match = matchPath('runPage', location.pathname);
-    view = match ? runView(match.id) : runsView();
+    if (match) view = runView(match.id);
+    else if (matchPath('nodesPage', location.pathname)) view = nodesView();
+    else view = runsView();
   }
   function refresh() {
     if (view) view.refresh();
@@ -503,6 +505,74 @@
 
   const runHref = (id) => pathOf('runPage', { id });
   const errorNote = (err) => h('p', { class: 'error', role: 'alert' }, `Could not load: ${err.message}`);
+
+  // ---- The nodes view: the node ledger, suspects first ---------------------
+
+  function nodesView() {
+    const params = new URLSearchParams(location.search);
+    const chosen = params.get('node');
+    const st = { closed: false, seq: 0 };
+    document.title = 'Nodes · trainstate';
+    const body = h('div', { id: 'nodes' }, h('p', { class: 'muted' }, 'Loading…'));
+    fill(app,
+      h('nav', { class: 'crumbs' }, h('a', { href: '/', 'data-nav': true }, 'Runs'), ' · ',
+        h('a', { href: pathOf('nodesPage', {}), 'data-nav': true }, 'Nodes')),
+      h('h1', {}, chosen ? `Node ${line(chosen)}` : 'Nodes'),
+      body);
+    const runLinks = (ids) => ids.map((id, i) => [i ? ' ' : '',
+      h('a', { href: runHref(id), 'data-nav': true, title: id }, short(id))]);
+    const nodeHref = (name) => `${pathOf('nodesPage', {})}?node=${encodeURIComponent(name)}`;
+    function table(nodes) {
+      const head = ['Node', 'Cluster', 'Verdict', 'Attempts', 'Infrastructure', 'Application',
+        'Interrupted', 'No progress', 'Stall suspect', 'Straggler', 'Last seen'];
+      return h('table', { class: 'runs nodes' },
+        h('thead', {}, h('tr', {}, head.map((c) => h('th', { scope: 'col' }, c)))),
+        h('tbody', {}, nodes.map((n) => h('tr', { class: n.suspect ? 'suspect' : null, 'data-node': n.node },
+          h('td', {}, h('a', { href: nodeHref(n.node), 'data-nav': true }, n.node)),
+          h('td', {}, n.cluster || '—'),
+          h('td', { title: n.reason || '' }, n.suspect ? 'SUSPECT' : 'ok'),
+          h('td', {}, num(n.attempts)),
+          h('td', {}, num(n.failures.infrastructure)),
+          h('td', {}, num(n.failures.application)),
+          h('td', {}, num(n.failures.interrupted)),
+          h('td', {}, num(n.failures.no_progress)),
+          h('td', {}, num(n.stall_suspect)),
+          h('td', {}, num(n.straggler)),
+          h('td', {}, n.last_seen_ms ? new Date(n.last_seen_ms).toISOString() : '—')))));
+    }
+    async function load() {
+      const seq = ++st.seq;
+      try {
+        if (chosen) {
+          const detail = await api(pathOf('getNode', { node: chosen }));
+          if (st.closed || seq !== st.seq) return;
+          fill(body, detail.nodes.map((n) => [
+            table([n]),
+            n.reason ? h('p', { class: 'error' }, `Suspect: ${n.reason}`) : null,
+            h('dl', { class: 'node-runs' },
+              h('dt', {}, 'Failures'), h('dd', {}, runLinks(n.runs.failures.map((f) => f.run_id))),
+              h('dt', {}, 'Attempts'), h('dd', {}, runLinks(n.runs.attempts)),
+              h('dt', {}, 'Stall suspect'), h('dd', {}, runLinks(n.runs.stall_suspect)),
+              h('dt', {}, 'Straggler'), h('dd', {}, runLinks(n.runs.straggler))),
+          ]));
+        } else {
+          const listed = await api(pathOf('listNodes', {}));
+          if (st.closed || seq !== st.seq) return;
+          fill(body,
+            listed.beyond_retention && listed.retained_since_ms
+              ? h('p', { class: 'note' }, `Counted from ${new Date(listed.retained_since_ms).toISOString()}: the head retains nothing older.`)
+              : null,
+            h('p', { class: 'muted' }, listed.rule),
+            listed.nodes.length ? table(listed.nodes) : h('p', { class: 'muted' }, 'No nodes in the window.'));
+        }
+      } catch (err) {
+        if (!st.closed) fill(body, errorNote(err));
+      }
+    }
+    load();
+    const soon = throttle(load, MIN_REFRESH_MS);
+    return { refresh: soon, onEvent: soon, close: () => { st.closed = true; } };
+  }
 
   // ---- The runs view -----------------------------------------------------
 

@@ -40,6 +40,14 @@ const CONTRACT = deepFreeze({
       "method": "GET",
       "path": "/api/train/runs/{id}/metrics"
     },
+    "listNodes": {
+      "method": "GET",
+      "path": "/api/train/nodes"
+    },
+    "getNode": {
+      "method": "GET",
+      "path": "/api/train/nodes/{node}"
+    },
     "deleteRun": {
       "method": "DELETE",
       "path": "/api/train/runs/{id}"
@@ -127,6 +135,10 @@ const CONTRACT = deepFreeze({
     "runPage": {
       "method": "GET",
       "path": "/runs/{id}"
+    },
+    "nodesPage": {
+      "method": "GET",
+      "path": "/nodes"
     },
     "pageScript": {
       "method": "GET",

@@ -319,6 +319,34 @@ impl StateHandle {
         }
     }
 
+    /// The node ledger (`GET /api/train/nodes`). A remote handle's only.
+    #[cfg_attr(not(feature = "http"), allow(unused_variables))]
+    pub async fn list_nodes(
+        &self,
+        query: &crate::api::NodesQuery,
+    ) -> Result<crate::api::NodeListResponse, StateError> {
+        match &*self.inner {
+            #[cfg(feature = "http")]
+            Transport::Remote(remote) => remote.list_nodes(query, self.timeout).await,
+            Transport::Local(_) => Err(nodes_are_remote()),
+        }
+    }
+
+    /// One node of the ledger with the runs behind its counts
+    /// (`GET /api/train/nodes/{node}`). A remote handle's only.
+    #[cfg_attr(not(feature = "http"), allow(unused_variables))]
+    pub async fn get_node(
+        &self,
+        node: &str,
+        query: &crate::api::NodeQuery,
+    ) -> Result<crate::api::NodeDetailResponse, StateError> {
+        match &*self.inner {
+            #[cfg(feature = "http")]
+            Transport::Remote(remote) => remote.get_node(node, query, self.timeout).await,
+            Transport::Local(_) => Err(nodes_are_remote()),
+        }
+    }
+
     /// Every token of the head service (`GET /api/tokens`), without secrets.
     /// A remote handle's only.
     pub async fn list_tokens(&self) -> Result<crate::api::TokenListResponse, StateError> {
@@ -517,6 +545,12 @@ impl Local {
 }
 
 /// The error of token administration on a local handle.
+fn nodes_are_remote() -> StateError {
+    StateError::Unsupported {
+        reason: "the node ledger is the head service's; connect to it over HTTP".into(),
+    }
+}
+
 fn tokens_are_remote() -> StateError {
     StateError::Unsupported {
         reason: "tokens are the head service's; connect to it over HTTP".into(),

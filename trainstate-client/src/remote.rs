@@ -17,6 +17,7 @@ use crate::api::{
     RegisterResponse, RunListResponse, StatusRequest, TokenInfo, TokenListResponse,
     VersionResponse,
 };
+use crate::api::{NodeDetailResponse, NodeListResponse, NodeQuery, NodesQuery};
 use crate::document::RunDocument;
 use crate::error::StateError;
 use crate::protocol::{NewAttempt, Registration, StateMessage, StatusUpdate};
@@ -38,6 +39,8 @@ struct Call<'a> {
     method: Method,
     path: String,
     query: Option<ListQuery>,
+    /// Query parameters of routes other than the listing's.
+    params: Vec<(&'static str, String)>,
     body: Option<Vec<u8>>,
     run_id: Option<&'a RunId>,
 }
@@ -54,7 +57,14 @@ impl<'a> Call<'a> {
             HttpMethod::Delete => Method::DELETE,
             _ => unreachable!("the API uses no other method"),
         };
-        Self { method, path: route.path_with(params), query: None, body: None, run_id }
+        Self {
+            method,
+            path: route.path_with(params),
+            query: None,
+            params: Vec::new(),
+            body: None,
+            run_id,
+        }
     }
 
     /// A request of `operation` on the run `id`.
@@ -71,6 +81,14 @@ impl<'a> Call<'a> {
     /// The same request with this query.
     fn query(mut self, query: ListQuery) -> Self {
         self.query = Some(query);
+        self
+    }
+
+    /// The same request with the query parameter `name` when `value` is given.
+    fn param(mut self, name: &'static str, value: Option<String>) -> Self {
+        if let Some(value) = value {
+            self.params.push((name, value));
+        }
         self
     }
 
@@ -117,6 +135,9 @@ impl Remote {
                 self.client.request(call.method.clone(), format!("{}{}", self.base, call.path));
             if let Some(query) = &call.query {
                 request = request.query(query);
+            }
+            if !call.params.is_empty() {
+                request = request.query(&call.params);
             }
             if let Some(token) = &self.token {
                 request = request.bearer_auth(token);
@@ -274,6 +295,30 @@ impl Remote {
         timeout: Duration,
     ) -> Result<CreateTokenResponse, StateError> {
         let call = Call::to(Operation::CreateToken, &[], None).body(request);
+        parse(&self.send(call, timeout).await?)
+    }
+
+    pub(crate) async fn list_nodes(
+        &self,
+        query: &NodesQuery,
+        timeout: Duration,
+    ) -> Result<NodeListResponse, StateError> {
+        let call = Call::to(Operation::ListNodes, &[], None)
+            .param("since", query.since.clone())
+            .param("suspect", query.suspect.map(|s| s.to_string()))
+            .param("cluster", query.cluster.clone());
+        parse(&self.send(call, timeout).await?)
+    }
+
+    pub(crate) async fn get_node(
+        &self,
+        node: &str,
+        query: &NodeQuery,
+        timeout: Duration,
+    ) -> Result<NodeDetailResponse, StateError> {
+        let call = Call::to(Operation::GetNode, &[("node", node)], None)
+            .param("since", query.since.clone())
+            .param("cluster", query.cluster.clone());
         parse(&self.send(call, timeout).await?)
     }
 

@@ -18,10 +18,12 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::{RunCause, RunId, RunStatus, TrainRunInfo, TrainRunInfoDraft, TrainWorkerInfoDraft};
 
+mod nodes;
 mod notify;
 mod progress;
 mod rendezvous;
 mod tokens;
+pub use nodes::*;
 pub use notify::*;
 pub use progress::*;
 pub use rendezvous::*;

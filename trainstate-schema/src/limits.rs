@@ -142,3 +142,11 @@ pub const MAX_PAGE_LIMIT: usize = 1_000;
 
 /// The page size of a listing that does not name one.
 pub const DEFAULT_PAGE_LIMIT: usize = 100;
+
+/// The longest node name the node routes take, in characters: a node is
+/// named by its worker's `node_name` or `node_id`, both names.
+pub const MAX_NODE_NAME_LEN: usize = MAX_NAME_LEN;
+
+/// The most runs a node's answer lists behind each of its counts, the
+/// newest first.
+pub const MAX_NODE_RUNS_LISTED: usize = 100;

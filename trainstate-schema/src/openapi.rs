@@ -21,7 +21,7 @@ use crate::api::{
 use crate::api::{
     CreateTokenRequest, CreateTokenResponse, TokenInfo, TokenListResponse, TokenScope,
 };
-use crate::api::{NotifyEvent, NotifyResponse};
+use crate::api::{NodeDetailResponse, NodeListResponse, NotifyEvent, NotifyResponse};
 use crate::routes::{Access, Body, Route, routes};
 
 /// The JSON Schema (2020-12) of every public wire type, by type name, in
@@ -86,6 +86,9 @@ pub fn wire_schemas() -> Vec<(&'static str, Schema)> {
         // Notifications: what a webhook receives, and the targets' state.
         of::<NotifyEvent>("NotifyEvent"),
         of::<NotifyResponse>("NotifyResponse"),
+        // The node ledger.
+        of::<NodeListResponse>("NodeListResponse"),
+        of::<NodeDetailResponse>("NodeDetailResponse"),
     ]
 }
 

@@ -15,10 +15,10 @@ use schemars::{JsonSchema, Schema, SchemaGenerator};
 use crate::api::NotifyResponse;
 use crate::api::{
     AttemptRequest, ErrorCode, EventsQuery, HealthResponse, HeartbeatResponse, JoinRequest,
-    ListQuery, MetricsQuery, MetricsResponse, ProgressReport, ProgressResponse, RankEndRequest,
-    RankHeartbeatRequest, RayRunListResponse, RayWriteQuery, RegisterMinimalResponse,
-    RegisterRequest, RegisterResponse, RendezvousResponse, RunEvent, RunListResponse,
-    SnapshotEvent, StatusRequest, VersionResponse,
+    ListQuery, MetricsQuery, MetricsResponse, NodeDetailResponse, NodeListResponse, NodeQuery,
+    NodesQuery, ProgressReport, ProgressResponse, RankEndRequest, RankHeartbeatRequest,
+    RayRunListResponse, RayWriteQuery, RegisterMinimalResponse, RegisterRequest, RegisterResponse,
+    RendezvousResponse, RunEvent, RunListResponse, SnapshotEvent, StatusRequest, VersionResponse,
 };
 use crate::api::{CreateTokenRequest, CreateTokenResponse, TokenListResponse, TokenScope};
 use crate::{TrainRunInfo, ray_v2};
@@ -73,6 +73,8 @@ pub enum Operation {
     Page,
     /// `GET /runs/{id}`: the web page, opened on one run.
     RunPage,
+    /// `GET /nodes`: the web page, opened on the node ledger.
+    NodesPage,
     /// `GET /app.js`.
     PageScript,
     /// `GET /style.css`.
@@ -93,6 +95,10 @@ pub enum Operation {
     RevokeToken,
     /// `GET /api/notify`: the notification targets and their delivery.
     GetNotify,
+    /// `GET /api/train/nodes`: the node ledger.
+    ListNodes,
+    /// `GET /api/train/nodes/{node}`: one node and the runs behind its counts.
+    GetNode,
 }
 
 /// An HTTP method the API uses.
@@ -342,6 +348,21 @@ const ADMIN_ERRORS: &[ErrorCode] = &[
     ErrorCode::Timeout,
 ];
 
+const NODE: PathParam = PathParam {
+    name: "node",
+    description: "The node: a worker's `node_name`, or its `node_id` where it has none. At most 1,024 characters, no control characters.",
+    pattern: None,
+};
+
+/// The errors of the node routes.
+const NODE_ERRORS: &[ErrorCode] = &[
+    ErrorCode::Invalid,
+    ErrorCode::Unauthorized,
+    ErrorCode::Forbidden,
+    ErrorCode::Unavailable,
+    ErrorCode::Timeout,
+];
+
 const TOKEN_ID: PathParam =
     PathParam { name: "id", description: "The token's id.", pattern: Some("^[0-9a-f]{16}$") };
 
@@ -541,6 +562,48 @@ pub fn routes() -> Vec<Route> {
                 Get,
                 "/api/train/runs/{id}/metrics",
                 "The history of each metric the ranks of a rendezvous run reported with their progress (current attempt, memory only), downsampled to at most 1,000 points a metric; optionally one name, one rank and a range of steps.",
+                Read,
+            )
+        },
+        Route {
+            query: Some(inline_schema_of::<NodesQuery>),
+            success: &[Success {
+                status: 200,
+                description: "Every node seen under runs in the window, suspects first, then by failures; with `format=exclude`, the suspects' names as one comma-separated line (`text/plain`).",
+                body: Body::Json(schema_of::<NodeListResponse>),
+            }],
+            errors: NODE_ERRORS,
+            ..route(
+                Operation::ListNodes,
+                "listNodes",
+                Get,
+                "/api/train/nodes",
+                "The node ledger: per node, attempts hosted, failures by class where one of its ranks failed first or it was lost, times named a stall suspect or straggler, last seen, and the verdict `suspect` with its reason (docs/nodes.md). `format=exclude` answers the suspects as a scheduler exclude list.",
+                Read,
+            )
+        },
+        Route {
+            path_params: &[NODE],
+            query: Some(inline_schema_of::<NodeQuery>),
+            success: &[Success {
+                status: 200,
+                description: "The node in each cluster it was seen in, with the runs behind each count.",
+                body: Body::Json(schema_of::<NodeDetailResponse>),
+            }],
+            errors: &[
+                ErrorCode::Invalid,
+                ErrorCode::Unauthorized,
+                ErrorCode::Forbidden,
+                ErrorCode::NotFound,
+                ErrorCode::Unavailable,
+                ErrorCode::Timeout,
+            ],
+            ..route(
+                Operation::GetNode,
+                "getNode",
+                Get,
+                "/api/train/nodes/{node}",
+                "One node of the ledger and the runs behind each of its counts (404 for a node never seen under a retained run).",
                 Read,
             )
         },
@@ -905,6 +968,21 @@ pub fn routes() -> Vec<Route> {
                 Get,
                 "/runs/{id}",
                 "The web page, opened on one run.",
+                Open,
+            )
+        },
+        Route {
+            success: &[Success {
+                status: 200,
+                description: "The page.",
+                body: Body::Text("text/html"),
+            }],
+            ..route(
+                Operation::NodesPage,
+                "nodesPage",
+                Get,
+                "/nodes",
+                "The web page, opened on the node ledger (suspects first).",
                 Open,
             )
         },

@@ -35,6 +35,9 @@ enum Command {
         #[command(subcommand)]
         command: RunsCommand,
     },
+    /// The node ledger: nodes seen under runs, their failures and the
+    /// suspects (`nodes show NODE`: one node and the runs behind its counts).
+    Nodes(trainstate_client::cli::NodesArgs),
     /// Print the JSON Schema of a wire type (or list the types).
     Schema {
         /// The type, for example TrainRunInfo.
@@ -256,6 +259,7 @@ pub(crate) fn main() -> ExitCode {
     match cli.command {
         Command::Serve(args) => serve::run(*args),
         Command::Runs { command } => trainstate_client::cli::runs(command),
+        Command::Nodes(args) => trainstate_client::cli::nodes(args),
         Command::Schema { r#type } => schema(r#type.as_deref()),
         Command::Ingest { command } => ingest::run(command),
         Command::Backup(args) => backup::run(args),

@@ -12,6 +12,7 @@ pub(crate) mod health;
 pub(crate) mod liveness;
 pub(crate) mod log_sample;
 pub(crate) mod log_throttle;
+pub(crate) mod nodes;
 pub(crate) mod progress;
 pub(crate) mod record;
 pub(crate) mod rendezvous;

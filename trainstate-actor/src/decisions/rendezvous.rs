@@ -49,6 +49,35 @@ pub(crate) trait StoredRuns {
     /// The newest committed run whose controller is the rendezvous
     /// `controller`.
     fn newest_of_rendezvous(&self, controller: &str) -> Option<Arc<RunRecord>>;
+
+    /// Why the node ledger calls node `node` of `cluster` a suspect from
+    /// `since_ms`, if it does.
+    fn suspect_reason(&self, node: &str, cluster: Option<&str>, since_ms: u64) -> Option<String> {
+        let _ = (node, cluster, since_ms);
+        None
+    }
+}
+
+/// The most suspect nodes a run's note names.
+const MAX_NOTED_SUSPECTS: usize = 8;
+
+/// The note a run's status detail carries when ranks joined from suspect
+/// nodes: kept in its `status_history` once its status changes.
+fn suspects_note(suspects: &[String]) -> String {
+    format!("ranks joined from suspect nodes: {} (see /api/train/nodes)", suspects.join(", "))
+}
+
+/// The warning a rank joining from `node` gets when the ledger calls the
+/// node a suspect over the default window before `now_ms`.
+fn node_warning(
+    view: &dyn StoredRuns,
+    node: &str,
+    cluster: Option<&str>,
+    now_ms: u64,
+) -> Option<String> {
+    let since_ms = now_ms.saturating_sub(trainstate_schema::api::DEFAULT_NODE_WINDOW_MS);
+    let reason = view.suspect_reason(node, cluster, since_ms)?;
+    Some(format!("node {node} is a suspect: {reason}; see /api/train/nodes/{node}"))
 }
 
 /// How long a tracked group whose run is not (yet) in the committed view is
@@ -315,6 +344,9 @@ struct Pending {
     stall_after_ms: Option<u64>,
     members: BTreeMap<u32, Member>,
     placement: Placement,
+    /// The suspect nodes ranks joined from (at most [`MAX_NOTED_SUSPECTS`]),
+    /// which the run's status detail notes when the group completes.
+    suspects: Vec<String>,
 }
 
 struct Member {
@@ -872,18 +904,34 @@ impl Rendezvous {
         lease_ms: u64,
         now_ms: u64,
     ) -> Result<Step, StateError> {
+        // The join goes on as usual from a suspect node; its answer warns.
+        let node = join.worker.node_name().unwrap_or(join.worker.node_id()).to_owned();
+        let warning = node_warning(view, &node, self.cluster.as_deref(), now_ms);
+        let warn = |step: Step| match step {
+            Step::Answer(answer) => Step::Answer(answer.with_warning(warning.clone())),
+            Step::Write(outcome) => {
+                Step::Write(outcome.map(|answer| answer.with_warning(warning.clone())))
+            }
+        };
         let key: GroupKey = (join.key.clone(), join.attempt);
         if !self.pending.contains_key(&key)
             && let Some(step) = self.join_run(&join, &key, runs, view, lease_ms, now_ms)?
         {
-            return Ok(step);
+            return Ok(warn(step));
+        }
+        if warning.is_some()
+            && let Some(pending) = self.pending.get_mut(&key)
+            && pending.suspects.len() < MAX_NOTED_SUSPECTS
+            && !pending.suspects.contains(&node)
+        {
+            pending.suspects.push(node);
         }
         let joined = self.join_pending(join, &key, runs, admitted, lease_ms, now_ms);
         if joined.is_err() && self.pending.get(&key).is_some_and(|p| p.members.is_empty()) {
             // A group opened for a join that was refused does not wait.
             self.remove_pending(&key);
         }
-        joined
+        joined.map(warn)
     }
 
     /// A join into the group waiting under `key`.
@@ -1080,6 +1128,7 @@ impl Rendezvous {
                 stall_after_ms: join.stall_after_ms,
                 members: BTreeMap::new(),
                 placement: Placement::default(),
+                suspects: Vec::new(),
             },
         );
     }
@@ -1177,13 +1226,14 @@ impl Rendezvous {
         let id = pending.run_id.clone();
         let world_size = pending.world_size;
         let stall_after_ms = pending.stall_after_ms;
+        let note = (!pending.suspects.is_empty()).then(|| suspects_note(&pending.suspects));
         let outcome = if pending.existing {
             let attempt = NewAttempt::new(&attempt_id, start_ms, workers);
             let started = answered(runs.start_attempt(&id, attempt, now_ms)?, ());
             // The failure the previous attempt ended with is kept there;
             // the run trains again.
             let started = if runs.status_of(&id) == Some(RunStatus::Restarting) {
-                let running = StatusUpdate::live(RunStatus::Running, "");
+                let running = StatusUpdate::live(RunStatus::Running, note.unwrap_or_default());
                 answered(chain(started, runs.set_status(&id, running, now_ms)?), ())
             } else {
                 started
@@ -1216,6 +1266,8 @@ impl Rendezvous {
                 draft.status_detail =
                     failure_detail(update.status, update.cause.as_ref(), &update.detail);
                 draft.cause = update.cause.clone();
+            } else if let Some(note) = note {
+                draft.status_detail = note;
             }
             let run = NewRun::try_from(draft)?;
             answered(runs.register(run, now_ms)?, ())

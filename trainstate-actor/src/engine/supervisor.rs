@@ -663,6 +663,30 @@ impl StateService {
         (EventFeed { shared: self.shared.clone() }, start, published)
     }
 
+    /// The head's time now (Unix ms).
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    /// The node ledger for the window from `since_ms`.
+    pub(crate) fn nodes(
+        &self,
+        since_ms: u64,
+        cluster: Option<&str>,
+    ) -> trainstate_schema::api::NodeListResponse {
+        self.shared.view.read().unwrap_or_else(|e| e.into_inner()).nodes(since_ms, cluster)
+    }
+
+    /// One node of the ledger with the runs behind its counts.
+    pub(crate) fn node(
+        &self,
+        node: &str,
+        cluster: Option<&str>,
+        since_ms: u64,
+    ) -> Option<trainstate_schema::api::NodeDetailResponse> {
+        self.shared.view.read().unwrap_or_else(|e| e.into_inner()).node(node, cluster, since_ms)
+    }
+
     /// Events kept for subscribers that resume, and their bytes.
     pub(crate) fn event_backlog(&self) -> (usize, usize) {
         self.shared.view.read().unwrap_or_else(|e| e.into_inner()).backlog_usage()

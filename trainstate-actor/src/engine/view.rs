@@ -10,9 +10,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{broadcast, watch};
 use trainstate_client::{Cursor, EventKind, RunPage, RunQuery, StateEvent, Subscription};
+use trainstate_schema::api::{
+    FailureCounts, NodeDetail, NodeDetailResponse, NodeFailure, NodeListResponse, NodeRuns,
+    NodeSummary,
+};
 use trainstate_schema::{HealthState, RunId, RunStatus};
 
 use crate::decisions::change::StoreOp;
+use crate::decisions::nodes::{self, NodeLedger};
 use crate::decisions::record::RunRecord;
 use crate::decisions::rendezvous::StoredRuns;
 
@@ -315,6 +320,8 @@ pub(crate) struct View {
     /// Slots free for the next new run.
     free: Vec<u32>,
     indexes: Indexes,
+    /// The node ledger, keyed by slot: kept in step with the runs.
+    ledger: NodeLedger,
     /// (start_time_ms, id), iterated in reverse for newest first.
     order: BTreeSet<(u64, RunId)>,
     last_seq: u64,
@@ -340,6 +347,7 @@ impl View {
             slots: Vec::new(),
             free: Vec::new(),
             indexes: Indexes::default(),
+            ledger: NodeLedger::default(),
             order: BTreeSet::new(),
             last_seq,
             backlog: VecDeque::new(),
@@ -380,6 +388,9 @@ impl View {
         }
         self.order = self.slots.iter().flatten().map(|r| (r.start_time_ms, r.id.clone())).collect();
         self.indexes = Indexes::of(&self.slots);
+        self.ledger = NodeLedger::of(
+            (0u32..).zip(&self.slots).filter_map(|(slot, run)| Some((slot, &**run.as_ref()?))),
+        );
         self.start_stream();
         self.changed();
         self.notify.send_replace(self.last_seq);
@@ -419,6 +430,7 @@ impl View {
                 if let Some((slot, old)) = self.runs.remove(id) {
                     self.order.remove(&(old.start_time_ms, old.id.clone()));
                     self.indexes.remove((old.start_time_ms, slot), &old, true);
+                    self.ledger.remove(slot, &nodes::contribution(&old));
                     self.slots[slot as usize] = None;
                     self.free.push(slot);
                 }
@@ -439,6 +451,8 @@ impl View {
                     old.name == record.name && old.start_time_ms == record.start_time_ms;
                 self.indexes.remove((old.start_time_ms, slot), &old, !same_name);
                 self.indexes.add((record.start_time_ms, slot), &record, !same_name);
+                self.ledger.remove(slot, &nodes::contribution(&old));
+                self.ledger.add(slot, &nodes::contribution(&record));
                 slot
             }
             None => {
@@ -452,6 +466,7 @@ impl View {
                 self.runs.insert(record.id.clone(), (slot, record.clone()));
                 self.order.insert((record.start_time_ms, record.id.clone()));
                 self.indexes.add((record.start_time_ms, slot), &record, true);
+                self.ledger.add(slot, &nodes::contribution(&record));
                 slot
             }
         };
@@ -492,6 +507,83 @@ impl View {
 
     pub(crate) fn len(&self) -> usize {
         self.runs.len()
+    }
+
+    /// The node ledger's answer for the window from `since_ms`.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) fn nodes(&self, since_ms: u64, cluster: Option<&str>) -> NodeListResponse {
+        let retained_since_ms = self.ledger.oldest_ms();
+        NodeListResponse {
+            since_ms,
+            retained_since_ms,
+            beyond_retention: retained_since_ms.is_some_and(|oldest| since_ms < oldest),
+            rule: nodes::RULE.to_owned(),
+            nodes: self.ledger.summaries(since_ms, cluster),
+        }
+    }
+
+    /// Node `node` (in each cluster, or only `cluster`) with the runs
+    /// behind its counts; `None` when it was never seen under a retained run.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) fn node(
+        &self,
+        node: &str,
+        cluster: Option<&str>,
+        since_ms: u64,
+    ) -> Option<NodeDetailResponse> {
+        let counted = self.ledger.detail(node, cluster, since_ms);
+        if counted.is_empty() {
+            return None;
+        }
+        let id = |key: &nodes::RunKey| self.slot(*key).id.clone();
+        let nodes = counted
+            .into_iter()
+            .map(|c| NodeDetail {
+                summary: c.summary.unwrap_or_else(|| NodeSummary {
+                    node: node.to_owned(),
+                    cluster: cluster.map(str::to_owned),
+                    attempts: 0,
+                    failures: FailureCounts::default(),
+                    stall_suspect: 0,
+                    straggler: 0,
+                    last_seen_ms: None,
+                    suspect: false,
+                    reason: None,
+                }),
+                runs: NodeRuns {
+                    attempts: c.attempts.iter().map(id).collect(),
+                    failures: c
+                        .failures
+                        .iter()
+                        .map(|(key, kind, class, at_ms)| NodeFailure {
+                            run_id: id(key),
+                            kind: *kind,
+                            class: *class,
+                            at_ms: *at_ms,
+                        })
+                        .collect(),
+                    stall_suspect: c.stall_suspect.iter().map(id).collect(),
+                    straggler: c.straggler.iter().map(id).collect(),
+                },
+            })
+            .collect();
+        let retained_since_ms = self.ledger.oldest_ms();
+        Some(NodeDetailResponse {
+            since_ms,
+            retained_since_ms,
+            beyond_retention: retained_since_ms.is_some_and(|oldest| since_ms < oldest),
+            nodes,
+        })
+    }
+
+    /// Why node `node` of `cluster` is a suspect from `since_ms`, if it is.
+    pub(crate) fn suspect_reason(
+        &self,
+        node: &str,
+        cluster: Option<&str>,
+        since_ms: u64,
+    ) -> Option<String> {
+        self.ledger.suspect_reason(node, cluster, since_ms)
     }
 
     /// Counts of committed runs by status, in [`RunStatus::ALL`] order.
@@ -789,5 +881,9 @@ impl StoredRuns for RwLock<View> {
 
     fn newest_of_rendezvous(&self, controller: &str) -> Option<Arc<RunRecord>> {
         self.read().unwrap_or_else(|e| e.into_inner()).newest_of_rendezvous(controller).cloned()
+    }
+
+    fn suspect_reason(&self, node: &str, cluster: Option<&str>, since_ms: u64) -> Option<String> {
+        self.read().unwrap_or_else(|e| e.into_inner()).suspect_reason(node, cluster, since_ms)
     }
 }

@@ -1,5 +1,5 @@
-//! The client commands of the `trainstate` binary: `runs list`, `runs show`
-//! and `token create|list|revoke`, each a request to a head service over
+//! The client commands of the `trainstate` binary: `runs list`, `runs show`,
+//! `nodes [show NODE]` and `token create|list|revoke`, each a request to a head service over
 //! HTTP, and the flags every command that reaches a head shares
 //! ([`HeadArgs`], [`connect`]). The binary (in trainstate-actor) parses its
 //! command line with these and runs them.
@@ -7,6 +7,7 @@
 //! Environment variables are read here only through clap's `env` flags: the
 //! binary's edge.
 
+mod nodes;
 mod runs;
 mod token;
 
@@ -16,6 +17,7 @@ use clap::{Args, Subcommand};
 
 use crate::{StateError, StateHandle, TrustedCas};
 
+pub use nodes::{NodesArgs, NodesCommand, NodesList, nodes};
 pub use runs::runs;
 pub use token::{TokenCommand, token};
 

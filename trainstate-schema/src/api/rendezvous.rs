@@ -223,6 +223,11 @@ pub struct RendezvousResponse {
     pub run_status: Option<RunStatus>,
     /// The run's lease, in milliseconds: heartbeat well within it.
     pub lease_ms: u64,
+    /// A warning for the rank, when there is one: its node is a suspect of
+    /// the node ledger (`GET /api/train/nodes/{node}`). The join succeeded
+    /// all the same. Absent when there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
 }
 
 impl RendezvousResponse {
@@ -244,6 +249,13 @@ impl RendezvousResponse {
             ranks_ended,
             run_status,
             lease_ms,
+            warning: None,
         }
+    }
+
+    /// The same answer, carrying `warning`.
+    pub fn with_warning(mut self, warning: Option<String>) -> Self {
+        self.warning = warning;
+        self
     }
 }

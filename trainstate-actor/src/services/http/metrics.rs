@@ -11,7 +11,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
-use trainstate_schema::{HealthState, RunStatus};
+use trainstate_schema::{CauseClass, HealthState, RunStatus};
 
 use crate::engine::supervisor::StateService;
 
@@ -46,6 +46,23 @@ struct TargetLabels {
 struct HealthLabels {
     health: &'static str,
 }
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct NodeLabels {
+    node: String,
+    cluster: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct NodeClassLabels {
+    node: String,
+    cluster: String,
+    class: &'static str,
+}
+
+/// The most nodes shown one by one: the suspects and the most failing
+/// first (the ledger's order).
+pub(crate) const MAX_NODE_SERIES: usize = 1_000;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct RankLabels {
@@ -108,6 +125,7 @@ impl HttpMetrics {
         let &HttpLoad { streams, answer_bytes, request_bodies, budgeted_body_bytes } = load;
         let mut registry = Registry::with_prefix(PREFIX);
         Self::ranks(&mut registry, service, rank_series);
+        Self::nodes(&mut registry, service, MAX_NODE_SERIES);
         let runs = Family::<StatusLabels, Gauge>::default();
         for (status, count) in RunStatus::ALL.iter().zip(service.runs_by_status()) {
             runs.get_or_create(&StatusLabels { status: status.as_str() }).set(count as i64);
@@ -264,6 +282,48 @@ impl HttpMetrics {
             "Ranks with a reported step left out of trainstate_rank_step and \
              trainstate_rank_last_advance_timestamp_seconds, past --prometheus-rank-series",
             ConstGauge::new(omitted as i64),
+        );
+    }
+
+    /// The node ledger over its default window: each node's verdict and
+    /// failures by class, for at most `max` nodes (suspects and the most
+    /// failing first), and how many were left out.
+    fn nodes(registry: &mut Registry, service: &StateService, max: usize) {
+        let since_ms =
+            service.now_ms().saturating_sub(trainstate_schema::api::DEFAULT_NODE_WINDOW_MS);
+        let nodes = service.nodes(since_ms, None).nodes;
+        let suspect = Family::<NodeLabels, Gauge>::default();
+        let failures = Family::<NodeClassLabels, Gauge>::default();
+        for node in nodes.iter().take(max) {
+            let cluster = node.cluster.clone().unwrap_or_default();
+            let labels = NodeLabels { node: node.node.clone(), cluster: cluster.clone() };
+            suspect.get_or_create(&labels).set(i64::from(node.suspect));
+            for class in CauseClass::ALL {
+                let labels = NodeClassLabels {
+                    node: node.node.clone(),
+                    cluster: cluster.clone(),
+                    class: class.as_str(),
+                };
+                failures.get_or_create(&labels).set(i64::from(node.failures.of(class)));
+            }
+        }
+        registry.register(
+            "node_suspect",
+            "1 for a node the ledger calls a suspect over the last 14 days, else 0, by node and \
+             cluster (at most 1,000 nodes: the suspects and the most failing first)",
+            suspect,
+        );
+        registry.register(
+            "node_failures",
+            "Failures blamed on a node over the last 14 days (a rank on it failed first, or it \
+             was lost), by node, cluster and class of cause (the nodes of trainstate_node_suspect)",
+            failures,
+        );
+        registry.register(
+            "node_series_omitted",
+            "Nodes of the ledger left out of trainstate_node_suspect and \
+             trainstate_node_failures, past 1,000",
+            ConstGauge::new(nodes.len().saturating_sub(max) as i64),
         );
     }
 

@@ -12,6 +12,7 @@ mod body_budget;
 mod events;
 mod loading;
 mod metrics;
+mod nodes;
 mod rendezvous;
 mod routes;
 mod tls;
@@ -632,9 +633,11 @@ fn handler(operation: Operation, filter: MethodFilter) -> MethodRouter<AppState>
         Operation::GetVersion => on(filter, routes::version),
         Operation::GetLinks => on(filter, routes::links),
         Operation::GetNotify => on(filter, routes::notify),
+        Operation::ListNodes => on(filter, nodes::list_nodes),
+        Operation::GetNode => on(filter, nodes::get_node),
         Operation::Health => on(filter, routes::healthz),
         Operation::Metrics => on(filter, routes::metrics),
-        Operation::Page | Operation::RunPage => on(filter, web::page),
+        Operation::Page | Operation::RunPage | Operation::NodesPage => on(filter, web::page),
         Operation::PageScript => on(filter, web::script),
         Operation::PageStyle => on(filter, web::style),
         Operation::PageContract => on(filter, web::contract),
