@@ -222,7 +222,10 @@ async fn ray_v2_writes_replayed_from_rays_dashboard_give_back_rays_answer() {
         v1["train_runs"].as_array().unwrap().iter().map(|r| &r["run_status"]).collect();
     assert_eq!(statuses, [&json!("ERRORED"), &json!("FINISHED"), &json!("FINISHED")]);
     let bad = &v1["train_runs"][0];
-    assert_eq!(bad["cause"], json!({"kind": "USER_ERROR", "failed_world_rank": 0}));
+    assert_eq!(
+        bad["cause"],
+        json!({"kind": "USER_ERROR", "class": "APPLICATION", "failed_world_rank": 0})
+    );
     assert!(bad["workers"].as_array().unwrap().iter().all(|w| w["status"] == "DEAD"));
     server.stop().await;
 }
@@ -393,7 +396,10 @@ async fn an_ended_run_and_a_replaced_attempt_list_their_workers_dead() {
     assert!(ended["workers"].as_array().unwrap().iter().all(|w| w["status"] == "DEAD"));
     let current = &ended["attempts"][1];
     assert_eq!(current["status"], "ERRORED");
-    assert_eq!(current["cause"], json!({"kind": "USER_ERROR", "failed_world_rank": 1}));
+    assert_eq!(
+        current["cause"],
+        json!({"kind": "USER_ERROR", "class": "APPLICATION", "failed_world_rank": 1})
+    );
     assert!(current["end_time_ms"].is_u64());
     server.stop().await;
 }

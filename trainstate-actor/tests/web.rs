@@ -882,7 +882,7 @@ async fn the_page_of_a_rendezvous_run_whose_ranks_went_silent_names_no_controlle
              return cause && { cause: cause.textContent, text: document.body.innerText };",
         )
         .await;
-    assert_eq!(shown["cause"], json!("No rank heard from"), "{shown}");
+    assert_eq!(shown["cause"], json!("No rank heard from · INFRASTRUCTURE"), "{shown}");
     let text = shown["text"].as_str().unwrap();
     assert!(text.to_lowercase().contains("launch"), "{text}");
     assert!(text.contains("web-silent"), "the launch key: {text}");
