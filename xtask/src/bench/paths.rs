@@ -29,6 +29,11 @@ pub(crate) fn key_path(operation: Operation, key: &str) -> String {
     ROUTES[&operation].path_with(&[("key", key)])
 }
 
+/// The path of `operation` for the node `node`.
+pub(crate) fn node_path(operation: Operation, node: &str) -> String {
+    ROUTES[&operation].path_with(&[("node", node)])
+}
+
 /// `GET /api/train/runs` with a query string.
 pub(crate) fn runs_query(query: &str) -> String {
     format!("{}?{query}", path(Operation::ListRuns))

@@ -4,8 +4,8 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use trainstate_schema::{
-    ActorStatus, Resources, RunId, RunStatus, TrainDatasetInfoDraft, TrainRunInfo,
-    TrainRunInfoDraft, TrainWorkerInfoDraft,
+    ActorStatus, CauseKind, FailureMode, Resources, RunCause, RunId, RunStatus,
+    TrainDatasetInfoDraft, TrainRunInfo, TrainRunInfoDraft, TrainWorkerInfoDraft,
 };
 
 /// `n` as `nbytes` bytes of lowercase hex.
@@ -59,13 +59,18 @@ fn draft(i: u64, workers: u32, start_ms: u64) -> TrainRunInfoDraft {
     }
 }
 
+/// The nodes the retained history of the scale measurement runs on.
+pub(crate) const SCALE_NODES: u64 = 10_000;
+
 /// Run `i` of the scale measurement, shaped like a head's retained
 /// history rather than one job's burst: 1,000 jobs; each run on its own
-/// nodes out of 1,000 (8 workers a node, one IP a node); one run in 100
-/// still live (`RUNNING`), the others ended, one in 10 of them `ERRORED`
-/// and the rest `FINISHED`.
+/// nodes out of [`SCALE_NODES`] (8 workers a node, one IP a node); one run
+/// in 100 still live (`RUNNING`), the others ended, one in 10 of them
+/// `ERRORED` and the rest `FINISHED`. An errored run's rank 0 failed
+/// first: of `OOM` (the machine's fault) for one in three, else of
+/// `USER_ERROR`, so the node ledger has failures of both classes to count.
 pub(crate) fn retained_run(i: u64, workers: u32, start_ms: u64) -> TrainRunInfo {
-    let node = |w: u32| (i * 7 + u64::from(w / 8)) % 1_000;
+    let node = |w: u32| (i * 7 + u64::from(w / 8)) % SCALE_NODES;
     let mut draft = draft(i, workers, start_ms);
     for (w, worker) in draft.workers.iter_mut().enumerate() {
         let node = node(w as u32);
@@ -82,6 +87,13 @@ pub(crate) fn retained_run(i: u64, workers: u32, start_ms: u64) -> TrainRunInfo 
         draft.run_status = status;
         draft.status = Some(status);
         draft.end_time_ms = Some(start_ms + i + 60_000);
+    }
+    if status == RunStatus::Errored {
+        let kind = if i % 3 == 0 { CauseKind::Oom } else { CauseKind::UserError };
+        let failed_at = start_ms + i + 59_000;
+        draft.cause = Some(
+            RunCause::new(kind, Some(0)).with_failure(Some(FailureMode::Killed), Some(failed_at)),
+        );
     }
     draft.validate().expect("a benchmark run is valid")
 }
@@ -103,15 +115,17 @@ mod tests {
 
     #[test]
     fn retained_runs_are_valid_mostly_ended_and_spread_over_jobs_and_nodes() {
-        let runs: Vec<_> = (0..1_000).map(|i| retained_run(i, 8, 1_760_000_000_000)).collect();
+        let runs: Vec<_> = (0..10_000).map(|i| retained_run(i, 8, 1_760_000_000_000)).collect();
         let live = runs.iter().filter(|r| r.status() == RunStatus::Running).count();
         let errored = runs.iter().filter(|r| r.status() == RunStatus::Errored).count();
-        assert_eq!((live, errored), (10, 100));
+        assert_eq!((live, errored), (100, 1_000));
         assert!(runs.iter().all(|r| r.status() == RunStatus::Running || r.end_time_ms().is_some()));
+        let oom = runs.iter().filter(|r| r.cause().is_some_and(|c| c.kind == CauseKind::Oom));
+        assert_eq!(oom.count(), 333, "one errored run in three failed of OOM");
         let jobs: std::collections::BTreeSet<_> = runs.iter().map(|r| r.job_id()).collect();
         assert_eq!(jobs.len(), 1_000);
         let nodes: std::collections::BTreeSet<_> =
             runs.iter().flat_map(|r| r.workers().iter().map(|w| w.node_id())).collect();
-        assert_eq!(nodes.len(), 1_000);
+        assert_eq!(nodes.len(), SCALE_NODES as usize);
     }
 }

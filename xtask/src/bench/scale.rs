@@ -1,7 +1,7 @@
 //! `--scale N`: the head with N runs retained. A durable store is filled
 //! with N runs of W workers through the store alone (the documents the
 //! head stores; a retained history, mostly ended runs over 1,000 jobs and
-//! 1,000 nodes, see [`records::retained_run`]), then `trainstate serve` is started on it three times; each
+//! 10,000 nodes, see [`records::retained_run`]), then `trainstate serve` is started on it three times; each
 //! start times the "listening" line, the first 2xx `/healthz`, and the
 //! moment `/healthz` says the runs are fully loaded (when it says so: a
 //! boolean `loaded` or `ready`; otherwise the first 2xx answer), checks
@@ -64,6 +64,49 @@ pub(crate) fn filters(n: usize) -> Vec<(String, String, Expect)> {
     .into_iter()
     .map(|(label, query, expect)| (label.to_owned(), query, expect))
     .collect()
+}
+
+/// The node ledger's routes at scale, each timed `opts.scale_repeats`
+/// times: the whole list, the suspects, the exclude list and one node.
+async fn time_node_routes(opts: &Options, http: &HttpTarget) -> Result<Vec<Value>, String> {
+    let list = paths::path(Operation::ListNodes);
+    let first: Value = serde_json::from_slice(&http.get(list).await?)
+        .map_err(|e| format!("the node list does not parse: {e}"))?;
+    let nodes = first["nodes"].as_array().map_or(0, Vec::len);
+    let suspects = first["nodes"]
+        .as_array()
+        .map_or(0, |nodes| nodes.iter().filter(|n| n["suspect"] == json!(true)).count());
+    if nodes == 0 || suspects == 0 {
+        return Err(format!("scale: the node list has {nodes} nodes, {suspects} suspects"));
+    }
+    let one = first["nodes"][0]["node"].as_str().ok_or("scale: a node without a name")?;
+    let routes = [
+        ("every node", list.to_owned()),
+        ("suspects", format!("{list}?suspect=true")),
+        ("exclude list", format!("{list}?format=exclude")),
+        ("one node", paths::node_path(Operation::GetNode, one)),
+    ];
+    let mut timed = Vec::new();
+    for (label, path) in routes {
+        let mut lat = Vec::with_capacity(opts.scale_repeats);
+        let mut bytes = 0;
+        for _ in 0..opts.scale_repeats {
+            let t = Instant::now();
+            bytes = http.get(&path).await?.len();
+            lat.push(round(t.elapsed().as_secs_f64() * 1000.0, 3));
+        }
+        timed.push(json!({
+            "route": label,
+            "path": path,
+            "nodes": nodes,
+            "suspects": suspects,
+            "bytes": bytes,
+            "lat_ms_median": round(median(&lat), 3),
+            "lat_ms_min": lat.iter().copied().fold(f64::INFINITY, f64::min),
+            "lat_ms_max": lat.iter().copied().fold(0.0, f64::max),
+        }));
+    }
+    Ok(timed)
 }
 
 /// Whether a `/healthz` body says the runs are loaded: `Some(bool)` when it
@@ -174,6 +217,7 @@ pub(crate) async fn run_scale(opts: &Options) -> Result<Value, String> {
             "lat_ms_max": lat.iter().copied().fold(0.0, f64::max),
         }));
     }
+    let node_routes = time_node_routes(opts, &http).await?;
     let rss_after_pages = round(kib(&proc_mem(http.server.pid()), "VmRSS") / 1024.0, 1);
     http.server.terminate()?;
 
@@ -198,6 +242,7 @@ pub(crate) async fn run_scale(opts: &Options) -> Result<Value, String> {
         ("page_limit", json!(100)),
         ("repeats", json!(opts.scale_repeats)),
         ("pages", json!(pages)),
+        ("node_routes", json!(node_routes)),
         ("checks", json!({"runs_written": opts.n, "runs_after_restart": opts.n})),
     ] {
         out.insert(key.into(), value);
