@@ -231,3 +231,62 @@ fn samples<'a>(text: &'a str, metric: &str) -> Vec<&'a str> {
         .filter(|line| line.strip_prefix(metric).is_some_and(|rest| rest.starts_with(['{', ' '])))
         .collect()
 }
+
+/// Two heads on one PostgreSQL database answer the same ledger: failures
+/// written through one are counted by the other (its view follows the
+/// shared store), and a rank joining through the other from the suspect
+/// node is warned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(has_postgres), ignore = "needs TRAINSTATE_TEST_POSTGRES_URL")]
+async fn two_heads_on_one_postgresql_answer_the_same_ledger() {
+    let fresh = crate::stores::Store::Postgres.fresh("ledger").await;
+    let url = fresh.url().unwrap().to_owned();
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = start_head(dir_a.path(), &["--store", &url]).unwrap();
+    let b = start_head(dir_b.path(), &["--store", &url]).unwrap();
+    let client = reqwest::Client::new();
+    let start = now_ms() - 3_600_000;
+    for i in 0..2 {
+        let oom = RunCause::new(CauseKind::Oom, Some(1));
+        let run = ended_run(workers(2, 1, "pg-"), start + i, RunStatus::Errored, Some(oom));
+        let response =
+            client.post(format!("{}/api/train/runs", a.url)).json(&run).send().await.unwrap();
+        assert!(response.status().is_success(), "{}", response.text().await.unwrap());
+    }
+    let exclude = |base: String| {
+        let client = client.clone();
+        async move { get(&client, &format!("{base}/api/train/nodes?format=exclude")).await.1 }
+    };
+    crate::common::eventually(
+        "B to count A's failures",
+        std::time::Duration::from_secs(10),
+        || {
+            let exclude = exclude(b.url.clone());
+            async move { exclude.await == "pg-node1\n" }
+        },
+    )
+    .await;
+    assert_eq!(exclude(a.url.clone()).await, "pg-node1\n");
+    // One window for both, so that their reasons name the same start.
+    let since = start - 60_000;
+    let (_, from_a) = get(&client, &format!("{}/api/train/nodes?since={since}", a.url)).await;
+    let (_, from_b) = get(&client, &format!("{}/api/train/nodes?since={since}", b.url)).await;
+    let (from_a, from_b): (Value, Value) =
+        (serde_json::from_str(&from_a).unwrap(), serde_json::from_str(&from_b).unwrap());
+    assert_eq!(from_a["nodes"], from_b["nodes"], "both heads count the same");
+
+    let worker = workers(2, 1, "pg-")[1].clone().into_draft();
+    let join = json!({"world_size": 2, "worker": worker, "name": "pg-again", "job_id": "j"});
+    let answer: Value = client
+        .post(format!("{}/api/train/rendezvous/pg-again-1/join", b.url))
+        .json(&join)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["joined"], json!(1), "{answer}");
+    let warning = answer["warning"].as_str().unwrap_or_default();
+    assert!(warning.starts_with("node pg-node1 is a suspect"), "{answer}");
+}
