@@ -245,13 +245,16 @@ fn count(node: &str, cluster: Option<&str>, entry: &Entry, since_ms: u64, runs: 
     let mut kinds: Vec<(CauseKind, CauseClass)> = Vec::new();
     let (mut attempts, mut stalls, mut stragglers) = (0u32, 0u32, 0u32);
     let mut last_seen: Option<u64> = None;
-    let mut in_window: Vec<&Event> = entry.events.iter().filter(|e| e.at_ms >= since_ms).collect();
-    if in_window.is_empty() {
-        return counted;
-    }
-    if runs {
-        in_window.sort_by_key(|e| std::cmp::Reverse(e.at_ms));
-    }
+    let in_window = entry.events.iter().filter(|e| e.at_ms >= since_ms);
+    // The runs behind the counts are listed newest first; the counts alone
+    // need no order, nor a list to sort.
+    let in_window: Box<dyn Iterator<Item = &Event>> = if runs {
+        let mut newest_first: Vec<&Event> = in_window.collect();
+        newest_first.sort_by_key(|e| std::cmp::Reverse(e.at_ms));
+        Box::new(newest_first.into_iter())
+    } else {
+        Box::new(in_window)
+    };
     let listed = |list: &mut Vec<RunKey>, run: RunKey| {
         if runs && list.len() < MAX_NODE_RUNS_LISTED && !list.contains(&run) {
             list.push(run);
@@ -280,6 +283,9 @@ fn count(node: &str, cluster: Option<&str>, entry: &Entry, since_ms: u64, runs: 
                 listed(&mut counted.straggler, event.run);
             }
         }
+    }
+    if last_seen.is_none() {
+        return counted; // nothing on it in the window
     }
     let reason = verdict(&kinds, since_ms);
     counted.summary = Some(NodeSummary {

@@ -70,8 +70,17 @@ pub(crate) fn filters(n: usize) -> Vec<(String, String, Expect)> {
 /// times: the whole list, the suspects, the exclude list and one node.
 async fn time_node_routes(opts: &Options, http: &HttpTarget) -> Result<Vec<Value>, String> {
     let list = paths::path(Operation::ListNodes);
-    let first: Value = serde_json::from_slice(&http.get(list).await?)
-        .map_err(|e| format!("the node list does not parse: {e}"))?;
+    let first = match http.get(list).await {
+        Ok(body) => body,
+        Err(e) => {
+            // A head from before the ledger: its memory and pages are
+            // still measured, beside a head that has it.
+            eprintln!("[bench] scale: no node ledger on this head ({e}): its routes not timed");
+            return Ok(Vec::new());
+        }
+    };
+    let first: Value =
+        serde_json::from_slice(&first).map_err(|e| format!("the node list does not parse: {e}"))?;
     let nodes = first["nodes"].as_array().map_or(0, Vec::len);
     let suspects = first["nodes"]
         .as_array()

@@ -45,12 +45,13 @@ pub(crate) async fn list_nodes(
     }
     if query.format == Some(NodesFormat::Exclude) {
         // One name once, whatever the clusters it is a suspect in.
-        let mut names: Vec<&str> = Vec::new();
-        for node in &answer.nodes {
-            if !names.contains(&node.node.as_str()) {
-                names.push(&node.node);
-            }
-        }
+        let mut seen = std::collections::HashSet::new();
+        let names: Vec<&str> = answer
+            .nodes
+            .iter()
+            .map(|node| node.node.as_str())
+            .filter(|n| seen.insert(*n))
+            .collect();
         let mut text = names.join(",");
         text.push('\n');
         let mut response = text.into_response();
