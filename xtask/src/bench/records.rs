@@ -89,7 +89,7 @@ pub(crate) fn retained_run(i: u64, workers: u32, start_ms: u64) -> TrainRunInfo 
         draft.end_time_ms = Some(start_ms + i + 60_000);
     }
     if status == RunStatus::Errored {
-        let kind = if i % 3 == 0 { CauseKind::Oom } else { CauseKind::UserError };
+        let kind = if i.is_multiple_of(3) { CauseKind::Oom } else { CauseKind::UserError };
         let failed_at = start_ms + i + 59_000;
         draft.cause = Some(
             RunCause::new(kind, Some(0)).with_failure(Some(FailureMode::Killed), Some(failed_at)),
