@@ -29,7 +29,14 @@ pub(crate) const MAX_EVENTS_PER_NODE: usize = 4_096;
 pub(crate) const SUSPECT_FAILURES: u32 = 2;
 
 /// The rule, in words: what the answers and `docs/nodes.md` say.
-pub(crate) const RULE: &str = "a node is a suspect when ranks on it failed first, or it was lost, at least twice in the window with a cause of class INFRASTRUCTURE (OOM, NODE_LOST, HARDWARE, SYSTEM_ERROR; LOST_CONTROLLER is the controller's, never a node's)";
+pub(crate) const RULE: &str = "a node is a suspect when ranks on it failed first, or it was lost, at least twice in the window of a fault the machine is known to have made: OOM, NODE_LOST or HARDWARE (SYSTEM_ERROR, a signal from no one known, and LOST_CONTROLLER, the controller's lease, are counted but make no suspect)";
+
+/// The kinds of failure that make a node a suspect: the machine's faults
+/// whose source is known. `SYSTEM_ERROR` is left out: a rank killed by a
+/// signal no one is known to have sent is as often a person's `kill -9` or
+/// the code's segfault as the node's doing.
+pub(crate) const SUSPECT_KINDS: [CauseKind; 3] =
+    [CauseKind::Oom, CauseKind::NodeLost, CauseKind::Hardware];
 
 /// What one event on a node was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,12 +101,13 @@ pub(crate) struct Counted {
 
 /// The verdict on a node's failures in the window: the reason it is a
 /// suspect, or `None`. The one rule ([`RULE`]): at least
-/// [`SUSPECT_FAILURES`] failures of class INFRASTRUCTURE.
+/// [`SUSPECT_FAILURES`] failures of class INFRASTRUCTURE of a kind in
+/// [`SUSPECT_KINDS`].
 pub(crate) fn verdict(failures: &[(CauseKind, CauseClass)], since_ms: u64) -> Option<String> {
     let infrastructure: Vec<CauseKind> = failures
         .iter()
         .filter(|(kind, class)| {
-            *class == CauseClass::Infrastructure && *kind != CauseKind::LostController
+            *class == CauseClass::Infrastructure && SUSPECT_KINDS.contains(kind)
         })
         .map(|(kind, _)| *kind)
         .collect();

@@ -73,12 +73,16 @@ fn two_infrastructure_failures_in_the_window_make_a_suspect_and_removal_takes_th
 }
 
 #[test]
-fn application_failures_and_a_lost_controller_make_no_suspect() {
+fn application_failures_a_lost_controller_and_signals_from_no_one_known_make_no_suspect() {
     let kinds = [
         (CauseKind::UserError, CauseClass::Application),
         (CauseKind::UserError, CauseClass::Application),
         (CauseKind::LostController, CauseClass::Infrastructure),
         (CauseKind::Preempted, CauseClass::Interrupted),
+        // A person's kill -9 or the code's segfault as often as the node's.
+        (CauseKind::SystemError, CauseClass::Infrastructure),
+        (CauseKind::SystemError, CauseClass::Infrastructure),
+        (CauseKind::SystemError, CauseClass::Infrastructure),
     ];
     assert_eq!(verdict(&kinds, T0), None);
     let infra = [
