@@ -43,6 +43,12 @@ GET_RUN: Final = Route("GET", "/api/train/runs/{id}")
 GET_RUN_METRICS: Final = Route("GET", "/api/train/runs/{id}/metrics")
 """``getRunMetrics``: The history of each metric the ranks of a rendezvous run reported with their progress (current attempt, memory only), downsampled to at most 1,000 points a metric; optionally one name, one rank and a range of steps."""
 
+GET_RUN_STACKS: Final = Route("GET", "/api/train/runs/{id}/stacks")
+"""``getRunStacks``: Where every rank of a run is (or was) stuck: the captures of its ranks' stacks (the run stalled, or someone asked), newest first, each with every rank's stack or that it did not answer, the ranks grouped by the same stack, and the ranks outside the largest group named as suspects with their innermost frame."""
+
+POST_RUN_STACKS: Final = Route("POST", "/api/train/runs/{id}/stacks")
+"""``postRunStacks``: With no ranks: ask a live run's ranks for their stacks (202; 409 while a capture is pending or within 30 s of the last). With capture_id and ranks: the ranks' answer to that capture. With ranks and no capture_id: a capture a controller made itself. A stack over the byte bound is kept cut and marked truncated; an unknown run is 404, an ended attempt or a rank not in it 409 or 422 naming the field."""
+
 LIST_NODES: Final = Route("GET", "/api/train/nodes")
 """``listNodes``: The node ledger: per node, attempts hosted, failures by class where one of its ranks failed first or it was lost, times named a stall suspect or straggler, last seen, and the verdict `suspect` with its reason (docs/nodes.md). `format=exclude` answers the suspects as a scheduler exclude list."""
 

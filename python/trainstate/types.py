@@ -12,6 +12,9 @@ __all__ = [
     "ActorStatus",
     "AttemptRequest",
     "AttemptStatus",
+    "CaptureOrder",
+    "CaptureState",
+    "CaptureTrigger",
     "CauseClass",
     "CauseKind",
     "CreateTokenRequest",
@@ -49,6 +52,8 @@ __all__ = [
     "RankHeartbeatRequest",
     "RankProgress",
     "RankReport",
+    "RankStack",
+    "RankStackReport",
     "RayDecoratedTrainRun",
     "RayDecoratedTrainRunAttempt",
     "RayDecoratedTrainWorker",
@@ -70,6 +75,13 @@ __all__ = [
     "RunListResponse",
     "RunStatus",
     "SnapshotEvent",
+    "StackCapture",
+    "StackGroup",
+    "StackSuspect",
+    "StacksRequest",
+    "StacksResponse",
+    "StallAction",
+    "StallCapture",
     "StatusChange",
     "StatusFilter",
     "StatusRequest",
@@ -89,10 +101,16 @@ ActorStatus = Literal["ALIVE", "DEAD"]
 AttemptStatus = Literal["PENDING", "RUNNING", "FINISHED", "ERRORED", "ABORTED"]
 """The status of one attempt (worker group) of a run, spelled as Ray Train V2 spells it."""
 
+CaptureState = Literal["PENDING", "COMPLETE"]
+"""Whether a capture still waits for ranks."""
+
+CaptureTrigger = Literal["STALLED", "REQUESTED", "CONTROLLER"]
+"""What asked for a capture."""
+
 CauseClass = Literal["INFRASTRUCTURE", "APPLICATION", "INTERRUPTED", "NO_PROGRESS"]
 """Whose fault the end of a run was, coarsely: what a person paged for it would first want to know. Each [`CauseKind`] has one ([`CauseKind::class`]), except that a run that had stopped making progress (STALLED) and was then interrupted, timed out or lost is `NO_PROGRESS`: the hang, not the signal that ended it, is the news."""
 
-CauseKind = Literal["USER_ERROR", "SYSTEM_ERROR", "LOST_CONTROLLER", "USER_INTERRUPT", "OOM", "PREEMPTED", "TIMEOUT", "NODE_LOST", "HARDWARE"]
+CauseKind = Literal["USER_ERROR", "SYSTEM_ERROR", "LOST_CONTROLLER", "USER_INTERRUPT", "OOM", "PREEMPTED", "TIMEOUT", "NODE_LOST", "HARDWARE", "NO_PROGRESS"]
 """What ended a run that did not finish: machine-readable, beside the human-readable `status_detail`. Each kind has a [`CauseClass`], which says whose fault it was; `docs/causes.md` says how each is told."""
 
 Cursor = str
@@ -131,6 +149,9 @@ RunId = str
 RunStatus = Literal["INITIALIZING", "SCHEDULING", "RUNNING", "RESTARTING", "RESIZING", "FINISHED", "ERRORED", "ABORTED", "STARTED"]
 """The lifecycle status of a run, spelled as Ray spells it (Ray Train V2's statuses). INITIALIZING, SCHEDULING, RUNNING, RESTARTING and RESIZING are live; FINISHED, ERRORED and ABORTED are terminal and final. A V1 document's run_status shows every live status as RUNNING."""
 
+StallAction = Literal["DETECT", "ABORT"]
+"""What a run asks the head to do when it stalls (`JoinRequest.on_stall`)."""
+
 StatusFilter = str
 """Comma-separated run statuses, for example RUNNING,ERRORED."""
 
@@ -156,6 +177,25 @@ _AttemptRequestOptional = TypedDict(
 
 class AttemptRequest(_AttemptRequestRequired, _AttemptRequestOptional):
     """Body of `POST /api/train/runs/{id}/attempts`: a new worker group."""
+
+
+_CaptureOrderRequired = TypedDict(
+    "_CaptureOrderRequired",
+    {
+        "capture_id": "int",
+        "answer_within_ms": "int",
+    },
+)
+_CaptureOrderOptional = TypedDict(
+    "_CaptureOrderOptional",
+    {
+    },
+    total=False,
+)
+
+
+class CaptureOrder(_CaptureOrderRequired, _CaptureOrderOptional):
+    """What a rank's watcher is asked to capture (in a heartbeat's answer)."""
 
 
 _CreateTokenRequestRequired = TypedDict(
@@ -336,6 +376,8 @@ _JoinRequestOptional = TypedDict(
         "run_id": "Optional[RunId]",
         "process_start_ms": "Optional[int]",
         "stall_after_ms": "Optional[int]",
+        "on_stall": "Optional[StallAction]",
+        "abort_after_ms": "Optional[int]",
     },
     total=False,
 )
@@ -739,6 +781,54 @@ class RankReport(_RankReportRequired, _RankReportOptional):
     """One rank's entry of a [`ProgressReport`]."""
 
 
+_RankStackRequired = TypedDict(
+    "_RankStackRequired",
+    {
+        "rank": "int",
+        "answered": "bool",
+    },
+)
+_RankStackOptional = TypedDict(
+    "_RankStackOptional",
+    {
+        "node": "Optional[str]",
+        "source": "Optional[str]",
+        "at_ms": "Optional[int]",
+        "stack": "str",
+        "truncated": "bool",
+        "note": "Optional[str]",
+        "group": "Optional[int]",
+    },
+    total=False,
+)
+
+
+class RankStack(_RankStackRequired, _RankStackOptional):
+    """One rank's entry of a capture."""
+
+
+_RankStackReportRequired = TypedDict(
+    "_RankStackReportRequired",
+    {
+        "rank": "int",
+        "source": "str",
+    },
+)
+_RankStackReportOptional = TypedDict(
+    "_RankStackReportOptional",
+    {
+        "stack": "str",
+        "truncated": "bool",
+        "note": "Optional[str]",
+    },
+    total=False,
+)
+
+
+class RankStackReport(_RankStackReportRequired, _RankStackReportOptional):
+    """One rank's stacks, as its watcher or a controller captured them."""
+
+
 _RayDecoratedTrainRunRequired = TypedDict(
     "_RayDecoratedTrainRunRequired",
     {
@@ -1015,6 +1105,8 @@ _RendezvousResponseOptional = TypedDict(
     {
         "run_status": "Optional[RunStatus]",
         "warning": "Optional[str]",
+        "capture": "Optional[CaptureOrder]",
+        "end_rank": "Optional[str]",
     },
     total=False,
 )
@@ -1108,6 +1200,7 @@ _RunHealthOptional = TypedDict(
         "stragglers": "List[Straggler]",
         "last_advance_ms": "Optional[int]",
         "ended_ms": "Optional[int]",
+        "capture": "Optional[StallCapture]",
     },
     total=False,
 )
@@ -1154,6 +1247,133 @@ _SnapshotEventOptional = TypedDict(
 
 class SnapshotEvent(_SnapshotEventRequired, _SnapshotEventOptional):
     """The data of a `snapshot` event of `GET /api/train/events`: every run, sent first, and again whenever the stream cannot resume without a gap."""
+
+
+_StackCaptureRequired = TypedDict(
+    "_StackCaptureRequired",
+    {
+        "capture_id": "int",
+        "attempt_id": "str",
+        "at_ms": "int",
+        "trigger": "CaptureTrigger",
+        "state": "CaptureState",
+        "deadline_ms": "int",
+        "ranks": "List[RankStack]",
+        "groups": "List[StackGroup]",
+        "suspects": "List[StackSuspect]",
+    },
+)
+_StackCaptureOptional = TypedDict(
+    "_StackCaptureOptional",
+    {
+        "reason": "str",
+    },
+    total=False,
+)
+
+
+class StackCapture(_StackCaptureRequired, _StackCaptureOptional):
+    """One capture of a run's stacks."""
+
+
+_StackGroupRequired = TypedDict(
+    "_StackGroupRequired",
+    {
+        "ranks": "List[int]",
+        "frames": "List[str]",
+        "innermost": "str",
+    },
+)
+_StackGroupOptional = TypedDict(
+    "_StackGroupOptional",
+    {
+    },
+    total=False,
+)
+
+
+class StackGroup(_StackGroupRequired, _StackGroupOptional):
+    """Ranks whose stacks are the same after normalising (addresses, thread ids and line numbers taken out)."""
+
+
+_StackSuspectRequired = TypedDict(
+    "_StackSuspectRequired",
+    {
+        "rank": "int",
+        "innermost": "str",
+    },
+)
+_StackSuspectOptional = TypedDict(
+    "_StackSuspectOptional",
+    {
+        "node": "Optional[str]",
+    },
+    total=False,
+)
+
+
+class StackSuspect(_StackSuspectRequired, _StackSuspectOptional):
+    """A rank outside the largest group: where to look first."""
+
+
+_StacksRequestRequired = TypedDict(
+    "_StacksRequestRequired",
+    {
+    },
+)
+_StacksRequestOptional = TypedDict(
+    "_StacksRequestOptional",
+    {
+        "capture_id": "Optional[int]",
+        "attempt_id": "Optional[str]",
+        "reason": "Optional[str]",
+        "ranks": "List[RankStackReport]",
+    },
+    total=False,
+)
+
+
+class StacksRequest(_StacksRequestRequired, _StacksRequestOptional):
+    """Body of `POST /api/train/runs/{id}/stacks`. - No `capture_id` and no `ranks`: ask the run's ranks for their stacks (202 with the capture opened; 409 while another capture is pending or within `MIN_CAPTURE_INTERVAL_MS` of the last one). - `capture_id` and `ranks`: the answer of ranks to that capture (a watcher posts its own rank's). - `ranks` and no `capture_id`: a capture a controller made itself, kept whole at once; a rank it does not list is listed as not answering."""
+
+
+_StacksResponseRequired = TypedDict(
+    "_StacksResponseRequired",
+    {
+        "run_id": "RunId",
+        "captures": "List[StackCapture]",
+    },
+)
+_StacksResponseOptional = TypedDict(
+    "_StacksResponseOptional",
+    {
+    },
+    total=False,
+)
+
+
+class StacksResponse(_StacksResponseRequired, _StacksResponseOptional):
+    """Answer of `GET /api/train/runs/{id}/stacks`: the run's captures, newest first (at most `MAX_CAPTURES_PER_RUN`)."""
+
+
+_StallCaptureRequired = TypedDict(
+    "_StallCaptureRequired",
+    {
+        "capture_id": "int",
+        "state": "CaptureState",
+    },
+)
+_StallCaptureOptional = TypedDict(
+    "_StallCaptureOptional",
+    {
+        "suspects": "List[StackSuspect]",
+    },
+    total=False,
+)
+
+
+class StallCapture(_StallCaptureRequired, _StallCaptureOptional):
+    """The capture a stall opened, in short: which, whether it is complete, and where to look first."""
 
 
 _StatusChangeRequired = TypedDict(

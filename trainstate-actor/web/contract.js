@@ -40,6 +40,14 @@ const CONTRACT = deepFreeze({
       "method": "GET",
       "path": "/api/train/runs/{id}/metrics"
     },
+    "getRunStacks": {
+      "method": "GET",
+      "path": "/api/train/runs/{id}/stacks"
+    },
+    "postRunStacks": {
+      "method": "POST",
+      "path": "/api/train/runs/{id}/stacks"
+    },
     "listNodes": {
       "method": "GET",
       "path": "/api/train/nodes"

@@ -22,11 +22,13 @@ mod nodes;
 mod notify;
 mod progress;
 mod rendezvous;
+mod stacks;
 mod tokens;
 pub use nodes::*;
 pub use notify::*;
 pub use progress::*;
 pub use rendezvous::*;
+pub use stacks::*;
 pub use tokens::*;
 
 /// Body of `POST /api/train/runs`: the run to register, as a draft so that a

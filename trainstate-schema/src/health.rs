@@ -86,6 +86,38 @@ pub struct RunHealth {
     /// Absent for a live run and for a run that did not end stalled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_ms: Option<u64>,
+    /// For `STALLED`: the capture of the ranks' stacks the stall opened,
+    /// in short (the whole capture is at `GET /api/train/runs/{id}/stacks`).
+    /// Absent when none was opened (a run whose ranks have no watcher).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<StallCapture>,
+}
+
+/// The capture a stall opened, in short: which, whether it is complete,
+/// and where to look first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[non_exhaustive]
+pub struct StallCapture {
+    /// The capture's number within the run.
+    pub capture_id: u64,
+    /// Pending until every rank answered or its deadline passed.
+    pub state: crate::api::CaptureState,
+    /// Its suspects, once complete (at most 1,024).
+    #[serde(default)]
+    #[cfg_attr(feature = "schemars", schemars(length(max = 1024)))]
+    pub suspects: Vec<crate::api::StackSuspect>,
+}
+
+impl StallCapture {
+    /// Capture `capture_id` in `state`, naming `suspects`.
+    pub fn new(
+        capture_id: u64,
+        state: crate::api::CaptureState,
+        suspects: Vec<crate::api::StackSuspect>,
+    ) -> Self {
+        Self { capture_id, state, suspects }
+    }
 }
 
 impl RunHealth {
@@ -100,6 +132,7 @@ impl RunHealth {
             stragglers: Vec::new(),
             last_advance_ms: None,
             ended_ms: None,
+            capture: None,
         }
     }
 

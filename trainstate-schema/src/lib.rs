@@ -80,7 +80,7 @@ pub use draft::{
     RunAttemptDraft, StatusChange, TrainDatasetInfoDraft, TrainRunInfoDraft, TrainWorkerInfoDraft,
 };
 pub use error::{Rule, ValidationError};
-pub use health::{HealthChange, HealthState, RunHealth, Straggler};
+pub use health::{HealthChange, HealthState, RunHealth, StallCapture, Straggler};
 pub use id::{RUN_ID_PATTERN, RunId};
 pub use json::JsonValue;
 pub use model::{NewRun, RunAttempt, TrainDatasetInfo, TrainRunInfo, TrainWorkerInfo};

@@ -150,3 +150,31 @@ pub const MAX_NODE_NAME_LEN: usize = MAX_NAME_LEN;
 /// The most runs a node's answer lists behind each of its counts, the
 /// newest first.
 pub const MAX_NODE_RUNS_LISTED: usize = 100;
+
+/// The most bytes one rank's stacks keep in a capture (64 KiB); a capture
+/// over it is cut at a line and says it was (`truncated`).
+pub const MAX_STACK_BYTES: usize = 64 * 1024;
+
+/// The fewest bytes one rank's stacks may keep in a capture, however many
+/// ranks the run has (4 KiB): see [`MAX_CAPTURE_BYTES`].
+pub const MIN_STACK_BYTES: usize = 4 * 1024;
+
+/// The most bytes all ranks' stacks of one capture keep together (8 MiB):
+/// each rank keeps at most this divided by the run's world size, between
+/// [`MIN_STACK_BYTES`] and [`MAX_STACK_BYTES`].
+pub const MAX_CAPTURE_BYTES: usize = 8 * 1024 * 1024;
+
+/// The most captures a run keeps: a new one drops the oldest.
+pub const MAX_CAPTURES_PER_RUN: usize = 8;
+
+/// The shortest time between two captures that reach a run's ranks: a
+/// request within it of the previous one is refused (409).
+pub const MIN_CAPTURE_INTERVAL_MS: u64 = 30_000;
+
+/// How long a capture waits for its ranks' answers: a rank that has not
+/// answered by then is listed as not answering.
+pub const CAPTURE_DEADLINE_MS: u64 = 20_000;
+
+/// The longest `note` of a rank's capture (why it has no stack, or what
+/// else was found).
+pub const MAX_STACK_NOTE_LEN: usize = 1_024;

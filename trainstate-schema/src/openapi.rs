@@ -21,7 +21,10 @@ use crate::api::{
 use crate::api::{
     CreateTokenRequest, CreateTokenResponse, TokenInfo, TokenListResponse, TokenScope,
 };
-use crate::api::{NodeDetailResponse, NodeListResponse, NotifyEvent, NotifyResponse};
+use crate::api::{
+    NodeDetailResponse, NodeListResponse, NotifyEvent, NotifyResponse, StackCapture, StacksRequest,
+    StacksResponse,
+};
 use crate::routes::{Access, Body, Route, routes};
 
 /// The JSON Schema (2020-12) of every public wire type, by type name, in
@@ -89,6 +92,10 @@ pub fn wire_schemas() -> Vec<(&'static str, Schema)> {
         // The node ledger.
         of::<NodeListResponse>("NodeListResponse"),
         of::<NodeDetailResponse>("NodeDetailResponse"),
+        // Stack captures.
+        of::<StacksRequest>("StacksRequest"),
+        of::<StackCapture>("StackCapture"),
+        of::<StacksResponse>("StacksResponse"),
     ]
 }
 

@@ -21,6 +21,7 @@ use crate::api::{
     RendezvousResponse, RunEvent, RunListResponse, SnapshotEvent, StatusRequest, VersionResponse,
 };
 use crate::api::{CreateTokenRequest, CreateTokenResponse, TokenListResponse, TokenScope};
+use crate::api::{StackCapture, StacksRequest, StacksResponse};
 use crate::{TrainRunInfo, ray_v2};
 
 /// One operation of the HTTP API.
@@ -43,6 +44,10 @@ pub enum Operation {
     GetRun,
     /// `GET /api/train/runs/{id}/metrics`.
     GetRunMetrics,
+    /// `GET /api/train/runs/{id}/stacks`.
+    GetRunStacks,
+    /// `POST /api/train/runs/{id}/stacks`.
+    PostRunStacks,
     /// `DELETE /api/train/runs/{id}`.
     DeleteRun,
     /// `POST /api/train/runs/{id}/status`.
@@ -563,6 +568,54 @@ pub fn routes() -> Vec<Route> {
                 "/api/train/runs/{id}/metrics",
                 "The history of each metric the ranks of a rendezvous run reported with their progress (current attempt, memory only), downsampled to at most 1,000 points a metric; optionally one name, one rank and a range of steps.",
                 Read,
+            )
+        },
+        Route {
+            path_params: &[RUN_ID],
+            success: &[Success {
+                status: 200,
+                description: "The run's captures, newest first: when, why, each rank's stack or that it did not answer, the groups and the suspects.",
+                body: Body::Json(schema_of::<StacksResponse>),
+            }],
+            errors: &[
+                ErrorCode::Unauthorized,
+                ErrorCode::Forbidden,
+                ErrorCode::NotFound,
+                ErrorCode::Unavailable,
+                ErrorCode::Timeout,
+            ],
+            ..route(
+                Operation::GetRunStacks,
+                "getRunStacks",
+                Get,
+                "/api/train/runs/{id}/stacks",
+                "Where every rank of a run is (or was) stuck: the captures of its ranks' stacks (the run stalled, or someone asked), newest first, each with every rank's stack or that it did not answer, the ranks grouped by the same stack, and the ranks outside the largest group named as suspects with their innermost frame.",
+                Read,
+            )
+        },
+        Route {
+            path_params: &[RUN_ID],
+            request: Some(schema_of::<StacksRequest>),
+            success: &[
+                Success {
+                    status: 200,
+                    description: "The ranks' stacks were kept: the capture as it now stands.",
+                    body: Body::Json(schema_of::<StackCapture>),
+                },
+                Success {
+                    status: 202,
+                    description: "A capture was opened: the run's ranks are asked for their stacks.",
+                    body: Body::Json(schema_of::<StackCapture>),
+                },
+            ],
+            errors: WRITE_ERRORS,
+            ..route(
+                Operation::PostRunStacks,
+                "postRunStacks",
+                Post,
+                "/api/train/runs/{id}/stacks",
+                "With no ranks: ask a live run's ranks for their stacks (202; 409 while a capture is pending or within 30 s of the last). With capture_id and ranks: the ranks' answer to that capture. With ranks and no capture_id: a capture a controller made itself. A stack over the byte bound is kept cut and marked truncated; an unknown run is 404, an ended attempt or a rank not in it 409 or 422 naming the field.",
+                Write,
             )
         },
         Route {

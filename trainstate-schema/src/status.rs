@@ -247,11 +247,16 @@ pub enum CauseKind {
     /// A device failed: a GPU's uncorrectable memory error, an Xid of its
     /// driver, a GPU fallen off the bus.
     Hardware,
+    /// The run made no progress and was ended for it: its watcher ended a
+    /// stalled rank because the run asked for it (`on_stall: ABORT`), so
+    /// that the launcher restarts it from its checkpoint. The cause's
+    /// detail links the stacks captured at the stall.
+    NoProgress,
 }
 
 impl CauseKind {
     /// Every kind, in documentation order.
-    pub const ALL: [CauseKind; 9] = [
+    pub const ALL: [CauseKind; 10] = [
         CauseKind::UserError,
         CauseKind::SystemError,
         CauseKind::LostController,
@@ -261,6 +266,7 @@ impl CauseKind {
         CauseKind::Timeout,
         CauseKind::NodeLost,
         CauseKind::Hardware,
+        CauseKind::NoProgress,
     ];
 
     /// The wire spelling, for example `"LOST_CONTROLLER"`.
@@ -275,6 +281,7 @@ impl CauseKind {
             CauseKind::Timeout => "TIMEOUT",
             CauseKind::NodeLost => "NODE_LOST",
             CauseKind::Hardware => "HARDWARE",
+            CauseKind::NoProgress => "NO_PROGRESS",
         }
     }
 
@@ -296,6 +303,7 @@ impl CauseKind {
             CauseKind::UserInterrupt | CauseKind::Preempted | CauseKind::Timeout => {
                 CauseClass::Interrupted
             }
+            CauseKind::NoProgress => CauseClass::NoProgress,
         }
     }
 }

@@ -92,6 +92,17 @@ pub struct JoinRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "schemars", schemars(range(min = 1000, max = 604_800_000_u64)))]
     pub stall_after_ms: Option<u64>,
+    /// What the head does when the run stalls: `DETECT` (the default) or
+    /// `ABORT`, which also ends the ranks the stall names `abort_after_ms`
+    /// after it, so that the launcher restarts the job from its
+    /// checkpoint. The first join that carries one sets it for the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_stall: Option<crate::api::StallAction>,
+    /// With `on_stall: ABORT`, how long after the stall its ranks are ended
+    /// (ms); 60000 (`DEFAULT_ABORT_AFTER_MS`) when absent. 0 to 604800000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schemars", schemars(range(max = 604_800_000_u64)))]
+    pub abort_after_ms: Option<u64>,
 }
 
 impl JoinRequest {
@@ -112,6 +123,8 @@ impl JoinRequest {
             run_id: None,
             process_start_ms: None,
             stall_after_ms: None,
+            on_stall: None,
+            abort_after_ms: None,
         }
     }
 }
@@ -228,6 +241,18 @@ pub struct RendezvousResponse {
     /// all the same. Absent when there is none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warning: Option<String>,
+    /// A capture of the rank's stacks the head asks for (the run stalled,
+    /// or someone asked): the rank's watcher captures them and posts them
+    /// to `POST /api/train/runs/{id}/stacks` with this `capture_id`.
+    /// Absent when none is asked of this rank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<crate::api::CaptureOrder>,
+    /// Present when the head asks the rank's watcher to end its rank (the
+    /// run stalled under `on_stall: ABORT`): the words the watcher reports
+    /// as the rank's end (`cause: NO_PROGRESS`), naming the stall and its
+    /// capture.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_rank: Option<String>,
 }
 
 impl RendezvousResponse {
@@ -250,6 +275,8 @@ impl RendezvousResponse {
             run_status,
             lease_ms,
             warning: None,
+            capture: None,
+            end_rank: None,
         }
     }
 
