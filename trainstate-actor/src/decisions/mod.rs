@@ -17,6 +17,7 @@ pub(crate) mod progress;
 pub(crate) mod record;
 pub(crate) mod rendezvous;
 pub(crate) mod rendezvous_call;
+pub(crate) mod stacks;
 pub(crate) mod retention;
 pub(crate) mod state;
 pub(crate) mod time_text;

@@ -175,6 +175,35 @@ pub struct RankStack {
     pub group: Option<u32>,
 }
 
+impl RankStack {
+    /// Rank `rank` on `node`, not heard from (yet).
+    pub fn unanswered(rank: u32, node: Option<String>) -> Self {
+        Self {
+            rank,
+            node,
+            answered: false,
+            source: None,
+            at_ms: None,
+            stack: String::new(),
+            truncated: false,
+            note: None,
+            group: None,
+        }
+    }
+
+    /// The same entry, with `report` received at `at_ms`: answered when it
+    /// carries a stack.
+    pub fn with_report(mut self, report: RankStackReport, at_ms: u64) -> Self {
+        self.answered = !report.stack.is_empty();
+        self.source = Some(report.source);
+        self.at_ms = Some(at_ms);
+        self.stack = report.stack;
+        self.truncated = report.truncated;
+        self.note = report.note;
+        self
+    }
+}
+
 /// Ranks whose stacks are the same after normalising (addresses, thread
 /// ids and line numbers taken out).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -191,6 +220,13 @@ pub struct StackGroup {
     pub innermost: String,
 }
 
+impl StackGroup {
+    /// A group of `ranks` whose main thread has `frames`, innermost first.
+    pub fn new(ranks: Vec<u32>, frames: Vec<String>, innermost: String) -> Self {
+        Self { ranks, frames, innermost }
+    }
+}
+
 /// A rank outside the largest group: where to look first.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
@@ -204,6 +240,13 @@ pub struct StackSuspect {
     /// Its innermost frame, with its line (`rank_two_is_stuck
     /// (train.py:41)`); for a rank that did not answer, `no answer`.
     pub innermost: String,
+}
+
+impl StackSuspect {
+    /// Rank `rank` on `node`, stuck at `innermost`.
+    pub fn new(rank: u32, node: Option<String>, innermost: String) -> Self {
+        Self { rank, node, innermost }
+    }
 }
 
 /// One capture of a run's stacks.
@@ -237,6 +280,34 @@ pub struct StackCapture {
     pub suspects: Vec<StackSuspect>,
 }
 
+impl StackCapture {
+    /// Capture `capture_id` of attempt `attempt_id`, opened at `at_ms` by
+    /// `trigger` for `reason`, pending until `deadline_ms`, of `ranks`, not
+    /// grouped yet.
+    pub fn new(
+        capture_id: u64,
+        attempt_id: impl Into<String>,
+        at_ms: u64,
+        trigger: CaptureTrigger,
+        reason: impl Into<String>,
+        deadline_ms: u64,
+        ranks: Vec<RankStack>,
+    ) -> Self {
+        Self {
+            capture_id,
+            attempt_id: attempt_id.into(),
+            at_ms,
+            trigger,
+            reason: reason.into(),
+            state: CaptureState::Pending,
+            deadline_ms,
+            ranks,
+            groups: Vec::new(),
+            suspects: Vec::new(),
+        }
+    }
+}
+
 /// Answer of `GET /api/train/runs/{id}/stacks`: the run's captures, newest
 /// first (at most `MAX_CAPTURES_PER_RUN`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -266,6 +337,13 @@ pub struct CaptureOrder {
     /// How long the watcher may wait for its rank's stacks before it
     /// answers that the rank did not (ms).
     pub answer_within_ms: u64,
+}
+
+impl CaptureOrder {
+    /// Answer capture `capture_id` within `answer_within_ms`.
+    pub fn new(capture_id: u64, answer_within_ms: u64) -> Self {
+        Self { capture_id, answer_within_ms }
+    }
 }
 
 /// What a run asks the head to do when it stalls (`JoinRequest.on_stall`).
