@@ -170,6 +170,9 @@
   }, 1000);
 
   const badge = (status) => h('span', { class: `badge s-${String(status).toLowerCase()}` }, status);
+  /** A run's stall capture as one string (its id and state), to tell when it moved. */
+  const captureKey = (run) => (run && run.health && run.health.capture
+    ? `${run.health.capture.capture_id}:${run.health.capture.state}` : '');
   /** True for a live run whose health is STALLED (not a stall its run ended in). */
   const liveStall = (run) => Boolean(run.health && run.health.state === 'STALLED' && !run.end_time_ms
     && (run.health.ended_ms === null || run.health.ended_ms === undefined));
@@ -770,6 +773,7 @@
     const st = {
       run: null, gone: null, error: null, seq: 0, closed: false,
       attempt: null, node: null, sort: 'world_rank', dir: 1, nodePage: 0, workerPage: 0,
+      stacks: null, captureSeen: '', folds: {},
     };
     document.title = 'Run · trainstate';
     fill(app, h('p', { class: 'muted' }, 'Loading run…'));
@@ -784,8 +788,10 @@
         // an ended run (kept in the store: the curve up to a crash).
         const metrics = Array.isArray(run.rank_progress) || ended(run)
           ? await api(pathOf('getRunMetrics', { id })).catch(() => null) : null;
+        // The captures of its ranks' stacks (kept in the store), when it has any.
+        const stacks = await api(pathOf('getRunStacks', { id })).catch(() => null);
         if (seq !== st.seq || st.closed) return;
-        Object.assign(st, { run, metrics, gone: null, error: null });
+        Object.assign(st, { run, metrics, stacks, captureSeen: captureKey(run), gone: null, error: null });
       } catch (err) {
         if (seq !== st.seq || st.closed) return;
         if (err.status === NOT_FOUND) st.gone = st.run ? 'deleted' : 'missing';
@@ -800,10 +806,12 @@
       if (event.kind === 'deleted' || event.kind === 'evicted') st.gone = event.kind;
       else if (event.run) {
         const endsNow = ended(event.run) && st.run && !ended(st.run);
+        // A stall's capture opened or completed: read its stacks again.
+        const captureMoved = captureKey(event.run) !== st.captureSeen;
         Object.assign(st, { run: event.run, gone: null, error: null });
         // The run just ended: read it again for its ranks' last progress
         // and its whole metric histories.
-        if (endsNow) setTimeout(load, 0);
+        if (endsNow || captureMoved) setTimeout(load, 0);
       }
       keepFocus(render);
     }
@@ -831,6 +839,7 @@
         st.error ? errorNote(st.error) : null,
         overview(run),
         progressSection(run),
+        stacksSection(st.stacks),
         metricsSection(st.metrics),
         detailSection(run),
         historySection(run),
@@ -954,6 +963,57 @@
     }
 
     /** One plot per metric: its value over steps, a line per rank (SVG, drawn here). */
+    /**
+     * Where the ranks are (or were) stuck: each capture of their stacks,
+     * newest first, the suspects first, then the groups, each rank's stack
+     * folded. Stack text is only ever text, never markup.
+     */
+    function stacksSection(stacks) {
+      const captures = stacks && Array.isArray(stacks.captures) ? stacks.captures : [];
+      if (!captures.length) return null;
+      return section('Stacks', h('div', { id: 'stacks' }, captures.map((capture, i) => captureView(capture, i === 0))));
+    }
+
+    function captureView(capture, newest) {
+      const suspects = Array.isArray(capture.suspects) ? capture.suspects : [];
+      const groups = Array.isArray(capture.groups) ? capture.groups : [];
+      const suspectRanks = new Set(suspects.map((s) => s.rank));
+      const ranks = (Array.isArray(capture.ranks) ? capture.ranks.slice() : [])
+        .sort((a, b) => (suspectRanks.has(b.rank) - suspectRanks.has(a.rank)) || a.rank - b.rank);
+      const why = capture.trigger === 'STALLED' ? 'the run stalled' : capture.trigger === 'REQUESTED' ? 'asked for' : 'attached by the controller';
+      const head = h('p', { class: 'capture-head' },
+        h('strong', null, `Capture ${capture.capture_id}`), ` of attempt ${capture.attempt_id}, `, why, ', ', timeEl(capture.at_ms),
+        capture.state === 'PENDING' ? [' · ', h('span', { class: 'badge h-stalled' }, 'waiting for ranks')] : null);
+      const reason = capture.reason ? h('p', { class: 'muted' }, capture.reason) : null;
+      const suspectList = suspects.length
+        ? h('ul', { class: 'suspects', 'aria-label': 'Suspect ranks' }, suspects.map((s) => h('li', { 'data-rank': String(s.rank) },
+          h('strong', null, `rank ${s.rank}`), s.node ? ` on ${s.node}` : null, ': ', h('code', null, s.innermost))))
+        : h('p', { class: 'muted' }, capture.state === 'PENDING' ? 'No suspect yet.' : 'Every rank that answered is in one place.');
+      const groupRows = groups.map((g, i) => h('tr', { 'data-group': String(i) },
+        h('td', null, i === 0 ? 'largest' : `${i + 1}`),
+        h('td', null, g.ranks.join(', ')),
+        h('td', null, h('code', null, g.innermost))));
+      const groupTable = groups.length ? table('Groups', [['Group', ''], ['Ranks', ''], ['Innermost frame', '']], groupRows) : null;
+      const rankStacks = ranks.map((r) => {
+        const pre = h('pre', { class: 'detail stack', tabindex: '0', 'aria-label': `Stack of rank ${r.rank}` });
+        pre.textContent = block(r.answered ? r.stack : (r.note || 'no answer'));
+        // A stack a person opened or closed stays so across renders.
+        const key = `${capture.capture_id}:${r.rank}`;
+        const open = key in st.folds ? st.folds[key] : newest && suspectRanks.has(r.rank);
+        return h('details', {
+          class: 'rank-stack', 'data-rank': String(r.rank), open,
+          ontoggle: (event) => { st.folds[key] = event.target.open; },
+        },
+          h('summary', null, `rank ${r.rank}`, r.node ? ` · ${r.node}` : null,
+            r.answered ? ` · ${r.source || ''}` : ' · no answer',
+            r.truncated ? ' · truncated' : null,
+            suspectRanks.has(r.rank) ? [' · ', h('strong', null, 'suspect')] : null),
+          pre);
+      });
+      return h('div', { class: 'capture', 'data-capture': String(capture.capture_id), 'data-state': capture.state },
+        head, reason, suspectList, groupTable, rankStacks);
+    }
+
     function metricsSection(metrics) {
       const series = metrics && Array.isArray(metrics.series) ? metrics.series.filter((s) => s.points.length) : [];
       if (!series.length) return null;
