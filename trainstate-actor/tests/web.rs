@@ -1023,3 +1023,74 @@ async fn the_page_of_an_ended_run_shows_its_plots_and_each_ranks_last_progress()
     browser.quit().await;
     server.stop().await;
 }
+
+/// A run's stack captures on its page: the suspect first with its node and
+/// innermost frame, the groups, each rank's stack folded (the suspect's
+/// open), and a hostile stack shown as text, never as markup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(has_browser), ignore = "needs chromium and chromedriver")]
+async fn the_page_shows_a_runs_stacks_the_suspect_first_and_never_as_markup() {
+    let (chromium, chromedriver) = browser();
+    let server = Server::start(
+        StateConfig::in_memory().with_name(unique_name("web-stacks")),
+        HttpConfig::default(),
+    )
+    .await;
+    let api = Api::new(&server, None);
+    let id = api.register(run_body("hangs", "12", now_ms() - MINUTE, 4, &[])).await;
+    let waiting = "Current thread 0x00007f3b33e1c740 (most recent call first):
+  File \"/venv/torch/distributed/distributed_c10d.py\", line 1320 in all_reduce
+  File \"/job/train.py\", line 30 in main
+  File \"/job/train.py\", line 44 in <module>
+";
+    let odd = "Current thread 0x00007f3b33e1c741 (most recent call first):
+  File \"/job/train.py\", line 41 in rank_two_is_stuck
+  File \"/job/train.py\", line 28 in main
+  File \"/job/train.py\", line 44 in <module>
+<img src=x onerror=\"document.title='owned'\"> *bold* <http://example.com|click>
+";
+    let ranks: Vec<Value> = (0..4)
+        .map(|rank| {
+            let stack = if rank == 2 { odd } else { waiting };
+            json!({"rank": rank, "stack": stack, "source": "controller"})
+        })
+        .collect();
+    api.post(
+        &format!("/api/train/runs/{id}/stacks"),
+        json!({"reason": "the controller saw no step for 5 minutes", "ranks": ranks}),
+    )
+    .await;
+
+    let browser = Browser::start(&chromium, &chromedriver, "stacks").await;
+    browser.goto(&format!("{}/runs/{id}", server.url)).await;
+    let shown = browser
+        .wait_for(
+            "the run's stacks",
+            "const stacks = document.querySelector('#stacks');
+             if (!stacks) return null;
+             const open = [...stacks.querySelectorAll('details.rank-stack')];
+             return {
+               suspects: [...stacks.querySelectorAll('ul.suspects li')].map((li) => li.textContent),
+               groups: [...stacks.querySelectorAll('tr[data-group]')].map((tr) => tr.children[1].textContent),
+               order: open.map((d) => Number(d.dataset.rank)),
+               opened: open.filter((d) => d.open).map((d) => Number(d.dataset.rank)),
+               text: open[0].querySelector('pre').textContent,
+               markup: stacks.querySelectorAll('img, a').length,
+               title: document.title,
+             };",
+        )
+        .await;
+    assert_eq!(shown["suspects"].as_array().unwrap().len(), 1, "{shown}");
+    let suspect = shown["suspects"][0].as_str().unwrap();
+    assert!(suspect.starts_with("rank 2 on "), "the suspect's node: {shown}");
+    assert!(suspect.ends_with(": rank_two_is_stuck (train.py:41)"), "{shown}");
+    assert_eq!(shown["groups"], json!(["0, 1, 3", "2"]), "{shown}");
+    assert_eq!(shown["order"], json!([2, 0, 1, 3]), "the suspect's stack first: {shown}");
+    assert_eq!(shown["opened"], json!([2]), "only the suspect's stack unfolded: {shown}");
+    assert!(shown["text"].as_str().unwrap().contains("<img src=x"), "shown as text: {shown}");
+    assert_eq!(shown["markup"], 0, "nothing of a stack became markup: {shown}");
+    assert_ne!(shown["title"], "owned", "{shown}");
+    browser.screenshot(&output_dir().join("run-stacks.png")).await;
+    browser.quit().await;
+    server.stop().await;
+}
