@@ -993,7 +993,7 @@ async fn a_cause_kind_is_taken_with_its_class_or_refused_naming_the_field_and_ev
     assert_eq!(status, StatusCode::CREATED, "{body}");
 
     let kinds = "`USER_ERROR`, `SYSTEM_ERROR`, `LOST_CONTROLLER`, `USER_INTERRUPT`, `OOM`, \
-                 `PREEMPTED`, `TIMEOUT`, `NODE_LOST`, `HARDWARE`";
+                 `PREEMPTED`, `TIMEOUT`, `NODE_LOST`, `HARDWARE`, `NO_PROGRESS`";
     let status_url = url(&format!("/api/train/runs/{id}/status"));
     let unknown = json!({"status": "ERRORED", "cause": {"kind": "OOPS"}});
     let (status, body) = send(&client, Method::POST, &status_url, json_body(&unknown), None).await;
