@@ -19,6 +19,16 @@ step time only with a step new to it, so sending it again is harmless). While th
 progress the head refuses (a step that went back, a bad value) is logged
 once and dropped, and heartbeats go on without it.
 
+The head's answers may carry two orders. ``capture``: the watcher captures
+its rank's Python stacks from outside the rank (:mod:`trainstate._stacks`:
+the signal ``faulthandler`` is armed on, else ``py-spy``, else a note) in
+a thread of its own, within the order's bound, and posts them once per
+capture. ``end_rank`` (a run stalled under ``on_stall: ABORT``): it ends its
+rank, once (SIGTERM, then SIGKILL after 5 s), and reports the rank's end as
+ERRORED with cause NO_PROGRESS and the head's words. Once the rank has
+reported progress and has not advanced for 5 s, the watcher heartbeats
+every 2 s at most, so that an order reaches it within seconds of a stall.
+
 Why a process and not a thread of the rank: a rank blocked in C++ while
 holding the GIL (``init_process_group`` waiting for a peer) starves every
 Python thread of its process, and a dead rank runs no code at all. The
@@ -28,7 +38,9 @@ rank is a zombie until its parent reaps it, and ``/proc/<pid>/stat`` tells
 how it ended (a signal, or an exit status). A rank reaped before that read
 is known only to have died without reporting.
 
-The watcher never changes the job: it ignores SIGINT, SIGTERM and SIGHUP
+The watcher never changes the job but on the head's orders (the signal of
+a capture, which the rank's ``faulthandler`` answers; the end of a stalled
+rank under ``on_stall: ABORT``): it ignores SIGINT, SIGTERM and SIGHUP
 (so a Ctrl-C or torchrun's SIGTERM to the process group ends the rank, not
 its report; the watcher ends by itself once the rank is gone), stays in the
 rank's process group (so killing the whole group kills it too, and the
