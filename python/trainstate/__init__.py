@@ -18,10 +18,15 @@ SIGKILL, exited with status 3; ABORTED when SIGTERM, SIGINT or SIGHUP ended
 it). A job killed outright, watchers included, is ABORTED for a lost
 controller after its lease. With :func:`report`, each rank's heartbeat
 carries its progress (step, phase, latest scalars), and the head tells a
-run that stopped advancing (STALLED) from one that goes on.
+run that stopped advancing (STALLED) from one that goes on. When a run
+stalls, each watcher captures its rank's Python stacks from outside the
+rank (``faulthandler`` on a signal of its own) and posts them, so the head
+names the rank stuck elsewhere than its peers, and where.
 
 Nothing here breaks training: the rank itself makes no request, installs
-no signal handler and never blocks on trainstate; a head that is down is
+no Python signal handler (only ``faulthandler``'s, in C, on one signal no
+one else uses, which runs only when its stacks are captured) and never
+blocks on trainstate; a head that is down is
 logged once and retried in the background, and no exception from
 trainstate reaches your code.
 """
@@ -31,7 +36,7 @@ import multiprocessing
 import os
 import socket
 import sys
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Union
 from urllib.parse import urlsplit
 
 from . import _http, _launch, _probe, _proc
@@ -60,6 +65,10 @@ def init(
     timeout: float = DEFAULT_TIMEOUT,
     join_timeout: Optional[float] = None,
     stall_after: Optional[float] = None,
+    on_stall: str = "detect",
+    abort_after: Optional[float] = None,
+    capture_stacks: Optional[bool] = None,
+    stacks_signal: Union[int, str, None] = None,
     env: Optional[Mapping[str, str]] = None,
 ) -> Run:
     """Reports this process's rank of the run to the head; returns its :class:`Run`.
@@ -83,6 +92,24 @@ def init(
       advancing before the head calls it STALLED, in seconds (1 s to 7
       days; the head's ``--stall-after`` when not given). The first rank
       that joins with one sets it for the run.
+    - ``on_stall``: what the head does when the run stalls: ``"detect"``
+      (the default) says so (health STALLED, a capture of every rank's
+      stacks, notifications); ``"abort"`` also ends the ranks the stall
+      names ``abort_after`` seconds later (0 s to 7 days; the head's
+      default, 60 s, when not given), each reported ERRORED with cause
+      ``NO_PROGRESS``, so that the launcher restarts the job (from its
+      checkpoint) if it has restarts left.
+    - ``capture_stacks``: whether this rank's Python stacks may be captured
+      when the head asks (a stall, or someone asked): the watcher signals
+      the rank and Python's ``faulthandler`` writes every thread's stack
+      from C, without the GIL; nothing runs in the rank otherwise. On by
+      default; ``False``, or ``TRAINSTATE_STACKS=off``, leaves the signal
+      untouched (see ``docs/health.md``).
+    - ``stacks_signal``: the signal the capture uses, a number or a name
+      (``"SIGRTMIN+7"``, the default: 41 on Linux); else
+      ``TRAINSTATE_STACKS_SIGNAL``. A signal that already has a handler is
+      not taken (one warning; the capture then uses ``py-spy`` when it is
+      installed).
     - ``env``: the environment to read instead of ``os.environ``.
 
     Calling it again in the same process returns the same run. In a child
@@ -93,7 +120,9 @@ def init(
     if existing is not None and existing._pid == os.getpid():
         return existing
     try:
-        run = _make(url, token, name, key, job_id, timeout, join_timeout, stall_after, os.environ if env is None else env)
+        environ = os.environ if env is None else env
+        run = _make(url, token, name, key, job_id, timeout, join_timeout, stall_after, environ)
+        run._configure_stalls(on_stall, abort_after, capture_stacks, stacks_signal, environ)
     except Exception as err:  # noqa: BLE001 - training must go on
         logger.warning("trainstate: cannot report this rank (%s); training goes on", err)
         run = Run(url=None, token=None, launch=None, worker=None, name="", timeout=timeout, join_timeout=None, reason=str(err))

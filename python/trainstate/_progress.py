@@ -85,6 +85,35 @@ def stall_after_ms(seconds: Optional[float]) -> Optional[int]:
     return int(round(value * 1000))
 
 
+MAX_ABORT_AFTER_MS = 604_800_000
+"""The longest grace between a stall and the end of its ranks: 7 days."""
+
+
+def stall_action(on_stall: Optional[str], abort_after: Optional[float]) -> Tuple[Optional[str], Optional[int]]:
+    """The join's ``on_stall`` and ``abort_after_ms`` for
+    ``init(on_stall=..., abort_after=seconds)``: nothing for ``"detect"``
+    (the head's default), ``"ABORT"`` and the grace in ms (the head's
+    default when ``abort_after`` is ``None``) for ``"abort"``. A word that
+    is neither, or a grace out of 0 s to 7 days, is dropped with one
+    warning: the run then only detects."""
+    word = (on_stall or "detect").strip().lower() if isinstance(on_stall, str) else on_stall
+    if word == "detect":
+        return None, None
+    if word != "abort":
+        logger.warning("trainstate: on_stall=%r is neither 'detect' nor 'abort'; a stall is only detected", on_stall)
+        return None, None
+    if abort_after is None:
+        return "ABORT", None
+    try:
+        value = float(abort_after)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value) or not 0 <= value * 1000 <= MAX_ABORT_AFTER_MS:
+        logger.warning("trainstate: abort_after=%r is not between 0 s and 7 days; the head's default grace applies", abort_after)
+        return "ABORT", None
+    return "ABORT", int(round(value * 1000))
+
+
 class Progress:
     """The rank's latest progress, and its hand-over to the watcher.
 

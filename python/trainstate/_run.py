@@ -8,8 +8,10 @@ rank only tells it, without ever blocking, how it ended when it knows
 daemon thread reads the head's answers the watcher passes back.
 
 Nothing here may break training: no exception leaves this module into the
-caller's code, no signal handler is installed, and the rank's exit status
-and output are what they would be without trainstate.
+caller's code, no Python signal handler is installed (only
+``faulthandler``'s C handler on the stacks signal, :mod:`trainstate._stacks`,
+which runs only when the watcher captures the rank's stacks), and the
+rank's exit status and output are what they would be without trainstate.
 """
 
 import json
@@ -23,10 +25,10 @@ import time
 import traceback
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Type
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Type, Union
 
-from . import _launch, _proc
-from ._progress import Progress, stall_after_ms
+from . import _launch, _proc, _stacks
+from ._progress import Progress, stall_action, stall_after_ms
 from ._contract import MAX_TRACE_LEN, TERMINAL_RUN_STATUSES
 from .types import CauseKind, FailureMode, RunStatus, TrainWorkerInfo
 
@@ -107,6 +109,27 @@ class Run:
         self._socket: Optional[socket.socket] = None
         self._watcher: Optional["subprocess.Popen[bytes]"] = None
         self._progress = Progress(self._send)
+        self._on_stall: Optional[str] = None
+        self._abort_after_ms: Optional[int] = None
+        self._capture_stacks: Optional[bool] = None
+        self._stacks_signal: Union[int, str, None] = None
+        self._env: Mapping[str, str] = os.environ
+        self._stacks: Optional[_stacks.Armed] = None
+
+    def _configure_stalls(
+        self,
+        on_stall: Optional[str],
+        abort_after: Optional[float],
+        capture_stacks: Optional[bool],
+        stacks_signal: Union[int, str, None],
+        env: Mapping[str, str],
+    ) -> None:
+        """What the head does when the run stalls, and how this rank's
+        stacks are captured; read before the watcher starts."""
+        self._on_stall, self._abort_after_ms = stall_action(on_stall, abort_after)
+        self._capture_stacks = capture_stacks
+        self._stacks_signal = stacks_signal
+        self._env = env
 
     # What the rank is.
 
@@ -265,8 +288,11 @@ class Run:
         if not self._enabled:
             return
         try:
+            self._stacks = _stacks.arm(self._capture_stacks, self._stacks_signal, self._env)
             self._spawn()
         except Exception as err:  # noqa: BLE001 - training must go on
+            _stacks.disarm()
+            self._stacks = None
             self._enabled = False
             self._disabled_reason = f"the watcher did not start: {err}"
             logger.warning("trainstate: cannot start this rank's watcher (%s); this rank is not reported, training goes on", err)
@@ -324,6 +350,12 @@ class Run:
             "join_timeout_ms": None if self._join_timeout is None else max(1, int(self._join_timeout * 1000)),
             "process_start_ms": self._process_start_ms,
             "stall_after_ms": self._stall_after_ms,
+            "on_stall": self._on_stall,
+            "abort_after_ms": self._abort_after_ms,
+            "stacks": self._stacks.config() if self._stacks is not None else None,
+            "flight_recorder": {
+                name: self._env[name] for name in ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE") if name in self._env
+            },
             "pid": self._pid,
             "start_ticks": _proc.start_ticks(self._pid),
             "warn": logger.isEnabledFor(logging.WARNING),
@@ -551,6 +583,10 @@ def _at_exit() -> None:
     run = _current
     if run is not None:
         run._guarded(run._at_exit)
+        if run._owned():
+            # The stacks file goes with the rank (the watcher removes it too,
+            # for a rank that dies without reaching its exit).
+            _stacks.disarm()
 
 
 def _after_fork_in_child() -> None:

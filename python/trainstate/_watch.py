@@ -19,6 +19,16 @@ step time only with a step new to it, so sending it again is harmless). While th
 progress the head refuses (a step that went back, a bad value) is logged
 once and dropped, and heartbeats go on without it.
 
+The head's answers may carry two orders. ``capture``: the watcher captures
+its rank's Python stacks from outside the rank (:mod:`trainstate._stacks`:
+the signal ``faulthandler`` is armed on, else ``py-spy``, else a note) in
+a thread of its own, within the order's bound, and posts them once per
+capture. ``end_rank`` (a run stalled under ``on_stall: ABORT``): it ends its
+rank, once (SIGTERM, then SIGKILL after 5 s), and reports the rank's end as
+ERRORED with cause NO_PROGRESS and the head's words. Once the rank has
+reported progress and has not advanced for 5 s, the watcher heartbeats
+every 2 s at most, so that an order reaches it within seconds of a stall.
+
 Why a process and not a thread of the rank: a rank blocked in C++ while
 holding the GIL (``init_process_group`` waiting for a peer) starves every
 Python thread of its process, and a dead rank runs no code at all. The
@@ -28,7 +38,9 @@ rank is a zombie until its parent reaps it, and ``/proc/<pid>/stat`` tells
 how it ended (a signal, or an exit status). A rank reaped before that read
 is known only to have died without reporting.
 
-The watcher never changes the job: it ignores SIGINT, SIGTERM and SIGHUP
+The watcher never changes the job but on the head's orders (the signal of
+a capture, which the rank's ``faulthandler`` answers; the end of a stalled
+rank under ``on_stall: ABORT``): it ignores SIGINT, SIGTERM and SIGHUP
 (so a Ctrl-C or torchrun's SIGTERM to the process group ends the rank, not
 its report; the watcher ends by itself once the rank is gone), stays in the
 rank's process group (so killing the whole group kills it too, and the
@@ -40,17 +52,18 @@ bounded time after the rank is gone.
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import sys
 import threading
 import time
-from typing import Any, Dict, Optional, Tuple, cast
+from typing import Any, Dict, List, Optional, Tuple, cast
 
-from . import _causes, _http, _proc
-from ._contract import END_RANK, HEARTBEAT_RANK, JOIN_RENDEZVOUS, MAX_TRACE_LEN, TERMINAL_RUN_STATUSES, Route
+from . import _causes, _http, _proc, _stacks
+from ._contract import END_RANK, HEARTBEAT_RANK, JOIN_RENDEZVOUS, MAX_TRACE_LEN, POST_RUN_STACKS, TERMINAL_RUN_STATUSES, Route
 from ._progress import MAX_METRIC_NAMES_PER_REPORT
-from .types import JoinRequest, RankEndRequest, RankHeartbeatRequest, RankProgress, RendezvousResponse, RunStatus
+from .types import JoinRequest, RankEndRequest, RankHeartbeatRequest, RankProgress, RankStackReport, RendezvousResponse, RunStatus, StacksRequest
 
 _MAX_BACKOFF = 30.0
 _POLL = 0.2
@@ -62,6 +75,29 @@ _FINAL_TRIES = 3
 """How many requests' deadlines the end of a dead rank may take."""
 _PROGRESS_INTERVAL = 1.0
 """How often, at most, a heartbeat carries new progress, in seconds."""
+STUCK_AFTER = 5.0
+"""How long a rank that reported progress may go without advancing before
+its watcher heartbeats faster, in seconds."""
+STUCK_INTERVAL = 2.0
+"""How often, at most, the watcher of a stuck rank heartbeats, in seconds:
+a capture order reaches it within seconds of a stall."""
+END_GRACE = 5.0
+"""How long a rank the head ends has after SIGTERM before SIGKILL, in seconds."""
+_DEFAULT_ANSWER_WITHIN_MS = 5_000
+_MAX_ANSWER_WITHIN_MS = 20_000
+_MAX_ANSWERED = 64
+"""How many capture ids the watcher remembers having answered."""
+
+
+def beat_interval(lease_ms: int, stuck_for: Optional[float]) -> float:
+    """The time between heartbeats: a quarter of the lease (at most 15 s),
+    and at most :data:`STUCK_INTERVAL` while the rank has not advanced for
+    :data:`STUCK_AFTER` (``stuck_for``: seconds since its last advance, or
+    ``None`` before it reported any progress)."""
+    normal = max(0.05, min(lease_ms / 4000.0, 15.0))
+    if stuck_for is not None and stuck_for >= STUCK_AFTER:
+        return min(normal, STUCK_INTERVAL)
+    return normal
 
 
 class Watcher:
@@ -130,6 +166,18 @@ class Watcher:
             self.causes = None
         # The head's warning about this rank's node, passed on to the rank.
         self.warning: Optional[str] = None
+        # When the rank's step last grew (monotonic), once it reported one.
+        self.last_advance: Optional[float] = None
+        # The stack capture the rank armed (its signal and file), the
+        # captures answered, and the one under way.
+        stacks = config.get("stacks")
+        self.stacks: Optional[Dict[str, Any]] = stacks if isinstance(stacks, dict) else None
+        recorder = config.get("flight_recorder")
+        self.rank_env: Dict[str, str] = {k: v for k, v in recorder.items() if isinstance(v, str)} if isinstance(recorder, dict) else {}
+        self.answered: List[int] = []
+        self.capturing: Optional[threading.Thread] = None
+        # The head's words when it ends the rank (a stall under on_stall: ABORT).
+        self.ending: Optional[str] = None
 
     # What the rank says.
 
@@ -199,6 +247,7 @@ class Watcher:
         step, previous = progress.get("step"), self.progress.get("step")
         if isinstance(step, int) and (previous is None or step > previous):
             self.progress_wait_until = None  # it advanced: an announced wait is over
+            self.last_advance = time.monotonic()
         for field in ("step", "total_steps", "phase"):
             if progress.get(field) is not None:
                 self.progress[field] = progress[field]
@@ -249,6 +298,7 @@ class Watcher:
                 if self.eof_ms is not None:
                     seen_ms = min(seen_ms, self.eof_ms)
             launcher_gone = self.launcher_exited(seen_ms)
+            self.remove_stacks_file()
             # Outside the lock: asking the machine why may take a moment.
             final = self.decide(code, seen_ms, launcher_gone)
             with self.changed:
@@ -297,6 +347,10 @@ class Watcher:
         death shows; when the launcher had exited before, a failure says so."""
         if self.closed:
             return None
+        if self.ending is not None:
+            # The head ended the rank: its words, whatever the rank said or
+            # the signal that ended it.
+            return {"status": "ERRORED", "cause": "NO_PROGRESS", "how": "KILLED", "detail": self.ending, "ended_at_ms": seen_ms, "judged": True}
         if self.own_end is not None:
             own = dict(self.own_end)
             if not own.get("judged"):
@@ -431,6 +485,12 @@ class Watcher:
                 self.warning = warning.strip()
             self.changed.notify_all()
         self.tell_rank()
+        order = answer.get("capture")
+        if isinstance(order, dict):
+            self.start_capture(cast(Dict[str, Any], order))
+        end_rank = answer.get("end_rank")
+        if isinstance(end_rank, str):
+            self.end_rank(end_rank)
 
     def give_up(self, err: _http.HeadError, what: str) -> None:
         self.warn_once(f"trainstate: the head refused {what} ({err}); this rank stops reporting, training goes on")
@@ -455,6 +515,10 @@ class Watcher:
             body["process_start_ms"] = config["process_start_ms"]
         if config.get("stall_after_ms") is not None:
             body["stall_after_ms"] = config["stall_after_ms"]
+        if config.get("on_stall") is not None:
+            body["on_stall"] = config["on_stall"]
+            if config.get("abort_after_ms") is not None:
+                body["abort_after_ms"] = config["abort_after_ms"]
         if self.run_id is not None:
             body["run_id"] = self.run_id
         try:
@@ -592,10 +656,148 @@ class Watcher:
         self.accept(answer)
         return True
 
+    # What the head orders: a capture of the rank's stacks, the rank's end.
+
+    def rank_alive(self) -> bool:
+        """False once the rank has exited (its pidfd reads ready, or this
+        watcher was re-parented)."""
+        with self.lock:
+            if self.gone:
+                return False
+        if self.pidfd is not None:
+            try:
+                ready, _, _ = select.select([self.pidfd], [], [], 0)
+                return not ready
+            except (OSError, ValueError):
+                pass
+        return os.getppid() == self.rank_pid
+
+    def signal_rank(self, signum: int) -> bool:
+        """Sends ``signum`` to the rank, never to another process (through
+        its pidfd, else only while the rank is this watcher's parent); True
+        when it was sent."""
+        if not self.rank_alive():
+            return False
+        if self.pidfd is not None:
+            try:
+                signal.pidfd_send_signal(self.pidfd, signum)
+                return True
+            except ProcessLookupError:
+                return False
+            except (OSError, AttributeError):
+                pass
+        if os.getppid() != self.rank_pid:
+            return False
+        try:
+            os.kill(self.rank_pid, signum)
+            return True
+        except OSError:
+            return False
+
+    def start_capture(self, order: Dict[str, Any]) -> None:
+        """Answers a capture order once, in a thread of its own, so that
+        heartbeats go on meanwhile; an order that comes again while its
+        capture is under way, or after it was answered, changes nothing."""
+        capture_id = order.get("capture_id")
+        within_ms = order.get("answer_within_ms")
+        if not isinstance(capture_id, int) or isinstance(capture_id, bool):
+            return
+        if not isinstance(within_ms, int) or isinstance(within_ms, bool) or within_ms < 0:
+            within_ms = _DEFAULT_ANSWER_WITHIN_MS
+        with self.lock:
+            busy = self.capturing is not None and self.capturing.is_alive()
+            if capture_id in self.answered or busy or self.ending is not None or self.gone or self.run_id is None:
+                return
+            self.answered = (self.answered + [capture_id])[-_MAX_ANSWERED:]
+            run_id, attempt_id = self.run_id, self.attempt_id
+            thread = threading.Thread(
+                target=self.capture_and_post,
+                args=(capture_id, min(within_ms, _MAX_ANSWER_WITHIN_MS) / 1000.0, run_id, attempt_id),
+                name="trainstate-watch-stacks",
+                daemon=True,
+            )
+            self.capturing = thread
+        thread.start()
+
+    def capture(self, within: float) -> RankStackReport:
+        """The rank's stacks, within ``within`` seconds
+        (:func:`trainstate._stacks.capture`); a rank that turned the
+        capture off is answered as such, and is not read by ``py-spy``."""
+        if self.stacks is None:
+            return {"rank": self.rank, "source": "watcher", "stack": "", "truncated": False,
+                    "note": "stack capture is turned off in this rank (TRAINSTATE_STACKS=off or init(capture_stacks=False))"}
+        return _stacks.capture(self.stacks, self.rank, self.signal_rank, within, self.rank_env, py_spy_pid=self.rank_pid)
+
+    def capture_and_post(self, capture_id: int, within: float, run_id: str, attempt_id: str) -> None:
+        """Captures the rank's stacks and posts them as its answer to
+        ``capture_id``, retrying an unreachable head until the capture's
+        deadline; a refusal (an old head without the route, a capture
+        already complete) is not retried."""
+        try:
+            report = self.capture(within)
+        except Exception:  # noqa: BLE001 - a capture never breaks the watcher
+            return
+        body: StacksRequest = {"capture_id": capture_id, "attempt_id": attempt_id, "ranks": [report]}
+        path = _http.url_path(POST_RUN_STACKS, id=run_id)
+        until = time.monotonic() + _MAX_ANSWER_WITHIN_MS / 1000.0
+        pause = 0.25
+        while True:
+            try:
+                _http.request(self.url, POST_RUN_STACKS, path, body, self.token, self.timeout, self.ca_cert)
+                return
+            except _http.HeadError as err:
+                if not err.retryable:
+                    return
+            except _http.Unreachable:
+                pass
+            except Exception:  # noqa: BLE001
+                return
+            if time.monotonic() + pause > until:
+                return
+            time.sleep(pause)
+            pause = min(pause * 2, 2.0)
+
+    def end_rank(self, words: str) -> None:
+        """Ends the rank as the head asks (once): SIGTERM, then SIGKILL
+        after :data:`END_GRACE` if it lives. Its end is then reported with
+        the head's words, ERRORED with cause NO_PROGRESS."""
+        with self.changed:
+            if self.ending is not None or self.gone or self.closed:
+                return
+            self.ending = words.strip() or "The head ended this rank: the run made no progress."
+            self.changed.notify_all()
+        threading.Thread(target=self.stop_rank, name="trainstate-watch-end", daemon=True).start()
+
+    def stop_rank(self) -> None:
+        if not self.signal_rank(signal.SIGTERM):
+            return
+        until = time.monotonic() + END_GRACE
+        while self.rank_alive() and time.monotonic() < until:
+            with self.changed:
+                self.changed.wait(0.05)
+        if self.rank_alive():
+            self.signal_rank(signal.SIGKILL)
+
+    def remove_stacks_file(self) -> None:
+        """Removes the rank's stacks file and its private directory, once
+        the rank is gone (a rank that reaches its exit removes them itself)."""
+        directory = (self.stacks or {}).get("directory")
+        if isinstance(directory, str) and os.path.basename(directory).startswith("trainstate-stacks-"):
+            shutil.rmtree(directory, ignore_errors=True)
+
     # The loop.
 
     def interval(self) -> float:
-        return max(0.05, min(self.lease_ms / 4000.0, 15.0))
+        """The time between heartbeats now (see :func:`beat_interval`)."""
+        with self.lock:
+            last_advance = self.last_advance
+        stuck_for = time.monotonic() - last_advance if last_advance is not None else None
+        return beat_interval(self.lease_ms, stuck_for)
+
+    def beat_due(self, next_beat: float) -> float:
+        """When the next heartbeat is due (monotonic): the one planned, or
+        sooner once the rank is stuck and the faster beat comes first."""
+        return min(next_beat, self.last_beat + self.interval())
 
     def run(self) -> None:
         """Joins, heartbeats and watches until the rank's end is settled."""
@@ -640,7 +842,7 @@ class Watcher:
                     if not self.joined:
                         self.join()
                         next_beat = time.monotonic() + self.interval()
-                    elif not self.heartbeats_stopped and (now >= next_beat or now >= (self.progress_due() or next_beat)):
+                    elif not self.heartbeats_stopped and (now >= self.beat_due(next_beat) or now >= (self.progress_due() or next_beat)):
                         self.heartbeat()
                         next_beat = time.monotonic() + self.interval()
                     backoff = 0.5
@@ -653,7 +855,7 @@ class Watcher:
             if time.monotonic() < retry_at:
                 due = retry_at
             elif self.joined and not self.heartbeats_stopped:
-                due = min(next_beat, self.progress_due() or next_beat)
+                due = min(self.beat_due(next_beat), self.progress_due() or next_beat)
             else:
                 due = time.monotonic() + _POLL
             wake = min(max(due - time.monotonic(), 0.01), _POLL)
