@@ -574,6 +574,9 @@ _NotifyEventOptional = TypedDict(
         "node": "Optional[NotifyNode]",
         "attempt_id": "Optional[str]",
         "link": "Optional[str]",
+        "suspects": "List[StackSuspect]",
+        "suspects_left_out": "int",
+        "stacks_url": "Optional[str]",
     },
     total=False,
 )

@@ -162,7 +162,10 @@ async fn a_run_stalls_after_its_window_names_the_rank_that_stopped_first_and_pro
     assert_eq!(health["since_ms"], T0 + 12_000, "{run}");
     let detail = health["detail"].as_str().unwrap();
     assert!(
-        detail.starts_with("No rank has advanced for 10 s; rank 1 last advanced at"),
+        detail.starts_with(
+            "No rank has advanced for 10 s; the run's window is 10 s, the head's --stall-after: \
+             the run has not shown its pace yet. Rank 1 last advanced at"
+        ),
         "{detail}"
     );
     assert!(detail.contains("(step 10)") && detail.contains("(step 11, phase train)"), "{detail}");
@@ -303,6 +306,66 @@ async fn an_announced_pause_and_a_runs_own_window_delay_the_stall() {
     clock.advance_ms(30_000);
     f.sweep().await;
     assert_eq!(f.get(&patient).await["health"]["state"], "STALLED", "past its 60 s window");
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_window_follows_its_pace_between_a_minute_and_the_heads_stall_after() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let config = config("health-paced", &clock).with_stall_after(Duration::from_secs(900));
+    let f = Fixture::start(config, clock.clone()).await;
+    let fast = f.join("fast", 2, json!({})).await;
+    let slow = f.join("slow", 1, json!({})).await;
+
+    // Steps of 0.2 s, a heartbeat a second: five steps a report.
+    for second in 0..=10u64 {
+        for rank in 0..2 {
+            f.reported(&fast, rank, json!({"step": 5 * second, "step_time_ms": 200.0})).await;
+        }
+        if second < 10 {
+            clock.advance_ms(1_000);
+        }
+    }
+    let fast_advanced = T0 + 10_000;
+    f.sweep().await;
+    clock.advance_ms(59_999);
+    f.sweep().await;
+    assert_eq!(f.get(&fast).await["health"]["state"], "PROGRESSING", "within its minute");
+    clock.advance_ms(1);
+    f.sweep().await;
+    let run = f.get(&fast).await;
+    assert_eq!(run["health"]["state"], "STALLED", "a minute after its last advance: {run}");
+    assert_eq!(run["health"]["since_ms"], fast_advanced + 60_000, "{run}");
+    let detail = run["health"]["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with(
+            "No rank has advanced for 1 min; the run's window is 1 min: 10 \u{d7} its slowest \
+             recent step (1.00 s), at least 1 min. Rank 0 last advanced at"
+        ),
+        "{detail}"
+    );
+
+    // Steps of 30 s: five minutes.
+    for step in 0..=5u64 {
+        f.reported(&slow, 0, json!({"step": step, "step_time_ms": 30_000.0})).await;
+        if step < 5 {
+            clock.advance_ms(30_000);
+        }
+    }
+    f.sweep().await;
+    clock.advance_ms(299_999);
+    f.sweep().await;
+    assert_eq!(f.get(&slow).await["health"]["state"], "PROGRESSING", "within its 5 min");
+    clock.advance_ms(1);
+    f.sweep().await;
+    let run = f.get(&slow).await;
+    assert_eq!(run["health"]["state"], "STALLED", "{run}");
+    let detail = run["health"]["detail"].as_str().unwrap();
+    assert!(
+        detail
+            .contains("; the run's window is 5 min: 10 \u{d7} its slowest recent step (30.0 s). "),
+        "{detail}"
+    );
     f.stop().await;
 }
 

@@ -178,3 +178,8 @@ pub const CAPTURE_DEADLINE_MS: u64 = 20_000;
 /// The longest `note` of a rank's capture (why it has no stack, or what
 /// else was found).
 pub const MAX_STACK_NOTE_LEN: usize = 1_024;
+
+/// The most suspects of a stall's capture a notification names one by one
+/// (`NotifyEvent.suspects`); the rest are counted (`suspects_left_out`)
+/// and listed by the capture itself.
+pub const MAX_NOTIFY_SUSPECTS: usize = 5;

@@ -99,9 +99,10 @@ struct ServeArgs {
     /// How long a live run stays live without a heartbeat (e.g. 2s, 60s, 5m).
     #[arg(long, env = "TRAINSTATE_LEASE", default_value = "60s", value_parser = duration::parse)]
     lease: Duration,
-    /// How long none of a run's ranks may advance before the run is STALLED
-    /// (e.g. 90s, 15m, 2h), for a run whose ranks ask for no window of their
-    /// own; 1s to 7 days.
+    /// The longest stall window of a run whose ranks ask for no window of
+    /// their own (e.g. 90s, 15m, 2h): such a run's window is 10 times its
+    /// slowest recent step, at least a minute and at most this, and this
+    /// until it has shown its pace; 1s to 7 days.
     #[arg(long, env = "TRAINSTATE_STALL_AFTER", default_value = "15m", value_parser = duration::parse)]
     stall_after: Duration,
     /// The most runs kept; the oldest ended runs are evicted first.

@@ -16,8 +16,9 @@ use trainstate_schema::{HealthState, RunHealth, RunId, RunStatus, Straggler};
 
 use crate::decisions::liveness::Liveness;
 use crate::decisions::progress::{Progress, ProgressBoard};
+use crate::decisions::stall_window::StallWindow;
 use crate::decisions::state::{Change, Outcome, Runs};
-use crate::decisions::time_text::{iso_ms, seconds};
+use crate::decisions::time_text::{duration_words, iso_ms, seconds};
 
 /// The health decisions of the lease sweep, for every kind of run alike:
 /// each RUNNING run whose progress board has a report is decided by
@@ -31,14 +32,15 @@ pub(crate) struct HealthSweep {
     written: HashMap<RunId, Option<Written>>,
     /// What earlier decisions saw of each judged run's pace.
     paces: HashMap<RunId, Pace>,
-    /// The stall window of a run that asks for none (the head's
-    /// `--stall-after`), in ms.
+    /// The head's `--stall-after`, in ms: the longest stall window a
+    /// run's pace gives it, and the window of a run that has not shown its
+    /// pace yet (see [`StallWindow`]).
     stall_after_ms: u64,
 }
 
 impl HealthSweep {
-    /// No run judged yet; `stall_after_ms` is the stall window of a run
-    /// that asks for none.
+    /// No run judged yet; `stall_after_ms` is the head's `--stall-after`,
+    /// the ceiling of every run's window that the run did not ask for.
     pub(crate) fn new(stall_after_ms: u64) -> Self {
         Self { written: HashMap::new(), paces: HashMap::new(), stall_after_ms }
     }
@@ -74,7 +76,7 @@ impl HealthSweep {
         change: &mut Change<T>,
     ) -> usize {
         let due = liveness.progress_boards_where(|board| {
-            board.health_due(board.stall_after_ms().unwrap_or(self.stall_after_ms), now_ms)
+            board.health_due(board.stall_window(self.stall_after_ms).ms, now_ms)
         });
         for (id, board) in &due {
             self.judge(id, board, runs, now_ms, change);
@@ -120,8 +122,9 @@ impl HealthSweep {
         board.note_health(current.as_ref().and_then(Written::stalled_since));
         let resumed_ms = board.resumed_ms();
         let pace = self.paces.entry(id.clone()).or_default();
-        let window = board.stall_after_ms().unwrap_or(self.stall_after_ms);
-        let Some(next) = decide_resumed(&ranks, current.as_ref(), pace, window, now_ms, resumed_ms)
+        let window = board.stall_window(self.stall_after_ms);
+        let Some(next) =
+            decide_resumed(&ranks, current.as_ref(), pace, &window, now_ms, resumed_ms)
         else {
             return;
         };
@@ -209,13 +212,14 @@ pub(crate) fn decide(
     window_ms: u64,
     now_ms: u64,
 ) -> Option<RunHealth> {
-    decide_resumed(ranks, current, pace, window_ms, now_ms, None)
+    decide_resumed(ranks, current, pace, &StallWindow::asked(window_ms), now_ms, None)
 }
 
 /// The run's new health, if it changes: `ranks` is each rank's progress
 /// by world rank, `current` the health last written, `pace` what earlier
-/// decisions saw of the ranks' pace (updated here), `window_ms` the run's
-/// stall window, `now_ms` the head's wall clock.
+/// decisions saw of the ranks' pace (updated here), `window` the run's
+/// stall window (which a stall's detail names), `now_ms` the head's wall
+/// clock.
 ///
 /// A run with no health yet becomes PROGRESSING (or STALLED) at its first
 /// decision. A STALLED run becomes PROGRESSING only when a rank's step grew
@@ -231,10 +235,11 @@ pub(crate) fn decide_resumed(
     ranks: &[Option<Progress>],
     current: Option<&Written>,
     pace: &mut Pace,
-    window_ms: u64,
+    window: &StallWindow,
     now_ms: u64,
     resumed_ms: Option<u64>,
 ) -> Option<RunHealth> {
+    let window_ms = window.ms;
     let reported: Vec<(u32, &Progress)> =
         (0u32..).zip(ranks).filter_map(|(rank, p)| Some((rank, p.as_ref()?))).collect();
     let newest = reported.iter().map(|(_, p)| p.last_advance_ms).max()?;
@@ -274,7 +279,7 @@ pub(crate) fn decide_resumed(
                     health
                 }
                 None if same_stragglers => return None,
-                None => stalled_health(&reported, &lagging, newest, since, now_ms),
+                None => stalled_health(&reported, &lagging, newest, window, since, now_ms),
             }
         }
         Some((HealthState::Progressing, since)) if !stalled => {
@@ -284,7 +289,7 @@ pub(crate) fn decide_resumed(
             let (rank, progress) = latest()?;
             progressing(*rank, progress, &lagging, &reported, since)
         }
-        _ if stalled => stalled_health(&reported, &lagging, newest, now_ms, now_ms),
+        _ if stalled => stalled_health(&reported, &lagging, newest, window, now_ms, now_ms),
         _ => {
             let (rank, progress) = latest()?;
             progressing(*rank, progress, &lagging, &reported, now_ms)
@@ -423,11 +428,12 @@ fn lagging(reported: &[(u32, &Progress)]) -> Vec<u32> {
 /// once a second, so a smaller gap is the reports' grain, not an order.
 const TOGETHER_MS: u64 = 2_000;
 
-/// STALLED since `since_ms`, as seen at `now_ms`.
+/// STALLED since `since_ms`, as seen at `now_ms`, for the run's `window`.
 fn stalled_health(
     reported: &[(u32, &Progress)],
     lagging: &[u32],
     newest: u64,
+    window: &StallWindow,
     since_ms: u64,
     now_ms: u64,
 ) -> RunHealth {
@@ -456,9 +462,13 @@ fn stalled_health(
     culprits.truncate(MAX_HEALTH_RANKS);
     let mut by_advance: Vec<&(u32, &Progress)> = reported.iter().collect();
     by_advance.sort_by_key(|(rank, p)| (p.last_advance_ms, *rank));
-    let mut detail = format!("No rank has advanced for {}; ", seconds(now_ms - newest));
+    let mut detail = format!(
+        "No rank has advanced for {}; {}. ",
+        duration_words(now_ms - newest),
+        window.text()
+    );
     for (i, (rank, progress)) in by_advance.iter().take(MAX_RANKS_NAMED).enumerate() {
-        let lead = if i == 0 { "rank" } else { ", rank" };
+        let lead = if i == 0 { "Rank" } else { ", rank" };
         let advanced = if i == 0 { "last advanced at" } else { "at" };
         detail.push_str(&format!(
             "{lead} {rank} {advanced} {} ({})",
@@ -648,6 +658,156 @@ mod tests {
         );
     }
 
+    /// The head's `--stall-after` in the tests of paced windows.
+    const CEILING_MS: u64 = 900_000;
+
+    /// A board of two ranks that report once a second, as the clients do,
+    /// each step taking `step_ms` (carried as `step_time_ms` when
+    /// `step_times`), for `steps` steps from `T`, the run asking for
+    /// `asked_ms`, its last report announcing a pause of `pause_ms`.
+    /// Answers the board and when its ranks last advanced.
+    fn paced_board(
+        step_ms: u64,
+        steps: u64,
+        step_times: bool,
+        asked_ms: Option<u64>,
+        pause_ms: Option<u64>,
+    ) -> (ProgressBoard, u64) {
+        use trainstate_schema::api::RankProgress;
+
+        use crate::decisions::progress::Reporter;
+
+        let id = RunId::parse(&format!("{:032x}", 7)).unwrap();
+        let board = ProgressBoard::new("0", 2, Reporter::Ranks, asked_ms);
+        let (mut now, mut last_advance, mut step_before) = (T, T, 0);
+        loop {
+            let step = (now - T) / step_ms;
+            let mut report = RankProgress::at_step(step.min(steps));
+            if step_times {
+                report.step_time_ms = Some(step_ms as f64);
+            }
+            if step >= steps {
+                report.expect_next_within_ms = pause_ms;
+            }
+            for rank in 0..2 {
+                board.report(&id, rank, &report, now).unwrap();
+            }
+            if step > step_before {
+                (last_advance, step_before) = (now, step);
+            }
+            if step >= steps {
+                return (board, last_advance);
+            }
+            now += 1_000;
+        }
+    }
+
+    #[test]
+    fn a_runs_window_follows_its_pace_unless_it_asked_for_one() {
+        // (what, step ms, steps, step times reported, asked, announced
+        // pause, the window, when after the last advance it stalls, words
+        // of the window in the stall's detail)
+        let at_floor =
+            "the run's window is 1 min: 10 \u{d7} its slowest recent step (1.00 s), at least 1 min";
+        let cases = [
+            ("0.2 s steps", 200, 100, true, None, None, 60_000, 60_000, at_floor),
+            (
+                "2 s steps",
+                2_000,
+                20,
+                true,
+                None,
+                None,
+                60_000,
+                60_000,
+                "the run's window is 1 min: 10 \u{d7} its slowest recent step (2.00 s), at least 1 min",
+            ),
+            (
+                "30 s steps",
+                30_000,
+                10,
+                true,
+                None,
+                None,
+                300_000,
+                300_000,
+                "the run's window is 5 min: 10 \u{d7} its slowest recent step (30.0 s)",
+            ),
+            (
+                "2 s steps told by their advances alone",
+                2_000,
+                20,
+                false,
+                None,
+                None,
+                60_000,
+                60_000,
+                "the run's window is 1 min: 10 \u{d7} its slowest recent step (2.00 s), at least 1 min",
+            ),
+            (
+                "no pace shown yet: one advance each, no step times",
+                2_000,
+                1,
+                false,
+                None,
+                None,
+                CEILING_MS,
+                CEILING_MS,
+                "the run's window is 15 min, the head's --stall-after: the run has not shown its pace yet",
+            ),
+            (
+                "a window the run asked for wins",
+                30_000,
+                10,
+                true,
+                Some(20_000),
+                None,
+                20_000,
+                20_000,
+                "the run's window is 20 s, as the run asked",
+            ),
+            (
+                "an announced pause covers",
+                200,
+                100,
+                true,
+                None,
+                Some(300_000),
+                60_000,
+                300_000,
+                at_floor,
+            ),
+        ];
+        for (what, step_ms, steps, step_times, asked, pause, window_ms, stalls_after, words) in
+            cases
+        {
+            let (board, last_advance) = paced_board(step_ms, steps, step_times, asked, pause);
+            let window = board.stall_window(CEILING_MS);
+            assert_eq!(window.ms, window_ms, "{what}");
+            let ranks = board.progress().unwrap();
+            let written = Written {
+                state: HealthState::Progressing,
+                since_ms: T,
+                stragglers: Vec::new(),
+                last_advance_ms: None,
+            };
+            let decide_at = |now_ms| {
+                decide_resumed(&ranks, Some(&written), &mut Pace::default(), &window, now_ms, None)
+            };
+            let stalls_at = last_advance + stalls_after;
+            assert!(decide_at(stalls_at - 1).is_none(), "{what}: not stalled yet");
+            assert!(!board.health_due(window.ms, stalls_at - 1), "{what}: the tick waits");
+            assert!(board.health_due(window.ms, stalls_at), "{what}: the tick sees it due");
+            let health = decide_at(stalls_at).expect(what);
+            assert_eq!(health.state, HealthState::Stalled, "{what}");
+            assert!(
+                health.detail.contains(&format!("; {words}. Rank ")),
+                "{what}: {}",
+                health.detail
+            );
+        }
+    }
+
     #[test]
     fn a_run_stalls_after_its_window_and_names_the_rank_that_stopped_first() {
         let ranks = [at(20, T + 5_000, true), at(20, T + 1_000, true)];
@@ -657,7 +817,12 @@ mod tests {
         assert_eq!(health.state, HealthState::Stalled);
         assert_eq!(health.ranks, vec![1]);
         assert!(
-            health.detail.starts_with("No rank has advanced for 10 s; rank 1 last advanced at")
+            health.detail.starts_with(
+                "No rank has advanced for 10 s; the run's window is 10 s, as the run asked. \
+                 Rank 1 last advanced at"
+            ),
+            "{}",
+            health.detail
         );
         assert!(!health.detail.contains(&T.to_string()), "{}", health.detail);
     }

@@ -21,6 +21,8 @@ use trainstate_schema::api::{MetricPoint, RankProgress, RankProgressServed, Rank
 use trainstate_schema::limits::MAX_METRIC_NAMES_PER_RUN;
 use trainstate_schema::{Rule, RunId, ValidationError};
 
+use crate::decisions::stall_window::{RecentSlowest, StallWindow};
+
 /// The points of one run's attempt reported since the last flush, in the
 /// order they were reported.
 #[derive(Debug, Clone)]
@@ -85,6 +87,10 @@ struct HealthMarks {
     /// The first advance of a rank after the stall the head wrote (wall
     /// ms), stamped by the report that made it; 0: none yet.
     resumed_ms: AtomicU64,
+    /// The run's slowest recent step (ms, as `f64` bits) as of its latest
+    /// report, which its stall window follows; 0: it has not shown its
+    /// pace yet.
+    slowest_step_bits: AtomicU64,
 }
 
 /// Who reports a board's progress.
@@ -137,6 +143,10 @@ struct ProgressTable {
     /// only for a name not among them, so a rank that does not advance
     /// adds none.
     pointed: Vec<Vec<Arc<str>>>,
+    /// The slow end of the ranks' recent steps: the step times they
+    /// reported with a new step, and the time between a rank's
+    /// consecutive advances as the head saw it.
+    pace: RecentSlowest,
 }
 
 impl ProgressBoard {
@@ -173,6 +183,15 @@ impl ProgressBoard {
     /// ms), if one came.
     pub(crate) fn resumed_ms(&self) -> Option<u64> {
         Some(self.marks.resumed_ms.load(Ordering::SeqCst)).filter(|&ms| ms != 0)
+    }
+
+    /// The run's stall window: its own when it asked for one, else from
+    /// its pace as of its latest report, under the head's `--stall-after`
+    /// of `ceiling_ms` (see [`StallWindow::of`]). Lock free.
+    pub(crate) fn stall_window(&self, ceiling_ms: u64) -> StallWindow {
+        let bits = self.marks.slowest_step_bits.load(Ordering::Relaxed);
+        let slowest = (bits != 0).then(|| f64::from_bits(bits));
+        StallWindow::of(self.stall_after_ms, slowest, ceiling_ms)
     }
 
     /// True when the run's health may change at `now_ms` for a stall
@@ -353,6 +372,18 @@ impl ProgressBoard {
                 Ordering::SeqCst,
             );
         }
+        // The run's pace: what the rank says a step took, and how long the
+        // head saw it go between two advances (an evaluation nobody
+        // announced shows only there). The time from a rank's first report
+        // to its first advance is no step: it may hold a restart's wait.
+        if let Some(step_ms) = new_step_time {
+            table.pace.note(step_ms, now_ms);
+        }
+        if let Some(before) = previous.filter(|p| advanced && p.advanced) {
+            table.pace.note(now_ms.saturating_sub(before.last_advance_ms) as f64, now_ms);
+        }
+        let slowest = table.pace.slowest_ms(now_ms).map_or(0, f64::to_bits);
+        self.marks.slowest_step_bits.store(slowest, Ordering::SeqCst);
         let names: Vec<Arc<str>> = new_names.into_iter().map(|n| Arc::from(n.as_str())).collect();
         table.names.extend(names);
         if table.ranks.is_empty() {
@@ -473,10 +504,5 @@ impl ProgressBoard {
 
     pub(crate) fn reporter(&self) -> Reporter {
         self.reporter
-    }
-
-    /// The run's own stall window, if it asked for one.
-    pub(crate) fn stall_after_ms(&self) -> Option<u64> {
-        self.stall_after_ms
     }
 }

@@ -21,6 +21,23 @@ pub(crate) fn seconds(duration_ms: u64) -> String {
     }
 }
 
+/// `duration_ms` in words for a person, to the second: `42 s` (or
+/// `61.2 s`, as [`seconds`], under a minute), `1 min 2 s`, `15 min`,
+/// `2 h 5 min`.
+pub(crate) fn duration_words(duration_ms: u64) -> String {
+    if duration_ms < 60_000 {
+        return seconds(duration_ms);
+    }
+    let whole = duration_ms / 1000;
+    let (hours, minutes, secs) = (whole / 3600, whole / 60 % 60, whole % 60);
+    match (hours, minutes, secs) {
+        (0, m, 0) => format!("{m} min"),
+        (0, m, s) => format!("{m} min {s} s"),
+        (h, 0, _) => format!("{h} h"),
+        (h, m, _) => format!("{h} h {m} min"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -35,5 +52,13 @@ mod tests {
     fn durations_are_seconds() {
         assert_eq!(seconds(60_000), "60 s");
         assert_eq!(seconds(61_234), "61.2 s");
+    }
+
+    #[test]
+    fn long_durations_are_minutes_and_hours() {
+        assert_eq!(duration_words(42_000), "42 s");
+        assert_eq!(duration_words(62_000), "1 min 2 s");
+        assert_eq!(duration_words(900_000), "15 min");
+        assert_eq!(duration_words(7_500_000), "2 h 5 min");
     }
 }

@@ -30,8 +30,8 @@ pub const DEFAULT_EVENT_BACKLOG: usize = 4_096;
 /// JSON they carry): 64 MiB.
 pub const DEFAULT_EVENT_BACKLOG_BYTES: usize = 64 * 1024 * 1024;
 
-/// The default stall window: a run none of whose ranks advanced for 15
-/// minutes is STALLED.
+/// The default `--stall-after`: the longest stall window a run's pace
+/// gives it, and its window until it has shown its pace (15 minutes).
 pub const DEFAULT_STALL_AFTER: Duration = Duration::from_secs(15 * 60);
 
 /// How often, by default, the head decides the health of the runs whose
@@ -55,9 +55,10 @@ pub struct StateConfig {
     pub max_in_flight_writes: usize,
     /// How often the liveness sweep runs; `None` picks a quarter of the lease.
     pub sweep_interval: Option<Duration>,
-    /// How long none of a run's ranks may advance before the run is
-    /// STALLED, for a run whose joins ask for no window of their own
-    /// (`stall_after_ms`). 15 minutes by default.
+    /// The longest stall window of a run whose joins ask for no window of
+    /// their own (`stall_after_ms`): its window follows its pace up to
+    /// this, and is this until it has shown its pace (`docs/health.md`,
+    /// "How long a stall window is"). 15 minutes by default.
     pub stall_after: Duration,
     /// How often the health of the runs whose health may change now (a
     /// stall a rank's advance ended, a stall window just passed) is

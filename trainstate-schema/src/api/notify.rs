@@ -8,6 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::api::StackSuspect;
 use crate::{CauseClass, CauseKind, HealthState, RunCause, RunStatus};
 
 /// What happened to a run that a notification tells of.
@@ -137,6 +138,21 @@ pub struct NotifyEvent {
     /// When it happened (Unix ms): the run's end, the health change, the
     /// attempt's start.
     pub at_ms: u64,
+    /// For `STALLED`, once the capture of the ranks' stacks the stall
+    /// opened is complete: where to look first, the capture's first
+    /// suspects (at most 5), each with its rank, node and innermost frame.
+    /// Empty for a stall with no capture (its ranks have no watcher) and
+    /// for every other event.
+    #[serde(default)]
+    pub suspects: Vec<StackSuspect>,
+    /// How many suspects of the capture `suspects` leaves out.
+    #[serde(default)]
+    pub suspects_left_out: u32,
+    /// For `STALLED` with a capture: the capture on the head
+    /// (`--public-url` followed by `/api/train/runs/<run_id>/stacks`);
+    /// null without a capture or a public URL.
+    #[serde(default)]
+    pub stacks_url: Option<String>,
 }
 
 impl NotifyEvent {
@@ -168,6 +184,9 @@ impl NotifyEvent {
             detail: String::new(),
             link: None,
             at_ms,
+            suspects: Vec::new(),
+            suspects_left_out: 0,
+            stacks_url: None,
         }
     }
 }

@@ -86,9 +86,10 @@ pub struct JoinRequest {
     pub process_start_ms: Option<u64>,
     /// The run's stall window, in ms: the run is STALLED when none of its
     /// ranks advanced for this long (see the heartbeat's `progress`).
-    /// Overrides the head's `--stall-after` (15 minutes by default); the
-    /// first join that carries one sets it for the run. 1000 (1 s) to
-    /// 604800000 (7 days).
+    /// Overrides the window the run's pace would give it (10 times its
+    /// slowest recent step, between a minute and the head's
+    /// `--stall-after`); the first join that carries one sets it for the
+    /// run. 1000 (1 s) to 604800000 (7 days).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "schemars", schemars(range(min = 1000, max = 604_800_000_u64)))]
     pub stall_after_ms: Option<u64>,

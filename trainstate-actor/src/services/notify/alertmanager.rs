@@ -18,7 +18,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use serde_json::{Value, json};
 use trainstate_schema::api::{NotifyEvent, NotifyEventKind};
 
-use super::events::{Notice, Stall, ended_words};
+use super::events::{Notice, Stall, ended_words, suspect_lines};
 
 /// How long the alert of an end or a restart fires.
 pub(crate) const ONE_SHOT_HOLD: Duration = Duration::from_secs(3600);
@@ -95,6 +95,15 @@ pub(crate) fn stall_alert(event: &NotifyEvent) -> Alert {
         Stall { since_ms: event.at_ms, ranks: event.ranks.clone(), node: event.node.clone() };
     let mut alert = ended_stall_alert(event, &stall);
     alert.annotations.insert("description", event.detail.clone());
+    // Where to look first, once the capture of the ranks' stacks is
+    // complete: a line per suspect, and the capture itself.
+    let suspects = suspect_lines(event);
+    if !suspects.is_empty() {
+        alert.annotations.insert("suspects", suspects.join("\n"));
+    }
+    if let Some(url) = &event.stacks_url {
+        alert.annotations.insert("stacks_url", url.clone());
+    }
     alert
 }
 
@@ -179,7 +188,7 @@ fn rfc3339(ms: u64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use trainstate_schema::api::NotifyNode;
+    use trainstate_schema::api::{NotifyNode, StackSuspect};
     use trainstate_schema::{CauseKind, RunCause, RunStatus};
 
     use super::*;
@@ -199,7 +208,7 @@ mod tests {
         let mut stalled = event(NotifyEventKind::Stalled, RunStatus::Running, T0);
         stalled.ranks = vec![1];
         stalled.node = Some(NotifyNode::new(1, "n1", "10.0.0.2"));
-        let notice = Notice { event: stalled.clone(), ends_stall: None };
+        let notice = Notice { event: stalled.clone(), ends_stall: None, awaits_capture: false };
         let resend = Duration::from_secs(60);
         let fired = alerts_for(&notice, |_| true, None, T0 + 1_000, resend);
         assert_eq!(fired.len(), 1);
@@ -214,11 +223,38 @@ mod tests {
         let recovered = Notice {
             event: event(NotifyEventKind::Recovered, RunStatus::Running, T0 + 9_000),
             ends_stall: Some(stall),
+            awaits_capture: false,
         };
         let resolved = alerts_for(&recovered, |_| true, None, T0 + 10_000, resend);
         assert_eq!(resolved.len(), 1);
         assert_eq!(resolved[0]["labels"], fired[0]["labels"], "the same alert");
         assert_eq!(resolved[0]["endsAt"], rfc3339(T0 + 10_000));
+    }
+
+    #[test]
+    fn a_stalls_alert_names_its_suspects_and_links_its_capture() {
+        let mut stalled = event(NotifyEventKind::Stalled, RunStatus::Running, T0);
+        let alert = stall_alert(&stalled).to_json(T0);
+        assert!(alert["annotations"].get("suspects").is_none(), "no capture: {alert}");
+        assert!(alert["annotations"].get("stacks_url").is_none(), "no capture: {alert}");
+
+        stalled.suspects = vec![
+            StackSuspect::new(2, Some("node-a".into()), "rank_two_is_stuck (train.py:41)".into()),
+            StackSuspect::new(5, None, "no answer".into()),
+        ];
+        stalled.suspects_left_out = 3;
+        stalled.stacks_url = Some("https://ts.example/api/train/runs/r1/stacks".into());
+        let alert = stall_alert(&stalled).to_json(T0);
+        assert_eq!(
+            alert["annotations"]["suspects"],
+            "rank 2 on node-a: rank_two_is_stuck (train.py:41)\nrank 5: no answer\n\
+             and 3 more (see the capture)"
+        );
+        assert_eq!(
+            alert["annotations"]["stacks_url"],
+            "https://ts.example/api/train/runs/r1/stacks"
+        );
+        assert_eq!(alert["labels"]["alertname"], "TrainRunStalled", "the same alert as ever");
     }
 
     #[test]
@@ -229,6 +265,7 @@ mod tests {
         let notice = Notice {
             event: errored,
             ends_stall: Some(Stall { since_ms: T0, ranks: vec![], node: None }),
+            awaits_capture: false,
         };
         let both = alerts_for(&notice, |_| true, None, T0 + 6_000, Duration::from_secs(60));
         assert_eq!(both.len(), 2);

@@ -96,8 +96,11 @@ impl Sink for Delivery {
         let run: StoredRun = serde_json::from_str(json).map_err(|e| e.to_string())?;
         let notices = events::derive(&run, self.link_base.as_deref());
         let covered = self.target.covers(run.cluster(), run.name());
+        // A stall that awaits its capture is the document's all the same:
+        // it stays derivable, so that once told it is never told again.
         let derivable: BTreeSet<String> = notices.iter().map(|n| n.id().to_owned()).collect();
-        let wanted = notices.into_iter().filter(|n| covered && self.wants(n)).collect();
+        let wanted =
+            notices.into_iter().filter(|n| covered && !n.awaits_capture && self.wants(n)).collect();
         Ok(RunItems { derivable, wanted })
     }
 
@@ -161,7 +164,11 @@ impl Delivery {
             let stall = events::derive(&run, self.link_base.as_deref())
                 .into_iter()
                 .rfind(|n| n.kind() == NotifyEventKind::Stalled);
-            if let Some(stall) = stall.filter(|stall| self.sends(stall, NotifyEventKind::Stalled)) {
+            // A stall still awaiting its capture has not fired yet.
+            let fired = stall.filter(|stall| {
+                !stall.awaits_capture && self.sends(stall, NotifyEventKind::Stalled)
+            });
+            if let Some(stall) = fired {
                 firing.insert(run.id().to_owned(), alertmanager::stall_alert(&stall.event));
             }
         }

@@ -8,7 +8,8 @@
 //! nothing the document keeps is lost by collapsing its changes.
 
 use serde::Deserialize;
-use trainstate_schema::api::{NotifyEvent, NotifyEventKind, NotifyNode};
+use trainstate_schema::api::{CaptureState, NotifyEvent, NotifyEventKind, NotifyNode};
+use trainstate_schema::limits::MAX_NOTIFY_SUSPECTS;
 use trainstate_schema::text::one_line;
 use trainstate_schema::{
     CauseClass, CauseKind, HealthChange, HealthState, RunCause, RunHealth, RunStatus,
@@ -115,6 +116,10 @@ pub(crate) struct Notice {
     /// ended in, if it did. An Alertmanager target resolves that stall's
     /// alert when it sends this event.
     pub(crate) ends_stall: Option<Stall>,
+    /// A stall whose capture of the ranks' stacks is still pending: the
+    /// event is the document's, but it is sent once the capture is
+    /// complete (a later document), naming its suspects.
+    pub(crate) awaits_capture: bool,
 }
 
 impl Notice {
@@ -196,7 +201,7 @@ pub(crate) fn derive(run: &StoredRun, link_base: Option<&str>) -> Vec<Notice> {
                 attempt.attempt_id, previous.attempt_id
             )
         };
-        notices.push(Notice { event, ends_stall: None });
+        notices.push(Notice { event, ends_stall: None, awaits_capture: false });
     }
 
     let mut open_stall: Option<Stall> = None;
@@ -217,21 +222,38 @@ pub(crate) fn derive(run: &StoredRun, link_base: Option<&str>) -> Vec<Notice> {
                 let now = stall(change);
                 event.ranks.clone_from(&now.ranks);
                 event.node.clone_from(&now.node);
-                event.detail = match &run.health {
-                    Some(health)
-                        if health.state == HealthState::Stalled
-                            && health.since_ms == change.at_ms
-                            && !health.detail.is_empty() =>
-                    {
-                        health.detail.clone()
-                    }
+                // The run's health is this stall's while the run has not
+                // moved since: its detail and its capture are this stall's.
+                let current = run.health.as_ref().filter(|health| {
+                    health.state == HealthState::Stalled && health.since_ms == change.at_ms
+                });
+                event.detail = match current {
+                    Some(health) if !health.detail.is_empty() => health.detail.clone(),
                     _ => format!(
                         "No rank advanced for the run's stall window, from {}{}.",
                         time_text::iso_ms(change.at_ms),
                         ranks_named(&now.ranks)
                     ),
                 };
-                notices.push(Notice { event, ends_stall: None });
+                let capture = current.and_then(|health| health.capture.as_ref());
+                // A capture still pending is waited for while the run lives:
+                // its completion is written within the capture's deadline,
+                // and the stall is told then, once, with its suspects. A run
+                // that ended (or moved) will see no more of it: told now.
+                let awaits_capture = capture.is_some_and(|c| c.state == CaptureState::Pending)
+                    && !status_ended(run.status());
+                if let Some(capture) = capture.filter(|c| c.state == CaptureState::Complete) {
+                    event.suspects =
+                        capture.suspects.iter().take(MAX_NOTIFY_SUSPECTS).cloned().collect();
+                    event.suspects_left_out =
+                        capture.suspects.len().saturating_sub(MAX_NOTIFY_SUSPECTS) as u32;
+                }
+                if capture.is_some() {
+                    event.stacks_url = link_base.map(|base| {
+                        format!("{}/api/train/runs/{}/stacks", base.trim_end_matches('/'), run.id)
+                    });
+                }
+                notices.push(Notice { event, ends_stall: None, awaits_capture });
                 stalled_from = change.last_advance_ms.unwrap_or(change.at_ms);
                 open_stall = Some(now);
             }
@@ -251,7 +273,7 @@ pub(crate) fn derive(run: &StoredRun, link_base: Option<&str>) -> Vec<Notice> {
                     time_text::iso_ms(change.at_ms),
                     time_text::seconds(change.at_ms.saturating_sub(stalled_from))
                 );
-                notices.push(Notice { event, ends_stall: Some(ended) });
+                notices.push(Notice { event, ends_stall: Some(ended), awaits_capture: false });
             }
             _ => {}
         }
@@ -281,7 +303,7 @@ pub(crate) fn derive(run: &StoredRun, link_base: Option<&str>) -> Vec<Notice> {
                 event.detail
             );
         }
-        notices.push(Notice { event, ends_stall: open_stall.take() });
+        notices.push(Notice { event, ends_stall: open_stall.take(), awaits_capture: false });
     }
 
     // Oldest first; of one millisecond, in the order above (attempts,
@@ -313,6 +335,32 @@ pub(crate) fn truncated(text: &str, max: usize) -> String {
     let mut cut: String = text.chars().take(max.saturating_sub(1)).collect();
     cut.push('…');
     cut
+}
+
+/// True for a run's end: FINISHED, ERRORED, ABORTED.
+fn status_ended(status: RunStatus) -> bool {
+    NotifyEventKind::ending(status).is_some()
+}
+
+/// A stall's suspects in lines for a person, the text of each as the
+/// capture gives it (the caller escapes it for its format): `rank 2 on
+/// node-a: rank_two_is_stuck (train.py:41)`, then `and 3 more (see the
+/// capture)`. Empty when the event names none.
+pub(crate) fn suspect_lines(event: &NotifyEvent) -> Vec<String> {
+    let mut lines: Vec<String> = event
+        .suspects
+        .iter()
+        .map(|s| match &s.node {
+            Some(node) => {
+                format!("rank {} on {}: {}", s.rank, one_line(node), one_line(&s.innermost))
+            }
+            None => format!("rank {}: {}", s.rank, one_line(&s.innermost)),
+        })
+        .collect();
+    if event.suspects_left_out > 0 {
+        lines.push(format!("and {} more (see the capture)", event.suspects_left_out));
+    }
+    lines
 }
 
 /// `; ranks 1, 2 named` for the ranks a stall names, or nothing.
@@ -549,5 +597,72 @@ mod tests {
         let stalled = &notices[0].event.detail;
         assert!(!stalled.contains(&(T0 - 1).to_string()), "{stalled}");
         assert!(stalled.ends_with("; ranks 0, 1 named."), "{stalled}");
+    }
+
+    /// A run STALLED since `T0 + 60_000` (after a first PROGRESSING), its
+    /// health carrying `capture` (null for none), now `status`.
+    fn stalled_with(capture: serde_json::Value, status: &str) -> StoredRun {
+        let mut health = json!({"state": "STALLED", "since_ms": T0 + 60_000, "ranks": [0],
+                                "detail": "No rank has advanced for 1 min."});
+        if !capture.is_null() {
+            health["capture"] = capture;
+        }
+        let ended = (status != "RUNNING").then_some(T0 + 90_000);
+        run(json!({
+            "run_status": status, "status": status, "end_time_ms": ended,
+            "health": health,
+            "health_history": [
+                {"state": "PROGRESSING", "at_ms": T0 + 1_000, "ranks": []},
+                {"state": "STALLED", "at_ms": T0 + 60_000, "ranks": [0], "last_advance_ms": T0},
+            ],
+        }))
+    }
+
+    #[test]
+    fn a_stall_is_told_once_its_capture_is_complete_naming_its_suspects() {
+        let suspects: Vec<serde_json::Value> = (0..7)
+            .map(|i| json!({"rank": 2 + i, "node": format!("node-{i}"), "innermost": if i == 0 { "rank_two_is_stuck (train.py:41)".to_owned() } else { format!("wait_{i} (train.py:9)") }}))
+            .collect();
+        let pending = json!({"capture_id": 1, "state": "PENDING", "suspects": []});
+        let complete = json!({"capture_id": 1, "state": "COMPLETE", "suspects": suspects});
+        let stall_id = format!("r1:STALLED:{}", T0 + 60_000);
+        let stall_of = |doc: &StoredRun| {
+            derive(doc, Some("https://ts.example/")).into_iter().find(|n| n.id() == stall_id)
+        };
+
+        // (what, the capture, the run's status, awaits its capture,
+        // suspects named, left out, the capture linked)
+        let cases = [
+            ("no capture: told at once", serde_json::Value::Null, "RUNNING", false, 0, 0, false),
+            ("a pending capture: not told yet", pending.clone(), "RUNNING", true, 0, 0, true),
+            ("complete: told, naming suspects", complete.clone(), "RUNNING", false, 5, 2, true),
+            ("pending when the run ended: told", pending, "ABORTED", false, 0, 0, true),
+        ];
+        for (what, capture, status, awaits, named, left_out, linked) in cases {
+            let notice = stall_of(&stalled_with(capture, status)).expect(what);
+            assert_eq!(notice.awaits_capture, awaits, "{what}");
+            assert_eq!(notice.event.suspects.len(), named, "{what}");
+            assert_eq!(notice.event.suspects_left_out, left_out, "{what}");
+            assert_eq!(notice.event.stacks_url.is_some(), linked, "{what}");
+            assert_eq!(notice.event.detail, "No rank has advanced for 1 min.", "{what}");
+        }
+
+        let notice = stall_of(&stalled_with(complete, "RUNNING")).unwrap();
+        let first = &notice.event.suspects[0];
+        assert_eq!((first.rank, first.node.as_deref()), (2, Some("node-0")));
+        assert_eq!(first.innermost, "rank_two_is_stuck (train.py:41)");
+        assert_eq!(
+            notice.event.stacks_url.as_deref(),
+            Some("https://ts.example/api/train/runs/r1/stacks")
+        );
+        assert_eq!(
+            suspect_lines(&notice.event)[0],
+            "rank 2 on node-0: rank_two_is_stuck (train.py:41)"
+        );
+        assert_eq!(suspect_lines(&notice.event)[5], "and 2 more (see the capture)");
+        // The webhook's JSON carries them.
+        let body = serde_json::to_value(&notice.event).unwrap();
+        assert_eq!(body["suspects"][0]["innermost"], "rank_two_is_stuck (train.py:41)");
+        assert_eq!(body["stacks_url"], "https://ts.example/api/train/runs/r1/stacks");
     }
 }

@@ -6,12 +6,16 @@
 //! Slack's limits are kept: a header's text at most 150 characters, a
 //! section's text 3,000, each field 2,000, a button's text 75 and its URL
 //! 3,000. Text in `mrkdwn` has `&`, `<` and `>` escaped, so a run's name
-//! cannot make a link or a mention.
+//! cannot make a link or a mention. A stall's suspects quote the ranks'
+//! own stacks, which anyone who runs code on a rank writes: they are
+//! shown as plain text in the blocks and as code in the fallback text,
+//! escaped alike, so a frame makes no link, mention or style.
 
 use serde_json::{Value, json};
 use trainstate_schema::api::NotifyEventKind;
 
-use super::events::{Notice, truncated};
+use super::events::{Notice, suspect_lines, truncated};
+use trainstate_schema::text::one_line;
 
 const MAX_HEADER_CHARS: usize = 150;
 const MAX_SECTION_CHARS: usize = 3_000;
@@ -58,20 +62,51 @@ pub(crate) fn message(notice: &Notice) -> Value {
             "fields": fields,
         }),
     ];
-    let link = event.link.as_deref().filter(|link| link.chars().count() <= MAX_URL_CHARS);
-    if let Some(link) = link {
+    let suspects = suspect_lines(event);
+    if !suspects.is_empty() {
         blocks.push(json!({
-            "type": "actions",
-            "elements": [{
-                "type": "button",
-                "text": {"type": "plain_text", "text": "Open the run"},
-                "url": link,
-            }],
+            "type": "section",
+            "text": {
+                "type": "plain_text",
+                "text": truncated(&format!("Suspects:\n{}", escape(&suspects.join("\n"))), MAX_SECTION_CHARS),
+                "emoji": false,
+            },
         }));
     }
+    let fits = |url: &&str| url.chars().count() <= MAX_URL_CHARS;
+    let link = event.link.as_deref().filter(fits);
+    let stacks = event.stacks_url.as_deref().filter(fits);
+    let buttons: Vec<Value> = [(link, "Open the run"), (stacks, "Open the stacks")]
+        .into_iter()
+        .filter_map(|(url, label)| {
+            Some(json!({"type": "button", "text": {"type": "plain_text", "text": label}, "url": url?}))
+        })
+        .collect();
+    if !buttons.is_empty() {
+        blocks.push(json!({"type": "actions", "elements": buttons}));
+    }
     let mut text = format!("{}: {}", escape(&headline), escape(&event.detail));
+    if !event.suspects.is_empty() {
+        let named: Vec<String> = event
+            .suspects
+            .iter()
+            .map(|s| match &s.node {
+                Some(node) => {
+                    format!("rank {} on {}: {}", s.rank, verbatim(node), verbatim(&s.innermost))
+                }
+                None => format!("rank {}: {}", s.rank, verbatim(&s.innermost)),
+            })
+            .collect();
+        text = format!("{text} Suspects: {}", named.join("; "));
+        if event.suspects_left_out > 0 {
+            text = format!("{text}; and {} more.", event.suspects_left_out);
+        }
+    }
     if let Some(link) = link {
         text = format!("{text} <{link}|Open the run>");
+    }
+    if let Some(stacks) = stacks {
+        text = format!("{text} <{stacks}|Open the stacks>");
     }
     json!({ "text": text, "blocks": blocks })
 }
@@ -104,9 +139,16 @@ fn escape(text: &str) -> String {
     text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 
+/// Untrusted `text` (a frame of a rank's stack) in `mrkdwn` as inline
+/// code, in one line and escaped: no link, mention or style comes of it
+/// (a backquote, which would end the code, becomes a quote).
+fn verbatim(text: &str) -> String {
+    format!("`{}`", escape(&one_line(text)).replace('`', "'"))
+}
+
 #[cfg(test)]
 mod tests {
-    use trainstate_schema::api::NotifyEvent;
+    use trainstate_schema::api::{NotifyEvent, StackSuspect};
     use trainstate_schema::{CauseKind, RunCause, RunStatus};
 
     use super::*;
@@ -126,7 +168,7 @@ mod tests {
         event.ranks = vec![1];
         event.cause = Some(RunCause::new(CauseKind::Oom, Some(1)));
         event.link = Some("https://ts.example/runs/r1".into());
-        let message = message(&Notice { event, ends_stall: None });
+        let message = message(&Notice { event, ends_stall: None, awaits_capture: false });
         let blocks = message["blocks"].as_array().unwrap();
         assert_eq!(blocks[0]["type"], "header");
         assert_eq!(blocks[0]["text"]["type"], "plain_text");
@@ -140,5 +182,59 @@ mod tests {
         assert_eq!(blocks[2]["elements"][0]["url"], "https://ts.example/runs/r1");
         let text = message["text"].as_str().unwrap();
         assert!(text.starts_with("Run &lt;!channel&gt; bert errored: rank 1 raised"), "{text}");
+    }
+
+    #[test]
+    fn a_stalls_suspects_are_plain_text_and_its_capture_is_linked() {
+        let mut event = NotifyEvent::new(
+            "r1:STALLED:1",
+            NotifyEventKind::Stalled,
+            "r1",
+            "bert",
+            "j1",
+            RunStatus::Running,
+            1,
+        );
+        event.detail = "No rank has advanced for 1 min.".into();
+        event.suspects = vec![
+            StackSuspect::new(2, Some("node-a".into()), "rank_two_is_stuck (train.py:41)".into()),
+            StackSuspect::new(3, Some("<!channel>".into()), "<http://x|y> *bold* _it_ `x`".into()),
+        ];
+        event.suspects_left_out = 4;
+        event.link = Some("https://ts.example/runs/r1".into());
+        event.stacks_url = Some("https://ts.example/api/train/runs/r1/stacks".into());
+        let message = message(&Notice { event, ends_stall: None, awaits_capture: false });
+
+        let text = message["text"].as_str().unwrap();
+        assert!(
+            text.contains(
+                "Suspects: rank 2 on `node-a`: `rank_two_is_stuck (train.py:41)`; rank 3 on \
+                 `&lt;!channel&gt;`: `&lt;http://x|y&gt; *bold* _it_ 'x'`; and 4 more."
+            ),
+            "frames as code, escaped: {text}"
+        );
+        assert!(!text.contains("<http://x") && !text.contains("<!channel>"), "{text}");
+        assert!(
+            text.ends_with(
+                " <https://ts.example/runs/r1|Open the run> \
+                 <https://ts.example/api/train/runs/r1/stacks|Open the stacks>"
+            ),
+            "{text}"
+        );
+
+        let blocks = message["blocks"].as_array().unwrap();
+        let suspects = blocks
+            .iter()
+            .find(|b| b["text"]["text"].as_str().is_some_and(|t| t.starts_with("Suspects:")))
+            .expect("a section of suspects");
+        assert_eq!(suspects["text"]["type"], "plain_text", "no markup at all: {suspects}");
+        assert_eq!(
+            suspects["text"]["text"],
+            "Suspects:\nrank 2 on node-a: rank_two_is_stuck (train.py:41)\nrank 3 on \
+             &lt;!channel&gt;: &lt;http://x|y&gt; *bold* _it_ `x`\nand 4 more (see the capture)"
+        );
+        let buttons = blocks.last().unwrap()["elements"].as_array().unwrap();
+        assert_eq!(buttons[1]["url"], "https://ts.example/api/train/runs/r1/stacks");
+        assert_eq!(buttons[1]["text"]["text"], "Open the stacks");
     }
 }

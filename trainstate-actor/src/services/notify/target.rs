@@ -631,7 +631,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "unknown cause \"spot\" in causes=; known: user_error, system_error, lost_controller, \
-             user_interrupt, oom, preempted, timeout, node_lost, hardware"
+             user_interrupt, oom, preempted, timeout, node_lost, hardware, no_progress"
         );
         let err = webhook("http://h/#causes=oom,!preempted").unwrap_err();
         assert!(matches!(err, TargetError::BadValue { option: "causes", .. }), "{err}");
