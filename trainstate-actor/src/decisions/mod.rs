@@ -6,6 +6,7 @@
 //! **Wing invariant:** no I/O and no channels; nothing here imports the
 //! engine, the store or the services.
 
+pub(crate) mod captures;
 pub(crate) mod change;
 pub(crate) mod clock;
 pub(crate) mod health;
@@ -17,8 +18,8 @@ pub(crate) mod progress;
 pub(crate) mod record;
 pub(crate) mod rendezvous;
 pub(crate) mod rendezvous_call;
-pub(crate) mod stacks;
 pub(crate) mod retention;
+pub(crate) mod stacks;
 pub(crate) mod state;
 pub(crate) mod time_text;
 pub(crate) mod tokens;

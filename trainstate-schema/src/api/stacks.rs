@@ -51,7 +51,11 @@ impl StacksRequest {
     }
 
     /// The answer of `ranks` to capture `capture_id`.
-    pub fn answer(capture_id: u64, attempt_id: Option<String>, ranks: Vec<RankStackReport>) -> Self {
+    pub fn answer(
+        capture_id: u64,
+        attempt_id: Option<String>,
+        ranks: Vec<RankStackReport>,
+    ) -> Self {
         Self { capture_id: Some(capture_id), attempt_id, reason: None, ranks }
     }
 
