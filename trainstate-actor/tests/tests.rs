@@ -27,6 +27,7 @@ mod rendezvous;
 mod run_size;
 mod shared_store;
 mod singleton;
+mod stacks;
 mod store_faults;
 mod stores;
 mod tls;

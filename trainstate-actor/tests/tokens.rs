@@ -96,7 +96,7 @@ on_both_stores! {
         // Every write and admin route of the route table: 403, naming the scope.
         let guarded: Vec<_> =
             routes().into_iter().filter(|r| matches!(r.access, Access::Write | Access::Admin)).collect();
-        assert_eq!(guarded.len(), 15, "the table's twelve writes and three admin routes");
+        assert_eq!(guarded.len(), 16, "the table's thirteen writes (with the stacks' POST) and three admin routes");
         for route in guarded {
             let url = format!("{}{}", hub.url, concrete(route.path));
             let (status, answer) = send(&http, method(&route), &url, json_body(&json!({})), Some(&read)).await;

@@ -65,6 +65,7 @@ fn document_bytes(message: &StateMessage) -> u64 {
         }
         StateMessage::Forward { run, .. } => serde_json::to_writer(&mut count, run),
         StateMessage::ReportProgress { report, .. } => serde_json::to_writer(&mut count, report),
+        StateMessage::PostStacks { request, .. } => serde_json::to_writer(&mut count, request),
         StateMessage::UpsertRayPrepared { bytes, .. } => {
             count.0 = *bytes;
             Ok(())
@@ -345,6 +346,35 @@ impl StateHandle {
             Transport::Remote(remote) => remote.get_node(node, query, self.timeout).await,
             Transport::Local(_) => Err(nodes_are_remote()),
         }
+    }
+
+    /// The stack captures of run `id`, newest first
+    /// (`GET /api/train/runs/{id}/stacks`): read from the head's store, so
+    /// a remote handle's only (in process, the head's own routes read it).
+    #[cfg_attr(not(feature = "http"), allow(unused_variables))]
+    pub async fn run_stacks(&self, id: &RunId) -> Result<crate::api::StacksResponse, StateError> {
+        match &*self.inner {
+            #[cfg(feature = "http")]
+            Transport::Remote(remote) => remote.run_stacks(id, self.timeout).await,
+            Transport::Local(_) => Err(StateError::Unsupported {
+                reason: "stack captures are read from the head's store; connect to it over HTTP"
+                    .into(),
+            }),
+        }
+    }
+
+    /// Posts to run `id`'s stack captures (`POST .../stacks`): with no
+    /// ranks, asks its ranks for their stacks (the capture opened); with
+    /// `capture_id` and ranks, their answer; with ranks alone, a
+    /// controller's own capture. Answers the capture as it now stands.
+    pub async fn post_stacks(
+        &self,
+        id: &RunId,
+        request: crate::api::StacksRequest,
+    ) -> Result<crate::api::StackCapture, StateError> {
+        let id = id.clone();
+        let request = Box::new(request);
+        self.call(|reply| StateMessage::PostStacks { id, request, reply }).await.map(|(c, _)| c)
     }
 
     /// Every token of the head service (`GET /api/tokens`), without secrets.

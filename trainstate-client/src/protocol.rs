@@ -188,6 +188,17 @@ pub enum StateMessage {
     /// A request of the rendezvous, where the ranks of a launch without a
     /// controller report one run together.
     Rendezvous(crate::rendezvous::RendezvousMessage),
+    /// Posts to a run's stack captures (`POST .../stacks`): asks its ranks
+    /// for their stacks (no ranks), keeps the ranks' answer to a capture
+    /// (`capture_id`), or keeps a controller's own capture.
+    PostStacks {
+        /// The run.
+        id: RunId,
+        /// What is posted.
+        request: Box<trainstate_schema::api::StacksRequest>,
+        /// The capture as it now stands, and whether it was just opened.
+        reply: Reply<(trainstate_schema::api::StackCapture, bool)>,
+    },
 }
 
 /// The answer to a registration.

@@ -18,6 +18,7 @@ use crate::api::{
     VersionResponse,
 };
 use crate::api::{NodeDetailResponse, NodeListResponse, NodeQuery, NodesQuery};
+use crate::api::{StackCapture, StacksRequest, StacksResponse};
 use crate::document::RunDocument;
 use crate::error::StateError;
 use crate::protocol::{NewAttempt, Registration, StateMessage, StatusUpdate};
@@ -225,7 +226,30 @@ impl Remote {
                 let _ = reply.send(Err(local_only("prepared writes")));
             }
             StateMessage::Rendezvous(message) => self.rendezvous(message, timeout).await,
+            StateMessage::PostStacks { id, request, reply } => {
+                let _ = reply.send(self.post_stacks(&id, &request, timeout).await);
+            }
         }
+    }
+
+    async fn post_stacks(
+        &self,
+        id: &RunId,
+        request: &StacksRequest,
+        timeout: Duration,
+    ) -> Result<(StackCapture, bool), StateError> {
+        let call = Call::on_run(Operation::PostRunStacks, id).body(request);
+        let capture: StackCapture = parse(&self.send(call, timeout).await?)?;
+        let opened = request.capture_id.is_none() && request.ranks.is_empty();
+        Ok((capture, opened))
+    }
+
+    pub(crate) async fn run_stacks(
+        &self,
+        id: &RunId,
+        timeout: Duration,
+    ) -> Result<StacksResponse, StateError> {
+        parse(&self.send(Call::on_run(Operation::GetRunStacks, id), timeout).await?)
     }
 
     async fn register(

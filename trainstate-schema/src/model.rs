@@ -358,6 +358,17 @@ impl TrainRunInfo {
         self
     }
 
+    /// The run with its live `STALLED` health carrying `capture` (the
+    /// stack capture the stall opened, as it now stands). The health's
+    /// history is left as it is: the stall is the same stall. Any other
+    /// health is kept as it is.
+    pub fn with_stall_capture(mut self, capture: crate::StallCapture) -> Self {
+        if let Some(health) = self.health.as_mut().filter(|h| h.is_live_stall()) {
+            health.capture = Some(capture);
+        }
+        self
+    }
+
     /// The run's health as the head last decided it; `None` for a run
     /// that never reported progress.
     pub fn health(&self) -> Option<&RunHealth> {

@@ -19,8 +19,36 @@ use crate::decisions::record::RunRecord;
 pub(crate) enum StoreOp {
     /// Insert or replace a run.
     Put(Arc<RunRecord>),
-    /// Remove a run.
+    /// Remove a run (and every stack capture of it).
     Delete(RunId),
+    /// Insert or replace rows of a run's stack capture: its header and the
+    /// ranks it lists.
+    PutCapture(Arc<CaptureRows>),
+    /// Remove a run's stack capture (the oldest, when a new one would make
+    /// more than `MAX_CAPTURES_PER_RUN`).
+    DropCapture { run_id: RunId, capture_id: u64 },
+}
+
+/// Rows of one stack capture to write.
+///
+/// A capture is kept as a header row (the capture with no ranks, as JSON:
+/// when, why, its state, groups and suspects) and one row per rank (its
+/// `RankStack`, as JSON), rather than as one document: the ranks of a
+/// large run answer one at a time, and each answer then writes its own
+/// row, not the whole capture again (which would write a run of 1,000
+/// ranks' 8 MiB a thousand times).
+#[derive(Debug, Clone)]
+pub(crate) struct CaptureRows {
+    pub(crate) run_id: RunId,
+    pub(crate) capture_id: u64,
+    /// The bytes the whole capture keeps once written (its header and
+    /// every rank's row): what it counts against the retained bytes.
+    pub(crate) bytes: u64,
+    /// The capture with no ranks, as JSON.
+    pub(crate) header: String,
+    /// The rows of the ranks to write, by world rank, each a `RankStack`
+    /// as JSON.
+    pub(crate) ranks: Vec<(u32, String)>,
 }
 
 /// A change announced once its write is committed.

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use trainstate_client::RunDocument;
-use trainstate_client::api::RendezvousResponse;
+use trainstate_client::api::{CaptureOrder, RendezvousResponse};
 use trainstate_schema::{RunId, RunStatus};
 
 use crate::decisions::progress::{MetricBatch, ProgressBoard, Reporter};
@@ -303,7 +303,32 @@ pub(crate) struct RankBoard {
     ended: AtomicU32,
     /// Each rank's latest progress report, and each metric's history.
     progress: Arc<ProgressBoard>,
+    /// The stack capture the ranks are asked for, if one is pending.
+    capture: CaptureOrders,
 }
+
+/// The stack capture a rank board's ranks are asked for: which capture,
+/// and when each rank was handed the order. Connections hand it out with
+/// the heartbeat's answer; only the actor opens and closes it. While none
+/// is pending, a heartbeat pays one atomic read.
+struct CaptureOrders {
+    /// The pending capture's id; 0: none.
+    capture_id: AtomicU64,
+    /// Wall ms when each rank was last handed the order, by world rank;
+    /// 0: not yet, [`ANSWERED`]: it answered.
+    asked_ms: Box<[AtomicU64]>,
+}
+
+/// A rank that answered the pending capture (see [`CaptureOrders`]).
+const ANSWERED: u64 = u64::MAX;
+
+/// How long a rank's watcher may take to capture its rank's stacks before
+/// it answers that the rank did not (the heartbeat's order says so).
+pub(crate) const ANSWER_WITHIN_MS: u64 = 5_000;
+
+/// A rank handed a capture's order is handed it again only if it has not
+/// answered this long after (the answer may have been lost).
+pub(crate) const ASK_AGAIN_AFTER_MS: u64 = 8_000;
 
 impl RankBoard {
     /// The board of attempt `attempt_id`, with when each rank was last
@@ -325,9 +350,51 @@ impl RankBoard {
                 stall_after_ms,
             )),
             attempt_id: attempt_id.into(),
+            capture: CaptureOrders {
+                capture_id: AtomicU64::new(0),
+                asked_ms: (0..heard.len()).map(|_| AtomicU64::new(0)).collect(),
+            },
             heard,
             ended: AtomicU32::new(0),
         }
+    }
+
+    /// Asks every rank for capture `capture_id` (none answered yet).
+    pub(crate) fn open_capture(&self, capture_id: u64) {
+        for slot in &self.capture.asked_ms {
+            slot.store(0, Ordering::Relaxed);
+        }
+        self.capture.capture_id.store(capture_id, Ordering::Release);
+    }
+
+    /// Rank `rank` answered the pending capture: it is not asked again.
+    pub(crate) fn capture_answered(&self, rank: u32) {
+        if let Some(slot) = self.capture.asked_ms.get(rank as usize) {
+            slot.store(ANSWERED, Ordering::Relaxed);
+        }
+    }
+
+    /// No capture is pending any more.
+    pub(crate) fn close_capture(&self) {
+        self.capture.capture_id.store(0, Ordering::Release);
+    }
+
+    /// The capture order for rank `rank`'s heartbeat at `now_ms`, if one
+    /// is pending that it has not answered: handed once, and again only
+    /// [`ASK_AGAIN_AFTER_MS`] after, if no answer came.
+    pub(crate) fn capture_order(&self, rank: u32, now_ms: u64) -> Option<CaptureOrder> {
+        let capture_id = self.capture.capture_id.load(Ordering::Acquire);
+        if capture_id == 0 {
+            return None;
+        }
+        let slot = self.capture.asked_ms.get(rank as usize)?;
+        let asked = slot.load(Ordering::Relaxed);
+        let due =
+            asked == 0 || (asked != ANSWERED && now_ms.saturating_sub(asked) >= ASK_AGAIN_AFTER_MS);
+        (due && slot
+            .compare_exchange(asked, now_ms.max(1), Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok())
+        .then(|| CaptureOrder::new(capture_id, ANSWER_WITHIN_MS))
     }
 
     /// The ranks' progress board.

@@ -6,6 +6,7 @@
 //! **Wing invariant:** no I/O and no channels; nothing here imports the
 //! engine, the store or the services.
 
+pub(crate) mod captures;
 pub(crate) mod change;
 pub(crate) mod clock;
 pub(crate) mod health;

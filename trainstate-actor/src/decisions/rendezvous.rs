@@ -319,7 +319,9 @@ pub(crate) fn heartbeat_rank_here(
     if status == RunStatus::Running {
         board.heard(rank as usize, now_ms);
     }
-    Some(Ok(board.response(id, status, lease_ms)))
+    let mut answer = board.response(id, status, lease_ms);
+    answer.capture = board.capture_order(rank, now_ms);
+    Some(Ok(answer))
 }
 
 /// A group waiting for its ranks.
@@ -1321,7 +1323,9 @@ impl Rendezvous {
         if status == RunStatus::Running {
             group.board.heard(rank as usize, now_ms);
         }
-        Ok(Step::Answer(group.response(id, status, lease_ms)))
+        let mut answer = group.response(id, status, lease_ms);
+        answer.capture = group.board.capture_order(rank, now_ms);
+        Ok(Step::Answer(answer))
     }
 
     /// The tracked group of a rank of a registered run, checked against the

@@ -108,8 +108,11 @@ pub(crate) struct Runs {
     shared_heard: HashMap<RunId, (u64, u64)>,
     /// When every shared heartbeat was last read, on the monotonic clock.
     shared_read_mono_ms: Option<u64>,
-    /// The bytes of JSON of every run in `by_id`, for retention by bytes.
+    /// The bytes of JSON of every run in `by_id`, and of their stack
+    /// captures, for retention by bytes.
     bytes: u64,
+    /// The bytes of each run's stack captures (runs that have some).
+    capture_bytes: HashMap<RunId, u64>,
     /// The wall clock's reading of the actor's current turn; `None` until
     /// set (pure-state tests), when the times given to each call stand in.
     wall_ms: Option<u64>,
@@ -152,6 +155,7 @@ impl Runs {
             shared_heard: HashMap::new(),
             shared_read_mono_ms: None,
             bytes: 0,
+            capture_bytes: HashMap::new(),
             wall_ms: None,
             liveness,
         };
@@ -284,6 +288,7 @@ impl Runs {
             self.liveness.remove_progress(id);
         }
         self.bytes -= record_bytes(&entry.record);
+        self.bytes -= self.capture_bytes.remove(id).unwrap_or(0);
         self.ended.remove(&(entry.record.start_time_ms, id.clone()));
         Some(entry.record)
     }
@@ -657,6 +662,44 @@ impl Runs {
             return Ok(Outcome::Unchanged(()));
         }
         let run = record.run()?.with_health(health, now_ms)?;
+        let record = self.recorded(run, now_ms)?;
+        self.replace_keeping_beat(record.clone());
+        Ok(Outcome::Changed(Change {
+            ops: vec![StoreOp::Put(record.clone())],
+            events: vec![PendingEvent {
+                kind: EventKind::HealthChanged,
+                run_id: id.clone(),
+                record: Some(record),
+            }],
+            answer: (),
+        }))
+    }
+
+    /// Counts `bytes` of stack captures for run `id` against the retained
+    /// bytes (instead of what was counted before); a run not kept counts
+    /// none.
+    pub(crate) fn set_capture_bytes(&mut self, id: &RunId, bytes: u64) {
+        if !self.by_id.contains_key(id) {
+            return;
+        }
+        let before = self.capture_bytes.insert(id.clone(), bytes).unwrap_or(0);
+        self.bytes = self.bytes + bytes - before;
+    }
+
+    /// Writes `capture` into a live run's STALLED health (the stack
+    /// capture its stall opened, as it now stands), as a health change:
+    /// its event carries the capture. Any other run is left as it is.
+    pub(crate) fn set_stall_capture(
+        &mut self,
+        id: &RunId,
+        capture: trainstate_schema::StallCapture,
+        now_ms: u64,
+    ) -> Result<Outcome<()>, StateError> {
+        let record = self.entry(id)?.record.clone();
+        if record.status.is_terminal() || record.health != Some(HealthState::Stalled) {
+            return Ok(Outcome::Unchanged(()));
+        }
+        let run = record.run()?.with_stall_capture(capture);
         let record = self.recorded(run, now_ms)?;
         self.replace_keeping_beat(record.clone());
         Ok(Outcome::Changed(Change {

@@ -9,6 +9,7 @@ use tokio::sync::oneshot;
 use trainstate_client::{RendezvousMessage, Reply, StateError, StateMessage};
 use trainstate_schema::RunId;
 
+use crate::decisions::captures::Captures;
 use crate::decisions::health::HealthSweep;
 use crate::decisions::rendezvous::{Reaction, Rendezvous};
 use crate::decisions::state::{Change, Outcome, PreparedRayWrite, RayWrite, Runs, is_foreign};
@@ -30,6 +31,8 @@ pub(crate) struct ActorState {
     rendezvous: Rendezvous,
     /// The health decisions of the lease sweep.
     health: HealthSweep,
+    /// Each run's stack captures, and the one it waits for.
+    captures: Captures,
     config: StateConfig,
     writer: Arc<Writer>,
     /// When the previous sweep ran (or the actor started), on the
@@ -70,6 +73,7 @@ impl Actor for TrainStateActor {
             liveness.clone(),
         );
         runs.exempt_foreign(args.config.cluster.as_deref());
+        let captures = load_captures(&args.writer, &mut runs).await;
         tracing::info!(
             runs = runs.len(),
             name = %args.config.name,
@@ -90,6 +94,7 @@ impl Actor for TrainStateActor {
             runs,
             rendezvous: Rendezvous::new(liveness, args.config.cluster.clone()),
             health: HealthSweep::new(args.config.stall_after_ms()),
+            captures,
             config: args.config,
             writer: args.writer,
             last_sweep_mono_ms: mono,
@@ -223,6 +228,8 @@ impl Actor for TrainStateActor {
                 let mut change = Change { ops: Vec::new(), events: Vec::new(), answer: Vec::new() };
                 let liveness = &state.writer.shared.liveness;
                 state.health.sweep(liveness, &mut state.runs, now, &mut change);
+                state.captures.open_for_stalls(&mut state.runs, liveness, now, &mut change);
+                state.captures.sweep(&mut state.runs, liveness, now, &mut change);
                 let leases = state.runs.sweep(now);
                 change.ops.extend(leases.ops);
                 change.events.extend(leases.events);
@@ -243,6 +250,8 @@ impl Actor for TrainStateActor {
                 let mut change = Change { ops: Vec::new(), events: Vec::new(), answer: 0 };
                 let liveness = &state.writer.shared.liveness;
                 change.answer = state.health.tick(liveness, &mut state.runs, now, &mut change);
+                state.captures.open_for_stalls(&mut state.runs, liveness, now, &mut change);
+                state.captures.sweep(&mut state.runs, liveness, now, &mut change);
                 if change.ops.is_empty() {
                     let _ = reply.send(Ok(change.answer));
                 } else {
@@ -301,6 +310,15 @@ impl Actor for TrainStateActor {
                 let subscription = view.subscribe(&shared.events, after_seq);
                 drop(view);
                 let _ = reply.send(Ok(subscription));
+            }
+            StateMessage::PostStacks { id, request, reply } => {
+                state.before_write()?;
+                state.find(&id, now).await;
+                let liveness = &state.writer.shared.liveness;
+                let outcome = state.admit().and_then(|()| state.owned(&id)).and_then(|()| {
+                    state.captures.post(&id, *request, &mut state.runs, liveness, now)
+                });
+                state.write(outcome, reply);
             }
             StateMessage::Rendezvous(message) => {
                 state.before_write()?;
@@ -494,6 +512,43 @@ impl ActorState {
         };
         self.writer.submit(job);
     }
+}
+
+/// The stack captures the store keeps, read at the actor's start on the
+/// store's reader (a connection of its own): their index, and the captures
+/// still pending whole, which complete at their deadline. Each run's
+/// captured bytes count against the retained bytes.
+async fn load_captures(writer: &Arc<Writer>, runs: &mut Runs) -> Captures {
+    let reader = writer.shared.metric_reader.clone();
+    let read = tokio::task::spawn_blocking(move || {
+        let index = reader.capture_index()?;
+        let mut pending = Vec::new();
+        for stored in &index {
+            if stored.header.state == trainstate_schema::api::CaptureState::Pending {
+                let whole = reader.captures(&stored.run_id)?;
+                pending.extend(
+                    whole
+                        .into_iter()
+                        .filter(|c| c.capture_id == stored.header.capture_id)
+                        .map(|c| (stored.run_id.clone(), c)),
+                );
+            }
+        }
+        Ok::<_, String>((index, pending))
+    })
+    .await;
+    let mut captures = Captures::default();
+    match read {
+        Ok(Ok((index, pending))) => {
+            let index = index.into_iter().map(|s| (s.run_id, s.bytes, s.header));
+            for (id, bytes) in captures.load(index, pending) {
+                runs.set_capture_bytes(&id, bytes);
+            }
+        }
+        Ok(Err(err)) => tracing::error!(error = %err, "cannot read the stored stack captures"),
+        Err(err) => tracing::error!(error = %err, "cannot read the stored stack captures"),
+    }
+    captures
 }
 
 /// When a write's change happened: the time its writer gave (`at_ms`,

@@ -22,7 +22,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use trainstate_client::api::{MetricsQuery, MetricsResponse, RendezvousResponse};
+use trainstate_client::api::{MetricsQuery, MetricsResponse, RendezvousResponse, StacksResponse};
 use trainstate_client::{RunDocument, RunPage, RunQuery, StateError};
 use trainstate_schema::api::{ProgressReport, ProgressResponse, RankProgress, RankProgressServed};
 use trainstate_schema::{RunId, RunStatus};
@@ -154,6 +154,25 @@ impl Reader {
             None => Vec::new(),
         };
         Ok(MetricsResponse::new(id.clone(), series))
+    }
+
+    /// The stack captures of a committed run, newest first, read from the
+    /// store (blocking: call it where blocking is allowed). A pending
+    /// capture is served with the ranks that answered so far.
+    pub(crate) fn stacks(&self, id: &RunId) -> Result<StacksResponse, StateError> {
+        let known = {
+            let view = self.shared.view.read().unwrap_or_else(|e| e.into_inner());
+            view.get(id).is_some()
+        };
+        if !known {
+            return Err(StateError::NotFound { id: id.clone() });
+        }
+        let captures = self
+            .shared
+            .metric_reader
+            .captures(id)
+            .map_err(|e| StateError::unavailable(format!("cannot read stack captures: {e}")))?;
+        Ok(StacksResponse::new(id.clone(), captures))
     }
 
     /// A page of committed runs.

@@ -565,6 +565,19 @@ impl StateService {
         })?
     }
 
+    /// A run's stack captures, read from the store on a blocking thread.
+    pub(crate) async fn stacks(
+        &self,
+        id: trainstate_schema::RunId,
+    ) -> Result<trainstate_client::api::StacksResponse, trainstate_client::StateError> {
+        let reader = self.reader.clone();
+        tokio::task::spawn_blocking(move || reader.stacks(&id)).await.map_err(|e| {
+            trainstate_client::StateError::unavailable(format!(
+                "reading stack captures failed: {e}"
+            ))
+        })?
+    }
+
     /// One page of runs, from the committed view.
     pub(crate) fn list_runs(
         &self,

@@ -423,6 +423,10 @@ impl View {
     }
 
     pub(crate) fn apply(&mut self, op: &StoreOp) {
+        if matches!(op, StoreOp::PutCapture(_) | StoreOp::DropCapture { .. }) {
+            // Captures are read from the store, never from the view.
+            return;
+        }
         self.changed();
         match op {
             StoreOp::Put(record) => self.put(record.clone()),
@@ -435,6 +439,7 @@ impl View {
                     self.free.push(slot);
                 }
             }
+            StoreOp::PutCapture(_) | StoreOp::DropCapture { .. } => {}
         }
     }
 

@@ -791,13 +791,15 @@ impl WriterThread {
                 committed.truth.into_iter().collect();
             let resets =
                 batch.iter().enumerate().filter(|(i, _)| stale.contains(i)).flat_map(|(_, job)| {
-                    job.ops.iter().map(|op| {
+                    job.ops.iter().filter_map(|op| {
                         let (id, stale) = match op {
                             StoreOp::Put(record) => (record.id.clone(), Some(record.version)),
                             StoreOp::Delete(id) => (id.clone(), None),
+                            // A capture is no version of its run.
+                            StoreOp::PutCapture(_) | StoreOp::DropCapture { .. } => return None,
                         };
                         let truth = truth.get(&id).cloned().flatten();
-                        Absorb::Reset { id, stale, truth }
+                        Some(Absorb::Reset { id, stale, truth })
                     })
                 });
             shared.push_inbox(resets.collect::<Vec<_>>());

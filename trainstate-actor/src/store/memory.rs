@@ -37,6 +37,14 @@ impl Store for MemoryStore {
                     self.runs.remove(id);
                     self.histories.delete(id);
                 }
+                StoreOp::PutCapture(rows) => {
+                    if self.runs.contains_key(&rows.run_id) {
+                        self.histories.captures.put(rows);
+                    }
+                }
+                StoreOp::DropCapture { run_id, capture_id } => {
+                    self.histories.captures.drop_capture(run_id, *capture_id);
+                }
             }
         }
         Ok(Committed::default())

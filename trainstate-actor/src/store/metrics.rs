@@ -19,6 +19,7 @@ use trainstate_schema::api::{MetricPoint, MetricSeries, MetricsQuery};
 use trainstate_schema::limits::MAX_METRIC_POINTS;
 
 pub(crate) use crate::decisions::progress::MetricBatch;
+use crate::store::stacks::{CaptureReader, MemoryCaptures, StoredCapture};
 
 /// The last progress a run's ranks reported before their board went away:
 /// the attempt it is of, and `rank_progress` as served, in JSON.
@@ -29,8 +30,9 @@ pub(crate) struct LastProgress {
 }
 
 /// Reads metric histories from the store, on a connection of its own (never
-/// the writer's): callable from any thread, blocking.
-pub(crate) trait MetricReader: Send + Sync {
+/// the writer's): callable from any thread, blocking. The same connection
+/// reads stack captures ([`CaptureReader`]).
+pub(crate) trait MetricReader: CaptureReader + Send + Sync {
     /// The series of run `run`'s attempt `attempt` that `query` selects, by
     /// name, each in the order its points were reported.
     fn read(
@@ -104,6 +106,8 @@ impl SeriesState {
 pub(crate) struct MemoryHistories {
     series: Arc<Mutex<BTreeMap<AttemptKey, AttemptSeries>>>,
     last: Arc<Mutex<BTreeMap<RunId, LastProgress>>>,
+    /// The stack captures, read by the same reader.
+    pub(crate) captures: MemoryCaptures,
 }
 
 /// A run's attempt: its run id and attempt id.
@@ -145,6 +149,17 @@ impl MemoryHistories {
     pub(crate) fn delete(&self, id: &RunId) {
         self.series.lock().unwrap_or_else(|e| e.into_inner()).retain(|(run, _), _| run != id);
         self.last.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+        self.captures.delete(id);
+    }
+}
+
+impl CaptureReader for MemoryHistories {
+    fn captures(&self, run: &RunId) -> Result<Vec<trainstate_schema::api::StackCapture>, String> {
+        self.captures.captures(run)
+    }
+
+    fn capture_index(&self) -> Result<Vec<StoredCapture>, String> {
+        self.captures.capture_index()
     }
 }
 

@@ -37,6 +37,7 @@ pub(crate) mod lock;
 pub(crate) mod memory;
 pub(crate) mod metrics;
 pub(crate) mod sqlite;
+pub(crate) mod stacks;
 
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;

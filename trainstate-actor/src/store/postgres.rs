@@ -41,12 +41,13 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures_util::StreamExt;
 use tokio::runtime::Runtime;
 use tokio_postgres::{AsyncMessage, NoTls};
-use trainstate_schema::api::{MetricPoint, MetricSeries, MetricsQuery};
+use trainstate_schema::api::{MetricPoint, MetricSeries, MetricsQuery, StackCapture};
 use trainstate_schema::{RunId, RunStatus};
 
 use super::columns::{StoredColumns, check};
 use super::load::{Loaded, StoredRow, log_quarantined, parse_rows};
 use super::metrics::{LastProgress, MetricBatch, MetricReader, SeriesState, into_series};
+use super::stacks::{CaptureReader, StoredCapture, assemble, parse_header};
 use super::{
     ChangedRun, Committed, Feed, Followed, JobChanges, Position, SharedStore, SharedStoreHandle,
     Store, TOKEN_COLUMNS, event_kind, token_from_columns,
@@ -170,6 +171,24 @@ const MIGRATIONS: &[&str] = &[
         run_id TEXT PRIMARY KEY,
         attempt_id TEXT NOT NULL,
         progress TEXT NOT NULL
+    );",
+    // 8: stack captures (`store/stacks.rs`): one header row per capture of
+    // a run (the capture with no ranks, as JSON, and the bytes the whole
+    // capture keeps) and one row per rank of it; a run's rows go with the
+    // run.
+    "CREATE TABLE trainstate_stack_captures (
+        run_id TEXT NOT NULL,
+        capture_id BIGINT NOT NULL,
+        bytes BIGINT NOT NULL,
+        header TEXT NOT NULL,
+        PRIMARY KEY (run_id, capture_id)
+    );
+    CREATE TABLE trainstate_stack_ranks (
+        run_id TEXT NOT NULL,
+        capture_id BIGINT NOT NULL,
+        rank BIGINT NOT NULL,
+        stack TEXT NOT NULL,
+        PRIMARY KEY (run_id, capture_id, rank)
     );",
 ];
 
@@ -1104,7 +1123,7 @@ async fn commit(
         .flat_map(|job| job.ops.iter())
         .filter_map(|op| match op {
             StoreOp::Put(record) => Some(record.id.as_str().to_owned()),
-            StoreOp::Delete(_) => None,
+            _ => None,
         })
         .collect::<HashSet<_>>()
         .into_iter()
@@ -1126,6 +1145,7 @@ async fn commit(
     let mut net: HashMap<&str, Option<&Arc<RunRecord>>> = HashMap::new();
     let mut order: Vec<&str> = Vec::new();
     let mut log: Vec<(&str, &'static str)> = Vec::new();
+    let mut captures: Vec<&StoreOp> = Vec::new();
     for (i, job) in jobs.iter().enumerate() {
         let mut after: HashMap<&str, Option<u64>> = HashMap::new();
         let fresh = job.ops.iter().all(|op| match op {
@@ -1141,6 +1161,9 @@ async fn commit(
                 after.insert(id.as_str(), None);
                 true
             }
+            // A capture is the head's own account of the run, not a version
+            // of it: it is written after the runs of the same commit.
+            StoreOp::PutCapture(_) | StoreOp::DropCapture { .. } => true,
         });
         if !fresh {
             stale.push(i);
@@ -1156,6 +1179,10 @@ async fn commit(
             let (id, put) = match op {
                 StoreOp::Put(record) => (record.id.as_str(), Some(record)),
                 StoreOp::Delete(id) => (id.as_str(), None),
+                StoreOp::PutCapture(_) | StoreOp::DropCapture { .. } => {
+                    captures.push(op);
+                    continue;
+                }
             };
             if net.insert(id, put).is_none() {
                 order.push(id);
@@ -1170,12 +1197,14 @@ async fn commit(
         .map(|op| match op {
             StoreOp::Put(record) => record.id.as_str().to_owned(),
             StoreOp::Delete(id) => id.as_str().to_owned(),
+            StoreOp::PutCapture(rows) => rows.run_id.as_str().to_owned(),
+            StoreOp::DropCapture { run_id, .. } => run_id.as_str().to_owned(),
         })
         .collect::<HashSet<_>>()
         .into_iter()
         .collect();
 
-    if net.is_empty() && log.is_empty() {
+    if net.is_empty() && log.is_empty() && captures.is_empty() {
         // Nothing to write: give the sequence number back.
         let truth = truth_of(&tx, &stale_ids).await?;
         tx.rollback().await.map_err(pg)?;
@@ -1271,6 +1300,15 @@ async fn commit(
         tx.execute("DELETE FROM trainstate_run_progress WHERE run_id = ANY($1)", &[&deletes])
             .await
             .map_err(pg)?;
+        tx.execute("DELETE FROM trainstate_stack_captures WHERE run_id = ANY($1)", &[&deletes])
+            .await
+            .map_err(pg)?;
+        tx.execute("DELETE FROM trainstate_stack_ranks WHERE run_id = ANY($1)", &[&deletes])
+            .await
+            .map_err(pg)?;
+    }
+    for op in captures {
+        write_capture(&tx, op).await.map_err(pg)?;
     }
     if !ended.is_empty() {
         tx.execute("DELETE FROM trainstate_heartbeats WHERE run_id = ANY($1)", &[&ended])
@@ -1509,6 +1547,130 @@ impl MetricReader for PgMetricReader {
                 Err(_) => {
                     Err(format!("reading a run's last progress took longer than {CALL_TIMEOUT:?}"))
                 }
+            }
+        })
+    }
+}
+
+/// Writes a capture's rows, or drops a capture, in `tx`; the rows of a run
+/// that is not stored are not written.
+async fn write_capture(tx: &impl GenericClient, op: &StoreOp) -> Result<(), tokio_postgres::Error> {
+    match op {
+        StoreOp::PutCapture(rows) => {
+            let run = rows.run_id.as_str();
+            let capture = rows.capture_id as i64;
+            let written = tx
+                .execute(
+                    "INSERT INTO trainstate_stack_captures (run_id, capture_id, bytes, header)
+                     SELECT $1, $2, $3, $4 WHERE EXISTS (SELECT 1 FROM trainstate_runs WHERE id = $1)
+                     ON CONFLICT (run_id, capture_id) DO UPDATE SET
+                         bytes = EXCLUDED.bytes, header = EXCLUDED.header",
+                    &[&run, &capture, &(rows.bytes as i64), &rows.header],
+                )
+                .await?;
+            if written == 0 || rows.ranks.is_empty() {
+                return Ok(());
+            }
+            let ranks: Vec<i64> = rows.ranks.iter().map(|(rank, _)| i64::from(*rank)).collect();
+            let stacks: Vec<&str> = rows.ranks.iter().map(|(_, stack)| stack.as_str()).collect();
+            tx.execute(
+                "INSERT INTO trainstate_stack_ranks (run_id, capture_id, rank, stack)
+                 SELECT $1, $2, * FROM UNNEST($3::bigint[], $4::text[])
+                 ON CONFLICT (run_id, capture_id, rank) DO UPDATE SET stack = EXCLUDED.stack",
+                &[&run, &capture, &ranks, &stacks],
+            )
+            .await?;
+        }
+        StoreOp::DropCapture { run_id, capture_id } => {
+            let (run, capture) = (run_id.as_str(), *capture_id as i64);
+            tx.execute(
+                "DELETE FROM trainstate_stack_captures WHERE run_id = $1 AND capture_id = $2",
+                &[&run, &capture],
+            )
+            .await?;
+            tx.execute(
+                "DELETE FROM trainstate_stack_ranks WHERE run_id = $1 AND capture_id = $2",
+                &[&run, &capture],
+            )
+            .await?;
+        }
+        StoreOp::Put(_) | StoreOp::Delete(_) => {}
+    }
+    Ok(())
+}
+
+impl CaptureReader for PgMetricReader {
+    fn captures(&self, run: &RunId) -> Result<Vec<StackCapture>, String> {
+        let pool = self.pool.clone();
+        let run = run.as_str();
+        self.runtime.block_on(async move {
+            let read = async {
+                let mut client = pool.get().await.map_err(pg)?;
+                // One snapshot for the headers and their ranks.
+                let tx = client
+                    .build_transaction()
+                    .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                    .read_only(true)
+                    .start()
+                    .await
+                    .map_err(pg)?;
+                let headers = tx
+                    .query(
+                        "SELECT capture_id, header FROM trainstate_stack_captures
+                         WHERE run_id = $1 ORDER BY capture_id DESC",
+                        &[&run],
+                    )
+                    .await
+                    .map_err(pg)?;
+                let mut captures = Vec::with_capacity(headers.len());
+                for header in headers {
+                    let capture_id: i64 = header.get(0);
+                    let rows = tx
+                        .query(
+                            "SELECT stack FROM trainstate_stack_ranks
+                             WHERE run_id = $1 AND capture_id = $2 ORDER BY rank",
+                            &[&run, &capture_id],
+                        )
+                        .await
+                        .map_err(pg)?;
+                    let text: String = header.get(1);
+                    captures.push(assemble(
+                        &text,
+                        rows.into_iter().map(|row| row.get::<_, String>(0)),
+                    )?);
+                }
+                Ok::<_, PgError>(captures)
+            };
+            match tokio::time::timeout(CALL_TIMEOUT, read).await {
+                Ok(result) => result,
+                Err(_) => {
+                    Err(format!("reading a run's captures took longer than {CALL_TIMEOUT:?}"))
+                }
+            }
+        })
+    }
+
+    fn capture_index(&self) -> Result<Vec<StoredCapture>, String> {
+        let pool = self.pool.clone();
+        self.runtime.block_on(async move {
+            let read = async {
+                let client = pool.get().await.map_err(pg)?;
+                let rows = client
+                    .query("SELECT run_id, bytes, header FROM trainstate_stack_captures", &[])
+                    .await
+                    .map_err(pg)?;
+                let mut index = Vec::with_capacity(rows.len());
+                for row in rows {
+                    let Ok(run_id) = RunId::parse(row.get::<_, &str>(0)) else { continue };
+                    let header = parse_header(row.get::<_, &str>(2))?;
+                    let bytes = row.get::<_, i64>(1).max(0) as u64;
+                    index.push(StoredCapture { run_id, bytes, header });
+                }
+                Ok::<_, PgError>(index)
+            };
+            match tokio::time::timeout(CALL_TIMEOUT, read).await {
+                Ok(result) => result,
+                Err(_) => Err(format!("reading the captures took longer than {CALL_TIMEOUT:?}")),
             }
         })
     }

@@ -6,12 +6,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, ToSql, params};
-use trainstate_schema::api::{MetricPoint, MetricSeries, MetricsQuery};
+use trainstate_schema::api::{MetricPoint, MetricSeries, MetricsQuery, StackCapture};
 use trainstate_schema::{ActorStatus, RunId, RunStatus, TrainRunInfo};
 
 use super::columns::{StoredColumns, check};
 use super::load::{Loaded, StoredRow, log_quarantined, parse_rows};
 use super::metrics::{LastProgress, MetricBatch, MetricReader, SeriesState, into_series};
+use super::stacks::{CaptureReader, StoredCapture, assemble, parse_header};
 use super::{
     ChangedRun, Committed, Feed, JobChanges, Position, Store, TOKEN_COLUMNS, token_from_columns,
 };
@@ -121,6 +122,26 @@ const MIGRATIONS: &[Migration] = &[
         run_id TEXT PRIMARY KEY NOT NULL,
         attempt_id TEXT NOT NULL,
         progress TEXT NOT NULL
+    ) WITHOUT ROWID;",
+    ),
+    // 9: stack captures (`store/stacks.rs`): one header row per capture of
+    // a run (the capture with no ranks, as JSON, and the bytes the whole
+    // capture keeps) and one row per rank of it (its stack, as JSON); a
+    // run's rows go with the run.
+    Migration::Sql(
+        "CREATE TABLE stack_captures (
+        run_id TEXT NOT NULL,
+        capture_id INTEGER NOT NULL,
+        bytes INTEGER NOT NULL,
+        header TEXT NOT NULL,
+        PRIMARY KEY (run_id, capture_id)
+    ) WITHOUT ROWID;
+    CREATE TABLE stack_ranks (
+        run_id TEXT NOT NULL,
+        capture_id INTEGER NOT NULL,
+        rank INTEGER NOT NULL,
+        stack TEXT NOT NULL,
+        PRIMARY KEY (run_id, capture_id, rank)
     ) WITHOUT ROWID;",
     ),
 ];
@@ -405,6 +426,24 @@ impl SqliteStore {
             let mut forget = tx.prepare_cached("DELETE FROM notify_delivered WHERE run_id = ?1")?;
             let mut forget_progress =
                 tx.prepare_cached("DELETE FROM run_progress WHERE run_id = ?1")?;
+            let mut forget_captures =
+                tx.prepare_cached("DELETE FROM stack_captures WHERE run_id = ?1")?;
+            let mut forget_ranks =
+                tx.prepare_cached("DELETE FROM stack_ranks WHERE run_id = ?1")?;
+            let mut stored = tx.prepare_cached("SELECT 1 FROM runs WHERE id = ?1")?;
+            let mut put_capture = tx.prepare_cached(
+                "INSERT OR REPLACE INTO stack_captures (run_id, capture_id, bytes, header)
+                 VALUES (?1, ?2, ?3, ?4)",
+            )?;
+            let mut put_rank = tx.prepare_cached(
+                "INSERT OR REPLACE INTO stack_ranks (run_id, capture_id, rank, stack)
+                 VALUES (?1, ?2, ?3, ?4)",
+            )?;
+            let mut drop_capture = tx.prepare_cached(
+                "DELETE FROM stack_captures WHERE run_id = ?1 AND capture_id = ?2",
+            )?;
+            let mut drop_ranks =
+                tx.prepare_cached("DELETE FROM stack_ranks WHERE run_id = ?1 AND capture_id = ?2")?;
             for op in ops {
                 match op {
                     StoreOp::Put(record) => bind_run(record, |values| {
@@ -418,6 +457,28 @@ impl SqliteStore {
                         delete_series.execute(params![id.as_str()])?;
                         forget.execute(params![id.as_str()])?;
                         forget_progress.execute(params![id.as_str()])?;
+                        forget_captures.execute(params![id.as_str()])?;
+                        forget_ranks.execute(params![id.as_str()])?;
+                    }
+                    StoreOp::PutCapture(rows) => {
+                        let run = rows.run_id.as_str();
+                        if !stored.exists(params![run])? {
+                            continue;
+                        }
+                        let capture = rows.capture_id as i64;
+                        put_capture.execute(params![
+                            run,
+                            capture,
+                            rows.bytes as i64,
+                            rows.header
+                        ])?;
+                        for (rank, stack) in &rows.ranks {
+                            put_rank.execute(params![run, capture, rank, stack])?;
+                        }
+                    }
+                    StoreOp::DropCapture { run_id, capture_id } => {
+                        drop_capture.execute(params![run_id.as_str(), *capture_id as i64])?;
+                        drop_ranks.execute(params![run_id.as_str(), *capture_id as i64])?;
                     }
                 }
             }
@@ -564,6 +625,59 @@ impl MetricReader for SqliteMetricReader {
         })
         .optional()
         .map_err(|e| e.to_string())
+    }
+}
+
+impl CaptureReader for SqliteMetricReader {
+    fn captures(&self, run: &RunId) -> Result<Vec<StackCapture>, String> {
+        let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        // One snapshot for the headers and their ranks.
+        let tx = conn.unchecked_transaction().map_err(|e| e.to_string())?;
+        let headers: Vec<(i64, String)> = tx
+            .prepare_cached(
+                "SELECT capture_id, header FROM stack_captures WHERE run_id = ?1
+                 ORDER BY capture_id DESC",
+            )
+            .and_then(|mut stmt| {
+                stmt.query_map(params![run.as_str()], |row| Ok((row.get(0)?, row.get(1)?)))?
+                    .collect()
+            })
+            .map_err(|e| e.to_string())?;
+        let mut ranks = tx
+            .prepare_cached(
+                "SELECT stack FROM stack_ranks WHERE run_id = ?1 AND capture_id = ?2 ORDER BY rank",
+            )
+            .map_err(|e| e.to_string())?;
+        let mut captures = Vec::with_capacity(headers.len());
+        for (capture_id, header) in headers {
+            let rows: Vec<String> = ranks
+                .query_map(params![run.as_str(), capture_id], |row| row.get(0))
+                .and_then(|rows| rows.collect())
+                .map_err(|e| e.to_string())?;
+            captures.push(assemble(&header, rows)?);
+        }
+        Ok(captures)
+    }
+
+    fn capture_index(&self) -> Result<Vec<StoredCapture>, String> {
+        let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        let mut stmt = conn
+            .prepare_cached("SELECT CAST(run_id AS TEXT), bytes, header FROM stack_captures")
+            .map_err(|e| e.to_string())?;
+        let rows: Vec<(String, i64, String)> = stmt
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+            .and_then(|rows| rows.collect())
+            .map_err(|e| e.to_string())?;
+        rows.into_iter()
+            .filter_map(|(run, bytes, header)| {
+                let run_id = RunId::parse(&run).ok()?;
+                Some(parse_header(&header).map(|header| StoredCapture {
+                    run_id,
+                    bytes: bytes.max(0) as u64,
+                    header,
+                }))
+            })
+            .collect()
     }
 }
 

@@ -621,6 +621,8 @@ fn handler(operation: Operation, filter: MethodFilter) -> MethodRouter<AppState>
         Operation::UpsertRayAttempt => on(filter, routes::upsert_ray_attempt),
         Operation::GetRun => on(filter, routes::get_run),
         Operation::GetRunMetrics => on(filter, routes::get_run_metrics),
+        Operation::GetRunStacks => on(filter, routes::get_run_stacks),
+        Operation::PostRunStacks => on(filter, routes::post_run_stacks),
         Operation::DeleteRun => on(filter, routes::delete_run),
         Operation::SetRunStatus => on(filter, routes::set_status),
         Operation::StartRunAttempt => on(filter, routes::start_attempt),

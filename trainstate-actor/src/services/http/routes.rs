@@ -14,6 +14,7 @@ use trainstate_client::api::{
     RegisterMinimalResponse, RegisterRequest, RegisterResponse, StatusRequest, VersionResponse,
 };
 
+use trainstate_client::api::{StacksRequest, StacksResponse};
 use trainstate_client::{NewAttempt, RunDocument, RunQuery, StateError};
 use trainstate_schema::{NewRun, RunId, TrainRunInfo, ray_v2};
 
@@ -299,6 +300,27 @@ pub(crate) async fn get_run_metrics(
     let id = run_id(&id)?;
     // Histories are read from the store, which may block for a moment.
     Ok(Json(app.service.metric_histories(id, query).await?))
+}
+
+pub(crate) async fn get_run_stacks(
+    State(app): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<StacksResponse>, ApiError> {
+    let id = run_id(&id)?;
+    // Captures are read from the store, never through the actor's turn.
+    Ok(Json(app.service.stacks(id).await?))
+}
+
+pub(crate) async fn post_run_stacks(
+    State(app): State<AppState>,
+    Path(id): Path<String>,
+    JsonBody(request): JsonBody<StacksRequest>,
+) -> Result<Response, ApiError> {
+    let id = run_id(&id)?;
+    let opens = request.capture_id.is_none() && request.ranks.is_empty();
+    let capture = app.handle.post_stacks(&id, request).await?;
+    let status = if opens { StatusCode::ACCEPTED } else { StatusCode::OK };
+    Ok((status, Json(capture)).into_response())
 }
 
 pub(crate) async fn register_run(

@@ -1,0 +1,360 @@
+//! Stack captures: a rendezvous run that stalls opens a capture, each
+//! rank's heartbeat carries its order once, the ranks' answers are kept
+//! (cut to their bound), and the capture completes when every rank
+//! answered or its deadline passed, with the stall's health naming it. The
+//! captures are served from the store, survive a restart of the head, are
+//! bounded per run and go with the run; bad input is refused naming its
+//! field.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::{Client, Method, StatusCode};
+use serde_json::{Value, json};
+use trainstate_actor::http::HttpConfig;
+use trainstate_actor::{ManualClock, StateConfig};
+use trainstate_schema::limits::{
+    CAPTURE_DEADLINE_MS, MAX_CAPTURES_PER_RUN, MAX_STACK_BYTES, MIN_CAPTURE_INTERVAL_MS,
+};
+
+use crate::common::{Server, unique_name, workers};
+use crate::contract::send;
+
+const T0: u64 = 1_760_000_000_000;
+const LEASE: Duration = Duration::from_secs(24 * 3600);
+const STALL_AFTER: Duration = Duration::from_secs(10);
+
+fn body(value: &Value) -> Option<(&'static str, Vec<u8>)> {
+    Some(("application/json", serde_json::to_vec(value).unwrap()))
+}
+
+fn configured(config: StateConfig, what: &str, clock: &Arc<ManualClock>) -> StateConfig {
+    config
+        .with_name(unique_name(what))
+        .with_clock(clock.clone())
+        .with_lease(LEASE)
+        .with_stall_after(STALL_AFTER)
+        // The tests drive the sweep and the health tick themselves.
+        .with_sweep_interval(Duration::from_secs(3600))
+        .with_health_tick(Duration::from_secs(3600))
+}
+
+/// A stack of the main thread stuck in `function`.
+fn stack(function: &str) -> String {
+    format!(
+        "Thread 0x00007f0a1b2c3d40 (most recent call first):\n  File \"train.py\", line 41 in {function}\n  File \"train.py\", line 90 in main\n"
+    )
+}
+
+struct Fixture {
+    server: Server,
+    client: Client,
+}
+
+impl Fixture {
+    async fn start(config: StateConfig) -> Self {
+        let server = Server::start(config, HttpConfig::default()).await;
+        Self { server, client: Client::new() }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.server.url)
+    }
+
+    async fn join(&self, key: &str, world_size: u32) -> String {
+        let mut id = String::new();
+        for worker in workers(world_size, 1, &format!("{key}-")) {
+            let join =
+                json!({"world_size": world_size, "worker": worker, "name": key, "job_id": "7"});
+            let path = format!("/api/train/rendezvous/{key}/join");
+            let (status, answer) =
+                send(&self.client, Method::POST, &self.url(&path), body(&join), None).await;
+            assert_eq!(status, StatusCode::OK, "{answer}");
+            id = answer["run_id"].as_str().unwrap().to_owned();
+        }
+        id
+    }
+
+    /// Rank `rank`'s heartbeat with `progress`: its answer.
+    async fn beat(&self, id: &str, rank: u32, progress: Value) -> Value {
+        let path = format!("/api/train/runs/{id}/ranks/{rank}/heartbeat");
+        let beat = json!({"attempt_id": "0", "progress": progress});
+        let (status, answer) =
+            send(&self.client, Method::POST, &self.url(&path), body(&beat), None).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        answer
+    }
+
+    async fn post(&self, id: &str, request: Value) -> (StatusCode, Value) {
+        let url = self.url(&format!("/api/train/runs/{id}/stacks"));
+        send(&self.client, Method::POST, &url, body(&request), None).await
+    }
+
+    async fn captures(&self, id: &str) -> Vec<Value> {
+        let url = self.url(&format!("/api/train/runs/{id}/stacks"));
+        let (status, answer) = send(&self.client, Method::GET, &url, None, None).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        answer["captures"].as_array().unwrap().clone()
+    }
+
+    async fn get(&self, id: &str) -> Value {
+        let url = self.url(&format!("/api/train/runs/{id}"));
+        let (status, run) = send(&self.client, Method::GET, &url, None, None).await;
+        assert_eq!(status, StatusCode::OK, "{run}");
+        run
+    }
+
+    async fn sweep(&self) {
+        self.server.service.handle().sweep_leases().await.unwrap();
+    }
+
+    /// A run of `world_size` ranks that reported step 10 and then stalled.
+    async fn stalled_run(&self, clock: &ManualClock, key: &str, world_size: u32) -> String {
+        let id = self.join(key, world_size).await;
+        for rank in 0..world_size {
+            self.beat(&id, rank, json!({"step": 10})).await;
+        }
+        self.sweep().await;
+        clock.advance_ms(STALL_AFTER.as_millis() as u64);
+        self.sweep().await;
+        assert_eq!(self.get(&id).await["health"]["state"], "STALLED");
+        id
+    }
+
+    async fn stop(self) {
+        self.server.stop().await;
+    }
+}
+
+/// The world ranks in a list of rank entries or suspects.
+fn ranks(entries: &Value) -> Vec<u64> {
+    entries.as_array().unwrap().iter().map(|e| e["rank"].as_u64().unwrap()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stall_asks_every_rank_once_and_the_answers_complete_the_capture() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let f = Fixture::start(configured(StateConfig::in_memory(), "stacks-stall", &clock)).await;
+    let id = f.stalled_run(&clock, "stall", 4).await;
+
+    let health = f.get(&id).await["health"].clone();
+    assert_eq!(health["capture"]["capture_id"], 1, "{health}");
+    assert_eq!(health["capture"]["state"], "PENDING", "{health}");
+
+    // Each rank's next heartbeat carries the order, once.
+    for rank in 0..4 {
+        let answer = f.beat(&id, rank, json!({"step": 10})).await;
+        assert_eq!(answer["capture"]["capture_id"], 1, "rank {rank}: {answer}");
+        let again = f.beat(&id, rank, json!({"step": 10})).await;
+        assert!(again.get("capture").is_none(), "asked once: {again}");
+    }
+
+    // A second request while it is pending is refused.
+    let (status, refused) = f.post(&id, json!({})).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{refused}");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("pending"), "{refused}");
+
+    // Bad answers name their field and change nothing.
+    let bad = [
+        (
+            json!({"capture_id": 1, "ranks": [{"rank": 4, "source": "py-spy", "stack": "x"}]}),
+            "ranks[0].rank",
+        ),
+        (
+            json!({"capture_id": 1, "ranks": [{"rank": 0, "source": "Py Spy", "stack": "x"}]}),
+            "ranks[0].source",
+        ),
+        (
+            json!({"capture_id": 1, "ranks": [{"rank": 0, "source": "py-spy", "note": "n".repeat(1025)}]}),
+            "ranks[0].note",
+        ),
+        (
+            json!({"capture_id": 1, "ranks": [
+            {"rank": 0, "source": "py-spy", "stack": "x"},
+            {"rank": 0, "source": "py-spy", "stack": "x"}]}),
+            "ranks[1].rank",
+        ),
+        (json!({"reason": "r".repeat(257)}), "reason"),
+    ];
+    for (request, field) in bad {
+        let (status, answer) = f.post(&id, request).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{field}: {answer}");
+        assert_eq!(answer["error"]["field"], field, "{answer}");
+    }
+    let (status, answer) = f
+        .post(
+            &id,
+            json!({"capture_id": 7, "ranks": [{"rank": 0, "source": "py-spy", "stack": "x"}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "an unknown capture: {answer}");
+    let (status, answer) = f
+        .post(&id, json!({"capture_id": 1, "attempt_id": "9", "ranks": [{"rank": 0, "source": "py-spy", "stack": "x"}]}))
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{answer}");
+    assert!(answer["error"]["message"].as_str().unwrap().contains("\"9\""), "names it: {answer}");
+
+    // Ranks 0, 1 and 3 are stuck in the same place; rank 2 elsewhere, and
+    // its stack is over the bound.
+    for rank in [0, 1, 3] {
+        let answer = json!({"capture_id": 1, "ranks": [{"rank": rank, "source": "py-spy", "stack": stack("all_reduce")}]});
+        let (status, capture) = f.post(&id, answer).await;
+        assert_eq!(status, StatusCode::OK, "{capture}");
+        assert_eq!(capture["state"], "PENDING", "{capture}");
+    }
+    let (status, again) = f
+        .post(
+            &id,
+            json!({"capture_id": 1, "ranks": [{"rank": 0, "source": "py-spy", "stack": "x"}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "a rank answers once: {again}");
+    let pending = f.captures(&id).await;
+    assert_eq!(pending[0]["state"], "PENDING", "served with what arrived");
+    let answered: Vec<bool> =
+        pending[0]["ranks"].as_array().unwrap().iter().map(|r| r["answered"] == true).collect();
+    assert_eq!(answered, [true, true, false, true]);
+
+    let long =
+        format!("{}{}", stack("rank_two_is_stuck"), "  File \"x.py\", line 1 in f\n".repeat(4_000));
+    assert!(long.len() > MAX_STACK_BYTES);
+    let answer =
+        json!({"capture_id": 1, "ranks": [{"rank": 2, "source": "py-spy", "stack": long}]});
+    let (status, capture) = f.post(&id, answer).await;
+    assert_eq!(status, StatusCode::OK, "{capture}");
+    assert_eq!(capture["state"], "COMPLETE", "every rank answered: {capture}");
+
+    let captures = f.captures(&id).await;
+    assert_eq!(captures.len(), 1);
+    let capture = &captures[0];
+    assert_eq!(capture["trigger"], "STALLED");
+    assert!(capture["reason"].as_str().unwrap().starts_with("No rank has advanced"), "{capture}");
+    let two = &capture["ranks"][2];
+    assert_eq!(two["truncated"], true, "cut at the bound: {two}");
+    assert!(two["stack"].as_str().unwrap().len() <= MAX_STACK_BYTES);
+    assert!(two["stack"].as_str().unwrap().ends_with('\n'), "cut at a line");
+    assert_eq!(capture["ranks"][0]["truncated"], false);
+
+    // The stall's health names the capture, complete.
+    let health = f.get(&id).await["health"].clone();
+    assert_eq!(health["capture"]["state"], "COMPLETE", "{health}");
+    if !capture["groups"].as_array().unwrap().is_empty() {
+        // The grouping rule: rank 2 is outside the largest group.
+        assert_eq!(ranks(&capture["suspects"]), [2], "{capture}");
+        assert_eq!(ranks(&health["capture"]["suspects"]), [2], "{health}");
+    }
+
+    // No order once complete; a request within the interval is refused,
+    // and accepted after it.
+    assert!(f.beat(&id, 0, json!({"step": 10})).await.get("capture").is_none());
+    let (status, answer) = f.post(&id, json!({"reason": "again?"})).await;
+    assert_eq!(status, StatusCode::CONFLICT, "within the interval: {answer}");
+    clock.advance_ms(MIN_CAPTURE_INTERVAL_MS);
+    let (status, opened) = f.post(&id, json!({"reason": "again?"})).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{opened}");
+    assert_eq!(opened["capture_id"], 2);
+    assert_eq!(opened["trigger"], "REQUESTED");
+
+    // Nobody answers: at the deadline, every rank is listed as silent.
+    clock.advance_ms(CAPTURE_DEADLINE_MS);
+    f.sweep().await;
+    let captures = f.captures(&id).await;
+    assert_eq!(captures[0]["capture_id"], 2, "newest first");
+    assert_eq!(captures[0]["state"], "COMPLETE");
+    assert!(captures[0]["ranks"].as_array().unwrap().iter().all(|r| r["answered"] == false));
+
+    let url = f.url("/api/train/runs/01890000-0000-7000-8000-000000000000/stacks");
+    let (status, _) = send(&f.client, Method::GET, &url, None, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn captures_survive_a_restart_are_bounded_counted_and_go_with_their_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.sqlite");
+    let clock = Arc::new(ManualClock::new(T0));
+    let f = Fixture::start(configured(StateConfig::sqlite(&path), "stacks-restart", &clock)).await;
+    let id = f.join("kept", 2).await;
+
+    // A controller's own captures: complete at once, unlisted ranks silent.
+    for n in 0..MAX_CAPTURES_PER_RUN + 2 {
+        let request = json!({"reason": format!("attach {n}"), "ranks": [
+            {"rank": 0, "source": "controller", "stack": stack("step")}]});
+        let (status, capture) = f.post(&id, request).await;
+        assert_eq!(status, StatusCode::OK, "{capture}");
+        assert_eq!(capture["state"], "COMPLETE");
+        assert_eq!(capture["trigger"], "CONTROLLER");
+        assert_eq!(capture["ranks"][1]["answered"], false, "{capture}");
+    }
+    let kept = f.captures(&id).await;
+    assert_eq!(kept.len(), MAX_CAPTURES_PER_RUN, "the oldest are dropped");
+    assert_eq!(kept[0]["capture_id"], (MAX_CAPTURES_PER_RUN + 2) as u64);
+    f.stop().await;
+
+    let f = Fixture::start(configured(StateConfig::sqlite(&path), "stacks-restart", &clock)).await;
+    let kept = f.captures(&id).await;
+    assert_eq!(kept.len(), MAX_CAPTURES_PER_RUN, "kept across a restart");
+    assert_eq!(kept[0]["ranks"][0]["stack"], stack("step"));
+    let request = json!({"ranks": [{"rank": 1, "source": "controller", "stack": stack("step")}]});
+    let (status, capture) = f.post(&id, request).await;
+    assert_eq!(status, StatusCode::OK, "{capture}");
+    assert_eq!(capture["capture_id"], (MAX_CAPTURES_PER_RUN + 3) as u64, "ids go on");
+
+    // Ended and deleted: its captures go with it.
+    let url = f.url(&format!("/api/train/runs/{id}/ranks/0/end"));
+    for rank in 0..2 {
+        let url = url.replace("/ranks/0/", &format!("/ranks/{rank}/"));
+        let end = json!({"attempt_id": "0", "status": "FINISHED"});
+        let (status, answer) = send(&f.client, Method::POST, &url, body(&end), None).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+    }
+    let (status, answer) = f.post(&id, json!({})).await;
+    assert_eq!(status, StatusCode::CONFLICT, "an ended run has no ranks to ask: {answer}");
+    let run_url = f.url(&format!("/api/train/runs/{id}"));
+    let (status, _) = send(&f.client, Method::DELETE, &run_url, None, None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    f.stop().await;
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let rows: i64 = conn
+        .query_row(
+            "SELECT (SELECT COUNT(*) FROM stack_captures) + (SELECT COUNT(*) FROM stack_ranks)",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(rows, 0, "deleted with the run");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_captures_count_against_the_retained_bytes() {
+    let clock = Arc::new(ManualClock::new(T0));
+    // Room for a few runs, not for one whose captures are large.
+    let retention = trainstate_actor::Retention::max_runs(100).with_max_bytes(200_000);
+    let config =
+        configured(StateConfig::in_memory(), "stacks-bytes", &clock).with_retention(retention);
+    let f = Fixture::start(config).await;
+    let big = f.join("big", 4).await;
+    for rank in 0..4 {
+        let request = json!({"ranks": [{"rank": rank, "source": "controller",
+            "stack": "  File \"x.py\", line 1 in f\n".repeat(2_000)}]});
+        let (status, answer) = f.post(&big, request).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+    }
+    for rank in 0..4 {
+        let url = f.url(&format!("/api/train/runs/{big}/ranks/{rank}/end"));
+        let end = json!({"attempt_id": "0", "status": "FINISHED"});
+        let (status, answer) = send(&f.client, Method::POST, &url, body(&end), None).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+    }
+    // A later run ends and retention makes room: the big run goes.
+    let other = f.join("other", 1).await;
+    let url = f.url(&format!("/api/train/runs/{other}/ranks/0/end"));
+    let end = json!({"attempt_id": "0", "status": "FINISHED"});
+    send(&f.client, Method::POST, &url, body(&end), None).await;
+    f.sweep().await;
+    let url = f.url(&format!("/api/train/runs/{big}"));
+    let (status, _) = send(&f.client, Method::GET, &url, None, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "evicted for its captures' bytes");
+    f.stop().await;
+}
