@@ -62,10 +62,19 @@ impl Fixture {
     }
 
     async fn join(&self, key: &str, world_size: u32) -> String {
+        self.join_with(key, world_size, &json!({})).await
+    }
+
+    /// Every rank of a group of `world_size` joins, each join with the
+    /// fields of `extra` too: the run's id.
+    async fn join_with(&self, key: &str, world_size: u32, extra: &Value) -> String {
         let mut id = String::new();
         for worker in workers(world_size, 1, &format!("{key}-")) {
-            let join =
+            let mut join =
                 json!({"world_size": world_size, "worker": worker, "name": key, "job_id": "7"});
+            for (field, value) in extra.as_object().unwrap() {
+                join[field] = value.clone();
+            }
             let path = format!("/api/train/rendezvous/{key}/join");
             let (status, answer) =
                 send(&self.client, Method::POST, &self.url(&path), body(&join), None).await;
@@ -110,7 +119,18 @@ impl Fixture {
 
     /// A run of `world_size` ranks that reported step 10 and then stalled.
     async fn stalled_run(&self, clock: &ManualClock, key: &str, world_size: u32) -> String {
-        let id = self.join(key, world_size).await;
+        self.stalled_run_with(clock, key, world_size, &json!({})).await
+    }
+
+    /// [`Fixture::stalled_run`], its joins carrying the fields of `extra`.
+    async fn stalled_run_with(
+        &self,
+        clock: &ManualClock,
+        key: &str,
+        world_size: u32,
+        extra: &Value,
+    ) -> String {
+        let id = self.join_with(key, world_size, extra).await;
         for rank in 0..world_size {
             self.beat(&id, rank, json!({"step": 10})).await;
         }
@@ -356,5 +376,222 @@ async fn a_runs_captures_count_against_the_retained_bytes() {
     let url = f.url(&format!("/api/train/runs/{big}"));
     let (status, _) = send(&f.client, Method::GET, &url, None, None).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "evicted for its captures' bytes");
+    f.stop().await;
+}
+
+/// The joins' fields of a run that asks to be ended `after_ms` after it
+/// stalls.
+fn abort_after(after_ms: u64) -> Value {
+    json!({"on_stall": "ABORT", "abort_after_ms": after_ms})
+}
+
+impl Fixture {
+    /// Every rank of `world_size` answers capture `capture_id`: rank 2 stuck
+    /// elsewhere than its peers. Answers the capture as the last answer left
+    /// it.
+    async fn answer_with_rank_two_apart(
+        &self,
+        id: &str,
+        capture_id: u64,
+        world_size: u32,
+    ) -> Value {
+        let mut capture = Value::Null;
+        for rank in 0..world_size {
+            let function = if rank == 2 { "rank_two_is_stuck" } else { "all_reduce" };
+            let answer = json!({"capture_id": capture_id, "ranks": [
+                {"rank": rank, "source": "faulthandler", "stack": stack(function)}]});
+            let (status, answered) = self.post(id, answer).await;
+            assert_eq!(status, StatusCode::OK, "{answered}");
+            capture = answered;
+        }
+        capture
+    }
+
+    /// Each rank's `end_rank` in the answer of its heartbeat (with no
+    /// progress), by rank.
+    async fn end_ranks(&self, id: &str, world_size: u32) -> Vec<Option<String>> {
+        let mut ends = Vec::new();
+        for rank in 0..world_size {
+            let path = format!("/api/train/runs/{id}/ranks/{rank}/heartbeat");
+            let beat = json!({"attempt_id": "0"});
+            let (status, answer) =
+                send(&self.client, Method::POST, &self.url(&path), body(&beat), None).await;
+            assert_eq!(status, StatusCode::OK, "{answer}");
+            ends.push(answer.get("end_rank").map(|text| text.as_str().unwrap().to_owned()));
+        }
+        ends
+    }
+
+    /// Rank `rank` reports its end `end`: the answer.
+    async fn end(&self, id: &str, rank: u32, end: Value) -> Value {
+        let url = self.url(&format!("/api/train/runs/{id}/ranks/{rank}/end"));
+        let (status, answer) = send(&self.client, Method::POST, &url, body(&end), None).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        answer
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_asked_for_abort_has_its_suspect_ended_after_the_grace_and_restarts() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let f = Fixture::start(configured(StateConfig::in_memory(), "stacks-abort", &clock)).await;
+    let id = f.stalled_run_with(&clock, "abort", 4, &abort_after(30_000)).await;
+    let stalled_at = T0 + STALL_AFTER.as_millis() as u64;
+    assert_eq!(f.get(&id).await["health"]["since_ms"], stalled_at);
+
+    // The stall's capture: rank 2 is stuck elsewhere, the suspect.
+    let capture = f.answer_with_rank_two_apart(&id, 1, 4).await;
+    assert_eq!(capture["state"], "COMPLETE", "{capture}");
+    let health = f.get(&id).await["health"].clone();
+    assert_eq!(ranks(&health["capture"]["suspects"]), [2], "{health}");
+
+    // Within the grace, no rank is asked to end.
+    clock.advance_ms(29_999);
+    f.sweep().await;
+    assert_eq!(f.end_ranks(&id, 4).await, [None, None, None, None], "within the grace");
+
+    // Once it has passed, the suspect alone is, in words that name the
+    // stall's start and its capture.
+    clock.advance_ms(1);
+    let ends = f.end_ranks(&id, 4).await;
+    assert!(ends[0].is_none() && ends[1].is_none() && ends[3].is_none(), "{ends:?}");
+    let text = ends[2].clone().expect("rank 2, the suspect, is ended");
+    assert_eq!(
+        text,
+        format!(
+            "the run made no progress since 2025-10-09T08:53:20.000Z; ended by trainstate because the run asked for on_stall ABORT; its stacks: capture 1, GET /api/train/runs/{id}/stacks"
+        )
+    );
+    // A sweep changes nothing of it.
+    f.sweep().await;
+    assert_eq!(f.end_ranks(&id, 4).await[2].as_deref(), Some(text.as_str()));
+
+    // Its watcher ends it and says so; the launcher has a restart left,
+    // and stops the others.
+    let killed = json!({"attempt_id": "0", "status": "ERRORED", "cause": "NO_PROGRESS",
+        "how": "KILLED", "detail": text, "restarts_remaining": 1});
+    f.end(&id, 2, killed).await;
+    for rank in [0, 1, 3] {
+        let stopped = json!({"attempt_id": "0", "status": "ABORTED", "detail": "SIGTERM",
+            "restarts_remaining": 1});
+        f.end(&id, rank, stopped).await;
+    }
+    let run = f.get(&id).await;
+    assert_eq!(run["status"], "RESTARTING", "{run}");
+    let cause = &run["attempts"][0]["cause"];
+    assert_eq!(cause["kind"], "NO_PROGRESS", "{run}");
+    assert_eq!(cause["class"], "NO_PROGRESS", "{run}");
+    assert_eq!(cause["failed_world_rank"], 2, "{run}");
+    let detail = run["attempts"][0]["status_detail"].as_str().unwrap();
+    assert!(detail.starts_with("Rank 2 (pid 1002 on node abort-node2 (10.0.0.3)) was ended at 2025-10-09T08:54:00.000Z: the run made no progress since"), "{detail}");
+    assert!(detail.contains("capture 1, GET /api/train/runs/"), "{detail}");
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_run_that_asked_for_abort_is_ended_and_an_advance_cancels_it() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let f = Fixture::start(configured(StateConfig::in_memory(), "stacks-detect", &clock)).await;
+    // Three runs stall together: one that did not ask, one that asked for
+    // DETECT, one that asked for ABORT and then moves within its grace.
+    let quiet = f.join("quiet", 4).await;
+    let detect = f.join_with("detect", 4, &json!({"on_stall": "DETECT"})).await;
+    let moving = f.join_with("moving", 4, &abort_after(30_000)).await;
+    for id in [&quiet, &detect, &moving] {
+        for rank in 0..4 {
+            f.beat(id, rank, json!({"step": 10})).await;
+        }
+    }
+    f.sweep().await;
+    clock.advance_ms(STALL_AFTER.as_millis() as u64);
+    f.sweep().await;
+    for id in [&quiet, &detect, &moving] {
+        assert_eq!(f.get(id).await["health"]["state"], "STALLED");
+        f.answer_with_rank_two_apart(id, 1, 4).await;
+    }
+
+    clock.advance_ms(29_000);
+    f.beat(&moving, 1, json!({"step": 11})).await;
+    clock.advance_ms(1_000);
+    assert_eq!(
+        f.end_ranks(&moving, 4).await,
+        [None, None, None, None],
+        "the advance cancels it, before the health tick sees it"
+    );
+    f.sweep().await;
+    assert_eq!(f.get(&moving).await["health"]["state"], "PROGRESSING");
+    assert_eq!(f.end_ranks(&moving, 4).await, [None, None, None, None], "and after");
+
+    clock.advance_ms(7 * 24 * 3_600_000);
+    f.sweep().await;
+    for id in [&quiet, &detect] {
+        assert_eq!(f.get(id).await["health"]["state"], "STALLED");
+        assert_eq!(f.end_ranks(id, 4).await, [None, None, None, None], "never ended");
+    }
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_grace_every_rank_the_stall_names_is_ended_before_its_capture_completes() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let f = Fixture::start(configured(StateConfig::in_memory(), "stacks-at-once", &clock)).await;
+    let id = f.stalled_run_with(&clock, "at-once", 3, &abort_after(0)).await;
+    let health = f.get(&id).await["health"].clone();
+    assert_eq!(health["capture"]["state"], "PENDING", "{health}");
+    assert_eq!(health["ranks"], json!([]), "the stall names no rank: {health}");
+    for rank in 0..3 {
+        let answer = f.beat(&id, rank, json!({"step": 10})).await;
+        assert_eq!(answer["capture"]["capture_id"], 1, "{answer}");
+        let text = answer["end_rank"].as_str().unwrap_or_default();
+        assert!(text.contains("its stacks: capture 1"), "rank {rank}: {answer}");
+    }
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_abort_grace_is_refused_naming_it_and_changes_nothing() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let f = Fixture::start(configured(StateConfig::in_memory(), "stacks-bad-abort", &clock)).await;
+    let url = f.url("/api/train/rendezvous/bad-grace/join");
+    let mut group = workers(2, 1, "bad-grace-").into_iter();
+    let first = json!({"world_size": 2, "worker": group.next().unwrap(), "name": "bad",
+        "job_id": "7", "on_stall": "ABORT", "abort_after_ms": 604_800_001_u64});
+    let (status, answer) = send(&f.client, Method::POST, &url, body(&first), None).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+    assert_eq!(answer["error"]["field"], "abort_after_ms", "{answer}");
+
+    // The refused join did not count: the next one is the group's first.
+    let second = json!({"world_size": 2, "worker": group.next().unwrap(), "name": "bad",
+        "job_id": "7", "on_stall": "ABORT", "abort_after_ms": 604_800_000_u64});
+    let (status, answer) = send(&f.client, Method::POST, &url, body(&second), None).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["joined"], 1, "{answer}");
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_of_the_head_the_ranks_joining_again_bring_back_abort() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.sqlite");
+    let clock = Arc::new(ManualClock::new(T0));
+    let config = || configured(StateConfig::sqlite(&path), "stacks-abort-restart", &clock);
+    let f = Fixture::start(config()).await;
+    let id = f.stalled_run_with(&clock, "again", 4, &abort_after(30_000)).await;
+    f.answer_with_rank_two_apart(&id, 1, 4).await;
+    f.stop().await;
+
+    // The new head keeps the stall and its capture, not what the joins
+    // asked for: no rank is ended until they join again.
+    let f = Fixture::start(config()).await;
+    clock.advance_ms(30_000);
+    f.sweep().await;
+    assert_eq!(f.get(&id).await["health"]["capture"]["state"], "COMPLETE");
+    assert_eq!(f.end_ranks(&id, 4).await, [None, None, None, None], "forgotten");
+    let mut extra = abort_after(30_000);
+    extra["run_id"] = json!(id);
+    assert_eq!(f.join_with("again", 4, &extra).await, id, "the same group");
+    let ends = f.end_ranks(&id, 4).await;
+    assert!(ends[2].as_deref().is_some_and(|t| t.contains("capture 1")), "{ends:?}");
+    assert!(ends[0].is_none() && ends[1].is_none() && ends[3].is_none(), "{ends:?}");
     f.stop().await;
 }

@@ -75,4 +75,4 @@ pub use protocol::{
 pub use query::{Cursor, MAX_PAGE_LIMIT, RunPage, RunQuery};
 #[cfg(feature = "rustls")]
 pub use remote::tls::TrustedCas;
-pub use rendezvous::{Join, RankEnd, RendezvousMessage};
+pub use rendezvous::{Join, MAX_ABORT_AFTER_MS, RankEnd, RendezvousMessage};

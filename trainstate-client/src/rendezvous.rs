@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use trainstate_schema::api::{
     DEFAULT_JOIN_TIMEOUT_MS, JoinRequest, MAX_JOIN_TIMEOUT_MS, RENDEZVOUS_KEY_PATTERN,
-    RankEndRequest, RankProgress, RendezvousResponse, is_rendezvous_key,
+    RankEndRequest, RankProgress, RendezvousResponse, StallAction, is_rendezvous_key,
 };
 use trainstate_schema::limits::{
     MAX_STALL_WINDOW_MS, MAX_STATUS_DETAIL_LEN, MAX_WORKERS, MIN_STALL_WINDOW_MS,
@@ -37,6 +37,10 @@ use trainstate_schema::{
 };
 
 use crate::error::{Reply, StateError};
+
+/// The longest grace a run may ask for between its stall and the end of
+/// its ranks under `on_stall: ABORT` (`abort_after_ms`): 7 days, in ms.
+pub const MAX_ABORT_AFTER_MS: u64 = 604_800_000;
 
 /// One rank joining the rendezvous, checked: see [`StateHandle::join_rendezvous`](crate::StateHandle::join_rendezvous).
 #[derive(Debug, Clone, PartialEq)]
@@ -63,6 +67,11 @@ pub struct Join {
     pub process_start_ms: Option<u64>,
     /// The run's stall window, if the rank asks for one (1 s to 7 days).
     pub stall_after_ms: Option<u64>,
+    /// What the head does when the run stalls, if the rank says.
+    pub on_stall: Option<StallAction>,
+    /// Under `on_stall: ABORT`, how long after the stall its ranks are
+    /// ended (ms), if the rank says (0 to 7 days).
+    pub abort_after_ms: Option<u64>,
 }
 
 impl Join {
@@ -86,6 +95,8 @@ impl Join {
             run_id: None,
             process_start_ms: None,
             stall_after_ms: None,
+            on_stall: None,
+            abort_after_ms: None,
         };
         join.check()?;
         Ok(join)
@@ -95,6 +106,21 @@ impl Join {
     /// run (1 s to 7 days); the first join that asks sets it.
     pub fn with_stall_after(mut self, stall_after_ms: u64) -> Result<Self, StateError> {
         self.stall_after_ms = Some(stall_after_ms);
+        self.check()?;
+        Ok(self)
+    }
+
+    /// The same join, asking the head to do `action` when the run stalls
+    /// and, for `ABORT`, to end its ranks `abort_after_ms` after the stall
+    /// (0 to 7 days; `DEFAULT_ABORT_AFTER_MS` when `None`); the first join
+    /// that asks sets it.
+    pub fn with_on_stall(
+        mut self,
+        action: StallAction,
+        abort_after_ms: Option<u64>,
+    ) -> Result<Self, StateError> {
+        self.on_stall = Some(action);
+        self.abort_after_ms = abort_after_ms;
         self.check()?;
         Ok(self)
     }
@@ -149,6 +175,8 @@ impl Join {
             run_id: request.run_id,
             process_start_ms: request.process_start_ms,
             stall_after_ms: request.stall_after_ms,
+            on_stall: request.on_stall,
+            abort_after_ms: request.abort_after_ms,
         };
         join.check()?;
         Ok(join)
@@ -167,6 +195,8 @@ impl Join {
         request.run_id = self.run_id.clone();
         request.process_start_ms = self.process_start_ms;
         request.stall_after_ms = self.stall_after_ms;
+        request.on_stall = self.on_stall;
+        request.abort_after_ms = self.abort_after_ms;
         request
     }
 
@@ -201,6 +231,14 @@ impl Join {
             return Err(StateError::invalid(
                 "stall_after_ms",
                 format!("must be {MIN_STALL_WINDOW_MS} to {MAX_STALL_WINDOW_MS} (1 s to 7 days)"),
+            ));
+        }
+        if let Some(grace) = self.abort_after_ms
+            && grace > MAX_ABORT_AFTER_MS
+        {
+            return Err(StateError::invalid(
+                "abort_after_ms",
+                format!("must be 0 to {MAX_ABORT_AFTER_MS} (7 days)"),
             ));
         }
         Ok(())

@@ -23,6 +23,7 @@ use trainstate_schema::{RunId, RunStatus};
 
 use crate::decisions::progress::{MetricBatch, ProgressBoard, Reporter};
 use crate::decisions::record::RunRecord;
+use crate::decisions::stall_abort::{EndOrder, EndOrders};
 
 /// A lease time no sweep ever reaches: a run this head never sweeps (a
 /// run of another cluster, kept as forwarded).
@@ -305,6 +306,8 @@ pub(crate) struct RankBoard {
     progress: Arc<ProgressBoard>,
     /// The stack capture the ranks are asked for, if one is pending.
     capture: CaptureOrders,
+    /// The ranks to end, when the run stalled under `on_stall: ABORT`.
+    ends: EndOrders,
 }
 
 /// The stack capture a rank board's ranks are asked for: which capture,
@@ -356,7 +359,23 @@ impl RankBoard {
             },
             heard,
             ended: AtomicU32::new(0),
+            ends: EndOrders::default(),
         }
+    }
+
+    /// Publishes which ranks are to be ended, and from when (`None`: none;
+    /// see [`crate::decisions::stall_abort`]).
+    pub(crate) fn set_end_order(&self, order: Option<EndOrder>) {
+        self.ends.set(order);
+    }
+
+    /// The words rank `rank`'s heartbeat answer at `now_ms` carries as
+    /// `end_rank`, if the published order names it, its time has come, and
+    /// no rank advanced since the stall (an advance cancels it before the
+    /// actor withdraws the order). One atomic read while there is none.
+    pub(crate) fn end_rank(&self, rank: u32, now_ms: u64) -> Option<String> {
+        let words = self.ends.for_rank(rank, now_ms)?;
+        self.progress.resumed_ms().is_none().then_some(words)
     }
 
     /// Asks every rank for capture `capture_id` (none answered yet).

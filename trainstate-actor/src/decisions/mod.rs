@@ -20,6 +20,7 @@ pub(crate) mod rendezvous;
 pub(crate) mod rendezvous_call;
 pub(crate) mod retention;
 pub(crate) mod stacks;
+pub(crate) mod stall_abort;
 pub(crate) mod stall_window;
 pub(crate) mod state;
 pub(crate) mod time_text;

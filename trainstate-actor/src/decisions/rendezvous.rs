@@ -22,7 +22,7 @@ use trainstate_client::api::RendezvousResponse;
 use trainstate_client::{
     Join, NewAttempt, RankEnd, RendezvousMessage, Reply, StateError, StatusUpdate,
 };
-use trainstate_schema::api::RankProgress;
+use trainstate_schema::api::{RankProgress, StallAction};
 use trainstate_schema::text::{last_chars, one_line};
 use trainstate_schema::{
     CauseKind, FailureMode, NewRun, RunAttemptDraft, RunCause, RunId, RunStatus, TrainRunInfoDraft,
@@ -31,6 +31,7 @@ use trainstate_schema::{
 
 use crate::decisions::liveness::{Liveness, RankBoard};
 use crate::decisions::record::{CONTROLLER_PREFIX, RunRecord};
+use crate::decisions::stall_abort::{AbortRule, end_order};
 use crate::decisions::state::{Change, Outcome, Runs, failure_detail};
 use crate::decisions::time_text::{iso_ms, seconds};
 
@@ -321,6 +322,9 @@ pub(crate) fn heartbeat_rank_here(
     }
     let mut answer = board.response(id, status, lease_ms);
     answer.capture = board.capture_order(rank, now_ms);
+    if status == RunStatus::Running {
+        answer.end_rank = board.end_rank(rank, now_ms);
+    }
     Some(Ok(answer))
 }
 
@@ -344,6 +348,11 @@ struct Pending {
     timeout_ms: u64,
     /// The stall window the first join that asked for one gave.
     stall_after_ms: Option<u64>,
+    /// What to do when the run stalls, as the first join that said gave.
+    on_stall: Option<StallAction>,
+    /// The grace before ending a stalled run's ranks, as the first join
+    /// that gave one gave.
+    abort_after_ms: Option<u64>,
     members: BTreeMap<u32, Member>,
     placement: Placement,
     /// The suspect nodes ranks joined from (at most [`MAX_NOTED_SUSPECTS`]),
@@ -426,6 +435,15 @@ struct Group {
     window_from_ms: Option<u64>,
     /// The attempt's failure was decided: the run ended or restarts.
     decided: bool,
+    /// When the attempt began to be tracked (wall ms): a stall written
+    /// before it is an earlier attempt's.
+    from_wall_ms: u64,
+    /// The end of a stalled run's ranks its joins asked for
+    /// (`on_stall: ABORT`), if they did.
+    abort: Option<AbortRule>,
+    /// The version of the run whose health the published end order was
+    /// decided from (0: none yet).
+    ordered_version: u64,
 }
 
 #[derive(Clone)]
@@ -458,6 +476,7 @@ impl Group {
         ended: u32,
         since_ms: u64,
         stall_after_ms: Option<u64>,
+        from_wall_ms: u64,
     ) -> Self {
         let board = RankBoard::new(&attempt_id, heard, stall_after_ms);
         board.set_ended(ended);
@@ -469,7 +488,34 @@ impl Group {
             failures: Vec::new(),
             window_from_ms: None,
             decided: false,
+            from_wall_ms,
+            abort: None,
+            ordered_version: 0,
         }
+    }
+
+    /// Publishes on the board which ranks are to be ended (see
+    /// [`crate::decisions::stall_abort`]), decided from the run's health
+    /// whenever its record changed since the last decision: a run that is
+    /// not RUNNING and STALLED is not parsed.
+    fn order_ends(&mut self, id: &RunId, runs: &Runs) {
+        let Some(rule) = self.abort else { return };
+        let Some(record) = runs.record(id) else {
+            self.board.set_end_order(None);
+            return;
+        };
+        if record.version == self.ordered_version {
+            return;
+        }
+        self.ordered_version = record.version;
+        let stalled = record.status == RunStatus::Running
+            && record.health == Some(trainstate_schema::HealthState::Stalled);
+        let order = if stalled {
+            end_order(id, rule, record.status, runs.health_of(id).as_ref())
+        } else {
+            None
+        };
+        self.board.set_end_order(order);
     }
 
     fn response(&self, id: &RunId, status: RunStatus, lease_ms: u64) -> RendezvousResponse {
@@ -654,6 +700,11 @@ fn failure_update(
         let who = who(rank).map(|w| format!(" ({w})")).unwrap_or_default();
         let at = iso_ms(first.at_ms);
         match (how, end.detail.trim()) {
+            // Its watcher ended it because the run stalled and asked for
+            // that: the detail is the head's own words of why.
+            (_, why) if kind == CauseKind::NoProgress && !why.is_empty() => {
+                format!("Rank {rank}{who} was ended at {at}: {why}")
+            }
             (FailureMode::Vanished, _) | (_, "") => format!(
                 "Rank {rank}{who} died without reporting, at {at}; how it died is not known."
             ),
@@ -990,6 +1041,8 @@ impl Rendezvous {
         }
         pending.placement.add(&join.worker);
         pending.stall_after_ms = pending.stall_after_ms.or(join.stall_after_ms);
+        pending.on_stall = pending.on_stall.or(join.on_stall);
+        pending.abort_after_ms = pending.abort_after_ms.or(join.abort_after_ms);
         pending.bytes += bytes;
         self.pending_bytes += bytes;
         if rank == 0 {
@@ -1058,6 +1111,12 @@ impl Rendezvous {
                         .get(rank)
                         .is_some_and(|s| s.identity == identity_of(&join.worker));
                 if same {
+                    // A group rebuilt after a restart of the head learns
+                    // again what its run asked for when it stalls.
+                    if group.abort.is_none() {
+                        group.abort =
+                            AbortRule::of(join.on_stall, join.abort_after_ms, group.from_wall_ms);
+                    }
                     return Ok(Some(Step::Answer(group.response(&id, status, lease_ms))));
                 }
                 if status.is_terminal() && join.attempt == 0 && !group.slots.is_empty() {
@@ -1128,6 +1187,8 @@ impl Rendezvous {
                 bytes: 0,
                 timeout_ms: join.join_timeout.as_millis() as u64,
                 stall_after_ms: join.stall_after_ms,
+                on_stall: join.on_stall,
+                abort_after_ms: join.abort_after_ms,
                 members: BTreeMap::new(),
                 placement: Placement::default(),
                 suspects: Vec::new(),
@@ -1178,7 +1239,11 @@ impl Rendezvous {
                 .map(|w| Slot { identity: identity_of(w), who: who_of(w), end: SlotEnd::Running })
                 .collect::<Vec<_>>();
             let heard = vec![None; slots.len()];
-            let group = Group::new(attempt_id, slots, heard, 0, self.mono_ms, None);
+            // A stall written before the attempt began is an earlier
+            // attempt's.
+            let from_wall_ms =
+                run.attempts().last().map_or(run.start_time_ms(), |a| a.start_time_ms());
+            let group = Group::new(attempt_id, slots, heard, 0, self.mono_ms, None, from_wall_ms);
             self.groups.insert(id.clone(), group);
         }
         Ok(self.groups.get_mut(id).expect("tracked above"))
@@ -1228,6 +1293,7 @@ impl Rendezvous {
         let id = pending.run_id.clone();
         let world_size = pending.world_size;
         let stall_after_ms = pending.stall_after_ms;
+        let abort = AbortRule::of(pending.on_stall, pending.abort_after_ms, now_ms);
         let note = (!pending.suspects.is_empty()).then(|| suspects_note(&pending.suspects));
         let outcome = if pending.existing {
             let attempt = NewAttempt::new(&attempt_id, start_ms, workers);
@@ -1275,9 +1341,17 @@ impl Rendezvous {
             answered(runs.register(run, now_ms)?, ())
         };
         self.keys.insert(key.0, id.clone());
-        let mut group =
-            Group::new(attempt_id.clone(), slots, heard, ended, self.mono_ms, stall_after_ms);
+        let mut group = Group::new(
+            attempt_id.clone(),
+            slots,
+            heard,
+            ended,
+            self.mono_ms,
+            stall_after_ms,
+            now_ms,
+        );
         group.decided = decided;
+        group.abort = abort;
         self.groups.insert(id.clone(), group);
         let answer = RendezvousResponse::new(
             id,
@@ -1325,6 +1399,9 @@ impl Rendezvous {
         }
         let mut answer = group.response(id, status, lease_ms);
         answer.capture = group.board.capture_order(rank, now_ms);
+        if status == RunStatus::Running {
+            answer.end_rank = group.board.end_rank(rank, now_ms);
+        }
         Ok(Step::Answer(answer))
     }
 
@@ -1423,6 +1500,27 @@ impl Rendezvous {
             Outcome::Unchanged(()) => Step::Answer(answer),
             changed => Step::Write(answered(changed, answer)),
         })
+    }
+
+    /// Publishes, on the rank board of each tracked group whose run asked
+    /// for `on_stall: ABORT` (only run `only`'s, when given), which of its
+    /// ranks are to be ended and from when, as the run's health now says
+    /// (see [`crate::decisions::stall_abort`]). The actor calls it after
+    /// every decision that may change a run's health or its stall's
+    /// capture.
+    pub(crate) fn order_ends(&mut self, runs: &Runs, only: Option<&RunId>) {
+        match only {
+            Some(id) => {
+                if let Some(group) = self.groups.get_mut(id) {
+                    group.order_ends(id, runs);
+                }
+            }
+            None => {
+                for (id, group) in self.groups.iter_mut() {
+                    group.order_ends(id, runs);
+                }
+            }
+        }
     }
 
     /// True once after a failure window opened: the actor should sweep
@@ -1597,7 +1695,7 @@ impl Rendezvous {
         };
         self.keys.insert(key.0.clone(), pending.run_id.clone());
         let mut group =
-            Group::new(key.1.to_string(), Vec::new(), Vec::new(), 0, self.mono_ms, None);
+            Group::new(key.1.to_string(), Vec::new(), Vec::new(), 0, self.mono_ms, None, now_ms);
         group.decided = true;
         self.groups.insert(pending.run_id, group);
         Ok(outcome)

@@ -236,6 +236,7 @@ impl Actor for TrainStateActor {
                 change.answer = leases.answer;
                 let view = &state.writer.shared.view;
                 state.rendezvous.sweep(&mut state.runs, view, now, &mut change);
+                state.rendezvous.order_ends(&state.runs, None);
                 if !change.answer.is_empty() {
                     tracing::warn!(count = change.answer.len(), sample = %crate::decisions::log_sample::sample(&change.answer), "aborted runs whose controller stopped heartbeating");
                 }
@@ -252,6 +253,7 @@ impl Actor for TrainStateActor {
                 change.answer = state.health.tick(liveness, &mut state.runs, now, &mut change);
                 state.captures.open_for_stalls(&mut state.runs, liveness, now, &mut change);
                 state.captures.sweep(&mut state.runs, liveness, now, &mut change);
+                state.rendezvous.order_ends(&state.runs, None);
                 if change.ops.is_empty() {
                     let _ = reply.send(Ok(change.answer));
                 } else {
@@ -319,10 +321,17 @@ impl Actor for TrainStateActor {
                     state.captures.post(&id, *request, &mut state.runs, liveness, now)
                 });
                 state.write(outcome, reply);
+                // A capture that completes names the stall's suspects.
+                state.rendezvous.order_ends(&state.runs, Some(&id));
             }
             StateMessage::Rendezvous(message) => {
                 state.before_write()?;
-                if let RendezvousMessage::End { id, .. } = &message {
+                let ended = match &message {
+                    RendezvousMessage::End { id, .. } => Some(id.clone()),
+                    _ => None,
+                };
+                let joined = matches!(message, RendezvousMessage::Join { .. });
+                if let Some(id) = &ended {
                     state.settle_health(id, now);
                 }
                 let admitted = state.admit();
@@ -340,6 +349,14 @@ impl Actor for TrainStateActor {
                         let _ = reply.send(answer);
                     }
                     Reaction::Write(reply, outcome) => state.write(outcome, reply),
+                }
+                if let Some(id) = &ended {
+                    // A rank's end may end the run, or its stall.
+                    state.rendezvous.order_ends(&state.runs, Some(id));
+                } else if joined {
+                    // A join again after a restart of the head may say
+                    // again what the run asked for when it stalls.
+                    state.rendezvous.order_ends(&state.runs, None);
                 }
                 if state.rendezvous.take_wakeup() {
                     // A failure window opened: its cause is decided by the
