@@ -127,7 +127,7 @@ impl Fixture {
 }
 
 /// The world ranks in a list of rank entries or suspects.
-fn ranks(entries: &Value) -> Vec<u64> {
+fn ranks_of(entries: &Value) -> Vec<u64> {
     entries.as_array().unwrap().iter().map(|e| e["rank"].as_u64().unwrap()).collect()
 }
 
@@ -240,8 +240,8 @@ async fn a_stall_asks_every_rank_once_and_the_answers_complete_the_capture() {
     assert_eq!(health["capture"]["state"], "COMPLETE", "{health}");
     if !capture["groups"].as_array().unwrap().is_empty() {
         // The grouping rule: rank 2 is outside the largest group.
-        assert_eq!(ranks(&capture["suspects"]), [2], "{capture}");
-        assert_eq!(ranks(&health["capture"]["suspects"]), [2], "{health}");
+        assert_eq!(ranks_of(&capture["suspects"]), [2], "{capture}");
+        assert_eq!(ranks_of(&health["capture"]["suspects"]), [2], "{health}");
     }
 
     // No order once complete; a request within the interval is refused,
@@ -356,5 +356,149 @@ async fn a_runs_captures_count_against_the_retained_bytes() {
     let url = f.url(&format!("/api/train/runs/{big}"));
     let (status, _) = send(&f.client, Method::GET, &url, None, None).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "evicted for its captures' bytes");
+    f.stop().await;
+}
+
+/// `trainstate runs stacks` of this crate's binary, on a blocking thread:
+/// its exit status, stdout and stderr.
+async fn cli(args: Vec<String>) -> (bool, String, String) {
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_trainstate")).args(&args).output().unwrap()
+    })
+    .await
+    .unwrap();
+    let text = |bytes: Vec<u8>| String::from_utf8(bytes).unwrap();
+    (output.status.success(), text(output.stdout), text(output.stderr))
+}
+
+/// The arguments of `runs stacks ID --url URL` and `extra`.
+fn stacks_args(f: &Fixture, id: &str, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> =
+        ["runs", "stacks", id, "--url", &f.server.url].map(String::from).to_vec();
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    args
+}
+
+/// A run a controller registered, with `n` workers: its id.
+async fn registered(f: &Fixture, name: &str, n: u32) -> String {
+    let run = crate::common::run_with(&trainstate_schema::RunId::new_v7(), name, "job-s", T0, n);
+    f.server.service.handle().register(run.clone()).await.unwrap();
+    run.id().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_prints_a_controller_capture_suspects_first_and_stack_text_as_text() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let f = Fixture::start(configured(StateConfig::in_memory(), "stacks-cli", &clock)).await;
+    let id = registered(&f, "cli-stacks", 4).await;
+
+    let (ok, out, _) = cli(stacks_args(&f, &id, &[])).await;
+    assert!(ok, "{out}");
+    assert_eq!(
+        out,
+        format!(
+            "no capture of run {id} yet; `trainstate runs stacks {id} --capture` asks for one\n"
+        )
+    );
+
+    // Ranks 0, 1 and 3 wait in the same place; rank 2 elsewhere, with
+    // another thread (listed first, as faulthandler lists the newest)
+    // whose text would drive the terminal.
+    let logger = "Thread 0x2 (most recent call first):\n  File \"\u{1b}]0;owned\u{7}.py\", line 1 in logger\n";
+    let hostile = format!("{logger}{}", stack("rank_two_is_stuck"));
+    let ranks: Vec<Value> = (0..4)
+        .map(|rank| {
+            let text = if rank == 2 { hostile.clone() } else { stack("all_reduce") };
+            json!({"rank": rank, "source": "controller", "stack": text})
+        })
+        .collect();
+    let (status, capture) = f.post(&id, json!({"reason": "loss is flat", "ranks": ranks})).await;
+    assert_eq!(status, StatusCode::OK, "{capture}");
+    assert_eq!(capture["trigger"], "CONTROLLER");
+    assert_eq!(ranks_of(&capture["suspects"]), [2], "{capture}");
+
+    // In process, the handle reads the same captures as the route serves.
+    let id_typed = trainstate_schema::RunId::parse(&id).unwrap();
+    let in_process = f.server.service.handle().run_stacks(&id_typed).await.unwrap();
+    assert_eq!(
+        serde_json::to_value(&in_process).unwrap()["captures"],
+        json!(f.captures(&id).await)
+    );
+    let unknown = trainstate_schema::RunId::new_v7();
+    let missing = f.server.service.handle().run_stacks(&unknown).await;
+    assert!(matches!(missing, Err(trainstate_client::StateError::NotFound { .. })), "{missing:?}");
+
+    let (ok, out, err) = cli(stacks_args(&f, &id, &[])).await;
+    assert!(ok, "{err}");
+    let line = |start: &str| {
+        out.lines().find(|l| l.starts_with(start)).unwrap_or_else(|| panic!("{start}: {out}"))
+    };
+    assert!(line("capture").contains("1 (attempt 0)"), "{out}");
+    assert!(line("when").ends_with("2025-10-09T08:53:20.000Z"), "{out}");
+    assert!(line("why").ends_with("CONTROLLER: loss is flat"), "{out}");
+    assert!(line("state").ends_with("COMPLETE (4 of 4 ranks answered)"), "{out}");
+    let suspects = out.find("\nsuspects\n").expect("suspects");
+    let groups = out.find("\ngroups\n").expect("groups");
+    assert!(suspects < groups, "suspects first: {out}");
+    // After the title and the header: the one suspect.
+    let suspect_row: Vec<&str> =
+        out[suspects..].lines().nth(3).unwrap().split_whitespace().collect();
+    assert_eq!(suspect_row[0], "2", "{out}");
+    assert!(out[suspects..groups].contains("rank_two_is_stuck (train.py:41)"), "{out}");
+    let largest: Vec<&str> = out[groups..].lines().nth(3).unwrap().split_whitespace().collect();
+    assert_eq!(&largest[..2], ["0", "0,1,3"], "{out}");
+    assert!(largest.join(" ").contains("all_reduce (train.py:41)"), "{out}");
+    assert!(!out.contains("Thread 0x"), "stacks only with --all: {out}");
+
+    let (ok, all, err) = cli(stacks_args(&f, &id, &["--all"])).await;
+    assert!(ok, "{err}");
+    assert!(all.contains(&stack("all_reduce")), "every rank's stack, as text: {all}");
+    assert!(all.contains("\\u{1b}]0;owned\\u{7}.py"), "control characters escaped: {all}");
+    assert!(!all.contains('\u{1b}') && !all.contains('\u{7}'), "{all}");
+
+    let (ok, json_out, err) = cli(stacks_args(&f, &id, &["--json"])).await;
+    assert!(ok, "{err}");
+    let served: Value = serde_json::from_str(&json_out).unwrap();
+    assert_eq!(served["run_id"], json!(id));
+    assert_eq!(served["captures"][0]["suspects"][0]["rank"], 2, "{served}");
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_capture_waits_for_the_ranks_and_a_pending_one_is_refused() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let f =
+        Fixture::start(configured(StateConfig::in_memory(), "stacks-cli-capture", &clock)).await;
+
+    // `--capture` opens a capture and prints it once the ranks answered.
+    let id = registered(&f, "cli-capture", 2).await;
+    let asking = tokio::spawn(cli(stacks_args(&f, &id, &["--capture"])));
+    let opened =
+        crate::common::eventually("the capture to open", Duration::from_secs(30), || async {
+            f.captures(&id).await.first().cloned()
+        })
+        .await;
+    assert_eq!(opened["trigger"], "REQUESTED", "{opened}");
+    assert_eq!(opened["state"], "PENDING", "{opened}");
+    for (rank, function) in [(0, "all_reduce"), (1, "barrier")] {
+        let answer = json!({"capture_id": opened["capture_id"], "ranks": [
+            {"rank": rank, "source": "py-spy", "stack": stack(function)}]});
+        let (status, answered) = f.post(&id, answer).await;
+        assert_eq!(status, StatusCode::OK, "{answered}");
+    }
+    let (ok, out, err) = asking.await.unwrap();
+    assert!(ok, "{err}");
+    assert!(out.contains("REQUESTED") && out.contains("COMPLETE (2 of 2 ranks answered)"), "{out}");
+    assert!(out.contains("\nsuspects\n") && out.contains("barrier (train.py:41)"), "{out}");
+
+    // A run whose capture is pending: the head's refusal, and a failure.
+    let other = registered(&f, "cli-pending", 2).await;
+    let (status, pending) = f.post(&other, json!({"reason": "first"})).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{pending}");
+    let (ok, out, err) = cli(stacks_args(&f, &other, &["--capture"])).await;
+    assert!(!ok, "refused: {out}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("pending"), "the head's words: {err}");
+    assert_eq!(f.captures(&other).await.len(), 1, "nothing opened");
     f.stop().await;
 }
