@@ -3,8 +3,9 @@
 //! (cut to their bound), and the capture completes when every rank
 //! answered or its deadline passed, with the stall's health naming it. The
 //! captures are served from the store, survive a restart of the head, are
-//! bounded per run and go with the run; bad input is refused naming its
-//! field.
+//! bounded per run and go with the run, on SQLite and on PostgreSQL; bad
+//! input is refused naming its field. `trainstate runs stacks` prints them
+//! for a person.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +20,7 @@ use trainstate_schema::limits::{
 
 use crate::common::{Server, unique_name, workers};
 use crate::contract::send;
+use crate::stores::{Store, on_both_stores};
 
 const T0: u64 = 1_760_000_000_000;
 const LEASE: Duration = Duration::from_secs(24 * 3600);
@@ -501,4 +503,83 @@ async fn the_cli_capture_waits_for_the_ranks_and_a_pending_one_is_refused() {
     assert!(err.contains("pending"), "the head's words: {err}");
     assert_eq!(f.captures(&other).await.len(), 1, "nothing opened");
     f.stop().await;
+}
+
+on_both_stores! {
+    multi_thread:
+    /// A controller's capture and one the ranks' watchers answer are kept
+    /// on either store as they were served, read back the same after a
+    /// restart of the head, and deleted with their run.
+    async fn captures_round_trip_through_the_store_and_go_with_their_run(store) {
+        let fresh = store.fresh("stacks-store").await;
+        let clock = Arc::new(ManualClock::new(T0));
+        let f = Fixture::start(configured(fresh.config(), "stacks-store", &clock)).await;
+        let id = f.join("stored", 2).await;
+
+        let attached = json!({"reason": "attached", "ranks": [
+            {"rank": 0, "source": "controller", "stack": stack("all_reduce")},
+            {"rank": 1, "source": "controller", "stack": stack("load_batch"), "note": "kept"}]});
+        let (status, controller) = f.post(&id, attached).await;
+        assert_eq!(status, StatusCode::OK, "{controller}");
+        assert_eq!(controller["state"], "COMPLETE");
+
+        // A capture asked for: each rank's watcher hears of it on a
+        // heartbeat and answers it.
+        let (status, opened) = f.post(&id, json!({"reason": "asked"})).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{opened}");
+        for rank in 0..2 {
+            let order = f.beat(&id, rank, json!({"step": 3}))
+                .await["capture"]["capture_id"].clone();
+            assert_eq!(order, opened["capture_id"], "rank {rank}");
+            let answer = json!({"capture_id": order, "attempt_id": "0", "ranks": [
+                {"rank": rank, "source": "faulthandler", "stack": stack("all_reduce")}]});
+            let (status, answered) = f.post(&id, answer).await;
+            assert_eq!(status, StatusCode::OK, "{answered}");
+        }
+        let served = f.captures(&id).await;
+        assert_eq!(served.len(), 2, "{served:?}");
+        assert_eq!(served[0]["state"], "COMPLETE", "every rank answered");
+        assert_eq!(served[0]["trigger"], "REQUESTED");
+        assert_eq!(served[1], controller, "kept as it was answered");
+        assert_eq!(served[1]["ranks"][1]["note"], "kept");
+        f.stop().await;
+
+        let f = Fixture::start(configured(fresh.config(), "stacks-store", &clock)).await;
+        assert_eq!(f.captures(&id).await, served, "read back the same after a restart");
+        for rank in 0..2 {
+            let url = f.url(&format!("/api/train/runs/{id}/ranks/{rank}/end"));
+            let end = json!({"attempt_id": "0", "status": "FINISHED"});
+            // `super::`: the macro's own `body` is the test's.
+            let end = super::body(&end);
+            let (status, answer) = send(&f.client, Method::POST, &url, end, None).await;
+            assert_eq!(status, StatusCode::OK, "{answer}");
+        }
+        let run_url = f.url(&format!("/api/train/runs/{id}"));
+        let (status, _) = send(&f.client, Method::DELETE, &run_url, None, None).await;
+        assert_eq!(status, StatusCode::NO_CONTENT);
+        f.stop().await;
+
+        let rows: i64 = match store {
+            Store::Sqlite => rusqlite::Connection::open(fresh.sqlite_path())
+                .unwrap()
+                .query_row(
+                    "SELECT (SELECT COUNT(*) FROM stack_captures) \
+                     + (SELECT COUNT(*) FROM stack_ranks)",
+                    [],
+                    |r| r.get(0),
+                )
+                .unwrap(),
+            Store::Postgres => crate::stores::connect(fresh.url().unwrap())
+                .await
+                .query_one(
+                    "SELECT (SELECT COUNT(*) FROM trainstate_stack_captures) \
+                     + (SELECT COUNT(*) FROM trainstate_stack_ranks)",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0),
+        };
+        assert_eq!(rows, 0, "deleted with the run");
+    }
 }
