@@ -3,8 +3,9 @@
 //! (cut to their bound), and the capture completes when every rank
 //! answered or its deadline passed, with the stall's health naming it. The
 //! captures are served from the store, survive a restart of the head, are
-//! bounded per run and go with the run; bad input is refused naming its
-//! field.
+//! bounded per run and go with the run, on SQLite and on PostgreSQL; bad
+//! input is refused naming its field. `trainstate runs stacks` prints them
+//! for a person.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +20,7 @@ use trainstate_schema::limits::{
 
 use crate::common::{Server, unique_name, workers};
 use crate::contract::send;
+use crate::stores::{Store, on_both_stores};
 
 const T0: u64 = 1_760_000_000_000;
 const LEASE: Duration = Duration::from_secs(24 * 3600);
@@ -147,7 +149,7 @@ impl Fixture {
 }
 
 /// The world ranks in a list of rank entries or suspects.
-fn ranks(entries: &Value) -> Vec<u64> {
+fn ranks_of(entries: &Value) -> Vec<u64> {
     entries.as_array().unwrap().iter().map(|e| e["rank"].as_u64().unwrap()).collect()
 }
 
@@ -260,8 +262,8 @@ async fn a_stall_asks_every_rank_once_and_the_answers_complete_the_capture() {
     assert_eq!(health["capture"]["state"], "COMPLETE", "{health}");
     if !capture["groups"].as_array().unwrap().is_empty() {
         // The grouping rule: rank 2 is outside the largest group.
-        assert_eq!(ranks(&capture["suspects"]), [2], "{capture}");
-        assert_eq!(ranks(&health["capture"]["suspects"]), [2], "{health}");
+        assert_eq!(ranks_of(&capture["suspects"]), [2], "{capture}");
+        assert_eq!(ranks_of(&health["capture"]["suspects"]), [2], "{health}");
     }
 
     // No order once complete; a request within the interval is refused,
@@ -443,7 +445,7 @@ async fn a_run_that_asked_for_abort_has_its_suspect_ended_after_the_grace_and_re
     let capture = f.answer_with_rank_two_apart(&id, 1, 4).await;
     assert_eq!(capture["state"], "COMPLETE", "{capture}");
     let health = f.get(&id).await["health"].clone();
-    assert_eq!(ranks(&health["capture"]["suspects"]), [2], "{health}");
+    assert_eq!(ranks_of(&health["capture"]["suspects"]), [2], "{health}");
 
     // Within the grace, no rank is asked to end.
     clock.advance_ms(29_999);
@@ -594,4 +596,227 @@ async fn after_a_restart_of_the_head_the_ranks_joining_again_bring_back_abort() 
     assert!(ends[2].as_deref().is_some_and(|t| t.contains("capture 1")), "{ends:?}");
     assert!(ends[0].is_none() && ends[1].is_none() && ends[3].is_none(), "{ends:?}");
     f.stop().await;
+}
+
+/// `trainstate runs stacks` of this crate's binary, on a blocking thread:
+/// its exit status, stdout and stderr.
+async fn cli(args: Vec<String>) -> (bool, String, String) {
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_trainstate")).args(&args).output().unwrap()
+    })
+    .await
+    .unwrap();
+    let text = |bytes: Vec<u8>| String::from_utf8(bytes).unwrap();
+    (output.status.success(), text(output.stdout), text(output.stderr))
+}
+
+/// The arguments of `runs stacks ID --url URL` and `extra`.
+fn stacks_args(f: &Fixture, id: &str, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> =
+        ["runs", "stacks", id, "--url", &f.server.url].map(String::from).to_vec();
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    args
+}
+
+/// A run a controller registered, with `n` workers: its id.
+async fn registered(f: &Fixture, name: &str, n: u32) -> String {
+    let run = crate::common::run_with(&trainstate_schema::RunId::new_v7(), name, "job-s", T0, n);
+    f.server.service.handle().register(run.clone()).await.unwrap();
+    run.id().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_prints_a_controller_capture_suspects_first_and_stack_text_as_text() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let f = Fixture::start(configured(StateConfig::in_memory(), "stacks-cli", &clock)).await;
+    let id = registered(&f, "cli-stacks", 4).await;
+
+    let (ok, out, _) = cli(stacks_args(&f, &id, &[])).await;
+    assert!(ok, "{out}");
+    assert_eq!(
+        out,
+        format!(
+            "no capture of run {id} yet; `trainstate runs stacks {id} --capture` asks for one\n"
+        )
+    );
+
+    // Ranks 0, 1 and 3 wait in the same place; rank 2 elsewhere, with
+    // another thread (listed first, as faulthandler lists the newest)
+    // whose text would drive the terminal.
+    let logger = "Thread 0x2 (most recent call first):\n  File \"\u{1b}]0;owned\u{7}.py\", line 1 in logger\n";
+    let hostile = format!("{logger}{}", stack("rank_two_is_stuck"));
+    let ranks: Vec<Value> = (0..4)
+        .map(|rank| {
+            let text = if rank == 2 { hostile.clone() } else { stack("all_reduce") };
+            json!({"rank": rank, "source": "controller", "stack": text})
+        })
+        .collect();
+    let (status, capture) = f.post(&id, json!({"reason": "loss is flat", "ranks": ranks})).await;
+    assert_eq!(status, StatusCode::OK, "{capture}");
+    assert_eq!(capture["trigger"], "CONTROLLER");
+    assert_eq!(ranks_of(&capture["suspects"]), [2], "{capture}");
+
+    // In process, the handle reads the same captures as the route serves.
+    let id_typed = trainstate_schema::RunId::parse(&id).unwrap();
+    let in_process = f.server.service.handle().run_stacks(&id_typed).await.unwrap();
+    assert_eq!(
+        serde_json::to_value(&in_process).unwrap()["captures"],
+        json!(f.captures(&id).await)
+    );
+    let unknown = trainstate_schema::RunId::new_v7();
+    let missing = f.server.service.handle().run_stacks(&unknown).await;
+    assert!(matches!(missing, Err(trainstate_client::StateError::NotFound { .. })), "{missing:?}");
+
+    let (ok, out, err) = cli(stacks_args(&f, &id, &[])).await;
+    assert!(ok, "{err}");
+    let line = |start: &str| {
+        out.lines().find(|l| l.starts_with(start)).unwrap_or_else(|| panic!("{start}: {out}"))
+    };
+    assert!(line("capture").contains("1 (attempt 0)"), "{out}");
+    assert!(line("when").ends_with("2025-10-09T08:53:20.000Z"), "{out}");
+    assert!(line("why").ends_with("CONTROLLER: loss is flat"), "{out}");
+    assert!(line("state").ends_with("COMPLETE (4 of 4 ranks answered)"), "{out}");
+    let suspects = out.find("\nsuspects\n").expect("suspects");
+    let groups = out.find("\ngroups\n").expect("groups");
+    assert!(suspects < groups, "suspects first: {out}");
+    // After the title and the header: the one suspect.
+    let suspect_row: Vec<&str> =
+        out[suspects..].lines().nth(3).unwrap().split_whitespace().collect();
+    assert_eq!(suspect_row[0], "2", "{out}");
+    assert!(out[suspects..groups].contains("rank_two_is_stuck (train.py:41)"), "{out}");
+    let largest: Vec<&str> = out[groups..].lines().nth(3).unwrap().split_whitespace().collect();
+    assert_eq!(&largest[..2], ["0", "0,1,3"], "{out}");
+    assert!(largest.join(" ").contains("all_reduce (train.py:41)"), "{out}");
+    assert!(!out.contains("Thread 0x"), "stacks only with --all: {out}");
+
+    let (ok, all, err) = cli(stacks_args(&f, &id, &["--all"])).await;
+    assert!(ok, "{err}");
+    assert!(all.contains(&stack("all_reduce")), "every rank's stack, as text: {all}");
+    assert!(all.contains("\\u{1b}]0;owned\\u{7}.py"), "control characters escaped: {all}");
+    assert!(!all.contains('\u{1b}') && !all.contains('\u{7}'), "{all}");
+
+    let (ok, json_out, err) = cli(stacks_args(&f, &id, &["--json"])).await;
+    assert!(ok, "{err}");
+    let served: Value = serde_json::from_str(&json_out).unwrap();
+    assert_eq!(served["run_id"], json!(id));
+    assert_eq!(served["captures"][0]["suspects"][0]["rank"], 2, "{served}");
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_capture_waits_for_the_ranks_and_a_pending_one_is_refused() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let f =
+        Fixture::start(configured(StateConfig::in_memory(), "stacks-cli-capture", &clock)).await;
+
+    // `--capture` opens a capture and prints it once the ranks answered.
+    let id = registered(&f, "cli-capture", 2).await;
+    let asking = tokio::spawn(cli(stacks_args(&f, &id, &["--capture"])));
+    let opened =
+        crate::common::eventually("the capture to open", Duration::from_secs(30), || async {
+            f.captures(&id).await.first().cloned()
+        })
+        .await;
+    assert_eq!(opened["trigger"], "REQUESTED", "{opened}");
+    assert_eq!(opened["state"], "PENDING", "{opened}");
+    for (rank, function) in [(0, "all_reduce"), (1, "barrier")] {
+        let answer = json!({"capture_id": opened["capture_id"], "ranks": [
+            {"rank": rank, "source": "py-spy", "stack": stack(function)}]});
+        let (status, answered) = f.post(&id, answer).await;
+        assert_eq!(status, StatusCode::OK, "{answered}");
+    }
+    let (ok, out, err) = asking.await.unwrap();
+    assert!(ok, "{err}");
+    assert!(out.contains("REQUESTED") && out.contains("COMPLETE (2 of 2 ranks answered)"), "{out}");
+    assert!(out.contains("\nsuspects\n") && out.contains("barrier (train.py:41)"), "{out}");
+
+    // A run whose capture is pending: the head's refusal, and a failure.
+    let other = registered(&f, "cli-pending", 2).await;
+    let (status, pending) = f.post(&other, json!({"reason": "first"})).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{pending}");
+    let (ok, out, err) = cli(stacks_args(&f, &other, &["--capture"])).await;
+    assert!(!ok, "refused: {out}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("pending"), "the head's words: {err}");
+    assert_eq!(f.captures(&other).await.len(), 1, "nothing opened");
+    f.stop().await;
+}
+
+on_both_stores! {
+    multi_thread:
+    /// A controller's capture and one the ranks' watchers answer are kept
+    /// on either store as they were served, read back the same after a
+    /// restart of the head, and deleted with their run.
+    async fn captures_round_trip_through_the_store_and_go_with_their_run(store) {
+        let fresh = store.fresh("stacks-store").await;
+        let clock = Arc::new(ManualClock::new(T0));
+        let f = Fixture::start(configured(fresh.config(), "stacks-store", &clock)).await;
+        let id = f.join("stored", 2).await;
+
+        let attached = json!({"reason": "attached", "ranks": [
+            {"rank": 0, "source": "controller", "stack": stack("all_reduce")},
+            {"rank": 1, "source": "controller", "stack": stack("load_batch"), "note": "kept"}]});
+        let (status, controller) = f.post(&id, attached).await;
+        assert_eq!(status, StatusCode::OK, "{controller}");
+        assert_eq!(controller["state"], "COMPLETE");
+
+        // A capture asked for: each rank's watcher hears of it on a
+        // heartbeat and answers it.
+        let (status, opened) = f.post(&id, json!({"reason": "asked"})).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{opened}");
+        for rank in 0..2 {
+            let order = f.beat(&id, rank, json!({"step": 3}))
+                .await["capture"]["capture_id"].clone();
+            assert_eq!(order, opened["capture_id"], "rank {rank}");
+            let answer = json!({"capture_id": order, "attempt_id": "0", "ranks": [
+                {"rank": rank, "source": "faulthandler", "stack": stack("all_reduce")}]});
+            let (status, answered) = f.post(&id, answer).await;
+            assert_eq!(status, StatusCode::OK, "{answered}");
+        }
+        let served = f.captures(&id).await;
+        assert_eq!(served.len(), 2, "{served:?}");
+        assert_eq!(served[0]["state"], "COMPLETE", "every rank answered");
+        assert_eq!(served[0]["trigger"], "REQUESTED");
+        assert_eq!(served[1], controller, "kept as it was answered");
+        assert_eq!(served[1]["ranks"][1]["note"], "kept");
+        f.stop().await;
+
+        let f = Fixture::start(configured(fresh.config(), "stacks-store", &clock)).await;
+        assert_eq!(f.captures(&id).await, served, "read back the same after a restart");
+        for rank in 0..2 {
+            let url = f.url(&format!("/api/train/runs/{id}/ranks/{rank}/end"));
+            let end = json!({"attempt_id": "0", "status": "FINISHED"});
+            // `super::`: the macro's own `body` is the test's.
+            let end = super::body(&end);
+            let (status, answer) = send(&f.client, Method::POST, &url, end, None).await;
+            assert_eq!(status, StatusCode::OK, "{answer}");
+        }
+        let run_url = f.url(&format!("/api/train/runs/{id}"));
+        let (status, _) = send(&f.client, Method::DELETE, &run_url, None, None).await;
+        assert_eq!(status, StatusCode::NO_CONTENT);
+        f.stop().await;
+
+        let rows: i64 = match store {
+            Store::Sqlite => rusqlite::Connection::open(fresh.sqlite_path())
+                .unwrap()
+                .query_row(
+                    "SELECT (SELECT COUNT(*) FROM stack_captures) \
+                     + (SELECT COUNT(*) FROM stack_ranks)",
+                    [],
+                    |r| r.get(0),
+                )
+                .unwrap(),
+            Store::Postgres => crate::stores::connect(fresh.url().unwrap())
+                .await
+                .query_one(
+                    "SELECT (SELECT COUNT(*) FROM trainstate_stack_captures) \
+                     + (SELECT COUNT(*) FROM trainstate_stack_ranks)",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0),
+        };
+        assert_eq!(rows, 0, "deleted with the run");
+    }
 }

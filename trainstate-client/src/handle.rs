@@ -349,18 +349,13 @@ impl StateHandle {
     }
 
     /// The stack captures of run `id`, newest first
-    /// (`GET /api/train/runs/{id}/stacks`): read from the head's store, so
-    /// a remote handle's only (in process, the head's own routes read it).
-    #[cfg_attr(not(feature = "http"), allow(unused_variables))]
+    /// (`GET /api/train/runs/{id}/stacks`), each with every rank: a pending
+    /// capture with the ranks that answered so far. In process, the actor
+    /// checks that the run is committed and the captures are read from the
+    /// store on a connection of its own, off the actor's turn.
     pub async fn run_stacks(&self, id: &RunId) -> Result<crate::api::StacksResponse, StateError> {
-        match &*self.inner {
-            #[cfg(feature = "http")]
-            Transport::Remote(remote) => remote.run_stacks(id, self.timeout).await,
-            Transport::Local(_) => Err(StateError::Unsupported {
-                reason: "stack captures are read from the head's store; connect to it over HTTP"
-                    .into(),
-            }),
-        }
+        let id = id.clone();
+        self.call(|reply| StateMessage::GetStacks { id, reply }).await
     }
 
     /// Posts to run `id`'s stack captures (`POST .../stacks`): with no
@@ -574,13 +569,14 @@ impl Local {
     }
 }
 
-/// The error of token administration on a local handle.
+/// The error of the node ledger on a local handle.
 fn nodes_are_remote() -> StateError {
     StateError::Unsupported {
         reason: "the node ledger is the head service's; connect to it over HTTP".into(),
     }
 }
 
+/// The error of token administration on a local handle.
 fn tokens_are_remote() -> StateError {
     StateError::Unsupported {
         reason: "tokens are the head service's; connect to it over HTTP".into(),

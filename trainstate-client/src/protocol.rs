@@ -188,6 +188,15 @@ pub enum StateMessage {
     /// A request of the rendezvous, where the ranks of a launch without a
     /// controller report one run together.
     Rendezvous(crate::rendezvous::RendezvousMessage),
+    /// Reads a run's stack captures, newest first (`GET .../stacks`). The
+    /// actor only checks that the run is committed; the captures are read
+    /// from the store on a blocking thread, off its turn.
+    GetStacks {
+        /// The run.
+        id: RunId,
+        /// Its captures.
+        reply: Reply<trainstate_schema::api::StacksResponse>,
+    },
     /// Posts to a run's stack captures (`POST .../stacks`): asks its ranks
     /// for their stacks (no ranks), keeps the ranks' answer to a capture
     /// (`capture_id`), or keeps a controller's own capture.

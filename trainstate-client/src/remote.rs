@@ -226,6 +226,9 @@ impl Remote {
                 let _ = reply.send(Err(local_only("prepared writes")));
             }
             StateMessage::Rendezvous(message) => self.rendezvous(message, timeout).await,
+            StateMessage::GetStacks { id, reply } => {
+                let _ = reply.send(self.run_stacks(&id, timeout).await);
+            }
             StateMessage::PostStacks { id, request, reply } => {
                 let _ = reply.send(self.post_stacks(&id, &request, timeout).await);
             }
@@ -244,7 +247,7 @@ impl Remote {
         Ok((capture, opened))
     }
 
-    pub(crate) async fn run_stacks(
+    async fn run_stacks(
         &self,
         id: &RunId,
         timeout: Duration,

@@ -51,6 +51,24 @@ pub enum ManagerError {
         #[source]
         source: StateError,
     },
+    /// The head did not answer within the call deadline (it is down, or
+    /// busy). What was sent is not kept to be sent again: stacks are of a
+    /// moment, and a later call attaches fresher ones.
+    #[error("the state actor did not take the write to run {id}: {source}")]
+    Unreachable {
+        /// The run.
+        id: RunId,
+        /// What the handle said.
+        #[source]
+        source: StateError,
+    },
+    /// Stacks attached with no rank: a capture needs at least one rank's.
+    #[error("the stacks are invalid: {0}")]
+    InvalidStacks(ValidationError),
+    /// The manager was built with no state actor: nothing is tracked, and
+    /// a call that must answer with the head's record cannot.
+    #[error("no state actor: run-state tracking is off")]
+    Untracked,
     /// The manager has been shut down.
     #[error("the manager has been shut down")]
     ShutDown,

@@ -91,4 +91,4 @@ pub use probe::{
 };
 pub use ractor_group::{MetadataRequest, MetadataWorker, RactorWorker, RactorWorkerGroup};
 pub use trainstate_client::{Clock, ManualClock, SystemClock};
-pub use trainstate_schema::api::RankProgress;
+pub use trainstate_schema::api::{RankProgress, RankStackReport, StackCapture};

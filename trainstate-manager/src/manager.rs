@@ -7,10 +7,10 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use trainstate_client::{StateHandle, StatusUpdate};
-use trainstate_schema::api::RankProgress;
+use trainstate_schema::api::{RankProgress, RankStackReport, StackCapture, StacksRequest};
 use trainstate_schema::{
-    CauseKind, RunCause, RunId, TrainDatasetInfoDraft, TrainRunInfo, TrainRunInfoDraft,
-    TrainWorkerInfo, WorkerList,
+    CauseKind, Rule, RunCause, RunId, TrainDatasetInfoDraft, TrainRunInfo, TrainRunInfoDraft,
+    TrainWorkerInfo, ValidationError, WorkerList,
 };
 
 use crate::config::ManagerConfig;
@@ -369,6 +369,52 @@ impl TrainRunStateManager {
         let mut update = StatusUpdate::aborted(kind, detail);
         update.cause = Some(RunCause::new(kind, rank));
         self.end(run_id, "aborted", update).await
+    }
+
+    /// Attaches the stacks this controller holds of live run `run_id`'s
+    /// ranks (each rank's stacks as text, in `ranks`): a capture of its own
+    /// (trigger `CONTROLLER`), for `reason`, which the head keeps with the
+    /// run at once, complete, and groups like any other: the ranks stuck in
+    /// the same place together, the others named as suspects. A rank of
+    /// the run's latest worker group not in `ranks` is listed as not
+    /// answering. Answers the capture as the head keeps it.
+    ///
+    /// Sent at once, not queued: what the head does not take within the
+    /// call deadline is an error ([`ManagerError::Unreachable`]), never
+    /// sent later. A run this manager does not track live is
+    /// [`ManagerError::UnknownRun`]; no ranks is
+    /// [`ManagerError::InvalidStacks`]; what the head refuses (a rank
+    /// outside the group, a bad `source`, a `reason` over 256 characters,
+    /// a worker group the head does not know yet) is
+    /// [`ManagerError::Rejected`], naming the field.
+    pub async fn attach_stacks(
+        &self,
+        run_id: &RunId,
+        reason: Option<String>,
+        ranks: Vec<RankStackReport>,
+    ) -> Result<StackCapture, ManagerError> {
+        let Some(tracking) = self.tracking("attach_stacks") else {
+            return Err(ManagerError::Untracked);
+        };
+        Self::in_runtime("attach_stacks")?;
+        if ranks.is_empty() {
+            return Err(ManagerError::InvalidStacks(ValidationError::new("ranks", Rule::Empty)));
+        }
+        let attempt = tracking
+            .shared
+            .attempt(run_id)
+            .ok_or_else(|| ManagerError::UnknownRun { id: run_id.clone() })?;
+        // The latest worker group's: the head refuses stacks of a group it
+        // does not hold as the run's current attempt.
+        let request = StacksRequest::attach(Some(attempt.attempt_id), reason, ranks);
+        let handle = tracking.shared.handle();
+        match handle.post_stacks(run_id, request).await {
+            Ok(capture) => Ok(capture),
+            Err(source) if source.is_retryable() => {
+                Err(ManagerError::Unreachable { id: run_id.clone(), source })
+            }
+            Err(source) => Err(ManagerError::Rejected { id: run_id.clone(), source }),
+        }
     }
 
     /// Flushes what is still undelivered, waiting at most `grace`, then

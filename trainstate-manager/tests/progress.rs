@@ -20,15 +20,15 @@ use crate::common::{FakeGroup, eventually, patient, unique_name};
 const DEADLINE: Duration = Duration::from_secs(20);
 
 /// A head service on a free loopback port, in this process.
-struct Head {
-    url: String,
-    service: Arc<StateService>,
+pub(crate) struct Head {
+    pub(crate) url: String,
+    pub(crate) service: Arc<StateService>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
 impl Head {
-    async fn start(what: &str) -> Self {
+    pub(crate) async fn start(what: &str) -> Self {
         let config = StateConfig::in_memory().with_name(unique_name(what));
         let service = Arc::new(launch_state_actor(config).await.unwrap());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

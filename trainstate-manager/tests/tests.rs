@@ -9,3 +9,4 @@ mod probe;
 mod progress;
 mod recovery;
 mod registration;
+mod stacks;

@@ -1,4 +1,4 @@
-//! The command line: `serve`, `runs list`, `runs show`, `schema`,
+//! The command line: `serve`, `runs list|show|stacks`, `schema`,
 //! `ingest ray-export`, `backup`, `token create|list|revoke`. The commands
 //! that only talk to a head (`runs`, `token`) are trainstate-client's
 //! (`trainstate_client::cli`); this composes them with the head's own.

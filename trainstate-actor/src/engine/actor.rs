@@ -8,6 +8,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::oneshot;
 use trainstate_client::{RendezvousMessage, Reply, StateError, StateMessage};
 use trainstate_schema::RunId;
+use trainstate_schema::api::StacksResponse;
 
 use crate::decisions::captures::Captures;
 use crate::decisions::health::HealthSweep;
@@ -312,6 +313,37 @@ impl Actor for TrainStateActor {
                 let subscription = view.subscribe(&shared.events, after_seq);
                 drop(view);
                 let _ = reply.send(Ok(subscription));
+            }
+            StateMessage::GetStacks { id, reply } => {
+                let shared = &state.writer.shared;
+                let missing = {
+                    let view = shared.view.read().unwrap_or_else(|e| e.into_inner());
+                    view.get(&id).is_none()
+                };
+                if missing && shared.shared_store.is_some() {
+                    // Perhaps another head has just registered it.
+                    state.writer.sync(false).await;
+                    state.absorb(now);
+                }
+                let known = {
+                    let view = state.writer.shared.view.read().unwrap_or_else(|e| e.into_inner());
+                    view.get(&id).is_some()
+                };
+                if known {
+                    // The store is read on a blocking thread, never on the turn.
+                    let reader = state.writer.shared.metric_reader.clone();
+                    tokio::task::spawn_blocking(move || {
+                        let answer = reader
+                            .captures(&id)
+                            .map(|captures| StacksResponse::new(id, captures))
+                            .map_err(|e| {
+                                StateError::unavailable(format!("cannot read stack captures: {e}"))
+                            });
+                        let _ = reply.send(answer);
+                    });
+                } else {
+                    let _ = reply.send(Err(StateError::NotFound { id }));
+                }
             }
             StateMessage::PostStacks { id, request, reply } => {
                 state.before_write()?;

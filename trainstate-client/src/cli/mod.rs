@@ -1,5 +1,5 @@
 //! The client commands of the `trainstate` binary: `runs list`, `runs show`,
-//! `nodes [show NODE]` and `token create|list|revoke`, each a request to a head service over
+//! `runs stacks`, `nodes [show NODE]` and `token create|list|revoke`, each a request to a head service over
 //! HTTP, and the flags every command that reaches a head shares
 //! ([`HeadArgs`], [`connect`]). The binary (in trainstate-actor) parses its
 //! command line with these and runs them.
@@ -9,6 +9,7 @@
 
 mod nodes;
 mod runs;
+mod stacks;
 mod token;
 
 use std::path::{Path, PathBuf};
@@ -71,6 +72,22 @@ pub enum RunsCommand {
         head: HeadArgs,
         /// The run id.
         id: String,
+    },
+    /// Where every rank of a run is stuck: its newest stack capture, the
+    /// suspects first, then the groups of ranks stuck in the same place.
+    Stacks {
+        /// The head.
+        #[command(flatten)]
+        head: HeadArgs,
+        /// The run id.
+        id: String,
+        /// Ask the run's ranks for their stacks now, wait for the capture
+        /// to complete (at most 40 s) and print it.
+        #[arg(long)]
+        capture: bool,
+        /// Print every rank's stack too.
+        #[arg(long)]
+        all: bool,
     },
 }
 

@@ -85,6 +85,11 @@ async fn run_command(command: RunsCommand) -> Result<String, String> {
             let links = state.links().await.unwrap_or_default();
             show(&run.parse().map_err(|e| e.to_string())?, &links, &served_progress(&run))
         }
+        RunsCommand::Stacks { head, id, capture, all } => {
+            let state = connect_head(&head)?;
+            let id = trainstate_schema::RunId::parse(&id).map_err(|e| e.to_string())?;
+            super::stacks::stacks(&state, &head, &id, capture, all).await
+        }
     }
 }
 
