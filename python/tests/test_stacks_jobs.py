@@ -123,7 +123,10 @@ def job_head(tmp_path: Path, receiver: Receiver) -> Iterator[Head]:
     """A head at its default lease (60 s: a quarter-lease heartbeat is
     15 s, so a capture order reaches a stuck rank by the faster beats), on
     a store of its own, telling the receiver of stalls."""
-    started = Head(["--notify-webhook", f"{receiver.url}/hook#events=stalled"], data_dir=tmp_path / "store")
+    started = Head(
+        ["--notify-webhook", f"{receiver.url}/hook#events=stalled", "--public-url", "http://trainstate.example:8266"],
+        data_dir=tmp_path / "store",
+    )
     yield started
     started.stop()
 
@@ -181,13 +184,18 @@ def test_a_hung_rank_is_named_with_the_function_it_is_stuck_in(job_head: Head, r
         def told(posts: List[Post]) -> Optional[Dict[str, Any]]:
             for post in posts:
                 body = post.body if isinstance(post.body, dict) else {}
-                if body.get("run_id") == run_id and body.get("event") == "STALLED" and 2 in (body.get("ranks") or []):
-                    if "rank_two_is_stuck" in json.dumps(body):
+                if body.get("run_id") == run_id and body.get("event") == "STALLED":
+                    named = [s for s in body.get("suspects") or [] if s.get("rank") == 2]
+                    if named and str(named[0].get("innermost", "")).startswith("rank_two_is_stuck"):
                         return body
             return None
 
         event = receiver.wait_for("a STALLED event naming rank 2 and its frame", told, deadline=60)
         print("STALLED event:", event)
+        assert [s["rank"] for s in event["suspects"]] == [2], event
+        assert event.get("stacks_url") == f"http://trainstate.example:8266/api/train/runs/{run_id}/stacks", event
+        stalled_events = [p for p in receiver.posts if isinstance(p.body, dict) and p.body.get("run_id") == run_id and p.body.get("event") == "STALLED"]
+        assert len(stalled_events) == 1, "one STALLED event, sent once its capture was complete"
         assert job.process.poll() is None, "the capture ended nothing"
         teardown = job.teardown_seconds()
     finally:
