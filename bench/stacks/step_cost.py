@@ -4,7 +4,8 @@ Starts a release head in memory, then runs one-rank training processes
 (a plain process: `trainstate.init()` joins as a world of one) by turns:
 one armed (`init(capture_stacks=True)`: faulthandler registered on the
 capture's signal, the watcher beside it) and one not
-(`capture_stacks=False`), ROUNDS times each. Each process runs STEPS
+(`capture_stacks=False`), ROUNDS times each, the first of a round
+swapped each round. Each process runs STEPS
 steps of a fixed piece of work (a 128x128 float matmul in torch, about a
 millisecond here) with `trainstate.report(step=i)` after each, and prints
 its time per step. Nothing is captured while they run: this measures the
@@ -21,7 +22,6 @@ import re
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -40,12 +40,12 @@ trainstate.init(name="step-cost", capture_stacks=armed)
 a = torch.rand(128, 128)
 for i in range(200):  # warm up
     a = (a @ a).clamp_(0, 1)
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 for i in range(steps):
     a = (a @ a).clamp_(0, 1)
     trainstate.report(step=i + 1, total_steps=steps)
-elapsed = time.perf_counter() - start
-print(f"per_step_us={elapsed / steps * 1e6:.3f}")
+elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+print(f"per_step_us={elapsed / steps * 1e6:.3f} cpu_us={cpu / steps * 1e6:.3f}")
 """
 
 
@@ -61,31 +61,39 @@ def start_head() -> Tuple[subprocess.Popen[str], str]:
     raise SystemExit("the head did not start")
 
 
-def one(url: str, mode: str) -> float:
+def one(url: str, mode: str) -> Tuple[float, float]:
     env = {**os.environ, "TRAINSTATE_URL": url, "PYTHONPATH": str(ROOT / "python"), "OMP_NUM_THREADS": "1"}
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
         env.pop(name, None)
     out = subprocess.run([PYTHON, "-c", CHILD, mode, str(STEPS)], env=env, capture_output=True, text=True, check=True)
-    found = re.search(r"per_step_us=([0-9.]+)", out.stdout)
+    found = re.search(r"per_step_us=([0-9.]+) cpu_us=([0-9.]+)", out.stdout)
     if not found:
         raise SystemExit(f"no figure from the child: {out.stdout!r} {out.stderr!r}")
-    return float(found.group(1))
+    return float(found.group(1)), float(found.group(2))
 
 
 def main() -> None:
     head, url = start_head()
     try:
-        times: Dict[str, List[float]] = {"armed": [], "off": []}
-        for _ in range(ROUNDS):
-            for mode in ("armed", "off"):
-                times[mode].append(one(url, mode))
-                time.sleep(0.2)
-        armed, off = statistics.median(times["armed"]), statistics.median(times["off"])
+        wall: Dict[str, List[float]] = {"armed": [], "off": []}
+        cpu: Dict[str, List[float]] = {"armed": [], "off": []}
+        for round_number in range(ROUNDS):
+            # Each round swaps which goes first, so neither gains from its place.
+            order = ("armed", "off") if round_number % 2 == 0 else ("off", "armed")
+            for mode in order:
+                w, c = one(url, mode)
+                wall[mode].append(w)
+                cpu[mode].append(c)
         print(f"rounds={ROUNDS} steps={STEPS}")
-        for mode in ("armed", "off"):
-            print(f"{mode}: per step µs {[round(t, 1) for t in times[mode]]}, median {statistics.median(times[mode]):.1f}")
-        spread = max(times["off"]) / min(times["off"]) - 1
-        print(f"armed/off median ratio {armed / off:.4f}; spread of the off rounds {spread * 100:.1f}%")
+        for label, figures in (("wall", wall), ("cpu", cpu)):
+            for mode in ("armed", "off"):
+                print(f"{label} {mode}: per step µs {[round(t, 1) for t in figures[mode]]}, median {statistics.median(figures[mode]):.1f}")
+            pairs = [a / o for a, o in zip(figures["armed"], figures["off"])]
+            spread = max(figures["off"]) / min(figures["off"]) - 1
+            print(
+                f"{label}: armed/off median {statistics.median(figures['armed']) / statistics.median(figures['off']):.4f}, "
+                f"median of the rounds' ratios {statistics.median(pairs):.4f}; spread of the off rounds {spread * 100:.1f}%"
+            )
     finally:
         head.terminate()
         head.wait()
