@@ -11,6 +11,7 @@ when ``CI=true``."""
 
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -189,6 +190,40 @@ def test_a_rank_with_no_signal_and_no_py_spy_is_answered_with_why(tmp_path: Path
     armed = _stacks.Armed(None, None, None, "signal 41 (SIGRTMIN+7) is taken by another handler in this rank").config()
     report = _stacks.capture(armed, 2, lambda signum: True, 1.0, {}, None)
     assert report == {"rank": 2, "source": "watcher", "stack": "", "truncated": False, "note": armed["reason"]}, report
+
+
+def test_a_rank_whose_signal_is_taken_is_read_by_py_spy_when_it_is_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # py-spy comes with the environment the tests run in (.ci/run installs it).
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    if shutil.which("py-spy") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("py-spy is missing: .ci/run installs it beside the client")
+        print("py-spy is not installed: its part of the capture is not tested here")
+        pytest.skip("py-spy is not installed")
+    # The rank's own handler holds the signal, so the capture may not take it.
+    body = """
+    signal.signal(_stacks.default_signal(), lambda signum, frame: None)
+    def loading_a_shard():
+        time.sleep(600)
+    print("asleep", flush=True)
+    loading_a_shard()
+    """
+    plain = """
+    import json, os, signal, time
+    from trainstate import _stacks
+    print(json.dumps(None), flush=True)
+    {body}
+"""
+    child, _ = start(script(tmp_path, plain.format(body=body)))
+    try:
+        wait_for_line(child, "asleep")
+        armed = _stacks.Armed(None, None, None, "signal 41 (SIGRTMIN+7) is taken by another handler in this rank").config()
+        report = _stacks.capture(armed, 1, signal_of(child), 15.0, {}, child.pid)
+        assert report["source"] == "py-spy", report
+        assert "loading_a_shard" in report["stack"], report["stack"]
+        assert child.poll() is None, "py-spy reads the rank and leaves it running"
+    finally:
+        stop(child)
 
 
 def test_the_flight_recorders_dump_is_named_in_the_note(tmp_path: Path) -> None:
