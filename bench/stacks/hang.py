@@ -82,7 +82,7 @@ def main() -> None:
         env = {**os.environ, "TRAINSTATE_URL": url, "PYTHONPATH": str(ROOT / "python"), "OMP_NUM_THREADS": "1"}
         job = subprocess.Popen(
             [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4",
-             "--monitor_interval", "0.2", str(script), str(STEP), str(HANG_AT)],
+             "--redirects", "2", "--tee", "2", "--monitor_interval", "0.2", str(script), str(STEP), str(HANG_AT)],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )
         started = time.monotonic()
