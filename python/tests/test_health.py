@@ -62,7 +62,7 @@ def test_progress_reaches_the_head_and_a_quiet_run_is_stalled_until_it_advances(
         stalled = health_of(head, run_id, "STALLED", deadline=15)
         health = stalled["health"]
         assert health["ranks"] == [0], health
-        assert "rank 0" in health["detail"] and "step 5" in health["detail"], health
+        assert "Rank 0 last advanced" in health["detail"] and "step 5" in health["detail"], health
         assert str(rank0["last_advance_ms"]) not in health["detail"], "the detail is for a person: no raw milliseconds"
         assert stalled["run_status"] == "RUNNING"
 
