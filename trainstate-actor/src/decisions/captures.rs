@@ -55,6 +55,22 @@ struct RunCaptures {
     open: Option<OpenCapture>,
 }
 
+impl RunCaptures {
+    /// The writes that keep a new capture of run `id` whole: the oldest
+    /// dropped while the run keeps `MAX_CAPTURES_PER_RUN`, then its rows.
+    fn store_new(&mut self, id: &RunId, new: &OpenCapture) -> Vec<StoreOp> {
+        let mut ops = Vec::new();
+        while self.stored.len() >= MAX_CAPTURES_PER_RUN {
+            let (oldest, _) = self.stored.pop_front().expect("not empty");
+            ops.push(StoreOp::DropCapture { run_id: id.clone(), capture_id: oldest });
+        }
+        let rows = new.rows(id, 0..new.capture.ranks.len());
+        self.stored.push_back((new.capture.capture_id, rows.bytes));
+        ops.push(StoreOp::PutCapture(Arc::new(rows)));
+        ops
+    }
+}
+
 /// A capture waiting for its ranks.
 struct OpenCapture {
     capture: StackCapture,
@@ -318,15 +334,8 @@ impl Captures {
         let deadline_ms = now_ms + CAPTURE_DEADLINE_MS;
         let capture =
             StackCapture::new(capture_id, attempt_id, now_ms, trigger, reason, deadline_ms, ranks);
-        let mut ops = Vec::new();
-        while run.stored.len() >= MAX_CAPTURES_PER_RUN {
-            let (oldest, _) = run.stored.pop_front().expect("not empty");
-            ops.push(StoreOp::DropCapture { run_id: id.clone(), capture_id: oldest });
-        }
         let open = OpenCapture::new(capture.clone(), world_size);
-        let rows = open.rows(id, 0..capture.ranks.len());
-        run.stored.push_back((capture_id, rows.bytes));
-        ops.push(StoreOp::PutCapture(Arc::new(rows)));
+        let ops = run.store_new(id, &open);
         if let Some(board) = board.filter(|b| b.world_size() > 0) {
             board.open_capture(capture_id);
             run.last_reached_ms = Some(now_ms);
@@ -433,15 +442,7 @@ impl Captures {
         );
         capture.state = CaptureState::Complete;
         group(&mut capture);
-        let mut ops = Vec::new();
-        while run.stored.len() >= MAX_CAPTURES_PER_RUN {
-            let (oldest, _) = run.stored.pop_front().expect("not empty");
-            ops.push(StoreOp::DropCapture { run_id: id.clone(), capture_id: oldest });
-        }
-        let whole = OpenCapture::new(capture.clone(), world_size);
-        let rows = whole.rows(id, 0..capture.ranks.len());
-        run.stored.push_back((capture_id, rows.bytes));
-        ops.push(StoreOp::PutCapture(Arc::new(rows)));
+        let ops = run.store_new(id, &OpenCapture::new(capture.clone(), world_size));
         Ok(Outcome::Changed(Change { ops, events: Vec::new(), answer: capture }))
     }
 
