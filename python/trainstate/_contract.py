@@ -52,6 +52,9 @@ POST_RUN_STACKS: Final = Route("POST", "/api/train/runs/{id}/stacks")
 LIST_NODES: Final = Route("GET", "/api/train/nodes")
 """``listNodes``: The node ledger: per node, attempts hosted, failures by class where one of its ranks failed first or it was lost, times named a stall suspect or straggler, last seen, and the verdict `suspect` with its reason (docs/nodes.md). `format=exclude` answers the suspects as a scheduler exclude list."""
 
+GET_GOODPUT: Final = Route("GET", "/api/train/goodput")
+"""``getGoodput``: The fleet's goodput: the share of the GPU time runs held that went into progress that was kept, and where the rest went by bucket (waiting to start, restarting, stalled, checkpointing, progress lost, slower than pace), per cluster, node or run name (docs/goodput.md). A window that starts before the oldest retained run counts what is retained and says so (`beyond_retention`)."""
+
 GET_NODE: Final = Route("GET", "/api/train/nodes/{node}")
 """``getNode``: One node of the ledger and the runs behind each of its counts (404 for a node never seen under a retained run)."""
 
@@ -123,6 +126,9 @@ RUN_PAGE: Final = Route("GET", "/runs/{id}")
 
 NODES_PAGE: Final = Route("GET", "/nodes")
 """``nodesPage``: The web page, opened on the node ledger (suspects first)."""
+
+GOODPUT_PAGE: Final = Route("GET", "/goodput")
+"""``goodputPage``: The web page, opened on the fleet's goodput (by cluster, node or run name)."""
 
 PAGE_SCRIPT: Final = Route("GET", "/app.js")
 """``pageScript``: The page's script."""

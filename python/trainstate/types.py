@@ -12,11 +12,13 @@ __all__ = [
     "ActorStatus",
     "AttemptRequest",
     "AttemptStatus",
+    "Badput",
     "CaptureOrder",
     "CaptureState",
     "CaptureTrigger",
     "CauseClass",
     "CauseKind",
+    "CheckpointMark",
     "CreateTokenRequest",
     "CreateTokenResponse",
     "Cursor",
@@ -26,6 +28,11 @@ __all__ = [
     "EventKind",
     "FailureCounts",
     "FailureMode",
+    "GoodputBy",
+    "GoodputGroup",
+    "GoodputQuery",
+    "GoodputResponse",
+    "GoodputTotals",
     "HealthChange",
     "HealthResponse",
     "HealthState",
@@ -70,6 +77,7 @@ __all__ = [
     "RunAttempt",
     "RunCause",
     "RunEvent",
+    "RunGoodput",
     "RunHealth",
     "RunId",
     "RunListResponse",
@@ -125,6 +133,9 @@ EventKind = Literal["registered", "status_changed", "attempt_started", "evicted"
 FailureMode = Literal["RAISED", "EXITED", "KILLED", "VANISHED"]
 """How a failed rank is known to have failed."""
 
+GoodputBy = Literal["cluster", "node", "name"]
+"""What `GET /api/train/goodput` sums by."""
+
 HealthState = Literal["PROGRESSING", "STALLED"]
 """Whether a run's ranks still advance."""
 
@@ -179,6 +190,29 @@ class AttemptRequest(_AttemptRequestRequired, _AttemptRequestOptional):
     """Body of `POST /api/train/runs/{id}/attempts`: a new worker group."""
 
 
+_BadputRequired = TypedDict(
+    "_BadputRequired",
+    {
+        "waiting_to_start_ms": "int",
+        "restarting_ms": "int",
+        "stalled_ms": "int",
+        "checkpointing_ms": "int",
+        "progress_lost_ms": "int",
+        "slower_than_pace_ms": "int",
+    },
+)
+_BadputOptional = TypedDict(
+    "_BadputOptional",
+    {
+    },
+    total=False,
+)
+
+
+class Badput(_BadputRequired, _BadputOptional):
+    """The badput of a run (or of a group of runs), by bucket, in ms."""
+
+
 _CaptureOrderRequired = TypedDict(
     "_CaptureOrderRequired",
     {
@@ -196,6 +230,26 @@ _CaptureOrderOptional = TypedDict(
 
 class CaptureOrder(_CaptureOrderRequired, _CaptureOrderOptional):
     """What a rank's watcher is asked to capture (in a heartbeat's answer)."""
+
+
+_CheckpointMarkRequired = TypedDict(
+    "_CheckpointMarkRequired",
+    {
+        "step": "int",
+        "at_ms": "int",
+        "attempt_id": "str",
+    },
+)
+_CheckpointMarkOptional = TypedDict(
+    "_CheckpointMarkOptional",
+    {
+    },
+    total=False,
+)
+
+
+class CheckpointMark(_CheckpointMarkRequired, _CheckpointMarkOptional):
+    """A run's latest checkpoint mark: progress up to `step` is saved."""
 
 
 _CreateTokenRequestRequired = TypedDict(
@@ -297,6 +351,98 @@ _FailureCountsOptional = TypedDict(
 
 class FailureCounts(_FailureCountsRequired, _FailureCountsOptional):
     """Failures a node is blamed for, by class of their cause."""
+
+
+_GoodputGroupRequired = TypedDict(
+    "_GoodputGroupRequired",
+    {
+        "runs": "int",
+        "live": "int",
+        "wall_gpu_ms": "int",
+        "productive_gpu_ms": "int",
+        "badput_gpu_ms": "Badput",
+    },
+)
+_GoodputGroupOptional = TypedDict(
+    "_GoodputGroupOptional",
+    {
+        "key": "Optional[str]",
+        "cluster": "Optional[str]",
+        "ratio": "Optional[float]",
+    },
+    total=False,
+)
+
+
+class GoodputGroup(_GoodputGroupRequired, _GoodputGroupOptional):
+    """One group of `GET /api/train/goodput`."""
+
+
+_GoodputQueryRequired = TypedDict(
+    "_GoodputQueryRequired",
+    {
+    },
+)
+_GoodputQueryOptional = TypedDict(
+    "_GoodputQueryOptional",
+    {
+        "since": "Optional[str]",
+        "by": "Optional[GoodputBy]",
+        "cluster": "Optional[str]",
+    },
+    total=False,
+)
+
+
+class GoodputQuery(_GoodputQueryRequired, _GoodputQueryOptional):
+    """Query of `GET /api/train/goodput`."""
+
+
+_GoodputResponseRequired = TypedDict(
+    "_GoodputResponseRequired",
+    {
+        "by": "GoodputBy",
+        "since_ms": "int",
+        "until_ms": "int",
+        "beyond_retention": "bool",
+        "total": "GoodputTotals",
+        "groups": "List[GoodputGroup]",
+    },
+)
+_GoodputResponseOptional = TypedDict(
+    "_GoodputResponseOptional",
+    {
+        "retained_since_ms": "Optional[int]",
+    },
+    total=False,
+)
+
+
+class GoodputResponse(_GoodputResponseRequired, _GoodputResponseOptional):
+    """The answer of `GET /api/train/goodput`: the groups, most GPU time lost first, and the total over every run counted."""
+
+
+_GoodputTotalsRequired = TypedDict(
+    "_GoodputTotalsRequired",
+    {
+        "runs": "int",
+        "live": "int",
+        "wall_gpu_ms": "int",
+        "productive_gpu_ms": "int",
+        "badput_gpu_ms": "Badput",
+    },
+)
+_GoodputTotalsOptional = TypedDict(
+    "_GoodputTotalsOptional",
+    {
+        "ratio": "Optional[float]",
+    },
+    total=False,
+)
+
+
+class GoodputTotals(_GoodputTotalsRequired, _GoodputTotalsOptional):
+    """Summed times of some runs, each weighted by its allocation (GPU-ms)."""
 
 
 _HealthChangeRequired = TypedDict(
@@ -577,6 +723,8 @@ _NotifyEventOptional = TypedDict(
         "suspects": "List[StackSuspect]",
         "suspects_left_out": "int",
         "stacks_url": "Optional[str]",
+        "goodput": "Optional[RunGoodput]",
+        "restart_loop": "bool",
     },
     total=False,
 )
@@ -755,6 +903,7 @@ _RankProgressOptional = TypedDict(
         "phase": "Optional[str]",
         "expect_next_within_ms": "Optional[int]",
         "step_time_ms": "Optional[float]",
+        "checkpoint": "Optional[int]",
         "metrics": "Dict[str, float]",
     },
     total=False,
@@ -1188,6 +1337,33 @@ class RunEvent(_RunEventRequired, _RunEventOptional):
     """The data of a change event of `GET /api/train/events`; the SSE event's name is its `kind` and its id its `seq`."""
 
 
+_RunGoodputRequired = TypedDict(
+    "_RunGoodputRequired",
+    {
+        "wall_ms": "int",
+        "productive_ms": "int",
+        "badput": "Badput",
+        "as_of_ms": "int",
+    },
+)
+_RunGoodputOptional = TypedDict(
+    "_RunGoodputOptional",
+    {
+        "ratio": "Optional[float]",
+        "checkpoint": "Optional[CheckpointMark]",
+        "productive_at_checkpoint_ms": "int",
+        "restarts_since_checkpoint": "int",
+        "restart_loop": "bool",
+        "reference_step_ms": "Optional[float]",
+    },
+    total=False,
+)
+
+
+class RunGoodput(_RunGoodputRequired, _RunGoodputOptional):
+    """Extension: where a run's wall-clock time went (see the module's docs and `docs/goodput.md`). Set by the head: a registration's value is ignored. Absent for a run registered already ended (the head saw none of it)."""
+
+
 _RunHealthRequired = TypedDict(
     "_RunHealthRequired",
     {
@@ -1536,6 +1712,7 @@ _TrainRunInfoOptional = TypedDict(
         "status_history": "List[StatusChange]",
         "health": "Optional[RunHealth]",
         "health_history": "List[HealthChange]",
+        "goodput": "Optional[RunGoodput]",
         "rank_last_heartbeat_ms": "List[Optional[int]]",
         "rank_progress": "List[Optional[Dict[str, Any]]]",
     },

@@ -52,6 +52,10 @@ const CONTRACT = deepFreeze({
       "method": "GET",
       "path": "/api/train/nodes"
     },
+    "getGoodput": {
+      "method": "GET",
+      "path": "/api/train/goodput"
+    },
     "getNode": {
       "method": "GET",
       "path": "/api/train/nodes/{node}"
@@ -147,6 +151,10 @@ const CONTRACT = deepFreeze({
     "nodesPage": {
       "method": "GET",
       "path": "/nodes"
+    },
+    "goodputPage": {
+      "method": "GET",
+      "path": "/goodput"
     },
     "pageScript": {
       "method": "GET",

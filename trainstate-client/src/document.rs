@@ -118,7 +118,8 @@ impl RunJson {
     /// The state of the run's `health` (`STALLED`, `PROGRESSING`), read
     /// without parsing the whole run: from its members, or from the end of
     /// its whole text, where the canonical order puts `health` (only
-    /// `health_history` follows it). `None` for a run with no health.
+    /// `health_history` and `goodput` follow it). `None` for a run with no
+    /// health.
     pub fn health_state(&self) -> Option<HealthState> {
         #[derive(Deserialize)]
         struct StateOnly {
@@ -132,6 +133,7 @@ impl RunJson {
             Repr::Whole(raw) => {
                 const KEY: &str = ",\"health\":";
                 const HISTORY: &str = ",\"health_history\":";
+                const GOODPUT: &str = ",\"goodput\":";
                 let text = raw.get();
                 let tail = &text[text.rfind(KEY)? + KEY.len()..];
                 let mut values = serde_json::Deserializer::from_str(tail).into_iter::<StateOnly>();
@@ -142,6 +144,12 @@ impl RunJson {
                         .into_iter::<serde::de::IgnoredAny>();
                     values.next()?.ok()?;
                     rest = &history[values.byte_offset()..];
+                }
+                if let Some(goodput) = rest.strip_prefix(GOODPUT) {
+                    let mut values = serde_json::Deserializer::from_str(goodput)
+                        .into_iter::<serde::de::IgnoredAny>();
+                    values.next()?.ok()?;
+                    rest = &goodput[values.byte_offset()..];
                 }
                 // A `health` nested deeper (in `run_settings`) is followed
                 // by more than the run's closing brace.
@@ -249,6 +257,7 @@ fn intern(key: &str) -> Option<&'static str> {
         "status_history",
         "health",
         "health_history",
+        "goodput",
         LAST_HEARTBEAT,
         RANK_HEARTBEATS,
         RANK_PROGRESS,
@@ -441,9 +450,12 @@ mod tests {
     fn a_runs_health_is_read_from_its_end_and_never_from_its_settings() {
         let health = r#""health":{"state":"STALLED","since_ms":1,"ranks":[],"detail":""}"#;
         let history = r#""health_history":[{"state":"STALLED","at_ms":1,"ranks":[]}]"#;
+        let goodput = r#""goodput":{"wall_ms":0,"productive_ms":0,"badput":{},"as_of_ms":1}"#;
         let cases = [
             (format!(r#"{{"id":"r1",{health}}}"#), Some(HealthState::Stalled)),
             (format!(r#"{{"id":"r1",{health},{history}}}"#), Some(HealthState::Stalled)),
+            (format!(r#"{{"id":"r1",{health},{history},{goodput}}}"#), Some(HealthState::Stalled)),
+            (format!(r#"{{"id":"r1",{health},{goodput}}}"#), Some(HealthState::Stalled)),
             (format!(r#"{{"id":"r1","run_settings":{{{health}}}}}"#), None),
             (format!(r#"{{"id":"r1","run_settings":{{"a":1,{health},{history}}}}}"#), None),
             (r#"{"id":"r1"}"#.to_owned(), None),

@@ -18,12 +18,14 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::{RunCause, RunId, RunStatus, TrainRunInfo, TrainRunInfoDraft, TrainWorkerInfoDraft};
 
+mod goodput;
 mod nodes;
 mod notify;
 mod progress;
 mod rendezvous;
 mod stacks;
 mod tokens;
+pub use goodput::*;
 pub use nodes::*;
 pub use notify::*;
 pub use progress::*;

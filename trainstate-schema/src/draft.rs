@@ -324,6 +324,16 @@ pub struct TrainRunInfoDraft {
     )]
     #[cfg_attr(feature = "schemars", schemars(length(max = 32)))]
     pub health_history: Vec<crate::HealthChange>,
+    /// Extension: where the run's wall-clock time went: productive time and badput by
+    /// bucket, its goodput ratio, its latest checkpoint mark and whether it restarts in a
+    /// loop (docs/goodput.md). Set by the head: a registration's value is ignored. Absent
+    /// for a run registered already ended.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::object::option"
+    )]
+    pub goodput: Option<crate::RunGoodput>,
 }
 
 impl TrainRunInfoDraft {
@@ -373,6 +383,7 @@ impl TrainRunInfoDraft {
             status_history: Vec::new(),
             health: None,
             health_history: Vec::new(),
+            goodput: None,
         }
     }
 

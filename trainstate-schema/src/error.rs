@@ -189,6 +189,22 @@ pub enum Rule {
         /// The rank that appears twice.
         rank: u32,
     },
+    /// A checkpoint mark must not be ahead of the rank's own step.
+    CheckpointAheadOfStep {
+        /// The rank's step.
+        step: u64,
+    },
+    /// A checkpoint mark must not go back from the rank's previous mark in
+    /// the same attempt.
+    CheckpointGoesBack {
+        /// The rank's previous mark.
+        previous: u64,
+    },
+    /// A run's goodput buckets must add up to its `wall_ms`.
+    GoodputSum {
+        /// What they add up to.
+        sum: u64,
+    },
 }
 
 impl fmt::Display for Rule {
@@ -297,6 +313,18 @@ impl fmt::Display for Rule {
             Rule::DuplicateRank { rank } => {
                 write!(f, "rank {rank} is reported more than once: one entry per rank")
             }
+            Rule::CheckpointAheadOfStep { step } => write!(
+                f,
+                "must not be ahead of the rank's own step ({step}): a checkpoint saves steps already taken"
+            ),
+            Rule::CheckpointGoesBack { previous } => write!(
+                f,
+                "must not go back from the rank's previous checkpoint mark ({previous}) in the same attempt"
+            ),
+            Rule::GoodputSum { sum } => write!(
+                f,
+                "must equal productive_ms plus every badput bucket ({sum})"
+            ),
         }
     }
 }

@@ -60,6 +60,7 @@
 pub mod api;
 mod draft;
 mod error;
+mod goodput;
 mod health;
 mod id;
 mod json;
@@ -80,6 +81,10 @@ pub use draft::{
     RunAttemptDraft, StatusChange, TrainDatasetInfoDraft, TrainRunInfoDraft, TrainWorkerInfoDraft,
 };
 pub use error::{Rule, ValidationError};
+pub use goodput::{
+    Badput, CheckpointMark, GoodputBucket, RESTART_LOOP_RESTARTS, RunGoodput, SLOW_STEP_FACTOR,
+    ratio as goodput_ratio,
+};
 pub use health::{HealthChange, HealthState, RunHealth, StallCapture, Straggler};
 pub use id::{RUN_ID_PATTERN, RunId};
 pub use json::JsonValue;

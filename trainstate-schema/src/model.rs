@@ -11,6 +11,7 @@ use crate::draft::{
     RunAttemptDraft, StatusChange, TrainDatasetInfoDraft, TrainRunInfoDraft, TrainWorkerInfoDraft,
 };
 use crate::error::{Rule, ValidationError};
+use crate::goodput::RunGoodput;
 use crate::health::{HealthChange, HealthState, RunHealth};
 use crate::id::RunId;
 use crate::json::JsonValue;
@@ -317,6 +318,7 @@ pub struct TrainRunInfo {
     status_history: Vec<StatusChange>,
     health: Option<RunHealth>,
     health_history: Vec<HealthChange>,
+    goodput: Option<RunGoodput>,
 }
 
 impl TrainRunInfo {
@@ -373,6 +375,21 @@ impl TrainRunInfo {
     /// that never reported progress.
     pub fn health(&self) -> Option<&RunHealth> {
         self.health.as_ref()
+    }
+
+    /// The run with goodput `goodput`, as the head counted it. Fails when
+    /// it breaks the rules of a run's goodput (its buckets must add up to
+    /// its wall-clock time).
+    pub fn with_goodput(mut self, goodput: RunGoodput) -> Result<Self, ValidationError> {
+        crate::goodput::check(Some(&goodput))?;
+        self.goodput = Some(goodput);
+        Ok(self)
+    }
+
+    /// Where the run's wall-clock time went, as the head last counted it;
+    /// `None` for a run registered already ended.
+    pub fn goodput(&self) -> Option<&RunGoodput> {
+        self.goodput.as_ref()
     }
 
     /// The run's health changes, oldest first (the latest
@@ -584,6 +601,7 @@ impl TrainRunInfo {
             status_history: self.status_history,
             health: self.health,
             health_history: self.health_history,
+            goodput: self.goodput,
         }
     }
 }
@@ -680,6 +698,7 @@ impl TryFrom<TrainRunInfoDraft> for TrainRunInfo {
         }
         check_status_history(&d.status_history)?;
         crate::health::check(d.health.as_ref(), &d.health_history)?;
+        crate::goodput::check(d.goodput.as_ref())?;
 
         Ok(Self {
             name: d.name,
@@ -704,6 +723,7 @@ impl TryFrom<TrainRunInfoDraft> for TrainRunInfo {
             status_history: d.status_history,
             health: d.health,
             health_history: d.health_history,
+            goodput: d.goodput,
         })
     }
 }
@@ -848,7 +868,8 @@ impl Serialize for TrainRunInfo {
             + usize::from(self.cluster.is_some())
             + usize::from(!self.status_history.is_empty())
             + usize::from(self.health.is_some())
-            + usize::from(!self.health_history.is_empty());
+            + usize::from(!self.health_history.is_empty())
+            + usize::from(self.goodput.is_some());
         // `status` is written only when it says more than `run_status`: a
         // live sub-status. A V1 document stays exactly a V1 document.
         let detailed = self.status != self.status.v1();
@@ -905,6 +926,9 @@ impl Serialize for TrainRunInfo {
         }
         if !self.health_history.is_empty() {
             s.serialize_field("health_history", &self.health_history)?;
+        }
+        if let Some(goodput) = &self.goodput {
+            s.serialize_field("goodput", goodput)?;
         }
         s.end()
     }

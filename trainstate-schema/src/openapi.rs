@@ -21,6 +21,7 @@ use crate::api::{
 use crate::api::{
     CreateTokenRequest, CreateTokenResponse, TokenInfo, TokenListResponse, TokenScope,
 };
+use crate::api::{GoodputQuery, GoodputResponse};
 use crate::api::{
     NodeDetailResponse, NodeListResponse, NotifyEvent, NotifyResponse, StackCapture, StacksRequest,
     StacksResponse,
@@ -96,6 +97,10 @@ pub fn wire_schemas() -> Vec<(&'static str, Schema)> {
         of::<StacksRequest>("StacksRequest"),
         of::<StackCapture>("StackCapture"),
         of::<StacksResponse>("StacksResponse"),
+        // Goodput: a run's and the fleet's.
+        of::<crate::RunGoodput>("RunGoodput"),
+        of::<GoodputQuery>("GoodputQuery"),
+        of::<GoodputResponse>("GoodputResponse"),
     ]
 }
 

@@ -21,6 +21,7 @@ use crate::api::{
     RendezvousResponse, RunEvent, RunListResponse, SnapshotEvent, StatusRequest, VersionResponse,
 };
 use crate::api::{CreateTokenRequest, CreateTokenResponse, TokenListResponse, TokenScope};
+use crate::api::{GoodputQuery, GoodputResponse};
 use crate::api::{StackCapture, StacksRequest, StacksResponse};
 use crate::{TrainRunInfo, ray_v2};
 
@@ -104,6 +105,10 @@ pub enum Operation {
     ListNodes,
     /// `GET /api/train/nodes/{node}`: one node and the runs behind its counts.
     GetNode,
+    /// `GET /api/train/goodput`: the fleet's goodput, summed by cluster, node or name.
+    GetGoodput,
+    /// `GET /goodput`: the web page, opened on the fleet's goodput.
+    GoodputPage,
 }
 
 /// An HTTP method the API uses.
@@ -636,6 +641,23 @@ pub fn routes() -> Vec<Route> {
             )
         },
         Route {
+            query: Some(inline_schema_of::<GoodputQuery>),
+            success: &[Success {
+                status: 200,
+                description: "Every retained run's time in the window, weighted by its GPUs (its workers when it has none) and summed by cluster, node or run name, most GPU time lost first, with the total.",
+                body: Body::Json(schema_of::<GoodputResponse>),
+            }],
+            errors: NODE_ERRORS,
+            ..route(
+                Operation::GetGoodput,
+                "getGoodput",
+                Get,
+                "/api/train/goodput",
+                "The fleet's goodput: the share of the GPU time runs held that went into progress that was kept, and where the rest went by bucket (waiting to start, restarting, stalled, checkpointing, progress lost, slower than pace), per cluster, node or run name (docs/goodput.md). A window that starts before the oldest retained run counts what is retained and says so (`beyond_retention`).",
+                Read,
+            )
+        },
+        Route {
             path_params: &[NODE],
             query: Some(inline_schema_of::<NodeQuery>),
             success: &[Success {
@@ -1036,6 +1058,21 @@ pub fn routes() -> Vec<Route> {
                 Get,
                 "/nodes",
                 "The web page, opened on the node ledger (suspects first).",
+                Open,
+            )
+        },
+        Route {
+            success: &[Success {
+                status: 200,
+                description: "The page.",
+                body: Body::Text("text/html"),
+            }],
+            ..route(
+                Operation::GoodputPage,
+                "goodputPage",
+                Get,
+                "/goodput",
+                "The web page, opened on the fleet's goodput (by cluster, node or run name).",
                 Open,
             )
         },

@@ -9,7 +9,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::api::StackSuspect;
-use crate::{CauseClass, CauseKind, HealthState, RunCause, RunStatus};
+use crate::{CauseClass, CauseKind, HealthState, RunCause, RunGoodput, RunStatus};
 
 /// What happened to a run that a notification tells of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -94,7 +94,7 @@ impl NotifyNode {
 /// The body a generic webhook target receives (`POST`, JSON), one event per
 /// request. `event_id` is the same every time the same event is sent: a
 /// receiver drops the repeats (delivery is at least once).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[non_exhaustive]
 pub struct NotifyEvent {
@@ -153,6 +153,16 @@ pub struct NotifyEvent {
     /// null without a capture or a public URL.
     #[serde(default)]
     pub stacks_url: Option<String>,
+    /// For `ERRORED`, `ABORTED` and `FINISHED`: where the run's wall-clock
+    /// time went (its goodput and badput by bucket); null for a run the
+    /// head counted none of, and for every other event.
+    #[serde(default)]
+    pub goodput: Option<RunGoodput>,
+    /// For `RESTARTING`: true when this restart put the run in a restart
+    /// loop (`RESTART_LOOP_RESTARTS` failed attempts without a new
+    /// checkpoint mark); the detail says so.
+    #[serde(default)]
+    pub restart_loop: bool,
 }
 
 impl NotifyEvent {
@@ -187,6 +197,8 @@ impl NotifyEvent {
             suspects: Vec::new(),
             suspects_left_out: 0,
             stacks_url: None,
+            goodput: None,
+            restart_loop: false,
         }
     }
 }

@@ -60,6 +60,13 @@ pub struct RankProgress {
         schemars(range(max = 604_800_000_u64), extend("exclusiveMinimum" = 0))
     )]
     pub step_time_ms: Option<f64>,
+    /// Progress up to this step is saved (a checkpoint was written): the
+    /// work a failure loses is counted from the run's latest mark (its
+    /// goodput's progress lost). Never ahead of the rank's own step (this
+    /// report's, else its latest) and never lower than the rank's previous
+    /// mark of the same attempt (422, naming `progress.checkpoint`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<u64>,
     /// The rank's latest scalar metrics, by name: at most 32 per report,
     /// each name 1 to 128 of `A-Z a-z 0-9 _ . : / -`, each value finite. A
     /// run's ranks report at most 64 distinct names in all.
@@ -76,6 +83,12 @@ impl RankProgress {
     /// Checks every rule of one report; an error names its field under
     /// `progress` (`progress.metrics["loss"]`, `progress.phase`).
     pub fn check(&self) -> Result<(), ValidationError> {
+        if let (Some(checkpoint), Some(step)) = (self.checkpoint, self.step)
+            && checkpoint > step
+        {
+            let rule = Rule::CheckpointAheadOfStep { step };
+            return Err(ValidationError::new("progress.checkpoint", rule));
+        }
         if let Some(phase) = &self.phase {
             let field = || "progress.phase".to_owned();
             if phase.is_empty() {
@@ -267,6 +280,9 @@ pub struct RankProgressServed {
     /// The rank's latest scalar metrics, by name.
     #[serde(default)]
     pub metrics: BTreeMap<String, f64>,
+    /// The rank's latest checkpoint mark in this attempt, if it made one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<u64>,
 }
 
 impl RankProgressServed {
@@ -278,7 +294,13 @@ impl RankProgressServed {
         last_advance_ms: Option<u64>,
         metrics: BTreeMap<String, f64>,
     ) -> Self {
-        Self { step, total_steps, phase, last_advance_ms, metrics }
+        Self { step, total_steps, phase, last_advance_ms, metrics, checkpoint: None }
+    }
+
+    /// The same report, with the rank's latest checkpoint mark.
+    pub fn with_checkpoint(mut self, checkpoint: Option<u64>) -> Self {
+        self.checkpoint = checkpoint;
+        self
     }
 }
 

@@ -61,6 +61,7 @@ impl NewRun {
         // The head decides a run's health; a registration's is ignored.
         run.health = None;
         run.health_history = Vec::new();
+        run.goodput = None;
         if run.attempts.is_empty() {
             // One attempt, a valid id, starting with the run, no workers of
             // its own, not ended: valid for any valid run.
@@ -102,6 +103,7 @@ impl NewRun {
         run.last_heartbeat_ms = None;
         run.health = None;
         run.health_history = Vec::new();
+        run.goodput = None;
         Self { run }
     }
 

@@ -10,6 +10,7 @@ mod auth;
 mod body;
 mod body_budget;
 mod events;
+mod goodput;
 mod loading;
 mod metrics;
 mod nodes;
@@ -637,9 +638,12 @@ fn handler(operation: Operation, filter: MethodFilter) -> MethodRouter<AppState>
         Operation::GetNotify => on(filter, routes::notify),
         Operation::ListNodes => on(filter, nodes::list_nodes),
         Operation::GetNode => on(filter, nodes::get_node),
+        Operation::GetGoodput => on(filter, goodput::get_goodput),
         Operation::Health => on(filter, routes::healthz),
         Operation::Metrics => on(filter, routes::metrics),
-        Operation::Page | Operation::RunPage | Operation::NodesPage => on(filter, web::page),
+        Operation::Page | Operation::RunPage | Operation::NodesPage | Operation::GoodputPage => {
+            on(filter, web::page)
+        }
         Operation::PageScript => on(filter, web::script),
         Operation::PageStyle => on(filter, web::style),
         Operation::PageContract => on(filter, web::contract),

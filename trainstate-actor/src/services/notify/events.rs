@@ -108,7 +108,7 @@ pub(crate) struct Stall {
 }
 
 /// One event of a run, ready to be sent in any format.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Notice {
     /// What a webhook receives (and what the other formats are made from).
     pub(crate) event: NotifyEvent,
