@@ -80,9 +80,10 @@ impl Reader {
                 None => Found::Missing,
             };
         };
-        let document = record.document(self.liveness().heartbeat_of(record));
+        let record = record.clone();
         drop(view);
-        Found::Run(self.liveness().decorate(id, document))
+        let document = record.document(self.liveness().heartbeat_of(&record));
+        Found::Run(self.liveness().decorate(&record, document, self.clock.now_ms()))
     }
 
     /// The attempt of an ended run whose ranks' last progress is to be

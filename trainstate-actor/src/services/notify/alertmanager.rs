@@ -18,7 +18,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use serde_json::{Value, json};
 use trainstate_schema::api::{NotifyEvent, NotifyEventKind};
 
-use super::events::{Notice, Stall, ended_words, suspect_lines};
+use super::events::{Notice, Stall, ended_words, goodput_line, suspect_lines};
 
 /// How long the alert of an end or a restart fires.
 pub(crate) const ONE_SHOT_HOLD: Duration = Duration::from_secs(3600);
@@ -152,12 +152,15 @@ fn one_shot_alert(event: &NotifyEvent) -> Alert {
         Some(cluster) => format!("Run {} {what} on {cluster}", event.name),
         None => format!("Run {} {what}", event.name),
     };
-    Alert {
-        labels,
-        annotations: BTreeMap::from([("summary", summary), ("description", event.detail.clone())]),
-        starts_at_ms: event.at_ms,
-        generator_url: event.link.clone(),
+    let mut annotations =
+        BTreeMap::from([("summary", summary), ("description", event.detail.clone())]);
+    if let Some(line) = event.goodput.as_ref().and_then(goodput_line) {
+        annotations.insert("goodput", line);
     }
+    if event.restart_loop {
+        labels.insert("restart_loop", "true".to_owned());
+    }
+    Alert { labels, annotations, starts_at_ms: event.at_ms, generator_url: event.link.clone() }
 }
 
 /// The labels every alert of a run has. A label with no value is left

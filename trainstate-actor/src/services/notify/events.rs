@@ -12,7 +12,7 @@ use trainstate_schema::api::{CaptureState, NotifyEvent, NotifyEventKind, NotifyN
 use trainstate_schema::limits::MAX_NOTIFY_SUSPECTS;
 use trainstate_schema::text::one_line;
 use trainstate_schema::{
-    CauseClass, CauseKind, HealthChange, HealthState, RunCause, RunHealth, RunStatus,
+    CauseClass, CauseKind, HealthChange, HealthState, RunCause, RunGoodput, RunHealth, RunStatus,
 };
 
 use crate::decisions::time_text;
@@ -47,6 +47,8 @@ pub(crate) struct StoredRun {
     attempts: Vec<StoredAttempt>,
     #[serde(default)]
     workers: Vec<StoredWorker>,
+    #[serde(default)]
+    goodput: Option<RunGoodput>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -203,6 +205,13 @@ pub(crate) fn derive(run: &StoredRun, link_base: Option<&str>) -> Vec<Notice> {
         };
         notices.push(Notice { event, ends_stall: None, awaits_capture: false });
     }
+    // The latest restart is the one that put the run in its restart loop.
+    if let Some(goodput) = run.goodput.as_ref().filter(|g| g.restart_loop)
+        && let Some(latest) = notices.last_mut()
+    {
+        latest.event.restart_loop = true;
+        latest.event.detail = format!("{} {}", restart_loop_words(goodput), latest.event.detail);
+    }
 
     let mut open_stall: Option<Stall> = None;
     // When a rank last advanced before the open stall: its length is
@@ -284,6 +293,7 @@ pub(crate) fn derive(run: &StoredRun, link_base: Option<&str>) -> Vec<Notice> {
         let at_ms = run.end_time_ms.unwrap_or_default();
         let mut event = event(format!("{}:{kind}", run.id), kind, at_ms);
         event.cause = run.cause.clone();
+        event.goodput.clone_from(&run.goodput);
         if let Some(rank) = run.cause.as_ref().and_then(|c| c.failed_world_rank) {
             event.ranks = vec![rank];
             event.node = run.node_of(rank);
@@ -315,6 +325,41 @@ pub(crate) fn derive(run: &StoredRun, link_base: Option<&str>) -> Vec<Notice> {
         notice.event.detail = truncated(&notice.event.detail, MAX_DETAIL_CHARS);
     }
     notices
+}
+
+/// What a restart event says of a run in a restart loop, first: how many
+/// attempts failed since its last checkpoint mark, or since its start.
+fn restart_loop_words(goodput: &RunGoodput) -> String {
+    let failed = goodput.restarts_since_checkpoint;
+    match &goodput.checkpoint {
+        Some(mark) => format!(
+            "Restart loop: {failed} attempts failed since the last checkpoint (step {}).",
+            mark.step
+        ),
+        None => format!("Restart loop: {failed} attempts failed since the run's start."),
+    }
+}
+
+/// One line of an ended run's goodput, for a chat message or an alert:
+/// its ratio and its largest badput bucket.
+pub(crate) fn goodput_line(goodput: &RunGoodput) -> Option<String> {
+    let ratio = goodput.ratio?;
+    let largest = trainstate_schema::GoodputBucket::ALL
+        .into_iter()
+        .skip(1)
+        .map(|bucket| (bucket, goodput.badput.get(bucket)))
+        .filter(|(_, ms)| *ms > 0)
+        .max_by_key(|(_, ms)| *ms);
+    let mut line =
+        format!("Goodput {:.0}% of {}", ratio * 100.0, time_text::seconds(goodput.wall_ms));
+    if let Some((bucket, ms)) = largest {
+        line.push_str(&format!(
+            "; most lost to {}: {}",
+            bucket.as_str().replace('_', " "),
+            time_text::seconds(ms)
+        ));
+    }
+    Some(line)
 }
 
 /// What a notification says of a failure: the report of the rank that
