@@ -48,9 +48,12 @@ pub(crate) fn bucket_of(status: RunStatus, stalled: bool) -> Option<GoodputBucke
     }
 }
 
-/// True when `run`'s health is a stall that has not ended.
-fn live_stall(run: &TrainRunInfo) -> bool {
-    run.health().is_some_and(|h| h.is_live_stall())
+/// True when `run` is stalled for its goodput: its health is a stall
+/// that has not ended, decided in its current attempt (a stall an attempt
+/// ended in is no stall of the next one, before its ranks advance).
+pub(crate) fn live_stall(run: &TrainRunInfo) -> bool {
+    let attempt_start = run.attempts().last().map_or(0, |a| a.start_time_ms());
+    run.health().is_some_and(|h| h.is_live_stall() && h.since_ms >= attempt_start)
 }
 
 /// The goodput of `next`, the new version of a run whose version before
@@ -144,20 +147,10 @@ pub(crate) fn next_goodput(
 }
 
 /// True when `next` is `previous` whose current attempt failed and the run
-/// restarts: the attempt open in `previous` ended, and `next` is
-/// RESTARTING.
+/// restarts: it enters RESTARTING (a controller says so, the rendezvous
+/// fails the attempt, Ray Train V2 writes it).
 fn attempt_failed(previous: &TrainRunInfo, next: &TrainRunInfo) -> bool {
-    if next.status() != RunStatus::Restarting {
-        return false;
-    }
-    let Some(open) = previous.attempts().last().filter(|a| a.end_time_ms().is_none()) else {
-        // A run with no attempt recorded fails its first one.
-        return previous.attempts().is_empty() && previous.status() != RunStatus::Restarting;
-    };
-    next.attempts()
-        .iter()
-        .find(|a| a.attempt_id() == open.attempt_id())
-        .is_some_and(|a| a.end_time_ms().is_some())
+    next.status() == RunStatus::Restarting && previous.status() != RunStatus::Restarting
 }
 
 /// Adds `[as_of, until]` to `bucket` (nothing for an ended run), and moves

@@ -243,7 +243,9 @@ impl Liveness {
         }
         let Some(stored) = document.stored_goodput() else { return document };
         let count = board.map(|board| board.peek_goodput()).unwrap_or_default();
-        let stalled = record.health == Some(HealthState::Stalled);
+        // Parsed only for a stalled run: is the stall of its current attempt?
+        let stalled = record.health == Some(HealthState::Stalled)
+            && record.run().is_ok_and(|run| crate::decisions::goodput::live_stall(&run));
         let goodput =
             crate::decisions::goodput::served(&stored, record.status, stalled, now_ms, &count);
         document.with_goodput(goodput)
