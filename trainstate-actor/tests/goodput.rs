@@ -167,6 +167,11 @@ async fn the_issues_scenario_counts_every_bucket_and_survives_a_restart() {
             assert_eq!(after["as_of_ms"], T + 31 * S, "{after}");
             let grown = |key: &str| after[key].as_u64().unwrap() - before[key].as_u64().unwrap();
             assert_eq!((grown("wall_ms"), grown("productive_ms")), (500, 500), "{before} {after}");
+            // The listing serves it counted to the read too.
+            let (_, page) = f.send(Method::GET, "/api/train/runs", None).await;
+            let listed = page["train_runs"].as_array().unwrap();
+            let listed = listed.iter().find(|r| r["id"] == id.to_string()).unwrap();
+            assert_eq!(listed["goodput"], after, "{page}");
         } else {
             clock.advance_ms(S);
         }

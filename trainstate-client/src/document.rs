@@ -504,6 +504,30 @@ mod tests {
     }
 
     #[test]
+    fn a_served_goodput_replaces_the_stored_one_and_is_read_from_the_end() {
+        let badput = r#"{"waiting_to_start_ms":0,"restarting_ms":0,"stalled_ms":0,"checkpointing_ms":0,"progress_lost_ms":0,"slower_than_pace_ms":0}"#;
+        let stored = format!(r#"{{"wall_ms":0,"productive_ms":0,"badput":{badput},"as_of_ms":1}}"#);
+        let text = format!(r#"{{"id":"r1","run_settings":{{"goodput":1}},"goodput":{stored}}}"#);
+        for live in [true, false] {
+            let json = RunJson::from_text(text.clone(), live).unwrap();
+            assert_eq!(json.goodput().unwrap().as_of_ms, 1, "live: {live}");
+            let mut served = json.goodput().unwrap();
+            served.as_of_ms = 5;
+            let document = RunDocument::new(json, Some(7)).with_goodput(served);
+            let out = document.to_json();
+            assert_eq!(out.matches("\"goodput\":{").count(), 1, "{out}");
+            let value: serde_json::Value = serde_json::from_str(&out).unwrap();
+            assert_eq!(
+                (value["goodput"]["as_of_ms"].as_u64(), value["last_heartbeat_ms"].as_u64()),
+                (Some(5), Some(7))
+            );
+        }
+        let nested =
+            RunJson::from_text(r#"{"id":"r1","run_settings":{"goodput":{}}}"#.into(), false);
+        assert!(nested.unwrap().goodput().is_none(), "never from the settings");
+    }
+
+    #[test]
     fn a_runs_health_is_read_from_its_end_and_never_from_its_settings() {
         let health = r#""health":{"state":"STALLED","since_ms":1,"ranks":[],"detail":""}"#;
         let history = r#""health_history":[{"state":"STALLED","at_ms":1,"ranks":[]}]"#;

@@ -359,6 +359,81 @@ mod tests {
         assert_eq!(pace.take().mark, None);
     }
 
+    use trainstate_schema::{HealthState, RunHealth, TrainRunInfoDraft};
+
+    const T: u64 = 1_760_000_000_000;
+
+    fn run_in(status: RunStatus, goodput: Option<RunGoodput>) -> TrainRunInfo {
+        let mut draft = TrainRunInfoDraft::new("r1", "bert", "j1", "c", T);
+        draft.run_status = status.v1();
+        draft.status = Some(status);
+        draft.goodput = goodput;
+        if status.is_terminal() {
+            draft.end_time_ms = Some(T + 100_000);
+        }
+        draft.validate().unwrap()
+    }
+
+    #[test]
+    fn a_live_run_counts_from_its_start_and_one_registered_ended_gets_none() {
+        let live = next_goodput(
+            None,
+            &run_in(RunStatus::Scheduling, None),
+            T + 2_000,
+            BoardCount::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            (live.wall_ms, live.badput.waiting_to_start_ms, live.as_of_ms),
+            (2_000, 2_000, T + 2_000)
+        );
+        let ended = run_in(RunStatus::Finished, None);
+        assert_eq!(next_goodput(None, &ended, T + 200_000, BoardCount::default()), None);
+        // A run stored by an older head starts counting at its next version.
+        let older = run_in(RunStatus::Running, None);
+        let started =
+            next_goodput(Some(&older), &older, T + 50_000, BoardCount::default()).unwrap();
+        assert_eq!((started.wall_ms, started.as_of_ms), (0, T + 50_000));
+    }
+
+    #[test]
+    fn a_failure_without_a_mark_loses_nothing_and_counts_the_restart() {
+        let mut counted = RunGoodput::starting_at(T);
+        counted.add(GoodputBucket::Productive, 30_000);
+        counted.as_of_ms = T + 30_000;
+        let running = run_in(RunStatus::Running, Some(counted));
+        let restarting = running.clone().into_draft();
+        let restarting = TrainRunInfoDraft { status: Some(RunStatus::Restarting), ..restarting };
+        let next = next_goodput(
+            Some(&running),
+            &restarting.validate().unwrap(),
+            T + 40_000,
+            BoardCount::default(),
+        )
+        .unwrap();
+        assert_eq!((next.productive_ms, next.badput.progress_lost_ms), (40_000, 0));
+        assert_eq!((next.restarts_since_checkpoint, next.restart_loop), (1, false));
+        assert_eq!(next.checkpoint, None);
+    }
+
+    #[test]
+    fn a_stall_counts_from_the_last_advance_even_before_the_last_version() {
+        let mut counted = RunGoodput::starting_at(T);
+        counted.add(GoodputBucket::Productive, 30_000);
+        counted.as_of_ms = T + 30_000;
+        let running = run_in(RunStatus::Running, Some(counted));
+        let mut stall = RunHealth::new(HealthState::Stalled, T + 35_000, vec![0], String::new());
+        stall.last_advance_ms = Some(T + 25_000);
+        let stalled = running.clone().with_health(stall, T + 35_000).unwrap();
+        let next =
+            next_goodput(Some(&running), &stalled, T + 35_000, BoardCount::default()).unwrap();
+        // Productive to T+25 s; stalled from then to T+35 s.
+        assert_eq!(
+            (next.productive_ms, next.badput.stalled_ms, next.wall_ms),
+            (25_000, 10_000, 35_000)
+        );
+    }
+
     #[test]
     fn the_bucket_of_an_interval_is_the_runs_state_during_it() {
         assert_eq!(bucket_of(RunStatus::Scheduling, false), Some(GoodputBucket::WaitingToStart));

@@ -238,11 +238,23 @@ impl Liveness {
             Some(progress) => document.with_rank_progress(progress),
             None => document,
         };
+        self.with_live_goodput(record, document, now_ms)
+    }
+
+    /// `document` of run `record`, with its goodput counted to `now_ms`
+    /// while the run is live (see [`crate::decisions::goodput::served`]);
+    /// an ended run's as stored.
+    pub(crate) fn with_live_goodput(
+        &self,
+        record: &RunRecord,
+        document: RunDocument,
+        now_ms: u64,
+    ) -> RunDocument {
         if record.status.is_terminal() {
             return document;
         }
         let Some(stored) = document.stored_goodput() else { return document };
-        let count = board.map(|board| board.peek_goodput()).unwrap_or_default();
+        let count = self.progress(&record.id).map(|board| board.peek_goodput()).unwrap_or_default();
         // Parsed only for a stalled run: is the stall of its current attempt?
         let stalled = record.health == Some(HealthState::Stalled)
             && record.run().is_ok_and(|run| crate::decisions::goodput::live_stall(&run));

@@ -207,6 +207,27 @@ mod tests {
     }
 
     #[test]
+    fn an_ended_runs_alert_shows_its_goodput_and_a_restart_loop_is_a_label() {
+        let mut finished = event(NotifyEventKind::Finished, RunStatus::Finished, T0);
+        let mut goodput = trainstate_schema::RunGoodput::starting_at(T0);
+        goodput.add(trainstate_schema::GoodputBucket::Productive, 90_000);
+        goodput.add(trainstate_schema::GoodputBucket::Stalled, 10_000);
+        finished.goodput = Some(goodput);
+        let notice = Notice { event: finished, ends_stall: None, awaits_capture: false };
+        let alerts = alerts_for(&notice, |_| true, None, T0, Duration::from_secs(60));
+        assert_eq!(
+            alerts[0]["annotations"]["goodput"],
+            "Goodput 90% of 1 min 40 s; most lost to stalled: 10 s"
+        );
+        let mut restart = event(NotifyEventKind::Restarting, RunStatus::Running, T0);
+        restart.restart_loop = true;
+        let notice = Notice { event: restart, ends_stall: None, awaits_capture: false };
+        let alerts = alerts_for(&notice, |_| true, None, T0, Duration::from_secs(60));
+        assert_eq!(alerts[0]["labels"]["restart_loop"], "true");
+        assert!(alerts[0]["annotations"].get("goodput").is_none());
+    }
+
+    #[test]
     fn a_stall_fires_and_its_recovery_resolves_the_same_alert() {
         let mut stalled = event(NotifyEventKind::Stalled, RunStatus::Running, T0);
         stalled.ranks = vec![1];

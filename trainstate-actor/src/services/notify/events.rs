@@ -351,12 +351,12 @@ pub(crate) fn goodput_line(goodput: &RunGoodput) -> Option<String> {
         .filter(|(_, ms)| *ms > 0)
         .max_by_key(|(_, ms)| *ms);
     let mut line =
-        format!("Goodput {:.0}% of {}", ratio * 100.0, time_text::seconds(goodput.wall_ms));
+        format!("Goodput {:.0}% of {}", ratio * 100.0, time_text::duration_words(goodput.wall_ms));
     if let Some((bucket, ms)) = largest {
         line.push_str(&format!(
             "; most lost to {}: {}",
             bucket.as_str().replace('_', " "),
-            time_text::seconds(ms)
+            time_text::duration_words(ms)
         ));
     }
     Some(line)
@@ -613,6 +613,44 @@ mod tests {
             Fault { class: Some(CauseClass::Interrupted), kind: Some(CauseKind::Preempted) }
         );
         assert_eq!(notices[1].fault(), Fault::STALL);
+    }
+
+    #[test]
+    fn an_ended_run_carries_its_goodput_and_the_latest_restart_tells_of_a_restart_loop() {
+        let goodput = json!({
+            "wall_ms": 100_000, "productive_ms": 60_000, "ratio": 0.6, "as_of_ms": T0 + 100_000,
+            "badput": {"waiting_to_start_ms": 10_000, "restarting_ms": 30_000, "stalled_ms": 0,
+                       "checkpointing_ms": 0, "progress_lost_ms": 0, "slower_than_pace_ms": 0},
+            "checkpoint": {"step": 40, "at_ms": T0 + 5_000, "attempt_id": "a0"},
+            "productive_at_checkpoint_ms": 60_000, "restarts_since_checkpoint": 3,
+            "restart_loop": true,
+        });
+        let attempts: Vec<serde_json::Value> = (0..4)
+            .map(|i| json!({"attempt_id": format!("a{i}"), "start_time_ms": T0 + i * 10_000}))
+            .collect();
+        let doc = run(json!({
+            "run_status": "ERRORED", "status": "ERRORED", "end_time_ms": T0 + 100_000,
+            "attempts": attempts, "goodput": goodput,
+        }));
+        let notices = derive(&doc, None);
+        let loops: Vec<bool> = notices.iter().map(|n| n.event.restart_loop).collect();
+        assert_eq!(loops, [false, false, true, false], "only the latest restart");
+        assert!(
+            notices[2].event.detail.starts_with(
+                "Restart loop: 3 attempts failed since the last checkpoint (step 40). Attempt a3"
+            ),
+            "{}",
+            notices[2].event.detail
+        );
+        let ended = notices.last().unwrap();
+        assert_eq!(ended.kind(), NotifyEventKind::Errored);
+        let carried = ended.event.goodput.as_ref().unwrap();
+        assert_eq!(carried.productive_ms, 60_000);
+        assert!(notices[..3].iter().all(|n| n.event.goodput.is_none()), "only the end's");
+        assert_eq!(
+            goodput_line(carried).unwrap(),
+            "Goodput 60% of 1 min 40 s; most lost to restarting: 30 s"
+        );
     }
 
     #[test]
