@@ -615,7 +615,7 @@ async fn hostile_requests_get_the_right_status_and_store_nothing() {
         .text()
         .await
         .unwrap();
-    assert_eq!(after, before);
+    assert_eq!(without_live_goodput(&after), without_live_goodput(&before));
     let (status, _) =
         send(&client, Method::GET, &format!("{}/healthz", server.url), None, None).await;
     assert_eq!(status, StatusCode::OK);
@@ -1034,4 +1034,16 @@ async fn a_cause_kind_is_taken_with_its_class_or_refused_naming_the_field_and_ev
         json!({"kind": "NODE_LOST", "class": "INFRASTRUCTURE", "failed_world_rank": 3}),
         "{run}"
     );
+}
+
+/// A listing's JSON text with each live run's goodput left out: it is
+/// counted to the moment of each read.
+fn without_live_goodput(listing: &str) -> Value {
+    let mut listing: Value = serde_json::from_str(listing).unwrap();
+    for run in listing["train_runs"].as_array_mut().into_iter().flatten() {
+        if run["end_time_ms"].is_null() {
+            run.as_object_mut().unwrap().remove("goodput");
+        }
+    }
+    listing
 }
