@@ -394,3 +394,35 @@ async fn three_failed_attempts_without_a_mark_are_a_restart_loop_that_a_new_mark
     assert_eq!(run["goodput"]["checkpoint"]["attempt_id"], "3", "{run}");
     drop(head);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rendezvous_ranks_mark_comes_with_its_heartbeat_and_a_bad_one_is_refused() {
+    let clock = Arc::new(ManualClock::new(T));
+    let f =
+        Fixture::start(config(StateConfig::in_memory(), "goodput-ranks", &clock), clock.clone())
+            .await;
+    let key = unique_name("goodput-ranks").replace('.', "-");
+    let worker = &workers(1, 1, "ranks-")[0];
+    let join = json!({"world_size": 1, "worker": worker, "name": "ranks", "job_id": "7"});
+    let joined = f.ok(Method::POST, &format!("/api/train/rendezvous/{key}/join"), join).await;
+    let id: RunId = joined["run_id"].as_str().unwrap().parse().unwrap();
+    let beat = |progress: Value| json!({"attempt_id": "0", "progress": progress});
+    let path = format!("/api/train/runs/{id}/ranks/0/heartbeat");
+
+    clock.advance_ms(S);
+    f.ok(Method::POST, &path, beat(json!({"step": 3, "checkpoint": 2}))).await;
+    let (status, answer) =
+        f.send(Method::POST, &path, Some(beat(json!({"step": 4, "checkpoint": 5})))).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+    assert_eq!(answer["error"]["field"], "progress.checkpoint", "{answer}");
+    let (status, answer) = f.send(Method::POST, &path, Some(beat(json!({"checkpoint": 1})))).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+    assert!(answer["error"]["message"].as_str().unwrap().contains("(2)"), "{answer}");
+
+    f.sweep().await;
+    let run = f.get(&id).await;
+    assert_eq!(run["goodput"]["checkpoint"], json!({"step": 2, "at_ms": T + S, "attempt_id": "0"}));
+    assert_eq!(run["rank_progress"][0]["checkpoint"], 2, "{run}");
+    assert_eq!(run["rank_progress"][0]["step"], 3, "the refused reports changed nothing: {run}");
+    f.stop().await;
+}
