@@ -47,6 +47,9 @@ on_both_stores! {
             got.as_object_mut().unwrap().remove("attempts");
             got.as_object_mut().unwrap().remove("status_history");
             got.as_object_mut().unwrap().remove("last_heartbeat_ms");
+            // And its goodput, counted from the run's start.
+            assert_eq!(got["goodput"]["wall_ms"], got["goodput"]["badput"]["waiting_to_start_ms"].as_u64().unwrap() + got["goodput"]["productive_ms"].as_u64().unwrap());
+            got.as_object_mut().unwrap().remove("goodput");
             expected.as_object_mut().unwrap().remove("last_heartbeat_ms");
             assert_eq!(got, expected);
         }

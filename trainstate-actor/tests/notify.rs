@@ -48,14 +48,14 @@ struct Taken {
 /// A receiver of notifications on a loopback port: it keeps every request
 /// and answers each as `answer` says.
 #[derive(Clone)]
-struct Receiver {
-    url: String,
+pub(crate) struct Receiver {
+    pub(crate) url: String,
     taken: Arc<Mutex<Taken>>,
     answer: Arc<Mutex<Answer>>,
 }
 
 impl Receiver {
-    async fn start(answer: impl Fn(&Value) -> u16 + Send + Sync + 'static) -> Self {
+    pub(crate) async fn start(answer: impl Fn(&Value) -> u16 + Send + Sync + 'static) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr: SocketAddr = listener.local_addr().unwrap();
         let receiver = Self {
@@ -78,7 +78,7 @@ impl Receiver {
     }
 
     /// The bodies of the requests it accepted (2xx).
-    fn accepted(&self) -> Vec<Value> {
+    pub(crate) fn accepted(&self) -> Vec<Value> {
         self.requests().into_iter().filter(|r| r.status < 300).map(|r| r.body).collect()
     }
 }

@@ -10,9 +10,9 @@ use serde::de::{MapAccess, Visitor};
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
-use trainstate_schema::HealthState;
 use trainstate_schema::TrainRunInfo;
 use trainstate_schema::api::RankProgressServed;
+use trainstate_schema::{HealthState, RunGoodput};
 
 use crate::error::StateError;
 
@@ -158,6 +158,27 @@ impl RunJson {
         }
     }
 
+    /// The run's `goodput` as stored; `None` for a run with none. Only
+    /// that member is parsed: the last one in the canonical order.
+    pub fn goodput(&self) -> Option<RunGoodput> {
+        match &self.0 {
+            Repr::Members(members, _) => {
+                let (_, raw) = members.iter().find(|(k, _)| *k == GOODPUT)?;
+                serde_json::from_str(raw.get()).ok()
+            }
+            Repr::Whole(raw) => {
+                const KEY: &str = ",\"goodput\":";
+                let text = raw.get();
+                let tail = &text[text.rfind(KEY)? + KEY.len()..];
+                let mut values = serde_json::Deserializer::from_str(tail).into_iter::<RunGoodput>();
+                let goodput = values.next()?.ok()?;
+                // A `goodput` nested deeper (in `run_settings`) is followed
+                // by more than the run's closing brace.
+                (&tail[values.byte_offset()..] == "}").then_some(goodput)
+            }
+        }
+    }
+
     /// The JSON text (without a heartbeat time).
     pub fn text(&self) -> Cow<'_, str> {
         match &self.0 {
@@ -173,12 +194,20 @@ impl RunJson {
         heartbeat: Option<u64>,
         ranks: Option<&[Option<u64>]>,
         progress: Option<&[Option<RankProgressServed>]>,
+        goodput: Option<&RunGoodput>,
         serializer: S,
     ) -> Result<S::Ok, S::Error> {
-        let served = |k: &str| k != LAST_HEARTBEAT && k != RANK_HEARTBEATS && k != RANK_PROGRESS;
+        // A served goodput (counted to the read) replaces the stored one.
+        let served = |k: &str| {
+            k != LAST_HEARTBEAT
+                && k != RANK_HEARTBEATS
+                && k != RANK_PROGRESS
+                && (goodput.is_none() || k != GOODPUT)
+        };
         let extra = usize::from(heartbeat.is_some())
             + usize::from(ranks.is_some())
-            + usize::from(progress.is_some());
+            + usize::from(progress.is_some())
+            + usize::from(goodput.is_some());
         match (&self.0, extra) {
             (Repr::Whole(raw), 0) => raw.serialize(serializer),
             (Repr::Whole(raw), _) => {
@@ -190,6 +219,9 @@ impl RunJson {
                     map.serialize_entry(key, value)?;
                 }
                 serialize_times(&mut map, heartbeat, ranks, progress)?;
+                if let Some(goodput) = goodput {
+                    map.serialize_entry(GOODPUT, goodput)?;
+                }
                 map.end()
             }
             (Repr::Members(members, _), _) => {
@@ -198,6 +230,9 @@ impl RunJson {
                     map.serialize_entry(key, value)?;
                 }
                 serialize_times(&mut map, heartbeat, ranks, progress)?;
+                if let Some(goodput) = goodput {
+                    map.serialize_entry(GOODPUT, goodput)?;
+                }
                 map.end()
             }
         }
@@ -225,7 +260,7 @@ fn serialize_times<M: SerializeMap>(
 
 impl Serialize for RunJson {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.serialize_with(None, None, None, serializer)
+        self.serialize_with(None, None, None, None, serializer)
     }
 }
 
@@ -257,7 +292,7 @@ fn intern(key: &str) -> Option<&'static str> {
         "status_history",
         "health",
         "health_history",
-        "goodput",
+        GOODPUT,
         LAST_HEARTBEAT,
         RANK_HEARTBEATS,
         RANK_PROGRESS,
@@ -281,6 +316,9 @@ pub struct RunDocument {
     /// Each rank's latest progress report, by world rank (memory only,
     /// like the heartbeat times).
     rank_progress: Option<Arc<[Option<RankProgressServed>]>>,
+    /// A live run's goodput counted to the moment of the read, served in
+    /// place of the stored `goodput`.
+    goodput: Option<Arc<RunGoodput>>,
 }
 
 impl PartialEq for RunDocument {
@@ -289,6 +327,7 @@ impl PartialEq for RunDocument {
             && self.last_heartbeat_ms == other.last_heartbeat_ms
             && self.rank_heartbeats == other.rank_heartbeats
             && self.rank_progress == other.rank_progress
+            && self.goodput == other.goodput
     }
 }
 
@@ -297,7 +336,20 @@ impl Eq for RunDocument {}
 impl RunDocument {
     /// A run's JSON and the time its controller was last heard from.
     pub fn new(json: RunJson, last_heartbeat_ms: Option<u64>) -> Self {
-        Self { json, last_heartbeat_ms, rank_heartbeats: None, rank_progress: None }
+        Self { json, last_heartbeat_ms, rank_heartbeats: None, rank_progress: None, goodput: None }
+    }
+
+    /// The same document, with the run's goodput counted to the moment of
+    /// the read, served as the `goodput` member in place of the stored one.
+    pub fn with_goodput(mut self, goodput: RunGoodput) -> Self {
+        self.goodput = Some(Arc::new(goodput));
+        self
+    }
+
+    /// The run's goodput as stored (what [`RunDocument::with_goodput`]
+    /// counts from).
+    pub fn stored_goodput(&self) -> Option<RunGoodput> {
+        self.json.goodput()
     }
 
     /// The same document, with each rank's latest progress report (by
@@ -366,6 +418,7 @@ impl Serialize for RunDocument {
             self.last_heartbeat_ms,
             self.rank_heartbeats.as_deref(),
             self.rank_progress.as_deref(),
+            self.goodput.as_deref(),
             serializer,
         )
     }
@@ -406,6 +459,10 @@ const RANK_HEARTBEATS: &str = "rank_last_heartbeat_ms";
 /// The member each rank's latest progress report is written as.
 const RANK_PROGRESS: &str = "rank_progress";
 
+/// The member a run's goodput is written as (stored, or served counted to
+/// the read).
+const GOODPUT: &str = "goodput";
+
 /// The top-level members of a stored run, in stored order, values unparsed.
 struct Members<'a>(Vec<(&'a str, &'a RawValue)>);
 
@@ -444,6 +501,30 @@ mod tests {
             assert!(intern(name).is_some(), "{name} is not a known member name");
         }
         assert_eq!(intern("no-such-member"), None);
+    }
+
+    #[test]
+    fn a_served_goodput_replaces_the_stored_one_and_is_read_from_the_end() {
+        let badput = r#"{"waiting_to_start_ms":0,"restarting_ms":0,"stalled_ms":0,"checkpointing_ms":0,"progress_lost_ms":0,"slower_than_pace_ms":0}"#;
+        let stored = format!(r#"{{"wall_ms":0,"productive_ms":0,"badput":{badput},"as_of_ms":1}}"#);
+        let text = format!(r#"{{"id":"r1","run_settings":{{"goodput":1}},"goodput":{stored}}}"#);
+        for live in [true, false] {
+            let json = RunJson::from_text(text.clone(), live).unwrap();
+            assert_eq!(json.goodput().unwrap().as_of_ms, 1, "live: {live}");
+            let mut served = json.goodput().unwrap();
+            served.as_of_ms = 5;
+            let document = RunDocument::new(json, Some(7)).with_goodput(served);
+            let out = document.to_json();
+            assert_eq!(out.matches("\"goodput\":{").count(), 1, "{out}");
+            let value: serde_json::Value = serde_json::from_str(&out).unwrap();
+            assert_eq!(
+                (value["goodput"]["as_of_ms"].as_u64(), value["last_heartbeat_ms"].as_u64()),
+                (Some(5), Some(7))
+            );
+        }
+        let nested =
+            RunJson::from_text(r#"{"id":"r1","run_settings":{"goodput":{}}}"#.into(), false);
+        assert!(nested.unwrap().goodput().is_none(), "never from the settings");
     }
 
     #[test]

@@ -61,6 +61,7 @@ impl HealthSweep {
         for (id, board) in &boards {
             self.judge(id, board, runs, now_ms, change);
         }
+        write_marks(liveness, runs, now_ms, change);
     }
 
     /// The health tick, about once a second: decides only the runs whose
@@ -81,6 +82,7 @@ impl HealthSweep {
         for (id, board) in &due {
             self.judge(id, board, runs, now_ms, change);
         }
+        write_marks(liveness, runs, now_ms, change);
         due.len()
     }
 
@@ -147,6 +149,22 @@ impl HealthSweep {
             }
             Ok(Outcome::Unchanged(())) => {}
             Err(err) => tracing::error!(run = %id, error = %err, "cannot write a run's health"),
+        }
+    }
+}
+
+/// Writes on each run whose progress board holds a checkpoint mark not yet
+/// written the attempt's highest mark (its goodput's `checkpoint`): once
+/// per new mark, not per report. Lock free for a board without one.
+fn write_marks<T>(liveness: &Liveness, runs: &mut Runs, now_ms: u64, change: &mut Change<T>) {
+    for (id, _) in liveness.progress_boards_where(ProgressBoard::mark_due) {
+        match runs.write_checkpoint(&id, now_ms) {
+            Ok(Outcome::Changed(written)) => {
+                change.ops.extend(written.ops);
+                change.events.extend(written.events);
+            }
+            Ok(Outcome::Unchanged(())) => {}
+            Err(err) => tracing::error!(run = %id, error = %err, "cannot write a checkpoint mark"),
         }
     }
 }
@@ -551,6 +569,7 @@ mod tests {
             advanced,
             expect_until_ms: 0,
             step_time_ms: None,
+            checkpoint: None,
         })
     }
 

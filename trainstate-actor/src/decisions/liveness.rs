@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use trainstate_client::RunDocument;
 use trainstate_client::api::{CaptureOrder, RendezvousResponse};
-use trainstate_schema::{RunId, RunStatus};
+use trainstate_schema::{HealthState, RunId, RunStatus};
 
 use crate::decisions::progress::{MetricBatch, ProgressBoard, Reporter};
 use crate::decisions::record::RunRecord;
@@ -217,18 +217,50 @@ impl Liveness {
         dropped
     }
 
-    /// `document` with what the liveness tables hold of its run: when each
-    /// rank of a tracked rendezvous group was last heard from and, once a
-    /// rank reported, each rank's progress.
-    pub(crate) fn decorate(&self, id: &RunId, document: RunDocument) -> RunDocument {
+    /// `document` of run `record` with what the liveness tables hold of
+    /// its run: when each rank of a tracked rendezvous group was last heard
+    /// from, once a rank reported, each rank's progress and, for a live
+    /// run, its goodput counted to `now_ms` (see
+    /// [`crate::decisions::goodput::served`]).
+    pub(crate) fn decorate(
+        &self,
+        record: &RunRecord,
+        document: RunDocument,
+        now_ms: u64,
+    ) -> RunDocument {
+        let id = &record.id;
         let document = match self.ranks(id) {
             Some(board) if board.world_size() > 0 => document.with_rank_heartbeats(board.by_rank()),
             _ => document,
         };
-        match self.progress(id).and_then(|board| board.served_progress()) {
+        let board = self.progress(id);
+        let document = match board.as_ref().and_then(|board| board.served_progress()) {
             Some(progress) => document.with_rank_progress(progress),
             None => document,
+        };
+        self.with_live_goodput(record, document, now_ms)
+    }
+
+    /// `document` of run `record`, with its goodput counted to `now_ms`
+    /// while the run is live (see [`crate::decisions::goodput::served`]);
+    /// an ended run's as stored.
+    pub(crate) fn with_live_goodput(
+        &self,
+        record: &RunRecord,
+        document: RunDocument,
+        now_ms: u64,
+    ) -> RunDocument {
+        if record.status.is_terminal() {
+            return document;
         }
+        let Some(stored) = document.stored_goodput() else { return document };
+        let count = self.progress(&record.id).map(|board| board.peek_goodput()).unwrap_or_default();
+        // Parsed only for a stalled run: is the stall of its current attempt?
+        let stalled = record.health == Some(HealthState::Stalled)
+            && record.run().is_ok_and(|run| crate::decisions::goodput::live_stall(&run));
+        let goodput =
+            crate::decisions::goodput::served(&stored, record.status, stalled, now_ms, &count);
+        document.with_goodput(goodput)
     }
 }
 

@@ -9,6 +9,7 @@
 pub(crate) mod captures;
 pub(crate) mod change;
 pub(crate) mod clock;
+pub(crate) mod goodput;
 pub(crate) mod health;
 pub(crate) mod liveness;
 pub(crate) mod log_sample;

@@ -13,7 +13,7 @@
 //! [`crate::decisions::health`]).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use trainstate_client::StateError;
@@ -21,6 +21,7 @@ use trainstate_schema::api::{MetricPoint, RankProgress, RankProgressServed, Rank
 use trainstate_schema::limits::MAX_METRIC_NAMES_PER_RUN;
 use trainstate_schema::{Rule, RunId, ValidationError};
 
+use crate::decisions::goodput::{BoardCount, PaceCount, announces_pause};
 use crate::decisions::stall_window::{RecentSlowest, StallWindow};
 
 /// The points of one run's attempt reported since the last flush, in the
@@ -91,6 +92,9 @@ struct HealthMarks {
     /// report, which its stall window follows; 0: it has not shown its
     /// pace yet.
     slowest_step_bits: AtomicU64,
+    /// The attempt's highest checkpoint mark is not written on the run
+    /// yet: the health sweep writes it.
+    mark_due: AtomicBool,
 }
 
 /// Who reports a board's progress.
@@ -124,6 +128,9 @@ pub(crate) struct Progress {
     /// mean of the `step_time_ms` its reports carried with a new step,
     /// each weighing [`STEP_TIME_WEIGHT`]; `None` until one did.
     pub(crate) step_time_ms: Option<f64>,
+    /// The rank's latest checkpoint mark in this attempt: progress up to
+    /// this step is saved.
+    pub(crate) checkpoint: Option<u64>,
 }
 
 /// The progress of every rank of a board, every metric name its ranks
@@ -147,6 +154,9 @@ struct ProgressTable {
     /// reported with a new step, and the time between a rank's
     /// consecutive advances as the head saw it.
     pace: RecentSlowest,
+    /// What the run's goodput counts of this attempt between two versions
+    /// of the run (memory only: see [`PaceCount`]).
+    goodput: PaceCount,
 }
 
 impl ProgressBoard {
@@ -242,6 +252,7 @@ impl ProgressBoard {
             let rank = entry.rank;
             let previous = table.ranks.get(rank as usize).and_then(Option::as_ref);
             self.check_step(id, rank, &entry.progress, previous, &format!("ranks[{i}]: "))?;
+            check_checkpoint(&entry.progress, previous, &format!("ranks[{i}]."))?;
             for name in entry.progress.metrics.keys() {
                 if table.names.contains(name.as_str()) || !new_names.insert(name) {
                     continue;
@@ -311,6 +322,7 @@ impl ProgressBoard {
         }
         let previous = table.ranks.get(slot).and_then(Option::as_ref);
         self.check_step(id, rank, report, previous, "")?;
+        check_checkpoint(report, previous, "")?;
         let new_names: Vec<&String> =
             report.metrics.keys().filter(|name| !table.names.contains(name.as_str())).collect();
         if let Some(first) = new_names.first()
@@ -349,6 +361,7 @@ impl ProgressBoard {
                 advanced: advanced || before.advanced,
                 expect_until_ms: expect_until_ms.max(before.expect_until_ms),
                 step_time_ms,
+                checkpoint: report.checkpoint.or(before.checkpoint),
             },
             None => Progress {
                 step: report.step,
@@ -359,6 +372,7 @@ impl ProgressBoard {
                 advanced: false,
                 expect_until_ms,
                 step_time_ms,
+                checkpoint: report.checkpoint,
             },
         };
         self.marks.newest_ms.fetch_max(progress.last_advance_ms, Ordering::SeqCst);
@@ -381,6 +395,23 @@ impl ProgressBoard {
         }
         if let Some(before) = previous.filter(|p| advanced && p.advanced) {
             table.pace.note(now_ms.saturating_sub(before.last_advance_ms) as f64, now_ms);
+        }
+        // The run's goodput: an advance ends an announced pause, a new
+        // highest step measures the run's pace, a new highest mark is
+        // written on the run by the next health sweep.
+        if advanced {
+            table.goodput.note_advance(now_ms);
+        }
+        if let Some(step) = report.step {
+            table.goodput.note_step(step, now_ms);
+        }
+        if announces_pause(report.phase.as_deref(), report.expect_next_within_ms) {
+            table.goodput.note_pause(now_ms);
+        }
+        if let Some(mark) = report.checkpoint
+            && table.goodput.note_mark(mark, now_ms)
+        {
+            self.marks.mark_due.store(true, Ordering::SeqCst);
         }
         let slowest = table.pace.slowest_ms(now_ms).map_or(0, f64::to_bits);
         self.marks.slowest_step_bits.store(slowest, Ordering::SeqCst);
@@ -477,6 +508,7 @@ impl ProgressBoard {
                     Some(p.last_advance_ms),
                     p.metrics.clone(),
                 )
+                .with_checkpoint(p.checkpoint)
             })
         });
         Some(served.collect())
@@ -493,6 +525,26 @@ impl ProgressBoard {
             .collect()
     }
 
+    /// True when the attempt's highest checkpoint mark is not yet written
+    /// on the run. Lock free.
+    pub(crate) fn mark_due(&self) -> bool {
+        self.marks.mark_due.load(Ordering::SeqCst)
+    }
+
+    /// What the run's goodput counted on this board since the run's last
+    /// version, taken for the next one.
+    pub(crate) fn take_goodput(&self) -> BoardCount {
+        let mut table = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        self.marks.mark_due.store(false, Ordering::SeqCst);
+        table.goodput.take()
+    }
+
+    /// What the run's goodput counted on this board since the run's last
+    /// version, left in place: what a read of the live run adds.
+    pub(crate) fn peek_goodput(&self) -> BoardCount {
+        self.progress.lock().unwrap_or_else(|e| e.into_inner()).goodput.peek()
+    }
+
     pub(crate) fn attempt_id(&self) -> &str {
         &self.attempt_id
     }
@@ -505,4 +557,26 @@ impl ProgressBoard {
     pub(crate) fn reporter(&self) -> Reporter {
         self.reporter
     }
+}
+
+/// Refuses (422) a checkpoint mark ahead of the rank's own step (the
+/// report's, else the rank's latest; a rank with no step has saved none)
+/// and one lower than the rank's previous mark in this attempt; `prefix`
+/// leads the field's path (`ranks[3].`).
+fn check_checkpoint(
+    report: &RankProgress,
+    previous: Option<&Progress>,
+    prefix: &str,
+) -> Result<(), StateError> {
+    let Some(mark) = report.checkpoint else { return Ok(()) };
+    let field = || format!("{prefix}progress.checkpoint");
+    let step = report.step.or(previous.and_then(|p| p.step)).unwrap_or(0);
+    if mark > step {
+        return Err(ValidationError::new(field(), Rule::CheckpointAheadOfStep { step }).into());
+    }
+    if let Some(before) = previous.and_then(|p| p.checkpoint).filter(|before| mark < *before) {
+        let rule = Rule::CheckpointGoesBack { previous: before };
+        return Err(ValidationError::new(field(), rule).into());
+    }
+    Ok(())
 }

@@ -20,6 +20,7 @@ use trainstate_schema::{
 };
 
 use crate::decisions::change::{PendingEvent, StoreOp};
+use crate::decisions::goodput::{BoardCount, next_goodput};
 use crate::decisions::liveness::{Beat, Liveness, NEVER_SWEPT};
 use crate::decisions::record::RunRecord;
 use crate::decisions::retention::Retention;
@@ -612,9 +613,43 @@ impl Runs {
     /// run had (for a new run, not the last its history names). Every
     /// change and registration passes here on its way to the store, so
     /// every status change is recorded, whichever transition made it.
+    ///
+    /// The run's goodput is counted here too (see
+    /// [`crate::decisions::goodput::next_goodput`]), with what the progress
+    /// board of its attempt counted since its last version, taken now.
     fn recorded(&self, run: TrainRunInfo, at_ms: u64) -> Result<Arc<RunRecord>, StateError> {
-        let before = self.by_id.get(run.id()).map(|entry| entry.record.status);
-        recorded_after(before, run, at_ms)
+        let before = match self.by_id.get(run.id()) {
+            Some(entry) => Some(entry.record.run()?),
+            None => None,
+        };
+        let count = self.liveness.progress(run.id()).map(|b| b.take_goodput()).unwrap_or_default();
+        recorded_after(before.as_ref(), run, at_ms, count)
+    }
+
+    /// Writes the highest checkpoint mark of run `id`'s current attempt
+    /// on the run, as a new version, when its progress board has one not
+    /// written yet (the health sweep's write: not a sign of life).
+    pub(crate) fn write_checkpoint(
+        &mut self,
+        id: &RunId,
+        now_ms: u64,
+    ) -> Result<Outcome<()>, StateError> {
+        let record = self.entry(id)?.record.clone();
+        let due = self.liveness.progress(id).is_some_and(|board| board.mark_due());
+        if record.status.is_terminal() || !due {
+            return Ok(Outcome::Unchanged(()));
+        }
+        let record = self.recorded(record.run()?, now_ms)?;
+        self.replace_keeping_beat(record.clone());
+        Ok(Outcome::Changed(Change {
+            ops: vec![StoreOp::Put(record.clone())],
+            events: vec![PendingEvent {
+                kind: EventKind::StatusChanged,
+                run_id: id.clone(),
+                record: Some(record),
+            }],
+            answer: (),
+        }))
     }
 
     /// Renews a live run's lease.
@@ -867,14 +902,18 @@ impl Runs {
     }
 }
 
-/// The record of a new version of a run whose version before had status
-/// `before` (`None`: a new run), decided at `at_ms`: see [`Runs::recorded`].
+/// The record of a new version of a run whose version before was `previous`
+/// (`None`: a new run), decided at `at_ms`, with what its progress board
+/// counted since (`count`): see [`Runs::recorded`].
 fn recorded_after(
-    before: Option<RunStatus>,
+    previous: Option<&TrainRunInfo>,
     run: TrainRunInfo,
     at_ms: u64,
+    count: BoardCount,
 ) -> Result<Arc<RunRecord>, StateError> {
-    let before = before.or_else(|| run.status_history().last().map(|change| change.status));
+    let before = previous
+        .map(TrainRunInfo::status)
+        .or_else(|| run.status_history().last().map(|change| change.status));
     let run = if before == Some(run.status()) { run } else { run.with_status_recorded(at_ms) };
     // A run that ends while stalled ends its stall: it is kept, marked
     // ended, and no longer counts as a stall anyone needs to see.
@@ -884,6 +923,10 @@ fn recorded_after(
             run.with_stall_ended(ended_ms)
         }
         _ => run,
+    };
+    let run = match next_goodput(previous, &run, at_ms, count) {
+        Some(goodput) => run.with_goodput(goodput)?,
+        None => run,
     };
     RunRecord::new(&run)
 }

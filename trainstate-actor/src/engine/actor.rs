@@ -290,11 +290,11 @@ impl Actor for TrainStateActor {
                 }
                 let view = state.writer.shared.view.read().unwrap_or_else(|e| e.into_inner());
                 let answer = match view.get(&id) {
-                    Some(record) => Ok(state
-                        .writer
-                        .shared
-                        .liveness
-                        .decorate(&id, record.document(state.runs.heartbeat_of(record)))),
+                    Some(record) => Ok(state.writer.shared.liveness.decorate(
+                        record,
+                        record.document(state.runs.heartbeat_of(record)),
+                        now,
+                    )),
                     None => Err(StateError::NotFound { id }),
                 };
                 drop(view);

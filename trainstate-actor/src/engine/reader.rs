@@ -80,9 +80,10 @@ impl Reader {
                 None => Found::Missing,
             };
         };
-        let document = record.document(self.liveness().heartbeat_of(record));
+        let record = record.clone();
         drop(view);
-        Found::Run(self.liveness().decorate(id, document))
+        let document = record.document(self.liveness().heartbeat_of(&record));
+        Found::Run(self.liveness().decorate(&record, document, self.clock.now_ms()))
     }
 
     /// The attempt of an ended run whose ranks' last progress is to be
@@ -180,7 +181,20 @@ impl Reader {
         query.check()?;
         let liveness = self.liveness();
         let view = self.shared.view.read().unwrap_or_else(|e| e.into_inner());
-        Ok(view.list(query, |record| liveness.heartbeat_of(record)))
+        // The page's live runs, in its order, to serve their goodput live.
+        let live = std::cell::RefCell::new(Vec::new());
+        let mut page = view.list(query, |record| {
+            live.borrow_mut().push((!record.status.is_terminal()).then(|| record.id.clone()));
+            liveness.heartbeat_of(record)
+        });
+        let now_ms = self.clock.now_ms();
+        for (document, id) in page.runs.iter_mut().zip(live.into_inner()) {
+            if let Some(record) = id.and_then(|id| view.get(&id)) {
+                let served = liveness.with_live_goodput(record, document.clone(), now_ms);
+                *document = served;
+            }
+        }
+        Ok(page)
     }
 
     /// Takes a run's heartbeat here when its run is live and this head's

@@ -18,6 +18,8 @@ use trainstate_schema::{
     ActorStatus, AttemptStatus, NewRun, RunAttemptDraft, RunId, RunStatus, ray_v2, validate_time,
 };
 
+use crate::decisions::goodput::BoardCount;
+
 use super::{
     Change, Outcome, Runs, bound_attempt_history, end_run, not_ahead_of, ray_cause, recorded_after,
     replace_current_attempt,
@@ -124,7 +126,7 @@ fn decide_run(
         let mut draft = v2.to_draft();
         draft.cause = ray_cause(v2.status == RunStatus::Errored, &draft.status_detail);
         let run = NewRun::from_ray(draft.validate()?).into_run(at_ms);
-        return Ok(RayDecision::Create(recorded_after(None, run, at_ms)?));
+        return Ok(RayDecision::Create(recorded_after(None, run, at_ms, BoardCount::default())?));
     };
     let stored = record.run()?;
     let conflict = |field: &str| StateError::Conflict {
@@ -169,7 +171,7 @@ fn decide_run(
     if changed == stored {
         return Ok(RayDecision::Unchanged);
     }
-    let record = recorded_after(Some(from), changed, at_ms)?;
+    let record = recorded_after(Some(&stored), changed, at_ms, BoardCount::default())?;
     Ok(RayDecision::Replace(record, EventKind::StatusChanged))
 }
 
@@ -287,7 +289,10 @@ fn decide_attempt(
     if changed == stored {
         return Ok(RayDecision::Unchanged);
     }
-    Ok(RayDecision::Replace(recorded_after(Some(run_status), changed, at_ms)?, kind))
+    Ok(RayDecision::Replace(
+        recorded_after(Some(&stored), changed, at_ms, BoardCount::default())?,
+        kind,
+    ))
 }
 
 impl Runs {

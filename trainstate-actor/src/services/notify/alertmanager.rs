@@ -18,7 +18,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use serde_json::{Value, json};
 use trainstate_schema::api::{NotifyEvent, NotifyEventKind};
 
-use super::events::{Notice, Stall, ended_words, suspect_lines};
+use super::events::{Notice, Stall, ended_words, goodput_line, suspect_lines};
 
 /// How long the alert of an end or a restart fires.
 pub(crate) const ONE_SHOT_HOLD: Duration = Duration::from_secs(3600);
@@ -152,12 +152,15 @@ fn one_shot_alert(event: &NotifyEvent) -> Alert {
         Some(cluster) => format!("Run {} {what} on {cluster}", event.name),
         None => format!("Run {} {what}", event.name),
     };
-    Alert {
-        labels,
-        annotations: BTreeMap::from([("summary", summary), ("description", event.detail.clone())]),
-        starts_at_ms: event.at_ms,
-        generator_url: event.link.clone(),
+    let mut annotations =
+        BTreeMap::from([("summary", summary), ("description", event.detail.clone())]);
+    if let Some(line) = event.goodput.as_ref().and_then(goodput_line) {
+        annotations.insert("goodput", line);
     }
+    if event.restart_loop {
+        labels.insert("restart_loop", "true".to_owned());
+    }
+    Alert { labels, annotations, starts_at_ms: event.at_ms, generator_url: event.link.clone() }
 }
 
 /// The labels every alert of a run has. A label with no value is left
@@ -201,6 +204,27 @@ mod tests {
         event.cluster = Some("west".into());
         event.link = Some("https://ts.example/runs/r1".into());
         event
+    }
+
+    #[test]
+    fn an_ended_runs_alert_shows_its_goodput_and_a_restart_loop_is_a_label() {
+        let mut finished = event(NotifyEventKind::Finished, RunStatus::Finished, T0);
+        let mut goodput = trainstate_schema::RunGoodput::starting_at(T0);
+        goodput.add(trainstate_schema::GoodputBucket::Productive, 90_000);
+        goodput.add(trainstate_schema::GoodputBucket::Stalled, 10_000);
+        finished.goodput = Some(goodput);
+        let notice = Notice { event: finished, ends_stall: None, awaits_capture: false };
+        let alerts = alerts_for(&notice, |_| true, None, T0, Duration::from_secs(60));
+        assert_eq!(
+            alerts[0]["annotations"]["goodput"],
+            "Goodput 90% of 1 min 40 s; most lost to stalled: 10 s"
+        );
+        let mut restart = event(NotifyEventKind::Restarting, RunStatus::Running, T0);
+        restart.restart_loop = true;
+        let notice = Notice { event: restart, ends_stall: None, awaits_capture: false };
+        let alerts = alerts_for(&notice, |_| true, None, T0, Duration::from_secs(60));
+        assert_eq!(alerts[0]["labels"]["restart_loop"], "true");
+        assert!(alerts[0]["annotations"].get("goodput").is_none());
     }
 
     #[test]

@@ -12,7 +12,7 @@ use trainstate_schema::api::{CaptureState, NotifyEvent, NotifyEventKind, NotifyN
 use trainstate_schema::limits::MAX_NOTIFY_SUSPECTS;
 use trainstate_schema::text::one_line;
 use trainstate_schema::{
-    CauseClass, CauseKind, HealthChange, HealthState, RunCause, RunHealth, RunStatus,
+    CauseClass, CauseKind, HealthChange, HealthState, RunCause, RunGoodput, RunHealth, RunStatus,
 };
 
 use crate::decisions::time_text;
@@ -47,6 +47,8 @@ pub(crate) struct StoredRun {
     attempts: Vec<StoredAttempt>,
     #[serde(default)]
     workers: Vec<StoredWorker>,
+    #[serde(default)]
+    goodput: Option<RunGoodput>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -203,6 +205,13 @@ pub(crate) fn derive(run: &StoredRun, link_base: Option<&str>) -> Vec<Notice> {
         };
         notices.push(Notice { event, ends_stall: None, awaits_capture: false });
     }
+    // The latest restart is the one that put the run in its restart loop.
+    if let Some(goodput) = run.goodput.as_ref().filter(|g| g.restart_loop)
+        && let Some(latest) = notices.last_mut()
+    {
+        latest.event.restart_loop = true;
+        latest.event.detail = format!("{} {}", restart_loop_words(goodput), latest.event.detail);
+    }
 
     let mut open_stall: Option<Stall> = None;
     // When a rank last advanced before the open stall: its length is
@@ -284,6 +293,7 @@ pub(crate) fn derive(run: &StoredRun, link_base: Option<&str>) -> Vec<Notice> {
         let at_ms = run.end_time_ms.unwrap_or_default();
         let mut event = event(format!("{}:{kind}", run.id), kind, at_ms);
         event.cause = run.cause.clone();
+        event.goodput.clone_from(&run.goodput);
         if let Some(rank) = run.cause.as_ref().and_then(|c| c.failed_world_rank) {
             event.ranks = vec![rank];
             event.node = run.node_of(rank);
@@ -315,6 +325,41 @@ pub(crate) fn derive(run: &StoredRun, link_base: Option<&str>) -> Vec<Notice> {
         notice.event.detail = truncated(&notice.event.detail, MAX_DETAIL_CHARS);
     }
     notices
+}
+
+/// What a restart event says of a run in a restart loop, first: how many
+/// attempts failed since its last checkpoint mark, or since its start.
+fn restart_loop_words(goodput: &RunGoodput) -> String {
+    let failed = goodput.restarts_since_checkpoint;
+    match &goodput.checkpoint {
+        Some(mark) => format!(
+            "Restart loop: {failed} attempts failed since the last checkpoint (step {}).",
+            mark.step
+        ),
+        None => format!("Restart loop: {failed} attempts failed since the run's start."),
+    }
+}
+
+/// One line of an ended run's goodput, for a chat message or an alert:
+/// its ratio and its largest badput bucket.
+pub(crate) fn goodput_line(goodput: &RunGoodput) -> Option<String> {
+    let ratio = goodput.ratio?;
+    let largest = trainstate_schema::GoodputBucket::ALL
+        .into_iter()
+        .skip(1)
+        .map(|bucket| (bucket, goodput.badput.get(bucket)))
+        .filter(|(_, ms)| *ms > 0)
+        .max_by_key(|(_, ms)| *ms);
+    let mut line =
+        format!("Goodput {:.0}% of {}", ratio * 100.0, time_text::duration_words(goodput.wall_ms));
+    if let Some((bucket, ms)) = largest {
+        line.push_str(&format!(
+            "; most lost to {}: {}",
+            bucket.as_str().replace('_', " "),
+            time_text::duration_words(ms)
+        ));
+    }
+    Some(line)
 }
 
 /// What a notification says of a failure: the report of the rank that
@@ -568,6 +613,44 @@ mod tests {
             Fault { class: Some(CauseClass::Interrupted), kind: Some(CauseKind::Preempted) }
         );
         assert_eq!(notices[1].fault(), Fault::STALL);
+    }
+
+    #[test]
+    fn an_ended_run_carries_its_goodput_and_the_latest_restart_tells_of_a_restart_loop() {
+        let goodput = json!({
+            "wall_ms": 100_000, "productive_ms": 60_000, "ratio": 0.6, "as_of_ms": T0 + 100_000,
+            "badput": {"waiting_to_start_ms": 10_000, "restarting_ms": 30_000, "stalled_ms": 0,
+                       "checkpointing_ms": 0, "progress_lost_ms": 0, "slower_than_pace_ms": 0},
+            "checkpoint": {"step": 40, "at_ms": T0 + 5_000, "attempt_id": "a0"},
+            "productive_at_checkpoint_ms": 60_000, "restarts_since_checkpoint": 3,
+            "restart_loop": true,
+        });
+        let attempts: Vec<serde_json::Value> = (0..4)
+            .map(|i| json!({"attempt_id": format!("a{i}"), "start_time_ms": T0 + i * 10_000}))
+            .collect();
+        let doc = run(json!({
+            "run_status": "ERRORED", "status": "ERRORED", "end_time_ms": T0 + 100_000,
+            "attempts": attempts, "goodput": goodput,
+        }));
+        let notices = derive(&doc, None);
+        let loops: Vec<bool> = notices.iter().map(|n| n.event.restart_loop).collect();
+        assert_eq!(loops, [false, false, true, false], "only the latest restart");
+        assert!(
+            notices[2].event.detail.starts_with(
+                "Restart loop: 3 attempts failed since the last checkpoint (step 40). Attempt a3"
+            ),
+            "{}",
+            notices[2].event.detail
+        );
+        let ended = notices.last().unwrap();
+        assert_eq!(ended.kind(), NotifyEventKind::Errored);
+        let carried = ended.event.goodput.as_ref().unwrap();
+        assert_eq!(carried.productive_ms, 60_000);
+        assert!(notices[..3].iter().all(|n| n.event.goodput.is_none()), "only the end's");
+        assert_eq!(
+            goodput_line(carried).unwrap(),
+            "Goodput 60% of 1 min 40 s; most lost to restarting: 30 s"
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@
 use serde_json::{Value, json};
 use trainstate_schema::api::NotifyEventKind;
 
-use super::events::{Notice, suspect_lines, truncated};
+use super::events::{Notice, goodput_line, suspect_lines, truncated};
 use trainstate_schema::text::one_line;
 
 const MAX_HEADER_CHARS: usize = 150;
@@ -47,6 +47,13 @@ pub(crate) fn message(notice: &Notice) -> Value {
     }
     if let Some(attempt) = &event.attempt_id {
         fields.push(field("Attempt", attempt));
+    }
+    if event.restart_loop {
+        fields.push(field("Restart loop", "yes"));
+    }
+    let goodput = event.goodput.as_ref().and_then(goodput_line);
+    if let Some(line) = &goodput {
+        fields.push(field("Goodput", line));
     }
     let mut blocks = vec![
         json!({
@@ -86,6 +93,9 @@ pub(crate) fn message(notice: &Notice) -> Value {
         blocks.push(json!({"type": "actions", "elements": buttons}));
     }
     let mut text = format!("{}: {}", escape(&headline), escape(&event.detail));
+    if let Some(line) = &goodput {
+        text = format!("{text} {}.", escape(line));
+    }
     if !event.suspects.is_empty() {
         let named: Vec<String> = event
             .suspects
