@@ -7,10 +7,16 @@ Lightning calls it, with Lightning absent."""
 import importlib.util
 import os
 import textwrap
+from typing import TYPE_CHECKING
 
 import pytest
 
 from conftest import child_env, run_script, script
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from conftest import Head
 
 HF = """
     import torch
@@ -186,6 +192,58 @@ def test_callbacks_report_step_max_steps_and_logged_scalars(head, name, tmp_path
             raise
         assert progress["total_steps"] == 40
         assert progress["metrics"] == metrics
+        (tmp_path / "done").touch()
+        assert child.wait(30) == 0, child.stderr.read()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+HF_SAVE_CALLS = """
+    state = SimpleNamespace(global_step=0, max_steps=40)
+    callback.on_train_begin(None, state, None)
+    for step in range(1, 8):
+        state.global_step = step
+        callback.on_step_end(None, state, None)
+        if step == 5:
+            callback.on_save(None, state, None)
+"""
+
+LIGHTNING_SAVE_CALLS = """
+    trainer = SimpleNamespace(global_step=0, max_steps=40, logged_metrics={})
+    callback.on_fit_start(trainer, None)
+    for step in range(1, 8):
+        trainer.global_step = step
+        callback.on_train_batch_end(trainer, None, None, None, step)
+        if step == 5:
+            callback.on_save_checkpoint(trainer, None, {"global_step": step})
+"""
+
+
+@pytest.mark.parametrize("module, calls", [("huggingface", HF_SAVE_CALLS), ("lightning", LIGHTNING_SAVE_CALLS)])
+def test_callbacks_mark_the_global_step_saved_when_their_framework_saves(head: "Head", name: str, tmp_path: "Path", module: str, calls: str) -> None:
+    import subprocess
+    import sys
+
+    from typing import Any, Dict, Optional
+
+    from conftest import wait_until
+
+    path = script(tmp_path, PROGRESS_CALLBACKS.format(module=module, calls=textwrap.indent(textwrap.dedent(calls), "    ")))
+    child = subprocess.Popen([sys.executable, str(path)], env=child_env(head.url, name), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(tmp_path))
+    try:
+        assert child.stdout is not None and child.stderr is not None
+        first = child.stdout.readline()
+        assert first.startswith("reported "), (first, child.stderr.read() if child.poll() is not None else "")
+        run_id = first.split()[1]
+
+        def at_step_7() -> Optional[Dict[str, Any]]:
+            served: Optional[Dict[str, Any]] = (head.get(f"/api/train/runs/{run_id}").get("rank_progress") or [None])[0]
+            return served if served and served.get("step") == 7 else None
+
+        progress = wait_until("the callback's progress at step 7", at_step_7, deadline=15)
+        assert progress.get("checkpoint") == 5, f"the save at step 5 is the rank's mark: {progress}"
         (tmp_path / "done").touch()
         assert child.wait(30) == 0, child.stderr.read()
     finally:

@@ -225,9 +225,12 @@ def report(
     phase: Optional[str] = None,
     expect_next_within: Optional[float] = None,
     step_time: Optional[float] = None,
+    checkpoint: Optional[int] = None,
 ) -> None:
     """Reports this rank's progress (see :meth:`Run.report`); does nothing
-    before :func:`init`. A few microseconds, never blocks, never raises."""
+    before :func:`init`. ``checkpoint=step`` says progress up to ``step``
+    is saved. A few microseconds, never blocks, never raises but for a
+    ``checkpoint`` that breaks a rule (``ValueError`` naming it)."""
     run = current()
     if run is not None:
-        run.report(metrics, step=step, total_steps=total_steps, phase=phase, expect_next_within=expect_next_within, step_time=step_time)
+        run.report(metrics, step=step, total_steps=total_steps, phase=phase, expect_next_within=expect_next_within, step_time=step_time, checkpoint=checkpoint)

@@ -18,7 +18,14 @@ thread hands over what a rank reported just before it went quiet.
 
 Invalid input (a value that is not a finite number, a bad name, too many
 names, a step that goes back) is dropped, with at most one warning line per
-kind; nothing here raises into the caller.
+kind; nothing here raises into the caller, but for one thing: a checkpoint
+mark (``checkpoint``, "progress up to this step is saved") that breaks a
+rule raises ``ValueError`` naming ``checkpoint``, and the report it came
+with is not taken. A mark decides what a failure counts as lost, so a
+wrong one is the caller's mistake to hear about, not a value to drop.
+
+A mark is kept like the step: every hand-over carries the rank's highest
+mark, so a later report without one keeps it.
 
 The limits are the head's (``trainstate-schema``'s ``limits.rs``).
 """
@@ -114,6 +121,20 @@ def stall_action(on_stall: Optional[str], abort_after: Optional[float]) -> Tuple
     return "ABORT", int(round(value * 1000))
 
 
+class CheckpointError(ValueError):
+    """A checkpoint mark that breaks a rule; the message names ``checkpoint``."""
+
+
+def checked_checkpoint(checkpoint: Any) -> int:
+    """``checkpoint`` as a step, or ``ValueError`` naming it: a whole
+    number (an ``int``, not a ``bool``) from 0 to 2**64-1."""
+    if isinstance(checkpoint, bool) or not isinstance(checkpoint, int):
+        raise CheckpointError(f"checkpoint must be a step, a whole number (int) from 0 to 2**64-1, not {checkpoint!r}")
+    if not 0 <= checkpoint <= MAX_STEP:
+        raise CheckpointError(f"checkpoint must be a step from 0 to 2**64-1, not {checkpoint}")
+    return int(checkpoint)
+
+
 class Progress:
     """The rank's latest progress, and its hand-over to the watcher.
 
@@ -133,6 +154,8 @@ class Progress:
         self._total_steps: Optional[int] = None
         self._phase: Optional[str] = None
         self._expect_ms: Optional[int] = None
+        # The rank's highest checkpoint mark: progress up to it is saved.
+        self._checkpoint: Optional[int] = None
         self._metrics: Dict[str, float] = {}
         self._names: Set[str] = set()
         # The step times the caller reported since the last hand-over (their
@@ -158,9 +181,14 @@ class Progress:
         phase: Optional[str],
         expect_next_within: Optional[float],
         step_time: Optional[float] = None,
+        checkpoint: Optional[int] = None,
     ) -> None:
-        """Takes one report; hands the state over when it is due."""
+        """Takes one report; hands the state over when it is due. A
+        ``checkpoint`` that breaks a rule raises ``ValueError`` (see
+        :meth:`_check_checkpoint`) and nothing of the report is taken."""
         with self._lock:
+            if checkpoint is not None:
+                checkpoint = self._check_checkpoint(checkpoint, step)
             if step is not None:
                 self._take_step(step)
             if step_time is not None:
@@ -176,6 +204,8 @@ class Progress:
                     self._warn("phase", f"phase {phase!r} is not 1 to {MAX_PHASE_LEN} printable ASCII characters")
             if metrics:
                 self._take_metrics(metrics)
+            if checkpoint is not None:
+                self._checkpoint = checkpoint if self._checkpoint is None else max(self._checkpoint, checkpoint)
             urgent = False
             if expect_next_within is not None:
                 urgent = self._take_expect(expect_next_within)
@@ -185,6 +215,29 @@ class Progress:
             self.flush()
         if self._flusher is None:
             self._start_flusher()
+
+    def _check_checkpoint(self, checkpoint: Any, step: Any) -> int:
+        """The mark ``checkpoint``, checked against the rank's own step
+        (``step`` when this report's is valid, else the latest reported)
+        and its previous mark; ``ValueError`` naming ``checkpoint`` when it
+        is not a step, is ahead of the rank's step (or the rank has none
+        yet) or is lower than its previous mark. Changes nothing."""
+        mark = checked_checkpoint(checkpoint)
+        own = self._step
+        if step is not None and not isinstance(step, bool):
+            try:
+                value: Optional[int] = operator.index(step)
+            except TypeError:
+                value = None
+            if value is not None and 0 <= value <= MAX_STEP and (own is None or value >= own):
+                own = value
+        if own is None:
+            raise CheckpointError(f"checkpoint={mark} needs the rank's step: report the step with the mark, or before it")
+        if mark > own:
+            raise CheckpointError(f"checkpoint={mark} is ahead of the rank's step {own}: a mark says progress up to a step it reached is saved")
+        if self._checkpoint is not None and mark < self._checkpoint:
+            raise CheckpointError(f"checkpoint={mark} is lower than the rank's previous mark {self._checkpoint} (marks never go back)")
+        return mark
 
     def _take_step(self, step: Any) -> None:
         value = self._count("step", step)
@@ -294,6 +347,8 @@ class Progress:
                 progress["phase"] = self._phase
             if self._expect_ms is not None:
                 progress["expect_next_within_ms"] = self._expect_ms
+            if self._checkpoint is not None:
+                progress["checkpoint"] = self._checkpoint
             metrics, self._metrics = self._metrics, {}
             if metrics:
                 progress["metrics"] = metrics

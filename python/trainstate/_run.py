@@ -28,7 +28,7 @@ from types import TracebackType
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Type, Union
 
 from . import _launch, _proc, _stacks
-from ._progress import Progress, stall_action, stall_after_ms
+from ._progress import CheckpointError, Progress, checked_checkpoint, stall_action, stall_after_ms
 from ._contract import MAX_TRACE_LEN, TERMINAL_RUN_STATUSES
 from .types import CauseKind, FailureMode, RunStatus, TrainWorkerInfo
 
@@ -208,6 +208,7 @@ class Run:
         phase: Optional[str] = None,
         expect_next_within: Optional[float] = None,
         step_time: Optional[float] = None,
+        checkpoint: Optional[int] = None,
     ) -> None:
         """Reports this rank's progress: its ``step`` (the global step, as
         the training loop counts it), ``total_steps`` when known, its
@@ -224,14 +225,28 @@ class Run:
         wall time between steps is sent, which in lock-step training is
         the same on every rank.
 
+        ``checkpoint`` says progress up to that step is saved (a checkpoint
+        was written): when an attempt fails, the head counts the work done
+        since the run's latest mark as lost. It is a step: a whole number
+        (``int``, not ``bool``), not ahead of the rank's own step (this
+        call's ``step``, else the latest it reported) and never lower than
+        the rank's previous mark. A mark stays until a higher one replaces
+        it.
+
         Costs a few microseconds and never blocks: the latest state is kept
         and handed to the watcher about once a second, which sends it with
         the rank's heartbeat. Invalid input is dropped with one warning line
-        per kind. Never raises."""
+        per kind. Never raises, but for a ``checkpoint`` that breaks a rule:
+        ``ValueError`` naming ``checkpoint``, and nothing of the call is
+        taken."""
+        if checkpoint is not None:
+            checked_checkpoint(checkpoint)
         if not self._enabled or os.getpid() != self._pid:
             return
         try:
-            self._progress.report(metrics, step, total_steps, phase, expect_next_within, step_time)
+            self._progress.report(metrics, step, total_steps, phase, expect_next_within, step_time, checkpoint)
+        except CheckpointError:
+            raise  # the mark broke a rule: the caller's to hear
         except Exception as err:  # noqa: BLE001 - training must go on
             logger.debug("trainstate: %r", err, exc_info=True)
 

@@ -15,7 +15,9 @@ rides on its heartbeats: the head keeps each rank's latest report as it
 is, so every heartbeat carries the whole latest state (step, total, phase,
 the time per step that came with the latest step, the 32 most recently
 changed metrics, and what is left of an announced wait; the head counts a
-step time only with a step new to it, so sending it again is harmless). While there is new progress the watcher heartbeats every second;
+step time only with a step new to it, so sending it again is harmless; and
+the highest checkpoint mark, which the same mark again leaves as it is).
+While there is new progress the watcher heartbeats every second;
 progress the head refuses (a step that went back, a bad value) is logged
 once and dropped, and heartbeats go on without it.
 
@@ -251,6 +253,11 @@ class Watcher:
         for field in ("step", "total_steps", "phase"):
             if progress.get(field) is not None:
                 self.progress[field] = progress[field]
+        # A checkpoint mark is never lost to merging: a report without one
+        # keeps the mark, and of two marks the higher is kept.
+        mark, kept = progress.get("checkpoint"), self.progress.get("checkpoint")
+        if isinstance(mark, int) and not isinstance(mark, bool) and (kept is None or mark > kept):
+            self.progress["checkpoint"] = mark
         if progress.get("step") is not None:
             # The time per step of the steps up to this one, if the rank
             # measured them: the head counts it with a new step only.

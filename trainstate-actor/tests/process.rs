@@ -758,3 +758,68 @@ fn runs_show_prints_health_and_progress() {
         text.lines().find(|l| l.starts_with("progress")).unwrap_or_else(|| panic!("{text}"));
     assert!(progress_line.contains("step 5 of 10 (50 %)"), "{text}");
 }
+
+/// A finished run of cluster `c1`, as its head forwards it to a hub, whose
+/// goodput is known: 2m10s of wall-clock time, 70 s of it productive
+/// (53.8 %), 10 s waiting to start, 20 s restarting, 30 s stalled; step 40
+/// marked saved 60 s in, and three failed attempts since then (a restart
+/// loop).
+pub(crate) fn forwarded_with_goodput(name: &str, start_ms: u64) -> trainstate_schema::TrainRunInfo {
+    use trainstate_schema::{CheckpointMark, GoodputBucket, RunGoodput, RunStatus};
+
+    let run = run_with(&RunId::new_v7(), name, "job-goodput", start_ms, 2);
+    let mut draft = trainstate_testkit::runs::ended(&run, RunStatus::Finished).into_draft();
+    draft.end_time_ms = Some(start_ms + 130_000);
+    for attempt in &mut draft.attempts {
+        attempt.end_time_ms = Some(start_ms + 130_000);
+    }
+    draft.cluster = Some("c1".into());
+    let mut goodput = RunGoodput::starting_at(start_ms);
+    goodput.add(GoodputBucket::WaitingToStart, 10_000);
+    goodput.add(GoodputBucket::Productive, 70_000);
+    goodput.add(GoodputBucket::Restarting, 20_000);
+    goodput.add(GoodputBucket::Stalled, 30_000);
+    goodput.as_of_ms = start_ms + 130_000;
+    goodput.checkpoint = Some(CheckpointMark::new(40, start_ms + 60_000, "0"));
+    goodput.productive_at_checkpoint_ms = 50_000;
+    goodput.restarts_since_checkpoint = 3;
+    goodput.restart_loop = true;
+    draft.validate().unwrap().with_goodput(goodput).unwrap()
+}
+
+/// Stores `run` on the hub at `hub_url` as a forwarded run of its cluster.
+pub(crate) async fn forward(hub_url: &str, run: &trainstate_schema::TrainRunInfo) {
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let url = format!("{hub_url}/api/train/forwarded/{}", run.id());
+    let body = Some(("application/json", serde_json::to_vec(run).unwrap()));
+    let (status, stored) =
+        crate::contract::send(&http, reqwest::Method::PUT, &url, body, None).await;
+    assert!(status.is_success(), "PUT {url}: {status}: {stored}");
+    assert!(stored["goodput"].is_object(), "stored with its goodput: {stored}");
+}
+
+/// `runs show` says what a run cost: its goodput ratio of its wall-clock
+/// time, the buckets that cost something, its checkpoint mark and its
+/// restart loop (seeded as a forwarded run on a hub, stored as it is).
+#[test]
+fn runs_show_prints_what_a_run_cost() {
+    let dir = tempfile::tempdir().unwrap();
+    let head = start_head(dir.path(), &["--cluster", "hub"]).unwrap();
+    let run = forwarded_with_goodput("cli-goodput", T0);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(forward(&head.url, &run));
+    let shown = Command::new(env!("CARGO_BIN_EXE_trainstate"))
+        .args(["runs", "show", run.id().as_str(), "--url", &head.url])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(shown.stdout).unwrap();
+    assert!(shown.status.success(), "{text}");
+    let lines: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("goodput")).take(4).collect();
+    let expected = [
+        "goodput         53.8% of 2m10s",
+        "                lost to waiting to start 10s, restarting 20s, stalled 30s",
+        "                checkpoint: step 40 saved at 2025-10-09 08:54:20 UTC",
+        "                restart loop: 3 attempts failed since the last checkpoint",
+    ];
+    assert_eq!(lines, expected, "{text}");
+}

@@ -1094,3 +1094,130 @@ async fn the_page_shows_a_runs_stacks_the_suspect_first_and_never_as_markup() {
     browser.quit().await;
     server.stop().await;
 }
+
+/// What a run cost, on the page: a run with a known goodput (a forwarded
+/// run on a hub, stored as it is) shows one bar split by bucket, productive
+/// first, each part as wide as its share, a legend of each bucket's time and
+/// share, the ratio, the checkpoint mark and the restart loop badge; the run
+/// list shows its ratio. The fleet view at `/goodput` shows the groups when
+/// `GET /api/train/goodput` answers, and says clearly when it does not (503).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(has_browser), ignore = "needs chromium and chromedriver")]
+async fn the_page_shows_what_a_run_cost_and_the_fleets_goodput() {
+    let (chromium, chromedriver) = browser();
+    let config = StateConfig::in_memory()
+        .with_name(unique_name("web-goodput"))
+        .with_cluster(Some("hub".into()));
+    let server = Server::start(config, HttpConfig::default()).await;
+    let run = crate::process::forwarded_with_goodput("costly", now_ms() - HOUR);
+    crate::process::forward(&server.url, &run).await;
+    let id = run.id().as_str().to_owned();
+
+    let browser = Browser::start(&chromium, &chromedriver, "goodput").await;
+    browser.goto(&format!("{}/runs/{id}", server.url)).await;
+    let shown = browser
+        .wait_for(
+            "the goodput bar",
+            "const bar = document.querySelector('#goodput .goodput-bar');
+             if (!bar) return null;
+             const width = bar.getBoundingClientRect().width;
+             return {
+               parts: [...bar.querySelectorAll('.gp')].map((p) => [p.dataset.bucket,
+                 Math.round(1000 * p.getBoundingClientRect().width / width) / 1000]),
+               colours: [...bar.querySelectorAll('.gp')].map((p) => getComputedStyle(p).backgroundColor),
+               legend: [...document.querySelectorAll('#goodput .goodput-legend li')].map((li) => li.textContent),
+               ratio: document.querySelector('#goodput-ratio').textContent,
+               summary: document.querySelector('#goodput-summary').textContent,
+               checkpoint: document.querySelector('#goodput-checkpoint').textContent,
+               loop: (document.querySelector('#goodput-restart-loop') || {}).textContent || null,
+             };",
+        )
+        .await;
+    // 70 s, 10 s, 20 s and 30 s of 130 s, in the bar's order.
+    let parts: Vec<(String, f64)> = serde_json::from_value(shown["parts"].clone()).unwrap();
+    let buckets: Vec<&str> = parts.iter().map(|(b, _)| b.as_str()).collect();
+    assert_eq!(buckets, ["productive", "waiting_to_start", "restarting", "stalled"], "{shown}");
+    for ((bucket, share), want) in parts.iter().zip([70.0, 10.0, 20.0, 30.0]) {
+        assert!((share - want / 130.0).abs() < 0.01, "{bucket}: {share} of the bar: {shown}");
+    }
+    let colours = shown["colours"].as_array().unwrap();
+    let distinct: std::collections::HashSet<&str> =
+        colours.iter().map(|c| c.as_str().unwrap()).collect();
+    assert_eq!(distinct.len(), 4, "a colour per bucket: {shown}");
+    assert_eq!(shown["ratio"], "53.8 %", "{shown}");
+    assert!(shown["summary"].as_str().unwrap().contains("of 2m 10s"), "{shown}");
+    assert_eq!(
+        shown["legend"],
+        json!([
+            "Productive 1m 10s (53.8 %)",
+            "Waiting to start 10s (7.7 %)",
+            "Restarting 20s (15.4 %)",
+            "Stalled 30s (23.1 %)"
+        ]),
+        "{shown}"
+    );
+    assert!(
+        shown["checkpoint"].as_str().unwrap().starts_with("Checkpoint: step 40 saved at "),
+        "{shown}"
+    );
+    assert_eq!(shown["loop"], "restart loop", "{shown}");
+    browser.screenshot(&output_dir().join("run-goodput.png")).await;
+
+    // The run list: a goodput column with the ratio.
+    browser.goto(&format!("{}/", server.url)).await;
+    let cell = browser
+        .wait_for(
+            "the run's goodput in the list",
+            &format!(
+                "const cell = document.querySelector('tr[data-run-id=\"{id}\"] td[data-col=\"goodput\"]');
+                 return cell ? cell.textContent : null;"
+            ),
+        )
+        .await;
+    assert_eq!(cell, "53.8 %");
+
+    // The fleet view: the groups when the route answers, else a clear
+    // message naming the head's answer.
+    let http = Client::builder().no_proxy().build().unwrap();
+    let route = http.get(format!("{}/api/train/goodput", server.url)).send().await.unwrap();
+    let status = route.status();
+    browser.goto(&format!("{}/goodput?by=cluster&window=7d", server.url)).await;
+    if status == reqwest::StatusCode::SERVICE_UNAVAILABLE {
+        let error = browser
+            .wait_for(
+                "the fleet view's error",
+                "const e = document.querySelector('#goodput-error'); return e ? e.textContent : null;",
+            )
+            .await;
+        let error = error.as_str().unwrap();
+        assert!(
+            error.starts_with("The head cannot count the fleet's goodput right now (HTTP 503): "),
+            "{error}"
+        );
+        assert_eq!(
+            browser.execute("return document.querySelectorAll('#goodput-groups').length").await,
+            0
+        );
+    } else {
+        assert!(status.is_success(), "GET /api/train/goodput: {status}");
+        let fleet = browser
+            .wait_for(
+                "the fleet's groups",
+                "const rows = [...document.querySelectorAll('#goodput-groups tbody tr')];
+                 if (!rows.length) return null;
+                 return {
+                   groups: rows.map((r) => [r.dataset.group, r.querySelector('.gp-ratio').textContent,
+                     r.querySelectorAll('.goodput-bar .gp').length]),
+                   total: document.querySelector('#goodput-groups tfoot .gp-ratio').textContent,
+                 };",
+            )
+            .await;
+        assert_eq!(fleet["groups"], json!([["c1", "53.8 %", 4]]), "{fleet}");
+        assert_eq!(fleet["total"], "53.8 %", "{fleet}");
+    }
+    let by = browser.execute("return document.querySelector('#goodput-by').value").await;
+    assert_eq!(by, "cluster");
+    browser.screenshot(&output_dir().join("goodput-fleet.png")).await;
+    browser.quit().await;
+    server.stop().await;
+}

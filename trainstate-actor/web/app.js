@@ -212,6 +212,47 @@
     const stalledSince = stalled && lastAdvance > 0 ? lastAdvance : null;
     return { step, total, eta, stalledSince, ranks };
   }
+  // ---- Goodput: where a run's (or a group's) time went, by bucket ---------
+
+  /** The buckets, productive first, in the order the bar draws them (`GoodputBucket::ALL`). */
+  const GOODPUT_BUCKETS = [
+    ['productive', 'Productive'],
+    ['waiting_to_start', 'Waiting to start'],
+    ['restarting', 'Restarting'],
+    ['stalled', 'Stalled'],
+    ['checkpointing', 'Checkpointing'],
+    ['progress_lost', 'Progress lost'],
+    ['slower_than_pace', 'Slower than pace'],
+  ];
+  /** A share between 0 and 1 as a percentage: `53.8 %`. */
+  const percent = (share) => (Number.isFinite(share) ? `${(100 * share).toFixed(1)} %` : '—');
+  /**
+   * The ms of each bucket of `productive` and `badput` (a run's goodput, or
+   * a group's GPU-ms), with its share of `wall`: [bucket, label, ms, share].
+   */
+  function goodputParts(wall, productive, badput) {
+    return GOODPUT_BUCKETS.map(([bucket, label]) => {
+      const ms = bucket === 'productive' ? Number(productive) : Number((badput || {})[`${bucket}_ms`]);
+      const value = Number.isFinite(ms) && ms > 0 ? ms : 0;
+      return [bucket, label, value, wall > 0 ? value / wall : 0];
+    });
+  }
+  /** One horizontal bar split by bucket; each part's width is its share, its title its words. */
+  function goodputBar(parts, label, describe) {
+    return h('div', { class: 'goodput-bar', role: 'img', 'aria-label': label },
+      parts.filter((p) => p[2] > 0).map(([bucket, name, ms, share]) => h('span', {
+        class: `gp gp-${bucket}`, 'data-bucket': bucket, 'data-share': share.toFixed(4),
+        style: { width: `${(100 * share).toFixed(3)}%` }, title: `${name}: ${describe(ms)} (${percent(share)})`,
+      })));
+  }
+  /** The legend of a bar: each bucket that counted something, its colour, amount and share. */
+  function goodputLegend(parts, describe) {
+    return h('ul', { class: 'goodput-legend' },
+      parts.filter((p) => p[2] > 0).map(([bucket, name, ms, share]) => h('li', { 'data-bucket': bucket },
+        h('span', { class: `swatch gp-${bucket}`, 'aria-hidden': 'true' }), `${name} `,
+        h('span', { class: 'gp-amount' }, describe(ms)), ' ', h('span', { class: 'muted gp-share' }, `(${percent(share)})`))));
+  }
+
   /** A run's lifecycle status: Ray Train V2's sub-status when it has one. */
   const statusOf = (run) => run.status || run.run_status;
 
@@ -485,6 +526,7 @@
     const match = matchPath('runPage', location.pathname);
     if (match) view = runView(match.id);
     else if (matchPath('nodesPage', location.pathname)) view = nodesView();
+    else if (matchPath('goodputPage', location.pathname)) view = goodputView();
     else view = runsView();
   }
   function refresh() {
@@ -577,6 +619,89 @@
     return { refresh: soon, onEvent: soon, close: () => { st.closed = true; } };
   }
 
+  // ---- The fleet's goodput: every retained run's time, by group ----------
+
+  const GOODPUT_BY = ['cluster', 'node', 'name'];
+  const GOODPUT_WINDOWS = [['24h', '24 h', 24 * 3600000], ['7d', '7 d', 7 * 24 * 3600000], ['30d', '30 d', 30 * 24 * 3600000]];
+  const UNAVAILABLE = CONTRACT.errorStatus.unavailable;
+  /** GPU-ms as GPU-hours: `12.5 GPU-h`. */
+  const gpuHours = (ms) => `${(Number(ms) / 3600000).toFixed(ms >= 36000000 ? 0 : 1)} GPU-h`;
+
+  function goodputView() {
+    const params = new URLSearchParams(location.search);
+    const st = {
+      by: GOODPUT_BY.includes(params.get('by')) ? params.get('by') : 'cluster',
+      window: GOODPUT_WINDOWS.some((w) => w[0] === params.get('window')) ? params.get('window') : '7d',
+      closed: false, seq: 0,
+    };
+    document.title = 'Goodput · trainstate';
+    const select = (id, label, options, value, onchange) => h('label', { class: 'search' }, `${label} `,
+      h('select', { id, onchange: (event) => onchange(event.target.value) },
+        options.map(([key, text]) => h('option', { value: key, selected: key === value }, text))));
+    const body = h('div', { id: 'goodput-fleet' }, h('p', { class: 'muted' }, 'Loading…'));
+    fill(app,
+      h('nav', { class: 'crumbs' }, h('a', { href: '/', 'data-nav': true }, 'Runs'), ' · ',
+        h('a', { href: pathOf('goodputPage', {}), 'data-nav': true }, 'Goodput')),
+      h('div', { class: 'toolbar' },
+        h('h1', {}, 'Goodput'),
+        select('goodput-by', 'By', GOODPUT_BY.map((b) => [b, b]), st.by, (by) => { st.by = by; restart(); }),
+        select('goodput-window', 'Over the last', GOODPUT_WINDOWS.map(([key, text]) => [key, text]), st.window,
+          (window) => { st.window = window; restart(); })),
+      h('p', { class: 'muted' }, 'Each run weighs by its GPUs (its workers when it has none): the figures are GPU-hours, the ratio the share of them that went into kept progress.'),
+      body);
+
+    function restart() {
+      history.replaceState(null, '', `${pathOf('goodputPage', {})}?by=${st.by}&window=${st.window}`);
+      load();
+    }
+    const describe = gpuHours;
+    function row(key, cluster, totals, cls) {
+      const wall = Number(totals.wall_gpu_ms) || 0;
+      const parts = goodputParts(wall, totals.productive_gpu_ms, totals.badput_gpu_ms);
+      return h('tr', { class: cls, 'data-group': key === null ? '' : key },
+        h('td', { class: 'name' }, key === null ? h('span', { class: 'muted' }, cls ? 'All runs' : 'no cluster') : key),
+        st.by === 'cluster' ? null : h('td', {}, cluster || h('span', { class: 'muted' }, '—')),
+        h('td', { class: 'num' }, num(totals.runs)),
+        h('td', { class: 'num' }, num(totals.live)),
+        h('td', { class: 'num' }, describe(wall)),
+        h('td', { class: 'num gp-ratio' }, percent(totals.ratio)),
+        h('td', { class: 'gp-cell' }, goodputBar(parts, `Goodput ${percent(totals.ratio)}`, describe)));
+    }
+    async function load() {
+      const seq = ++st.seq;
+      const span = GOODPUT_WINDOWS.find((w) => w[0] === st.window)[2];
+      const query = new URLSearchParams({ by: st.by, since: String(Date.now() - span) });
+      try {
+        const answer = await api(`${pathOf('getGoodput', {})}?${query}`);
+        if (st.closed || seq !== st.seq) return;
+        const groups = Array.isArray(answer.groups) ? answer.groups : [];
+        const head = ['Group', st.by === 'cluster' ? null : 'Cluster', 'Runs', 'Live', 'GPU time', 'Goodput', 'Where the time went']
+          .filter((c) => c !== null);
+        const totalParts = goodputParts(Number(answer.total.wall_gpu_ms) || 0, answer.total.productive_gpu_ms, answer.total.badput_gpu_ms);
+        fill(body,
+          answer.beyond_retention ? h('p', { class: 'note', id: 'goodput-retention' },
+            answer.retained_since_ms
+              ? ['The window starts before the oldest retained run (', timeEl(answer.retained_since_ms), '): these figures are of what the head retains, not of the whole window.']
+              : 'The window starts before anything the head retains: these figures are of what it retains, not of the whole window.') : null,
+          groups.length ? h('div', { class: 'table-wrap' }, h('table', { class: 'runs goodput-groups', id: 'goodput-groups' },
+            h('thead', {}, h('tr', {}, head.map((c) => h('th', { scope: 'col' }, c)))),
+            h('tbody', {}, groups.map((g) => row(g.key ?? null, g.cluster, g, null))),
+            h('tfoot', {}, row(null, null, answer.total, 'total'))))
+            : h('p', { class: 'muted' }, 'No runs in the window.'),
+          groups.length ? goodputLegend(totalParts, describe) : null);
+      } catch (err) {
+        if (st.closed || seq !== st.seq) return;
+        fill(body, h('p', { class: 'error', role: 'alert', id: 'goodput-error' },
+          err.status === UNAVAILABLE
+            ? `The head cannot count the fleet's goodput right now (HTTP ${err.status}): ${err.message}`
+            : `Could not load the fleet's goodput: ${err.message}`));
+      }
+    }
+    load();
+    const soon = throttle(load, MIN_REFRESH_MS);
+    return { refresh: soon, onEvent: soon, close: () => { st.closed = true; } };
+  }
+
   // ---- The runs view -----------------------------------------------------
 
   function runsView() {
@@ -608,7 +733,7 @@
     const pagerSlot = h('div');
     const columns = [
       ['Name'], ['ID', 'opt'], ['Status'], ['Job', 'opt'], ['Started', 'opt'], ['Duration', 'num'],
-      ['Workers', 'num'], ['GPUs', 'num'], ['Datasets', 'opt'], ['Cluster', 'opt'],
+      ['Workers', 'num'], ['GPUs', 'num'], ['Goodput', 'num opt'], ['Datasets', 'opt'], ['Cluster', 'opt'],
     ];
     fill(app,
       h('div', { class: 'toolbar' },
@@ -736,6 +861,8 @@
         h('td', { 'data-col': 'duration', class: 'num' }, durationEl(run.start_time_ms, run.end_time_ms)),
         h('td', { 'data-col': 'workers', class: 'num' }, num(run.workers.length)),
         h('td', { 'data-col': 'gpus', class: 'num' }, num(gpuCount(run.workers))),
+        h('td', { 'data-col': 'goodput', class: 'num opt', title: run.goodput ? 'The share of its wall-clock time that went into kept progress' : null },
+          run.goodput && Number.isFinite(run.goodput.ratio) ? percent(run.goodput.ratio) : h('span', { class: 'muted' }, '—')),
         h('td', {
           'data-col': 'datasets', class: 'opt datasets',
           title: run.datasets.map((d) => d.dataset_name || d.name).join(', ') || null,
@@ -839,6 +966,7 @@
         st.error ? errorNote(st.error) : null,
         overview(run),
         progressSection(run),
+        goodputSection(run),
         stacksSection(st.stacks),
         metricsSection(st.metrics),
         detailSection(run),
@@ -935,6 +1063,36 @@
         'Where the ranks were when the run ended: ',
         lastPhases(run)) : null;
       return section(ended(run) ? 'Last progress' : 'Progress', healthLine, stragglerLine, detail, bar, last);
+    }
+
+    /**
+     * What the run cost: its goodput as one bar split by bucket, with a
+     * legend of each bucket's time and share, the ratio, the checkpoint
+     * mark, and a badge when it restarts without getting anywhere. Absent
+     * when the head counted none (a run registered already ended).
+     */
+    function goodputSection(run) {
+      const g = run.goodput;
+      if (!g || typeof g !== 'object') return null;
+      const wall = Number(g.wall_ms) || 0;
+      const parts = goodputParts(wall, g.productive_ms, g.badput);
+      const mark = g.checkpoint;
+      return section('Goodput', h('div', { id: 'goodput' },
+        h('p', { id: 'goodput-summary' },
+          h('strong', { id: 'goodput-ratio' }, percent(g.ratio)),
+          ` of ${formatDuration(wall)} went into kept progress`,
+          ended(run) ? null : h('span', { class: 'muted' }, ' (so far)'),
+          g.restart_loop ? [' ', h('span', {
+            class: 'badge h-stalled', id: 'goodput-restart-loop',
+            title: `${plural(g.restarts_since_checkpoint, 'attempt')} failed since the last checkpoint`,
+          }, 'restart loop')] : null),
+        goodputBar(parts, `Goodput ${percent(g.ratio)}`, formatDuration),
+        goodputLegend(parts, formatDuration),
+        mark ? h('p', { id: 'goodput-checkpoint' }, `Checkpoint: step ${num(mark.step)} saved at `, timeEl(mark.at_ms),
+          ` (attempt ${line(mark.attempt_id)})`)
+          : h('p', { class: 'muted', id: 'goodput-checkpoint' }, 'No checkpoint marked: nothing is counted as lost at a failure.'),
+        g.restart_loop ? h('p', { class: 'error', id: 'goodput-loop-detail' },
+          `Restart loop: ${plural(g.restarts_since_checkpoint, 'attempt')} failed since the last checkpoint.`) : null));
     }
 
     /** The ranks' last steps and phases, grouped: `ranks 0, 1 at step 60 (train)`. */

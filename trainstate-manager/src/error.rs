@@ -65,6 +65,11 @@ pub enum ManagerError {
     /// Stacks attached with no rank: a capture needs at least one rank's.
     #[error("the stacks are invalid: {0}")]
     InvalidStacks(ValidationError),
+    /// A rank's progress report breaks a rule (for example a checkpoint
+    /// mark ahead of the rank's step, `progress.checkpoint`); nothing of it
+    /// is sent.
+    #[error("the progress report is invalid: {0}")]
+    InvalidProgress(ValidationError),
     /// The manager was built with no state actor: nothing is tracked, and
     /// a call that must answer with the head's record cannot.
     #[error("no state actor: run-state tracking is off")]

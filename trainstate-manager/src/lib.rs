@@ -60,7 +60,9 @@
 //! run's health. It returns at once: reports are merged per rank and sent
 //! in the background at most once per [`ManagerConfig::progress_interval`]
 //! (a second by default); what cannot be sent is dropped and counted
-//! ([`TrainRunStateManager::dropped_progress`]), never queued.
+//! ([`TrainRunStateManager::dropped_progress`]), never queued. A report
+//! that breaks a rule (a checkpoint mark ahead of the rank's step or below
+//! its previous mark, say) is refused at the call.
 //!
 //! # Time
 //!

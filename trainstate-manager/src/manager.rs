@@ -200,21 +200,39 @@ impl TrainRunStateManager {
     /// head's stall window) and which it serves as the run's
     /// `rank_progress` and metric histories.
     ///
-    /// Never waits and never fails: the report is merged with what waits
-    /// for the same rank (the latest step, phase and total win, but the
-    /// highest step is kept; metrics are merged) and sent in the
-    /// background at most once per [`ManagerConfig::progress_interval`],
-    /// once the head has acknowledged the run and its latest worker group.
-    /// What cannot be sent (a report that breaks a rule of
-    /// [`RankProgress`], a rank the latest worker group does not have, a
-    /// run this manager does not track live, a request the head refused or
-    /// did not answer) is dropped and counted in
+    /// A report's `checkpoint` says progress up to that step is saved:
+    /// the head counts the work a failure loses from the run's latest mark.
+    ///
+    /// Never waits: the report is merged with what waits for the same rank
+    /// (the latest step, phase and total win, but the highest step and the
+    /// highest checkpoint mark are kept, so a mark is never lost; metrics
+    /// are merged) and sent in the background at most once per
+    /// [`ManagerConfig::progress_interval`], once the head has acknowledged
+    /// the run and its latest worker group.
+    ///
+    /// A report that breaks a rule of [`RankProgress`], or whose
+    /// checkpoint mark is ahead of the rank's step (the report's, else the
+    /// latest taken) or below the rank's previous mark of the attempt, is
+    /// refused: [`ManagerError::InvalidProgress`], naming the field
+    /// (`progress.checkpoint`). What cannot be sent (a rank the latest
+    /// worker group does not have, a run this manager does not track live,
+    /// a request the head refused or did not answer) is dropped; refused
+    /// and dropped reports are counted in
     /// [`dropped_progress`](Self::dropped_progress), never queued. Without
     /// a state actor it does nothing.
-    pub fn report_progress(&self, run_id: &RunId, rank: u32, progress: RankProgress) {
+    pub fn report_progress(
+        &self,
+        run_id: &RunId,
+        rank: u32,
+        progress: RankProgress,
+    ) -> Result<(), ManagerError> {
         if let Some(tracking) = &self.tracking {
-            tracking.progress.report(&tracking.shared, run_id, rank, progress);
+            tracking
+                .progress
+                .report(&tracking.shared, run_id, rank, progress)
+                .map_err(ManagerError::InvalidProgress)?;
         }
+        Ok(())
     }
 
     /// How many rank progress reports were dropped since the manager was

@@ -3,9 +3,13 @@
 //! holding up the training loop.
 //!
 //! A report is merged into what waits for its rank (the latest step,
-//! phase and total win, but a step never goes back; metrics are merged),
-//! so what waits is bounded by the attempt's ranks, whatever the rate of
-//! reports. Once an interval, the progress of every run whose writes the
+//! phase and total win, but a step never goes back; metrics are merged;
+//! the higher checkpoint mark is kept, so a mark is never lost to
+//! merging), so what waits is bounded by the attempt's ranks, whatever the
+//! rate of reports. A report that breaks a rule is refused at the call,
+//! among them a checkpoint mark ahead of the rank's step or below its
+//! previous mark of the attempt: the outbox remembers each rank's latest
+//! step and mark of the attempt, sent or not. Once an interval, the progress of every run whose writes the
 //! head has all acknowledged (it knows the run and its attempt) is sent in
 //! one request per run, one request in flight per run. What cannot be
 //! sent (a report that breaks a rule, a rank the attempt does not have,
@@ -20,9 +24,9 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 use trainstate_client::StateError;
-use trainstate_schema::RunId;
 use trainstate_schema::api::RankProgress;
 use trainstate_schema::limits::MAX_METRIC_NAMES_PER_REPORT;
+use trainstate_schema::{Rule, RunId, ValidationError};
 
 use crate::delivery::Outbox;
 
@@ -40,10 +44,47 @@ struct Waiting {
     attempt_id: String,
     /// By rank, each rank's reports merged.
     ranks: BTreeMap<u32, RankProgress>,
+    /// By rank, the latest step and checkpoint mark taken of the attempt,
+    /// whether sent already or still waiting.
+    known: BTreeMap<u32, Known>,
     /// A request of this run's is being sent: the next waits for its answer.
     in_flight: bool,
     /// A report that broke a rule was logged for this run.
     warned: bool,
+}
+
+/// A rank's latest step and checkpoint mark of an attempt.
+#[derive(Debug, Clone, Copy, Default)]
+struct Known {
+    step: Option<u64>,
+    checkpoint: Option<u64>,
+}
+
+impl Known {
+    /// Checks `next`'s checkpoint mark against the rank's step (`next`'s
+    /// own, else the latest taken; 0 when the rank has none yet) and its
+    /// previous mark; the error names `progress.checkpoint`.
+    fn check_mark(&self, next: &RankProgress) -> Result<(), ValidationError> {
+        let Some(mark) = next.checkpoint else { return Ok(()) };
+        let step = self.step.max(next.step).unwrap_or(0);
+        if mark > step {
+            let rule = Rule::CheckpointAheadOfStep { step };
+            return Err(ValidationError::new("progress.checkpoint", rule));
+        }
+        if let Some(previous) = self.checkpoint
+            && mark < previous
+        {
+            let rule = Rule::CheckpointGoesBack { previous };
+            return Err(ValidationError::new("progress.checkpoint", rule));
+        }
+        Ok(())
+    }
+
+    /// Takes `next`'s step and mark: the highest of each is kept.
+    fn take(&mut self, next: &RankProgress) {
+        self.step = self.step.max(next.step);
+        self.checkpoint = self.checkpoint.max(next.checkpoint);
+    }
 }
 
 /// One run's progress, taken to be sent.
@@ -68,46 +109,60 @@ impl ProgressOutbox {
     }
 
     /// Merges rank `rank`'s `progress` into what waits for run `id`, whose
-    /// writes `outbox` keeps; drops it (counted) when it breaks a rule,
-    /// when `id` is not a live run of this manager, or when its latest
-    /// attempt has no such rank.
-    pub(crate) fn report(&self, outbox: &Outbox, id: &RunId, rank: u32, progress: RankProgress) {
+    /// writes `outbox` keeps. A report that breaks a rule is refused (and
+    /// counted as dropped): a rule of [`RankProgress::check`], or a
+    /// checkpoint mark ahead of the rank's step or below its previous mark
+    /// of the attempt; the error names its field (`progress.checkpoint`).
+    /// Drops it (counted) when `id` is not a live run of this manager, or
+    /// when its latest attempt has no such rank.
+    pub(crate) fn report(
+        &self,
+        outbox: &Outbox,
+        id: &RunId,
+        rank: u32,
+        progress: RankProgress,
+    ) -> Result<(), ValidationError> {
         let Some(attempt) = outbox.attempt(id) else {
             self.drop_reports(1);
-            return;
+            return Ok(());
         };
         let mut runs = self.runs();
         let waiting = runs.entry(id.clone()).or_insert_with(|| Waiting {
             attempt_id: attempt.attempt_id.clone(),
             ranks: BTreeMap::new(),
+            known: BTreeMap::new(),
             in_flight: false,
             warned: false,
         });
-        if let Err(err) = progress.check() {
-            if !std::mem::replace(&mut waiting.warned, true) {
-                tracing::warn!(run = %id, rank, error = %err, "a progress report breaks a rule; it is dropped (and so are later ones that do)");
-            }
-            drop(runs);
-            self.drop_reports(1);
-            return;
-        }
         if rank >= attempt.world_size {
             drop(runs);
             self.drop_reports(1);
-            return;
+            return Ok(());
         }
         if waiting.attempt_id != attempt.attempt_id {
             // A new worker group: what waits was of the one before.
             let replaced = std::mem::take(&mut waiting.ranks).len();
+            waiting.known.clear();
             waiting.attempt_id = attempt.attempt_id;
             self.drop_reports(replaced);
         }
+        let known = waiting.known.get(&rank).copied().unwrap_or_default();
+        if let Err(err) = progress.check().and_then(|()| known.check_mark(&progress)) {
+            if !std::mem::replace(&mut waiting.warned, true) {
+                tracing::warn!(run = %id, rank, error = %err, "a progress report breaks a rule; it is refused (and so are later ones that do)");
+            }
+            drop(runs);
+            self.drop_reports(1);
+            return Err(err);
+        }
+        waiting.known.entry(rank).or_default().take(&progress);
         match waiting.ranks.get_mut(&rank) {
             Some(before) => merge(before, progress),
             None => {
                 waiting.ranks.insert(rank, progress);
             }
         }
+        Ok(())
     }
 
     /// Takes what waits of every run whose writes the head has all
@@ -126,6 +181,7 @@ impl ProgressOutbox {
             };
             if attempt.attempt_id != waiting.attempt_id {
                 dropped += std::mem::take(&mut waiting.ranks).len();
+                waiting.known.clear();
                 waiting.attempt_id = attempt.attempt_id;
                 return true;
             }
@@ -164,12 +220,14 @@ impl ProgressOutbox {
 }
 
 /// `next` merged into `before`, one rank's reports: the latest step, total
-/// and phase win, but the step never goes back (the highest is kept); the
-/// metrics are merged, the latest value of each name winning, unless that
+/// and phase win, but the step never goes back (the highest is kept), and
+/// neither does the checkpoint mark (the higher is kept, and a report
+/// without one keeps the mark before it); the metrics are merged, the latest value of each name winning, unless that
 /// would carry more names than one report may, when only the latest
 /// report's are kept.
 fn merge(before: &mut RankProgress, next: RankProgress) {
     before.step = before.step.max(next.step);
+    before.checkpoint = before.checkpoint.max(next.checkpoint);
     before.total_steps = next.total_steps.or(before.total_steps);
     before.phase = next.phase.or(before.phase.take());
     before.expect_next_within_ms = next.expect_next_within_ms.or(before.expect_next_within_ms);
@@ -245,5 +303,57 @@ mod tests {
         assert_eq!(before.step, Some(11));
         assert_eq!(before.metrics.len(), MAX_METRIC_NAMES_PER_REPORT, "never past one report's");
         assert!(!before.metrics.contains_key("loss"));
+    }
+
+    fn marked(step: Option<u64>, checkpoint: u64) -> RankProgress {
+        let mut progress = RankProgress::default();
+        progress.step = step;
+        progress.checkpoint = Some(checkpoint);
+        progress
+    }
+
+    #[test]
+    fn a_checkpoint_mark_is_never_lost_to_merging() {
+        let mut before = marked(Some(40), 40);
+        merge(&mut before, at(41));
+        assert_eq!(
+            (before.step, before.checkpoint),
+            (Some(41), Some(40)),
+            "a report without a mark keeps it"
+        );
+        merge(&mut before, marked(Some(50), 50));
+        merge(&mut before, marked(Some(51), 45));
+        assert_eq!(
+            (before.step, before.checkpoint),
+            (Some(51), Some(50)),
+            "of two marks, the higher"
+        );
+    }
+
+    #[test]
+    fn a_mark_ahead_of_the_ranks_step_or_below_its_previous_mark_is_refused() {
+        let mut known = Known::default();
+        let err = known.check_mark(&marked(None, 1)).unwrap_err();
+        assert_eq!(err.field(), "progress.checkpoint");
+        assert_eq!(err.rule(), &Rule::CheckpointAheadOfStep { step: 0 }, "no step yet");
+        known.check_mark(&marked(Some(10), 10)).unwrap();
+        known.take(&marked(Some(10), 10));
+        known.check_mark(&marked(None, 10)).unwrap();
+        let err = known.check_mark(&marked(None, 11)).unwrap_err();
+        assert_eq!(err.rule(), &Rule::CheckpointAheadOfStep { step: 10 }, "the latest step taken");
+        let err = known.check_mark(&marked(Some(9), 11)).unwrap_err();
+        assert_eq!(err.rule(), &Rule::CheckpointAheadOfStep { step: 10 }, "a step that goes back");
+        let err = known.check_mark(&marked(Some(20), 9)).unwrap_err();
+        assert_eq!(
+            (err.field(), err.rule()),
+            ("progress.checkpoint", &Rule::CheckpointGoesBack { previous: 10 })
+        );
+        known.take(&at(20));
+        assert_eq!(
+            (known.step, known.checkpoint),
+            (Some(20), Some(10)),
+            "a step without a mark keeps it"
+        );
+        known.check_mark(&marked(None, 20)).unwrap();
     }
 }

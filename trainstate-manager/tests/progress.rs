@@ -12,8 +12,8 @@ use serde_json::Value;
 use trainstate_actor::http::HttpConfig;
 use trainstate_actor::{StateConfig, StateService, launch_state_actor};
 use trainstate_client::StateHandle;
-use trainstate_manager::{RankProgress, TrainRunStateManager};
-use trainstate_schema::RunId;
+use trainstate_manager::{ManagerError, RankProgress, TrainRunStateManager};
+use trainstate_schema::{Rule, RunId};
 
 use crate::common::{FakeGroup, eventually, patient, unique_name};
 
@@ -99,16 +99,17 @@ async fn progress_reaches_a_head_over_http_merged_and_what_cannot_be_sent_is_dro
             let mut progress = at(step);
             progress.phase = Some("train".into());
             progress.metrics.insert("loss".into(), 1.0 / step as f64 + f64::from(rank));
-            manager.report_progress(&id, rank, progress);
+            manager.report_progress(&id, rank, progress).unwrap();
         }
     }
     // Dropped at once: a report that breaks a rule, a rank the group lacks,
     // a run this manager does not track.
     let mut empty_phase = RankProgress::default();
     empty_phase.phase = Some(String::new());
-    manager.report_progress(&id, 0, empty_phase);
-    manager.report_progress(&id, 2, at(1));
-    manager.report_progress(&RunId::new_v7(), 0, at(1));
+    let refused = manager.report_progress(&id, 0, empty_phase).unwrap_err();
+    assert!(matches!(&refused, ManagerError::InvalidProgress(e) if e.field() == "progress.phase"));
+    manager.report_progress(&id, 2, at(1)).unwrap();
+    manager.report_progress(&RunId::new_v7(), 0, at(1)).unwrap();
     assert_eq!(manager.dropped_progress(), 3);
 
     let run = eventually("both ranks at step 100", DEADLINE, || async {
@@ -128,7 +129,7 @@ async fn progress_reaches_a_head_over_http_merged_and_what_cannot_be_sent_is_dro
     assert_eq!(run["health"]["state"], "PROGRESSING", "{run}");
 
     // A step the head refuses (it goes back) is dropped, counted.
-    manager.report_progress(&id, 0, at(5));
+    manager.report_progress(&id, 0, at(5)).unwrap();
     eventually("the refused report counted", DEADLINE, || {
         std::future::ready(manager.dropped_progress() == 4)
     })
@@ -137,12 +138,66 @@ async fn progress_reaches_a_head_over_http_merged_and_what_cannot_be_sent_is_dro
 
     // The head gone: what cannot be sent is dropped, not kept.
     head.stop_serving().await;
-    manager.report_progress(&id, 1, at(101));
+    manager.report_progress(&id, 1, at(101)).unwrap();
     eventually("the unsent report counted", DEADLINE, || {
         std::future::ready(manager.dropped_progress() == 5)
     })
     .await;
     assert_eq!(head.run(&state_of(&head), &id).await["rank_progress"][1]["step"], 100);
+    manager.shutdown(Duration::from_millis(10)).await;
+    head.service.shutdown().await;
+}
+
+fn marked(step: Option<u64>, checkpoint: u64) -> RankProgress {
+    let mut progress = RankProgress::default();
+    progress.step = step;
+    progress.checkpoint = Some(checkpoint);
+    progress
+}
+
+fn refused_rule(answer: Result<(), ManagerError>) -> Rule {
+    match answer {
+        Err(ManagerError::InvalidProgress(err)) if err.field() == "progress.checkpoint" => {
+            err.rule().clone()
+        }
+        other => panic!("a refused mark naming progress.checkpoint, not {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_mark_that_breaks_a_rule_is_refused_at_the_call_after_its_rank_was_sent() {
+    let head = Head::start("marks").await;
+    let state = StateHandle::connect(&head.url, None).unwrap();
+    let config = patient()
+        .with_call_timeout(Duration::from_secs(3))
+        .with_progress_interval(Duration::from_millis(50));
+    let manager = TrainRunStateManager::new(Some(state.clone()), config);
+    let group = FakeGroup::new(2, 2);
+    let id = manager
+        .register_train_run("marks", "job-1", "controller-0", &group, [], None)
+        .await
+        .unwrap()
+        .into_id();
+
+    manager.report_progress(&id, 0, marked(Some(40), 40)).unwrap();
+    eventually("rank 0 at step 40 at the head", DEADLINE, || async {
+        head.run(&state, &id).await["rank_progress"][0]["step"] == 40
+    })
+    .await;
+    // What was sent is remembered: the rank's step and mark of the attempt.
+    let rule = refused_rule(manager.report_progress(&id, 0, marked(None, 41)));
+    assert_eq!(rule, Rule::CheckpointAheadOfStep { step: 40 });
+    let rule = refused_rule(manager.report_progress(&id, 0, marked(Some(45), 30)));
+    assert_eq!(rule, Rule::CheckpointGoesBack { previous: 40 });
+    assert_eq!(manager.dropped_progress(), 2, "a refused report is counted as dropped");
+    // Another rank has marks of its own; the same mark again is no step back.
+    manager.report_progress(&id, 1, marked(Some(3), 3)).unwrap();
+    manager.report_progress(&id, 0, marked(Some(45), 40)).unwrap();
+    eventually("rank 0 at step 45 at the head", DEADLINE, || async {
+        head.run(&state, &id).await["rank_progress"][0]["step"] == 45
+    })
+    .await;
+    assert_eq!(manager.dropped_progress(), 2, "the valid reports were taken");
     manager.shutdown(Duration::from_millis(10)).await;
     head.service.shutdown().await;
 }

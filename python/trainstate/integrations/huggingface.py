@@ -8,6 +8,7 @@
 Importable without ``transformers``: the class then derives from ``object``.
 """
 
+import logging
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
 import trainstate
@@ -25,7 +26,9 @@ else:
 class TrainstateCallback(_Base):
     """Joins the run when training begins, and reports each rank's
     progress: the global step and ``max_steps`` after every step, and the
-    scalars the Trainer logs (``loss``, ``learning_rate``, ``eval_loss``...).
+    scalars the Trainer logs (``loss``, ``learning_rate``, ``eval_loss``...),
+    and after each save that progress up to the global step is saved (the
+    checkpoint mark, from which a failure's lost work is counted).
 
     The Trainer calls its callbacks on every process, so every rank
     reports. The end of training is not the rank's end: the rank's end is
@@ -46,6 +49,15 @@ class TrainstateCallback(_Base):
         if run is not None and state is not None:
             max_steps = getattr(state, "max_steps", 0)
             run.report(step=getattr(state, "global_step", None), total_steps=max_steps if max_steps and max_steps > 0 else None)
+
+    def on_save(self, args: Any = None, state: Any = None, control: Any = None, **kwargs: Any) -> None:
+        run = self.run
+        step = getattr(state, "global_step", None)
+        if run is not None and isinstance(step, int):
+            try:
+                run.report(step=step, checkpoint=step)
+            except ValueError as err:  # a step that went back: training goes on without the mark
+                logging.getLogger("trainstate").warning("trainstate: %s; the mark is dropped", err)
 
     def on_log(self, args: Any = None, state: Any = None, control: Any = None, logs: Optional[Dict[str, Any]] = None, **kwargs: Any) -> None:
         run = self.run

@@ -9,6 +9,7 @@ Importable without Lightning (``lightning`` or ``pytorch_lightning``): the
 class then derives from ``object``.
 """
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
@@ -30,7 +31,9 @@ else:
 class TrainstateCallback(_Base):
     """Joins the run when fitting starts, reports each rank's progress (the
     global step and ``max_steps`` after every batch, and the scalars logged
-    with ``self.log``, read about once a second), and reports an exception
+    with ``self.log``, read about once a second), says after each checkpoint
+    saved that progress up to the global step is saved (the checkpoint mark,
+    from which a failure's lost work is counted), and reports an exception
     (or an interrupt) that Lightning catches.
 
     The end of fitting is not the rank's end: a clean end is reported when
@@ -59,6 +62,15 @@ class TrainstateCallback(_Base):
             self._metrics_read_at = now
             metrics = _scalars(getattr(trainer, "logged_metrics", None))
         run.report(metrics, step=getattr(trainer, "global_step", None), total_steps=max_steps if max_steps and max_steps > 0 else None)
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Any = None) -> None:
+        run = self.run
+        step = getattr(trainer, "global_step", None)
+        if run is not None and isinstance(step, int):
+            try:
+                run.report(step=step, checkpoint=step)
+            except ValueError as err:  # a step that went back: training goes on without the mark
+                logging.getLogger("trainstate").warning("trainstate: %s; the mark is dropped", err)
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if self.run is not None:

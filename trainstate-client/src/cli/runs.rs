@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use trainstate_schema::ray_v2::attempt_budget;
 use trainstate_schema::text::escape_control;
-use trainstate_schema::{CauseClass, CauseKind, HealthState, RunHealth, Straggler, TrainRunInfo};
+use trainstate_schema::{
+    CauseClass, CauseKind, GoodputBucket, HealthState, RunGoodput, RunHealth, Straggler,
+    TrainRunInfo,
+};
 
 use super::{HeadArgs, RunsCommand};
 use crate::api::{LinksResponse, RankProgressServed, RunListResponse, StatusFilter};
@@ -267,6 +270,15 @@ fn show(
             line(&mut out, "", &health.detail);
         }
     }
+    if let Some(goodput) = run.goodput() {
+        let mut lines = goodput_lines(goodput).into_iter();
+        if let Some(first) = lines.next() {
+            line(&mut out, "goodput", &first);
+        }
+        for more in lines {
+            line(&mut out, "", &more);
+        }
+    }
     if let Some(progress) = progress {
         let live = run.end_time_ms().is_none();
         let elapsed = live.then(|| now_ms().saturating_sub(run.start_time_ms()));
@@ -398,6 +410,46 @@ fn show(
         out.push('\n');
     }
     Ok(out)
+}
+
+/// A bucket of a run's time, in words.
+fn bucket_words(bucket: GoodputBucket) -> &'static str {
+    match bucket {
+        GoodputBucket::Productive => "productive",
+        GoodputBucket::WaitingToStart => "waiting to start",
+        GoodputBucket::Restarting => "restarting",
+        GoodputBucket::Stalled => "stalled",
+        GoodputBucket::Checkpointing => "checkpointing",
+        GoodputBucket::ProgressLost => "progress lost",
+        GoodputBucket::SlowerThanPace => "slower than pace",
+        _ => "other",
+    }
+}
+
+/// What a run cost, line by line: `53.8% of 2m10s`, the badput buckets
+/// that are not zero with their durations, the checkpoint mark, and the
+/// restart loop when the run is in one.
+fn goodput_lines(goodput: &RunGoodput) -> Vec<String> {
+    let ratio = goodput.ratio.map_or_else(|| "-".to_owned(), |r| format!("{:.1}%", r * 100.0));
+    let mut lines = vec![format!("{ratio} of {}", since(goodput.wall_ms))];
+    let badput: Vec<String> = GoodputBucket::ALL
+        .iter()
+        .filter(|b| **b != GoodputBucket::Productive && goodput.ms(**b) > 0)
+        .map(|b| format!("{} {}", bucket_words(*b), since(goodput.ms(*b))))
+        .collect();
+    if !badput.is_empty() {
+        lines.push(format!("lost to {}", badput.join(", ")));
+    }
+    if let Some(mark) = &goodput.checkpoint {
+        lines.push(format!("checkpoint: step {} saved at {} UTC", mark.step, utc(mark.at_ms)));
+    }
+    if goodput.restart_loop {
+        lines.push(format!(
+            "restart loop: {} attempts failed since the last checkpoint",
+            goodput.restarts_since_checkpoint
+        ));
+    }
+    lines
 }
 
 /// `rank 1 2.0× (200 ms a step, its peers 100 ms), rank 3 1.6× (...)`.
@@ -537,6 +589,27 @@ mod tests {
             "rank 1 2.0\u{d7} (200 ms a step, its peers 100 ms), \
              rank 3 1.6\u{d7} (12.0 ms a step, its peers 7.5 ms)"
         );
+    }
+
+    #[test]
+    fn goodput_reads_its_ratio_and_wall_time_then_only_the_buckets_that_cost_something() {
+        let mut goodput = RunGoodput::starting_at(0);
+        goodput.add(GoodputBucket::WaitingToStart, 10_000);
+        goodput.add(GoodputBucket::Productive, 70_000);
+        goodput.add(GoodputBucket::Restarting, 20_000);
+        goodput.add(GoodputBucket::Stalled, 30_000);
+        assert_eq!(
+            goodput_lines(&goodput),
+            ["53.8% of 2m10s", "lost to waiting to start 10s, restarting 20s, stalled 30s"]
+        );
+        goodput.checkpoint =
+            Some(trainstate_schema::CheckpointMark::new(40, 1_764_441_600_000, "1"));
+        goodput.restarts_since_checkpoint = 3;
+        goodput.restart_loop = true;
+        let lines = goodput_lines(&goodput);
+        assert_eq!(lines[2], "checkpoint: step 40 saved at 2025-11-29 18:40:00 UTC");
+        assert_eq!(lines[3], "restart loop: 3 attempts failed since the last checkpoint");
+        assert_eq!(goodput_lines(&RunGoodput::starting_at(5)), ["- of 0s"], "nothing counted yet");
     }
 
     #[test]
