@@ -690,6 +690,25 @@ impl StateService {
         self.shared.view.read().unwrap_or_else(|e| e.into_inner()).nodes(since_ms, cluster)
     }
 
+    /// The fleet's goodput from `since_ms` to now, by `by`, of `cluster`'s
+    /// runs (every run's when `None`).
+    pub(crate) fn goodput(
+        &self,
+        since_ms: u64,
+        by: trainstate_schema::api::GoodputBy,
+        cluster: Option<&str>,
+    ) -> trainstate_schema::api::GoodputResponse {
+        let now_ms = self.clock.now_ms();
+        let view = self.shared.view.read().unwrap_or_else(|e| e.into_inner());
+        view.goodput(since_ms, now_ms, by, cluster)
+    }
+
+    /// Each live run's goodput counted to now: id, name, cluster, goodput.
+    pub(crate) fn live_goodput(&self) -> Vec<crate::engine::stats::LiveGoodput> {
+        let now_ms = self.clock.now_ms();
+        self.shared.view.read().unwrap_or_else(|e| e.into_inner()).live_goodput(now_ms)
+    }
+
     /// One node of the ledger with the runs behind its counts.
     pub(crate) fn node(
         &self,
