@@ -7,6 +7,7 @@ mod durability;
 mod event_stream;
 mod events;
 mod forwarding;
+mod goodput_fleet;
 mod health;
 mod http_api;
 mod http_bounds;
