@@ -334,20 +334,13 @@ impl StateHandle {
     }
 
     /// The fleet's goodput: every retained run's time summed by cluster,
-    /// node or run name (`GET /api/train/goodput`). A remote handle's only,
-    /// as the node ledger is.
-    #[cfg_attr(not(feature = "http"), allow(unused_variables))]
+    /// node or run name over a window (`GET /api/train/goodput`), answered
+    /// from the committed view in process or over HTTP.
     pub async fn goodput(
         &self,
-        query: &crate::api::GoodputQuery,
+        query: crate::api::GoodputQuery,
     ) -> Result<crate::api::GoodputResponse, StateError> {
-        match &*self.inner {
-            #[cfg(feature = "http")]
-            Transport::Remote(remote) => remote.goodput(query, self.timeout).await,
-            Transport::Local(_) => Err(StateError::Unsupported {
-                reason: "the fleet's goodput is the head service's; connect to it over HTTP".into(),
-            }),
-        }
+        self.call(|reply| StateMessage::Goodput { query, reply }).await
     }
 
     /// One node of the ledger with the runs behind its counts

@@ -209,6 +209,9 @@ impl Remote {
             StateMessage::List { query, reply } => {
                 let _ = reply.send(self.list(query, timeout).await);
             }
+            StateMessage::Goodput { query, reply } => {
+                let _ = reply.send(self.goodput(&query, timeout).await);
+            }
             StateMessage::Delete { id, reply } => {
                 let _ = reply.send(self.delete(&id, timeout).await);
             }

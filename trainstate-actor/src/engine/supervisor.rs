@@ -690,17 +690,15 @@ impl StateService {
         self.shared.view.read().unwrap_or_else(|e| e.into_inner()).nodes(since_ms, cluster)
     }
 
-    /// The fleet's goodput from `since_ms` to now, by `by`, of `cluster`'s
-    /// runs (every run's when `None`).
+    /// The fleet's goodput over `query`'s window to now, off the actor's
+    /// turn; an error names the field of the query it is about.
     pub(crate) fn goodput(
         &self,
-        since_ms: u64,
-        by: trainstate_schema::api::GoodputBy,
-        cluster: Option<&str>,
-    ) -> trainstate_schema::api::GoodputResponse {
+        query: &trainstate_schema::api::GoodputQuery,
+    ) -> Result<trainstate_schema::api::GoodputResponse, trainstate_client::StateError> {
         let now_ms = self.clock.now_ms();
         let view = self.shared.view.read().unwrap_or_else(|e| e.into_inner());
-        view.goodput(since_ms, now_ms, by, cluster)
+        view.goodput_of(query, now_ms)
     }
 
     /// Each live run's goodput counted to now: id, name, cluster, goodput.

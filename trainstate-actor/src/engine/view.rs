@@ -617,6 +617,28 @@ impl View {
         fleet.goodput(since_ms, now_ms, by, cluster)
     }
 
+    /// The answer to `query` at `now_ms`: its window (`since`, or the
+    /// default window before now), what it sums by and its cluster, each
+    /// checked (an error names the field).
+    pub(crate) fn goodput_of(
+        &self,
+        query: &trainstate_schema::api::GoodputQuery,
+        now_ms: u64,
+    ) -> Result<trainstate_schema::api::GoodputResponse, trainstate_client::StateError> {
+        use trainstate_client::StateError;
+        let since_ms = match query.since.as_deref() {
+            Some(text) => trainstate_schema::api::parse_time_ms(text)
+                .map_err(|reason| StateError::invalid("since", reason))?,
+            None => now_ms.saturating_sub(trainstate_schema::api::DEFAULT_GOODPUT_WINDOW_MS),
+        };
+        if let Some(cluster) = query.cluster.as_deref() {
+            trainstate_schema::validate_name("cluster", cluster)
+                .map_err(|e| StateError::invalid(e.field(), e.rule().to_string()))?;
+        }
+        let by = query.by.unwrap_or_default();
+        Ok(self.goodput(since_ms, now_ms, by, query.cluster.as_deref()))
+    }
+
     /// The goodput of every live run that has one, counted to `now_ms`.
     #[cfg_attr(not(feature = "server"), allow(dead_code))]
     pub(crate) fn live_goodput(&self, now_ms: u64) -> Vec<crate::engine::stats::LiveGoodput> {

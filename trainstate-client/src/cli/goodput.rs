@@ -67,7 +67,7 @@ async fn answer(args: GoodputArgs) -> Result<String, String> {
     query.since = since;
     query.by = Some(by.into());
     query.cluster = cluster;
-    let answer = connect_head(&head)?.goodput(&query).await.map_err(|e| match e {
+    let answer = connect_head(&head)?.goodput(query).await.map_err(|e| match e {
         crate::StateError::Invalid { field, message } => format!("{field}: {message}"),
         other => unreachable_head(&head.url, other),
     })?;

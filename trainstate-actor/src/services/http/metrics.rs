@@ -11,7 +11,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
-use trainstate_schema::api::{DEFAULT_GOODPUT_WINDOW_MS, GoodputBy};
+use trainstate_schema::api::{GoodputBy, GoodputQuery};
 use trainstate_schema::{CauseClass, GoodputBucket, HealthState, RunStatus};
 
 use crate::engine::supervisor::StateService;
@@ -388,8 +388,10 @@ impl HttpMetrics {
             Unit::Seconds,
             badput,
         );
-        let since_ms = service.now_ms().saturating_sub(DEFAULT_GOODPUT_WINDOW_MS);
-        let fleet = service.goodput(since_ms, GoodputBy::Cluster, None);
+        let mut query = GoodputQuery::default();
+        query.by = Some(GoodputBy::Cluster);
+        // The default window and no cluster: nothing to refuse.
+        let Ok(fleet) = service.goodput(&query) else { return };
         let ratio = Family::<ClusterLabels, Gauge<f64, AtomicU64>>::default();
         let badput = Family::<ClusterBucketLabels, Gauge<f64, AtomicU64>>::default();
         for group in &fleet.groups {
