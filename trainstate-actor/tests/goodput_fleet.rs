@@ -10,6 +10,8 @@ use reqwest::{Client, Method, StatusCode};
 use serde_json::{Value, json};
 use trainstate_actor::ManualClock;
 use trainstate_actor::http::HttpConfig;
+use trainstate_client::StateError;
+use trainstate_client::api::GoodputQuery;
 use trainstate_schema::{
     GoodputBucket, Resources, RunAttemptDraft, RunGoodput, RunId, RunStatus, TrainRunInfo,
     TrainRunInfoDraft, TrainWorkerInfo,
@@ -361,6 +363,20 @@ async fn a_hub_sums_two_clusters_runs_by_cluster_node_and_name_weighted_by_gpus_
             (StatusCode::UNPROCESSABLE_ENTITY, &json!("invalid"), &json!(field)),
             "{query}: {body}"
         );
+    }
+
+    // The same answer in process, from the same view, with the same checks.
+    let handle = server.service.handle();
+    let mut query = GoodputQuery::default();
+    query.since = Some(T0.to_string());
+    let local = handle.goodput(query).await.unwrap();
+    assert_eq!(local.total.runs, 4);
+    assert_eq!(local.total.wall_gpu_ms, 1_000 * (14_000 + 2 * 4_600));
+    let mut bad = GoodputQuery::default();
+    bad.since = Some("yesterday".into());
+    match handle.goodput(bad).await {
+        Err(StateError::Invalid { field, .. }) => assert_eq!(field, "since"),
+        other => panic!("a bad since is refused naming it: {other:?}"),
     }
 
     // The CLI against the same hub: a table by name, its JSON, and the
