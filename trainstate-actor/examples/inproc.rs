@@ -31,7 +31,9 @@
 //! - `{"op":"stop"}`: `{}`
 //!
 //! `fill` writes every run it reads, 4,096 at a time, and answers
-//! `{"fill_ns","runs"}` when the store is closed.
+//! `{"fill_ns","runs"}` when the store is closed; with `--summaries
+//! loaded` it loads them again as a head does at start and adds
+//! `goodput_summary_bytes`, the bytes of the view's goodput summaries.
 
 #![allow(missing_docs)]
 
@@ -82,13 +84,22 @@ struct Options {
     path: String,
     durable: bool,
     dir: PathBuf,
+    /// `--summaries loaded`: `fill` loads the runs again, as a head does at
+    /// start, and reports the bytes of the view's goodput summaries.
+    summaries: bool,
 }
 
 impl Options {
     fn parse(args: &[String]) -> Result<Self, String> {
         let mut args = args.iter();
         let command = args.next().ok_or("usage: inproc state|fill --dir DIR ...")?.clone();
-        let mut opts = Self { command, path: "inproc".into(), durable: true, dir: PathBuf::new() };
+        let mut opts = Self {
+            command,
+            path: "inproc".into(),
+            durable: true,
+            dir: PathBuf::new(),
+            summaries: false,
+        };
         while let Some(flag) = args.next() {
             let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
             match flag.as_str() {
@@ -99,6 +110,7 @@ impl Options {
                     opts.durable = value == "durable";
                 }
                 "--dir" => opts.dir = PathBuf::from(value),
+                "--summaries" if value == "loaded" => opts.summaries = true,
                 _ => return Err(format!("bad option {flag} {value}")),
             }
         }
@@ -417,7 +429,15 @@ async fn fill(opts: &Options) -> Result<(), String> {
             }
         }
     }
+    let mut answered = json!({"runs": written});
+    if opts.summaries {
+        // Loaded again as a head loads it at start: the view's goodput
+        // summaries, allocated once for every run, as a head holds them.
+        store.load().await.map_err(|e| e.to_string())?;
+        answered["goodput_summary_bytes"] = json!(store.goodput_summary_bytes());
+    }
     store.close();
-    answer(&json!({"fill_ns": nanos(started.elapsed()), "runs": written}));
+    answered["fill_ns"] = json!(nanos(started.elapsed()));
+    answer(&answered);
     Ok(())
 }

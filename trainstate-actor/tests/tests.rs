@@ -8,6 +8,7 @@ mod event_stream;
 mod events;
 mod forwarding;
 mod goodput;
+mod goodput_fleet;
 mod health;
 mod http_api;
 mod http_bounds;

@@ -333,6 +333,16 @@ impl StateHandle {
         }
     }
 
+    /// The fleet's goodput: every retained run's time summed by cluster,
+    /// node or run name over a window (`GET /api/train/goodput`), answered
+    /// from the committed view in process or over HTTP.
+    pub async fn goodput(
+        &self,
+        query: crate::api::GoodputQuery,
+    ) -> Result<crate::api::GoodputResponse, StateError> {
+        self.call(|reply| StateMessage::Goodput { query, reply }).await
+    }
+
     /// One node of the ledger with the runs behind its counts
     /// (`GET /api/train/nodes/{node}`). A remote handle's only.
     #[cfg_attr(not(feature = "http"), allow(unused_variables))]

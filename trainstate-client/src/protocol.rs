@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use trainstate_schema::api::{AttemptRequest, ProgressReport, ProgressResponse, StatusRequest};
+use trainstate_schema::api::{
+    AttemptRequest, GoodputQuery, GoodputResponse, ProgressReport, ProgressResponse, StatusRequest,
+};
 use trainstate_schema::ray_v2;
 use trainstate_schema::{
     CauseKind, NewRun, RunCause, RunId, RunStatus, TrainRunInfo, TrainWorkerInfo, WorkerList,
@@ -148,6 +150,14 @@ pub enum StateMessage {
         query: RunQuery,
         /// One page.
         reply: Reply<RunPage>,
+    },
+    /// The fleet's goodput: every retained run's time summed by cluster,
+    /// node or run name over a window.
+    Goodput {
+        /// The window, what to sum by, and the cluster.
+        query: GoodputQuery,
+        /// The sums.
+        reply: Reply<GoodputResponse>,
     },
     /// Subscribes to committed changes.
     Subscribe {

@@ -17,7 +17,9 @@ use crate::api::{
     RegisterResponse, RunListResponse, StatusRequest, TokenInfo, TokenListResponse,
     VersionResponse,
 };
-use crate::api::{NodeDetailResponse, NodeListResponse, NodeQuery, NodesQuery};
+use crate::api::{
+    GoodputQuery, GoodputResponse, NodeDetailResponse, NodeListResponse, NodeQuery, NodesQuery,
+};
 use crate::api::{StackCapture, StacksRequest, StacksResponse};
 use crate::document::RunDocument;
 use crate::error::StateError;
@@ -207,6 +209,9 @@ impl Remote {
             StateMessage::List { query, reply } => {
                 let _ = reply.send(self.list(query, timeout).await);
             }
+            StateMessage::Goodput { query, reply } => {
+                let _ = reply.send(self.goodput(&query, timeout).await);
+            }
             StateMessage::Delete { id, reply } => {
                 let _ = reply.send(self.delete(&id, timeout).await);
             }
@@ -345,6 +350,18 @@ impl Remote {
     ) -> Result<NodeDetailResponse, StateError> {
         let call = Call::to(Operation::GetNode, &[("node", node)], None)
             .param("since", query.since.clone())
+            .param("cluster", query.cluster.clone());
+        parse(&self.send(call, timeout).await?)
+    }
+
+    pub(crate) async fn goodput(
+        &self,
+        query: &GoodputQuery,
+        timeout: Duration,
+    ) -> Result<GoodputResponse, StateError> {
+        let call = Call::to(Operation::GetGoodput, &[], None)
+            .param("since", query.since.clone())
+            .param("by", query.by.map(|by| by.as_str().to_owned()))
             .param("cluster", query.cluster.clone());
         parse(&self.send(call, timeout).await?)
     }

@@ -42,7 +42,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         ["bench", rest @ ..] => bench::main(rest, &root),
-        [command @ ("bench-unit" | "bench-ready" | "bench-scale"), rest @ ..] => {
+        [command @ ("bench-unit" | "bench-ready" | "bench-scale" | "bench-goodput"), rest @ ..] => {
             bench::child_main(command, rest, &root)
         }
         _ => {

@@ -38,6 +38,9 @@ enum Command {
     /// The node ledger: nodes seen under runs, their failures and the
     /// suspects (`nodes show NODE`: one node and the runs behind its counts).
     Nodes(trainstate_client::cli::NodesArgs),
+    /// What the runs cost: their goodput and badput, in GPU-hours, summed
+    /// by cluster, node or run name over a window.
+    Goodput(trainstate_client::cli::GoodputArgs),
     /// Print the JSON Schema of a wire type (or list the types).
     Schema {
         /// The type, for example TrainRunInfo.
@@ -261,6 +264,7 @@ pub(crate) fn main() -> ExitCode {
         Command::Serve(args) => serve::run(*args),
         Command::Runs { command } => trainstate_client::cli::runs(command),
         Command::Nodes(args) => trainstate_client::cli::nodes(args),
+        Command::Goodput(args) => trainstate_client::cli::goodput(args),
         Command::Schema { r#type } => schema(r#type.as_deref()),
         Command::Ingest { command } => ingest::run(command),
         Command::Backup(args) => backup::run(args),

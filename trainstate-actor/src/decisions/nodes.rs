@@ -41,8 +41,10 @@ pub(crate) const SUSPECT_KINDS: [CauseKind; 3] =
 /// What one event on a node was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Tag {
-    /// An attempt had a rank on the node.
-    Attempt,
+    /// An attempt had a rank on the node, with the node's weight in the
+    /// attempt: its GPUs there (rounded up), or its workers there when the
+    /// attempt has no GPUs.
+    Attempt(u16),
     /// A rank on the node failed first (or the node was lost).
     Failure(CauseKind, CauseClass),
     /// A rank on the node was named a culprit of a stall.
@@ -186,6 +188,23 @@ impl NodeLedger {
         &mut clusters[i].1
     }
 
+    /// Every attempt held: its node, the node's cluster, the run, the
+    /// attempt's start and the node's weight in it.
+    pub(crate) fn attempts(
+        &self,
+    ) -> impl Iterator<Item = (&str, Option<&str>, RunKey, u64, u16)> + '_ {
+        self.nodes.iter().flat_map(|(node, clusters)| {
+            clusters.iter().flat_map(move |(cluster, entry)| {
+                entry.events.iter().filter_map(move |e| match e.tag {
+                    Tag::Attempt(weight) => {
+                        Some((&**node, cluster.as_deref(), e.run, e.at_ms, weight))
+                    }
+                    _ => None,
+                })
+            })
+        })
+    }
+
     /// The oldest event held, if any.
     pub(crate) fn oldest_ms(&self) -> Option<u64> {
         self.nodes.values().flatten().flat_map(|(_, e)| e.events.iter().map(|e| e.at_ms)).min()
@@ -271,7 +290,7 @@ fn count(node: &str, cluster: Option<&str>, entry: &Entry, since_ms: u64, runs: 
     for event in in_window {
         last_seen = last_seen.max(Some(event.at_ms));
         match event.tag {
-            Tag::Attempt => {
+            Tag::Attempt(_) => {
                 attempts += 1;
                 listed(&mut counted.attempts, event.run);
             }
@@ -351,12 +370,47 @@ struct FactWorker<'a> {
     node_id: Cow<'a, str>,
     #[serde(default, borrow)]
     node_name: Option<Cow<'a, str>>,
+    #[serde(default)]
+    gpu_ids: Vec<u32>,
+    #[serde(default)]
+    resources: FactResources,
+}
+
+#[derive(Deserialize, Default)]
+struct FactResources {
+    #[serde(default, rename = "GPU")]
+    gpu: Option<f64>,
 }
 
 impl FactWorker<'_> {
     fn node(&self) -> &str {
         self.node_name.as_deref().unwrap_or(&self.node_id)
     }
+}
+
+/// A worker's GPUs: its `GPU` resource, else its visible GPU ids.
+pub(crate) fn worker_gpus(gpu_resource: Option<f64>, gpu_ids: usize) -> f64 {
+    match gpu_resource {
+        Some(gpus) if gpus.is_finite() && gpus > 0.0 => gpus,
+        _ => gpu_ids as f64,
+    }
+}
+
+/// The distinct nodes of `workers`, in order of first appearance, each
+/// with its weight in the group: its GPUs (rounded up), or its workers
+/// when the group has no GPUs.
+fn weighted<'w>(workers: &'w [FactWorker<'_>]) -> Vec<(&'w str, u16)> {
+    let gpus = |w: &FactWorker<'_>| worker_gpus(w.resources.gpu, w.gpu_ids.len());
+    let any_gpu = workers.iter().any(|w| gpus(w) > 0.0);
+    let mut nodes: Vec<(&'w str, f64)> = Vec::new();
+    for worker in workers {
+        let weight = if any_gpu { gpus(worker) } else { 1.0 };
+        match nodes.iter_mut().find(|(node, _)| *node == worker.node()) {
+            Some((_, total)) => *total += weight,
+            None => nodes.push((worker.node(), weight)),
+        }
+    }
+    nodes.into_iter().map(|(node, w)| (node, w.ceil().min(f64::from(u16::MAX)) as u16)).collect()
 }
 
 #[derive(Deserialize)]
@@ -406,12 +460,6 @@ struct FactChange {
     stragglers: Vec<u32>,
 }
 
-/// The distinct nodes of `workers`, in order of first appearance.
-fn distinct<'w>(workers: &'w [FactWorker<'_>]) -> impl Iterator<Item = &'w str> {
-    let mut seen: HashSet<&'w str> = HashSet::new();
-    workers.iter().map(FactWorker::node).filter(move |node| seen.insert(node))
-}
-
 impl Facts<'_> {
     fn contribution(&self) -> Contribution {
         let mut events: Vec<(Box<str>, u64, Tag)> = Vec::new();
@@ -436,8 +484,11 @@ impl Facts<'_> {
         };
         for attempt in &self.attempts {
             let workers = attempt.workers.as_deref().unwrap_or(&self.workers);
-            events
-                .extend(distinct(workers).map(|n| (n.into(), attempt.start_time_ms, Tag::Attempt)));
+            events.extend(
+                weighted(workers)
+                    .into_iter()
+                    .map(|(n, w)| (n.into(), attempt.start_time_ms, Tag::Attempt(w))),
+            );
             if let Some(cause) = &attempt.cause {
                 blame(
                     &mut events,
@@ -451,7 +502,9 @@ impl Facts<'_> {
             self.attempts.last().and_then(|a| a.workers.as_deref()).unwrap_or(&self.workers);
         if self.attempts.is_empty() {
             events.extend(
-                distinct(&self.workers).map(|n| (n.into(), self.start_time_ms, Tag::Attempt)),
+                weighted(&self.workers)
+                    .into_iter()
+                    .map(|(n, w)| (n.into(), self.start_time_ms, Tag::Attempt(w))),
             );
         }
         // The run's cause is its last attempt's failure when that attempt

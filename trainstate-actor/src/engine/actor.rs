@@ -307,6 +307,11 @@ impl Actor for TrainStateActor {
                 });
                 let _ = reply.send(answer);
             }
+            StateMessage::Goodput { query, reply } => {
+                let now_ms = state.config.clock.now_ms();
+                let view = state.writer.shared.view.read().unwrap_or_else(|e| e.into_inner());
+                let _ = reply.send(view.goodput_of(&query, now_ms));
+            }
             StateMessage::Subscribe { after_seq, reply } => {
                 let shared = &state.writer.shared;
                 let view = shared.view.read().unwrap_or_else(|e| e.into_inner());

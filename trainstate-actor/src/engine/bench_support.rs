@@ -70,6 +70,12 @@ impl StoreBench {
         view.get(id).map(|record| record.document(None))
     }
 
+    /// The bytes the committed view's goodput summaries hold: what they
+    /// add to the retained runs.
+    pub fn goodput_summary_bytes(&self) -> usize {
+        self.writer.shared.view.read().unwrap_or_else(|e| e.into_inner()).goodput_bytes()
+    }
+
     /// Commits everything queued, then stops the writer. Blocking.
     pub fn close(&self) {
         self.writer.close();

@@ -134,3 +134,14 @@ pub(crate) struct Feeds {
     #[cfg(feature = "notify")]
     pub(crate) notify: Mutex<Vec<Arc<NotifyStats>>>,
 }
+
+/// A live run's goodput counted to the moment of a read, as the metrics
+/// show it.
+#[cfg_attr(not(feature = "server"), allow(dead_code))]
+#[derive(Debug, Clone)]
+pub(crate) struct LiveGoodput {
+    pub(crate) id: trainstate_schema::RunId,
+    pub(crate) name: Box<str>,
+    pub(crate) cluster: Option<Box<str>>,
+    pub(crate) goodput: trainstate_schema::RunGoodput,
+}

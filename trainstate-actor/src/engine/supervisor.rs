@@ -690,6 +690,23 @@ impl StateService {
         self.shared.view.read().unwrap_or_else(|e| e.into_inner()).nodes(since_ms, cluster)
     }
 
+    /// The fleet's goodput over `query`'s window to now, off the actor's
+    /// turn; an error names the field of the query it is about.
+    pub(crate) fn goodput(
+        &self,
+        query: &trainstate_schema::api::GoodputQuery,
+    ) -> Result<trainstate_schema::api::GoodputResponse, trainstate_client::StateError> {
+        let now_ms = self.clock.now_ms();
+        let view = self.shared.view.read().unwrap_or_else(|e| e.into_inner());
+        view.goodput_of(query, now_ms)
+    }
+
+    /// Each live run's goodput counted to now: id, name, cluster, goodput.
+    pub(crate) fn live_goodput(&self) -> Vec<crate::engine::stats::LiveGoodput> {
+        let now_ms = self.clock.now_ms();
+        self.shared.view.read().unwrap_or_else(|e| e.into_inner()).live_goodput(now_ms)
+    }
+
     /// One node of the ledger with the runs behind its counts.
     pub(crate) fn node(
         &self,

@@ -21,6 +21,7 @@ use crate::decisions::nodes::{self, NodeLedger};
 use crate::decisions::record::RunRecord;
 use crate::decisions::rendezvous::StoredRuns;
 
+mod goodput;
 mod names;
 
 /// The bits of an event id that count the events of one stream; the bits
@@ -322,6 +323,8 @@ pub(crate) struct View {
     indexes: Indexes,
     /// The node ledger, keyed by slot: kept in step with the runs.
     ledger: NodeLedger,
+    /// Each run's goodput, summarised, by slot: kept in step with the runs.
+    summaries: goodput::Summaries,
     /// (start_time_ms, id), iterated in reverse for newest first.
     order: BTreeSet<(u64, RunId)>,
     last_seq: u64,
@@ -348,6 +351,7 @@ impl View {
             free: Vec::new(),
             indexes: Indexes::default(),
             ledger: NodeLedger::default(),
+            summaries: goodput::Summaries::default(),
             order: BTreeSet::new(),
             last_seq,
             backlog: VecDeque::new(),
@@ -391,6 +395,7 @@ impl View {
         self.ledger = NodeLedger::of(
             (0u32..).zip(&self.slots).filter_map(|(slot, run)| Some((slot, &**run.as_ref()?))),
         );
+        self.summaries = goodput::Summaries::of(&self.slots);
         self.start_stream();
         self.changed();
         self.notify.send_replace(self.last_seq);
@@ -435,6 +440,7 @@ impl View {
                     self.order.remove(&(old.start_time_ms, old.id.clone()));
                     self.indexes.remove((old.start_time_ms, slot), &old, true);
                     self.ledger.remove(slot, &nodes::contribution(&old));
+                    self.summaries.set(slot, None);
                     self.slots[slot as usize] = None;
                     self.free.push(slot);
                 }
@@ -475,6 +481,7 @@ impl View {
                 slot
             }
         };
+        self.summaries.set(slot, Some(&record));
         self.slots[slot as usize] = Some(record);
     }
 
@@ -589,6 +596,74 @@ impl View {
         since_ms: u64,
     ) -> Option<String> {
         self.ledger.suspect_reason(node, cluster, since_ms)
+    }
+
+    /// The fleet's goodput from `since_ms` to `now_ms` (see
+    /// [`goodput`](self::goodput) for the rules).
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) fn goodput(
+        &self,
+        since_ms: u64,
+        now_ms: u64,
+        by: trainstate_schema::api::GoodputBy,
+        cluster: Option<&str>,
+    ) -> trainstate_schema::api::GoodputResponse {
+        let fleet = goodput::Fleet {
+            summaries: &self.summaries,
+            slots: &self.slots,
+            ledger: &self.ledger,
+            retained_since_ms: self.order.first().map(|(ms, _)| *ms),
+        };
+        fleet.goodput(since_ms, now_ms, by, cluster)
+    }
+
+    /// The answer to `query` at `now_ms`: its window (`since`, or the
+    /// default window before now), what it sums by and its cluster, each
+    /// checked (an error names the field).
+    pub(crate) fn goodput_of(
+        &self,
+        query: &trainstate_schema::api::GoodputQuery,
+        now_ms: u64,
+    ) -> Result<trainstate_schema::api::GoodputResponse, trainstate_client::StateError> {
+        use trainstate_client::StateError;
+        let since_ms = match query.since.as_deref() {
+            Some(text) => trainstate_schema::api::parse_time_ms(text)
+                .map_err(|reason| StateError::invalid("since", reason))?,
+            None => now_ms.saturating_sub(trainstate_schema::api::DEFAULT_GOODPUT_WINDOW_MS),
+        };
+        if let Some(cluster) = query.cluster.as_deref() {
+            trainstate_schema::validate_name("cluster", cluster)
+                .map_err(|e| StateError::invalid(e.field(), e.rule().to_string()))?;
+        }
+        let by = query.by.unwrap_or_default();
+        Ok(self.goodput(since_ms, now_ms, by, query.cluster.as_deref()))
+    }
+
+    /// The goodput of every live run that has one, counted to `now_ms`.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) fn live_goodput(&self, now_ms: u64) -> Vec<crate::engine::stats::LiveGoodput> {
+        RunStatus::ALL
+            .iter()
+            .zip(&self.indexes.status)
+            .filter(|(status, _)| status.is_live())
+            .flat_map(|(_, set)| set.iter())
+            .filter_map(|(_, slot)| {
+                let record = self.slot(*slot);
+                let summary = self.summaries.get(*slot)?;
+                Some(crate::engine::stats::LiveGoodput {
+                    id: record.id.clone(),
+                    name: record.name.clone(),
+                    cluster: record.cluster.clone(),
+                    goodput: summary.goodput_at(now_ms),
+                })
+            })
+            .collect()
+    }
+
+    /// The bytes the goodput summaries hold.
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    pub(crate) fn goodput_bytes(&self) -> usize {
+        self.summaries.heap_bytes()
     }
 
     /// Counts of committed runs by status, in [`RunStatus::ALL`] order.

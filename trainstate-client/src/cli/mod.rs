@@ -1,5 +1,5 @@
 //! The client commands of the `trainstate` binary: `runs list`, `runs show`,
-//! `runs stacks`, `nodes [show NODE]` and `token create|list|revoke`, each a request to a head service over
+//! `runs stacks`, `nodes [show NODE]`, `goodput` and `token create|list|revoke`, each a request to a head service over
 //! HTTP, and the flags every command that reaches a head shares
 //! ([`HeadArgs`], [`connect`]). The binary (in trainstate-actor) parses its
 //! command line with these and runs them.
@@ -7,6 +7,7 @@
 //! Environment variables are read here only through clap's `env` flags: the
 //! binary's edge.
 
+mod goodput;
 mod nodes;
 mod runs;
 mod stacks;
@@ -18,6 +19,7 @@ use clap::{Args, Subcommand};
 
 use crate::{StateError, StateHandle, TrustedCas};
 
+pub use goodput::{By as GoodputByArg, GoodputArgs, goodput};
 pub use nodes::{NodesArgs, NodesCommand, NodesList, nodes};
 pub use runs::runs;
 pub use token::{TokenCommand, token};

@@ -97,6 +97,18 @@ pub struct GoodputGroup {
     pub totals: GoodputTotals,
 }
 
+impl GoodputGroup {
+    /// The group of `key` (of `cluster`, for `by=node` and `by=name`).
+    pub fn new(key: Option<String>, cluster: Option<String>, totals: GoodputTotals) -> Self {
+        Self { key, cluster, totals }
+    }
+
+    /// The GPU time the group's runs lost: wall minus productive, in GPU-ms.
+    pub fn lost_gpu_ms(&self) -> u64 {
+        self.totals.wall_gpu_ms.saturating_sub(self.totals.productive_gpu_ms)
+    }
+}
+
 /// The answer of `GET /api/train/goodput`: the groups, most GPU time lost
 /// first, and the total over every run counted.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -120,4 +132,20 @@ pub struct GoodputResponse {
     pub total: GoodputTotals,
     /// The groups.
     pub groups: Vec<GoodputGroup>,
+}
+
+impl GoodputResponse {
+    /// The answer for the window `[since_ms, until_ms]` by `by`; beyond
+    /// retention when the window starts before `retained_since_ms`.
+    pub fn new(
+        by: GoodputBy,
+        since_ms: u64,
+        until_ms: u64,
+        retained_since_ms: Option<u64>,
+        total: GoodputTotals,
+        groups: Vec<GoodputGroup>,
+    ) -> Self {
+        let beyond_retention = retained_since_ms.is_some_and(|oldest| since_ms < oldest);
+        Self { by, since_ms, until_ms, retained_since_ms, beyond_retention, total, groups }
+    }
 }

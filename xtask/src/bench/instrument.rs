@@ -138,9 +138,25 @@ pub(crate) fn fill_with(
     w: u32,
     make: fn(u64, u32, u64) -> TrainRunInfo,
 ) -> Result<Duration, String> {
+    fill_with_answer(bin, dir, n, w, make, false).map(|(filled, _)| filled)
+}
+
+/// [`fill_with`], with the `inproc` example's answer (`runs`, `fill_ns`,
+/// and with `summaries` the loaded view's `goodput_summary_bytes`).
+pub(crate) fn fill_with_answer(
+    bin: &Path,
+    dir: &Path,
+    n: usize,
+    w: u32,
+    make: fn(u64, u32, u64) -> TrainRunInfo,
+    summaries: bool,
+) -> Result<(Duration, Value), String> {
     let started = Instant::now();
     let mut command = Command::new(bin);
     command.args(["fill", "--dir"]).arg(dir);
+    if summaries {
+        command.args(["--summaries", "loaded"]);
+    }
     let (mut child, stdin, mut stdout) = spawn(command)?;
     let writer = std::thread::spawn(move || -> std::io::Result<()> {
         let mut stdin = BufWriter::new(stdin);
@@ -163,5 +179,5 @@ pub(crate) fn fill_with(
     if answer["runs"].as_u64() != Some(n as u64) {
         return Err(format!("filling the store: {answer} for {n} runs"));
     }
-    Ok(filled)
+    Ok((filled, answer))
 }

@@ -13,6 +13,7 @@
 //! Nothing here asserts a time; every phase checks that the runs written
 //! are the runs read back, and fails otherwise.
 
+mod goodput;
 mod heads;
 mod http;
 mod instrument;
@@ -38,6 +39,7 @@ pub(crate) const USAGE: &str = "usage: cargo xtask bench [--n 2000] [--w 8]
                          [--store durable|memory|all] [--rounds 1] [--concurrency 64]
                          [--get-calls 20] [--ready N] [--out FILE] [--no-build]
                          [--postgres URL] [--scale N] [--scale-repeats 21]
+                         [--goodput N]
                          [--wrk-duration 5] [--wrk-prefer minimal]
                          [--bin PATH] [--inproc-bin PATH]
 
@@ -64,6 +66,10 @@ pub(crate) const USAGE: &str = "usage: cargo xtask bench [--n 2000] [--w 8]
   --scale N fills a durable store with N runs of W workers, restarts the
   head on it, and times /healthz, full load, filtered pages of 100
   (matching and not; median of --scale-repeats) and RSS.
+  --goodput N fills two durable stores with the same N runs of W workers,
+  with and without their goodput, starts the head on each, times
+  GET /api/train/goodput by cluster, node and name (p50 and p99 of
+  --scale-repeats) and reads the goodput summaries' bytes and RSS.
   Runs release builds: `cargo xtask bench` re-runs itself with --release,
   and builds target/release/trainstate (--bin) and, for inproc, store,
   --ready and --scale, trainstate-actor's example target/release/examples/inproc
@@ -155,6 +161,8 @@ pub(crate) struct Options {
     pub(crate) scale: usize,
     /// Repeats of each timed page at scale.
     pub(crate) scale_repeats: usize,
+    /// `--goodput N`: the runs stored for the fleet-goodput measurement.
+    goodput: usize,
 }
 
 impl Options {
@@ -178,6 +186,7 @@ impl Options {
             wrk_prefer: None,
             scale: 0,
             scale_repeats: 21,
+            goodput: 0,
         };
         let mut args = args.iter();
         while let Some(flag) = args.next() {
@@ -205,6 +214,7 @@ impl Options {
                 }
                 "--scale" => opts.scale = number()?,
                 "--scale-repeats" => opts.scale_repeats = number()?.max(1),
+                "--goodput" => opts.goodput = number()?,
                 "--bin" => opts.trainstate_bin = PathBuf::from(value),
                 "--inproc-bin" => opts.inproc_bin = PathBuf::from(value),
                 "--phase" => {
@@ -280,6 +290,7 @@ pub(crate) fn main(args: &[&str], root: &Path) -> ExitCode {
     // The in-process paths, and filling a store, run the actor's example.
     let inproc = opts.ready > 0
         || opts.scale > 0
+        || opts.goodput > 0
         || opts.paths.iter().any(|p| matches!(p, PathKind::Inproc | PathKind::Store));
     if opts.build {
         // Two builds: the example's build turns on the actor's dev-dependency
@@ -394,6 +405,22 @@ pub(crate) fn main(args: &[&str], root: &Path) -> ExitCode {
             }
             Err(err) => {
                 line.insert("config".into(), json!("scale"));
+                line.insert("error".into(), json!(err));
+            }
+        }
+        ok &= emit(&opts, &Value::Object(line));
+    }
+    if opts.goodput > 0 {
+        let mut goodput_opts = opts.clone();
+        goodput_opts.n = opts.goodput;
+        let mut line = header(&goodput_opts, &about, 1);
+        match child(root, "bench-goodput", &goodput_opts.unit_args()) {
+            Ok(Value::Object(mut result)) => line.append(&mut result),
+            Ok(other) => {
+                line.insert("error".into(), json!(format!("{other}")));
+            }
+            Err(err) => {
+                line.insert("config".into(), json!("goodput"));
                 line.insert("error".into(), json!(err));
             }
         }
@@ -586,7 +613,7 @@ fn child(root: &Path, command: &str, args: &[String]) -> Result<Value, String> {
     Ok(value)
 }
 
-/// `xtask bench-unit ...`, `bench-ready ...` and `bench-scale ...`: one measurement in
+/// `xtask bench-unit ...`, `bench-ready ...`, `bench-scale ...` and `bench-goodput ...`: one measurement in
 /// this process; prints one JSON line (`{"error": ...}` on failure).
 pub(crate) fn child_main(command: &str, args: &[&str], root: &Path) -> ExitCode {
     let result = Options::parse(args, root).and_then(|opts| {
@@ -598,6 +625,7 @@ pub(crate) fn child_main(command: &str, args: &[&str], root: &Path) -> ExitCode 
             match command {
                 "bench-ready" => unit::run_ready(&opts, opts.rounds).await,
                 "bench-scale" => scale::run_scale(&opts).await,
+                "bench-goodput" => goodput::run_goodput(&opts).await,
                 _ => {
                     let phase = opts.phase.ok_or("--phase is required")?;
                     let (&[path], &[store]) = (opts.paths.as_slice(), opts.stores.as_slice())

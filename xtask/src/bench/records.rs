@@ -99,6 +99,50 @@ pub(crate) fn retained_run(i: u64, workers: u32, start_ms: u64) -> TrainRunInfo 
 }
 
 /// Milliseconds since the epoch.
+/// The clusters [`goodput_run`] spreads its runs over.
+pub(crate) const GOODPUT_CLUSTERS: [&str; 4] = ["north", "south", "east", "west"];
+
+/// The training jobs [`fleet_run`] names its runs after, launch after
+/// launch: 100,000 runs are 100 launches of each.
+pub(crate) const FLEET_JOBS: u64 = 1_000;
+
+/// [`retained_run`] an hour earlier (every run ended before the head
+/// reads, so the default window holds all of it), in one of
+/// [`GOODPUT_CLUSTERS`], named after one of [`FLEET_JOBS`] training jobs,
+/// without goodput.
+pub(crate) fn fleet_run(i: u64, workers: u32, start_ms: u64) -> TrainRunInfo {
+    let mut draft = retained_run(i, workers, start_ms.saturating_sub(3_600_000)).into_draft();
+    draft.cluster = Some(GOODPUT_CLUSTERS[i as usize % GOODPUT_CLUSTERS.len()].to_owned());
+    draft.name = format!("train-job-{}", i % FLEET_JOBS);
+    draft.validate().expect("a benchmark run is valid")
+}
+
+/// [`fleet_run`] with the goodput a head counted for it: an ended run's
+/// 60 s are 45 productive and 5 each waiting, restarting and stalled; a
+/// live run is counted to 30 s after its start, 25 productive and 5
+/// waiting.
+pub(crate) fn goodput_run(i: u64, workers: u32, start_ms: u64) -> TrainRunInfo {
+    use trainstate_schema::{GoodputBucket, RunGoodput};
+    let draft = fleet_run(i, workers, start_ms).into_draft();
+    let start = draft.start_time_ms;
+    let mut goodput = RunGoodput::starting_at(start);
+    let buckets: &[(GoodputBucket, u64)] = match draft.end_time_ms {
+        Some(_) => &[
+            (GoodputBucket::Productive, 45_000),
+            (GoodputBucket::WaitingToStart, 5_000),
+            (GoodputBucket::Restarting, 5_000),
+            (GoodputBucket::Stalled, 5_000),
+        ],
+        None => &[(GoodputBucket::Productive, 25_000), (GoodputBucket::WaitingToStart, 5_000)],
+    };
+    for (bucket, ms) in buckets {
+        goodput.add(*bucket, *ms);
+    }
+    goodput.as_of_ms = draft.end_time_ms.unwrap_or(start + 30_000);
+    let run = draft.validate().expect("a benchmark run is valid");
+    run.with_goodput(goodput).expect("a benchmark run's goodput is valid")
+}
+
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }

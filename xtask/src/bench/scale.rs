@@ -137,7 +137,10 @@ fn page_len(body: &[u8]) -> Result<usize, String> {
 
 /// One start: (listening, healthz, loaded) since spawn, whether /healthz
 /// said it, the server.
-async fn start(opts: &Options, dir: &std::path::Path) -> Result<(Value, bool, HttpTarget), String> {
+pub(crate) async fn start(
+    opts: &Options,
+    dir: &std::path::Path,
+) -> Result<(Value, bool, HttpTarget), String> {
     let started = Instant::now();
     let (server, listening) = Server::spawn_listening(&opts.trainstate_bin, dir, &[])?;
     let http = HttpTarget::new(server, 1)?;

@@ -29,8 +29,8 @@ fn a_run_counts_its_attempt_on_each_node_and_its_failure_once_on_the_failed_rank
     assert_eq!(
         tags,
         [
-            ("gpu1", Tag::Attempt),
-            ("gpu2", Tag::Attempt),
+            ("gpu1", Tag::Attempt(1)),
+            ("gpu2", Tag::Attempt(1)),
             ("gpu2", Tag::Failure(CauseKind::Oom, CauseClass::Infrastructure)),
         ]
     );
@@ -97,7 +97,7 @@ fn application_failures_a_lost_controller_and_signals_from_no_one_known_make_no_
 fn a_node_keeps_a_bounded_number_of_events_the_newest() {
     let mut ledger = NodeLedger::default();
     let one =
-        |at: u64| Contribution { cluster: None, events: vec![("n".into(), at, Tag::Attempt)] };
+        |at: u64| Contribution { cluster: None, events: vec![("n".into(), at, Tag::Attempt(1))] };
     for i in 0..(MAX_EVENTS_PER_NODE as u64 + 10) {
         ledger.add(i as RunKey, &one(T0 + i));
     }
@@ -116,11 +116,30 @@ fn stall_culprits_and_new_stragglers_are_named_on_their_nodes() {
     assert_eq!(
         named,
         [
-            ("a", 1, Tag::Attempt),
-            ("b", 1, Tag::Attempt),
+            ("a", 1, Tag::Attempt(1)),
+            ("b", 1, Tag::Attempt(1)),
             ("b", 5, Tag::Straggler),
             ("a", 7, Tag::StallSuspect),
             ("b", 7, Tag::StallSuspect),
         ]
     );
+}
+
+#[test]
+fn an_attempt_weighs_each_node_by_its_gpus_or_its_workers_when_it_has_none() {
+    let with_gpus = r#"{"start_time_ms":1,"workers":[
+        {"world_rank":0,"node_id":"a","resources":{"GPU":2.0}},
+        {"world_rank":1,"node_id":"a","gpu_ids":[0,1]},
+        {"world_rank":2,"node_id":"b","resources":{"GPU":0.5}}]}"#;
+    let c = contribution_of_json(with_gpus);
+    let tags: Vec<(&str, Tag)> = c.events.iter().map(|(n, _, t)| (&**n, *t)).collect();
+    assert_eq!(tags, [("a", Tag::Attempt(4)), ("b", Tag::Attempt(1))]);
+    let without = r#"{"start_time_ms":1,"workers":[
+        {"world_rank":0,"node_id":"a"},{"world_rank":1,"node_id":"a"},
+        {"world_rank":2,"node_id":"b"}]}"#;
+    let c = contribution_of_json(without);
+    let tags: Vec<(&str, Tag)> = c.events.iter().map(|(n, _, t)| (&**n, *t)).collect();
+    assert_eq!(tags, [("a", Tag::Attempt(2)), ("b", Tag::Attempt(1))]);
+    // The weight lives in the event's padding: an event is still 16 bytes.
+    assert_eq!(std::mem::size_of::<Event>(), 16);
 }

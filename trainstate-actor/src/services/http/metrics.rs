@@ -11,7 +11,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
-use trainstate_schema::{CauseClass, HealthState, RunStatus};
+use trainstate_schema::api::{GoodputBy, GoodputQuery};
+use trainstate_schema::{CauseClass, GoodputBucket, HealthState, RunStatus};
 
 use crate::engine::supervisor::StateService;
 
@@ -63,6 +64,30 @@ struct NodeClassLabels {
 /// The most nodes shown one by one: the suspects and the most failing
 /// first (the ledger's order).
 pub(crate) const MAX_NODE_SERIES: usize = 1_000;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RunGoodputLabels {
+    run_id: String,
+    name: String,
+    cluster: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RunBucketLabels {
+    run_id: String,
+    bucket: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ClusterLabels {
+    cluster: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ClusterBucketLabels {
+    cluster: String,
+    bucket: &'static str,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct RankLabels {
@@ -126,6 +151,7 @@ impl HttpMetrics {
         let mut registry = Registry::with_prefix(PREFIX);
         Self::ranks(&mut registry, service, rank_series);
         Self::nodes(&mut registry, service, MAX_NODE_SERIES);
+        Self::goodput(&mut registry, service);
         let runs = Family::<StatusLabels, Gauge>::default();
         for (status, count) in RunStatus::ALL.iter().zip(service.runs_by_status()) {
             runs.get_or_create(&StatusLabels { status: status.as_str() }).set(count as i64);
@@ -324,6 +350,74 @@ impl HttpMetrics {
             "Nodes of the ledger left out of trainstate_node_suspect and \
              trainstate_node_failures, past 1,000",
             ConstGauge::new(nodes.len().saturating_sub(max) as i64),
+        );
+    }
+
+    /// Each live run's goodput (as many series as live runs, which the
+    /// head bounds), and each cluster's over the retained runs of the
+    /// default window (7 days), weighted by the runs' GPUs.
+    fn goodput(registry: &mut Registry, service: &StateService) {
+        let ratio = Family::<RunGoodputLabels, Gauge<f64, AtomicU64>>::default();
+        let badput = Family::<RunBucketLabels, Gauge<f64, AtomicU64>>::default();
+        for run in service.live_goodput() {
+            let (run_id, goodput) = (run.id.to_string(), run.goodput);
+            if let Some(r) = goodput.ratio {
+                let labels = RunGoodputLabels {
+                    run_id: run_id.clone(),
+                    name: run.name.into(),
+                    cluster: run.cluster.map(String::from).unwrap_or_default(),
+                };
+                ratio.get_or_create(&labels).set(r);
+            }
+            for bucket in GoodputBucket::ALL.into_iter().skip(1) {
+                let labels = RunBucketLabels { run_id: run_id.clone(), bucket: bucket.as_str() };
+                badput.get_or_create(&labels).set(goodput.ms(bucket) as f64 / 1000.0);
+            }
+        }
+        registry.register(
+            "run_goodput_ratio",
+            "Each live run's goodput: the share of its wall-clock time that went into progress \
+             that was kept, counted to now, by run, name and cluster",
+            ratio,
+        );
+        registry.register_with_unit(
+            "run_badput",
+            "Each live run's wall-clock time that went into no kept progress, counted to now, by \
+             run and bucket (waiting_to_start, restarting, stalled, checkpointing, progress_lost, \
+             slower_than_pace)",
+            Unit::Seconds,
+            badput,
+        );
+        let mut query = GoodputQuery::default();
+        query.by = Some(GoodputBy::Cluster);
+        // The default window and no cluster: nothing to refuse.
+        let Ok(fleet) = service.goodput(&query) else { return };
+        let ratio = Family::<ClusterLabels, Gauge<f64, AtomicU64>>::default();
+        let badput = Family::<ClusterBucketLabels, Gauge<f64, AtomicU64>>::default();
+        for group in &fleet.groups {
+            let cluster = group.key.clone().unwrap_or_default();
+            if let Some(r) = group.totals.ratio {
+                ratio.get_or_create(&ClusterLabels { cluster: cluster.clone() }).set(r);
+            }
+            for bucket in GoodputBucket::ALL.into_iter().skip(1) {
+                let labels =
+                    ClusterBucketLabels { cluster: cluster.clone(), bucket: bucket.as_str() };
+                let gpu_ms = group.totals.badput_gpu_ms.get(bucket);
+                badput.get_or_create(&labels).set(gpu_ms as f64 / 1000.0);
+            }
+        }
+        registry.register(
+            "cluster_goodput_ratio",
+            "Each cluster's goodput over the last 7 days: the share of the GPU time its retained \
+             runs held that went into progress that was kept, by cluster (empty: runs of no cluster)",
+            ratio,
+        );
+        registry.register(
+            "cluster_badput_gpu_seconds",
+            "GPU time each cluster's retained runs held over the last 7 days that went into no \
+             kept progress, in GPU-seconds (each run's time times its GPUs, or workers when it \
+             has none), by cluster and bucket",
+            badput,
         );
     }
 
