@@ -402,12 +402,18 @@ pub(crate) fn worker_gpus(gpu_resource: Option<f64>, gpu_ids: usize) -> f64 {
 fn weighted<'w>(workers: &'w [FactWorker<'_>]) -> Vec<(&'w str, u16)> {
     let gpus = |w: &FactWorker<'_>| worker_gpus(w.resources.gpu, w.gpu_ids.len());
     let any_gpu = workers.iter().any(|w| gpus(w) > 0.0);
+    // An index by name: a run may have tens of thousands of nodes, and a
+    // scan per worker would make its registration quadratic.
+    let mut index: HashMap<&'w str, usize> = HashMap::new();
     let mut nodes: Vec<(&'w str, f64)> = Vec::new();
     for worker in workers {
         let weight = if any_gpu { gpus(worker) } else { 1.0 };
-        match nodes.iter_mut().find(|(node, _)| *node == worker.node()) {
-            Some((_, total)) => *total += weight,
-            None => nodes.push((worker.node(), weight)),
+        match index.get(worker.node()) {
+            Some(&i) => nodes[i].1 += weight,
+            None => {
+                index.insert(worker.node(), nodes.len());
+                nodes.push((worker.node(), weight));
+            }
         }
     }
     nodes.into_iter().map(|(node, w)| (node, w.ceil().min(f64::from(u16::MAX)) as u16)).collect()
