@@ -265,7 +265,7 @@ def test_an_errored_torchrun_job_is_told_once_across_a_kill_9_between_commit_and
     assert len(event["detail"]) <= 500, event["detail"]
     assert (target["kind"], target["sending"], target["failures"], target["dropped"]) == ("webhook", True, 1, 0), target
     assert target["events"] == ["ERRORED"] and "500" in (target["last_error"] or ""), target
-    assert target["url"] == f"{receiver.url}/hook", target
+    assert target["url"] == f"{receiver.url}/…", target
 
     # The same job against a head that notifies nobody: the same exit, and
     # about the same time (generously: two torchrun jobs on a busy machine).

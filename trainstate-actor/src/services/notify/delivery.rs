@@ -282,9 +282,11 @@ impl Delivery {
         }
         let response = match request.send().await {
             Ok(response) => response,
-            // Without the URL: a Slack webhook's URL is its secret.
+            // Without the URL: a webhook's path is its secret, whatever
+            // its kind.
             Err(err) => {
-                return Sent::Retry { error: error_chain(&err.without_url()), after: None };
+                let error = self.target.without_secrets(&error_chain(&err.without_url()));
+                return Sent::Retry { error, after: None };
             }
         };
         let status = response.status();
@@ -296,7 +298,9 @@ impl Delivery {
             .get(reqwest::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
-        let answer = answer_text(response).await;
+        // A receiver's answer may echo the path it was asked for (`no hook
+        // /hooks/<key>`): the error recorded and shown never carries it.
+        let answer = self.target.without_secrets(&answer_text(response).await);
         let error = if answer.is_empty() {
             format!("HTTP {status}")
         } else {

@@ -177,8 +177,9 @@ impl NamePattern {
 }
 
 /// One notification target: where it sends, in which format, which events
-/// of which runs.
-#[derive(Debug, Clone)]
+/// of which runs. Its `Debug` shows the URL as [`NotifyTarget::shown_url`]
+/// does, so that no log or panic message carries a secret.
+#[derive(Clone)]
 pub struct NotifyTarget {
     pub(crate) name: String,
     pub(crate) kind: NotifyTargetKind,
@@ -193,6 +194,21 @@ pub struct NotifyTarget {
     pub(crate) resend: Duration,
     /// Which failures it tells of, by their cause.
     pub(crate) causes: CauseFilter,
+}
+
+impl std::fmt::Debug for NotifyTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NotifyTarget")
+            .field("name", &self.name)
+            .field("kind", &self.kind)
+            .field("url", &self.shown_url())
+            .field("kinds", &self.kinds)
+            .field("clusters", &self.clusters)
+            .field("run_name", &self.run_name)
+            .field("resend", &self.resend)
+            .field("causes", &self.causes)
+            .finish()
+    }
 }
 
 impl NotifyTarget {
@@ -258,17 +274,28 @@ impl NotifyTarget {
         self.kind
     }
 
-    /// Where it sends, without secrets: no user information and no query;
-    /// for Slack, whose webhook URLs are secrets, the scheme and host only.
+    /// Where it sends, without secrets: the scheme, host and port only
+    /// (`https://hooks.example.com:443/…`), for every kind of target. A
+    /// webhook's path is where Slack, Discord, Teams and relays keep their
+    /// key, and a query or user information may hold one too, so none of
+    /// them is ever shown; `/…` says that something was left out.
     pub fn shown_url(&self) -> String {
-        let mut shown = self.url.clone();
-        let _ = shown.set_username("");
-        let _ = shown.set_password(None);
-        shown.set_query(None);
-        if self.kind == NotifyTargetKind::Slack {
-            shown.set_path("");
+        shown_url(&self.url)
+    }
+
+    /// The parts of `text` that [`Self::shown_url`] leaves out (the user
+    /// information, the path beyond `/`, the query), each replaced by `…`:
+    /// for a receiver's answer, which may echo the request it took.
+    pub(crate) fn without_secrets(&self, text: &str) -> String {
+        let url = &self.url;
+        let mut secrets: Vec<&str> =
+            vec![url.username(), url.password().unwrap_or(""), url.query().unwrap_or("")];
+        if url.path() != "/" {
+            secrets.push(url.path());
         }
-        shown.to_string().trim_end_matches('/').to_owned()
+        secrets.retain(|s| !s.is_empty());
+        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        secrets.into_iter().fold(text.to_owned(), |text, secret| text.replace(secret, "…"))
     }
 
     /// The event kinds it sends, in [`NotifyEventKind::ALL`]'s order.
@@ -341,6 +368,19 @@ fn known_classes() -> String {
 /// Every kind, as an operator writes it.
 fn known_kinds() -> String {
     CauseKind::ALL.map(|k| k.as_str().to_ascii_lowercase()).join(", ")
+}
+
+/// `url` shown without secrets: `scheme://host:port`, followed by `/…` when
+/// it has a path beyond `/` or a query (see [`NotifyTarget::shown_url`]).
+fn shown_url(url: &url::Url) -> String {
+    let host = match url.host() {
+        Some(url::Host::Ipv6(ip)) => format!("[{ip}]"),
+        Some(host) => host.to_string(),
+        None => String::new(),
+    };
+    let port = url.port_or_known_default().map(|p| format!(":{p}")).unwrap_or_default();
+    let hidden = url.path() != "/" || url.query().is_some();
+    format!("{}://{host}{port}{}", url.scheme(), if hidden { "/…" } else { "" })
 }
 
 /// `<kind>-<host>[:<port>]`: a name that stays the same while the URL's
@@ -502,7 +542,7 @@ mod tests {
             target.events(),
             [NotifyEventKind::Errored, NotifyEventKind::Stalled, NotifyEventKind::Recovered]
         );
-        assert_eq!(target.shown_url(), "https://hooks.example:8443/in");
+        assert_eq!(target.shown_url(), "https://hooks.example:8443/…");
         assert!(target.covers(Some("a"), "bert-large"));
         assert!(!target.covers(Some("c"), "bert-large"), "another cluster");
         assert!(!target.covers(None, "bert-large"), "no cluster");
@@ -525,7 +565,7 @@ mod tests {
             "https://hooks.slack.com/services/T000/B000/XXXXXXXX",
         )
         .unwrap();
-        assert_eq!(slack.shown_url(), "https://hooks.slack.com");
+        assert_eq!(slack.shown_url(), "https://hooks.slack.com:443/…");
         let am = NotifyTarget::parse(NotifyTargetKind::Alertmanager, "http://am:9093/#resend=5s")
             .unwrap();
         assert_eq!(am.url.as_str(), "http://am:9093/api/v2/alerts");
