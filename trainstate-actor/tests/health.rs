@@ -281,6 +281,43 @@ async fn a_rank_twice_as_slow_as_its_peer_is_named_a_straggler_after_ten_seconds
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_an_infinite_straggler_ratio_names_the_straggler_with_a_finite_one() {
+    // Legal step times as far apart as they go: a rank at 0.0001 ms a step
+    // (finer than the microsecond the record keeps) beside one at 7 days.
+    let clock = Arc::new(ManualClock::new(T0));
+    let f = Fixture::start(config("health-infinite-ratio", &clock), clock.clone()).await;
+    let id = f.join("infinite-ratio", 2, json!({})).await;
+    let mut step = 0;
+    let mut named = None;
+    for _ in 0..12 {
+        step += 1;
+        clock.advance_ms(1_000);
+        f.reported(&id, 0, json!({"step": step, "step_time_ms": 0.0001})).await;
+        f.reported(&id, 1, json!({"step": step, "step_time_ms": 604_800_000.0})).await;
+        f.sweep().await;
+        let run = f.get(&id).await;
+        // Every sweep's health is written: the first one at once.
+        assert_eq!(run["health"]["state"], "PROGRESSING", "{run}");
+        if run["health"]["stragglers"] != json!([]) {
+            named = Some(run);
+            break;
+        }
+    }
+    let named = named.expect("rank 1 is named a straggler within 12 s");
+    let straggler = &named["health"]["stragglers"][0];
+    assert_eq!(named["health"]["stragglers"].as_array().unwrap().len(), 1, "{named}");
+    assert_eq!(straggler["rank"], 1, "{named}");
+    let ratio = straggler["ratio"].as_f64().expect("a finite ratio is a JSON number");
+    assert!(ratio.is_finite() && ratio >= 1.5, "{named}");
+    assert_eq!(straggler["step_time_ms"], 604_800_000.0, "{named}");
+    assert_eq!(straggler["peers_step_time_ms"], 0.001, "bounded to the microsecond: {named}");
+    // The write that named it was taken: the history holds the change.
+    let history = named["health_history"].as_array().unwrap();
+    assert_eq!(history.last().unwrap()["stragglers"], json!([1]), "{named}");
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_announced_pause_and_a_runs_own_window_delay_the_stall() {
     let clock = Arc::new(ManualClock::new(T0));
     let f = Fixture::start(config("health-windows", &clock), clock.clone()).await;

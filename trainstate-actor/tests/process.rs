@@ -823,3 +823,79 @@ fn runs_show_prints_what_a_run_cost() {
     ];
     assert_eq!(lines, expected, "{text}");
 }
+
+/// The mode bits of the file or directory at `path`.
+fn mode_of(path: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+/// Finding 2 of round three: the data directory was created `0755` and the
+/// SQLite store `0644`, so every local user could read every run and the
+/// token hashes. Now the directory is `0700` (an existing wider one of
+/// this user is tightened) and every file the head creates in it `0600`.
+#[test]
+fn regression_files_readable_by_every_local_user_are_now_the_owners_alone() {
+    use std::os::unix::fs::PermissionsExt;
+
+    let dir = tempfile::tempdir().unwrap();
+    let fresh = dir.path().join("fresh");
+    let wide = dir.path().join("wide");
+    std::fs::create_dir(&wide).unwrap();
+    std::fs::set_permissions(&wide, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    for data in [&fresh, &wide] {
+        let mut head = start_head(data, &[]).unwrap();
+        // A write, so that the store, its WAL and its shared memory exist.
+        let remote = trainstate_client::StateHandle::connect(&head.url, None).unwrap();
+        let run = run_with(&RunId::new_v7(), "private-run", "job-private", T0, 2);
+        assert!(runtime.block_on(remote.register(run)).unwrap().created);
+        assert_eq!(mode_of(data), 0o700, "{}", data.display());
+        let files: Vec<_> =
+            std::fs::read_dir(data).unwrap().map(|entry| entry.unwrap().path()).collect();
+        for suffix in ["trainstate.db", "trainstate.db-wal", "trainstate.db-shm", "trainstate.lock"]
+        {
+            assert!(files.iter().any(|f| f.ends_with(suffix)), "{suffix} in {files:?}");
+        }
+        for file in &files {
+            assert_eq!(mode_of(file), 0o600, "{}", file.display());
+        }
+        assert!(head.stop().success());
+    }
+}
+
+/// Finding 2 of round three, for tokens: a token file every local user
+/// could read was taken without a word. Now the head and the client warn
+/// on stderr, naming the file and its mode, and still take it.
+#[test]
+fn regression_a_token_file_readable_by_others_is_warned_about_and_still_works() {
+    use std::os::unix::fs::PermissionsExt;
+
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("admin.token");
+    std::fs::write(&token_file, "admin-secret-of-the-head\n").unwrap();
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let path = token_file.to_str().unwrap();
+    let warning = format!("--token-file {path} is 644: other local users can read the token");
+    let head =
+        start_head(&dir.path().join("data"), &["--token-file", path, "--protect-reads"]).unwrap();
+    head.wait_for_log(&warning, 1);
+
+    let cli = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_trainstate"))
+            .args(args)
+            .args(["--url", head.url.as_str(), "--token-file", path])
+            .output()
+            .unwrap()
+    };
+    let listed = cli(&["runs", "list"]);
+    let stderr = String::from_utf8(listed.stderr).unwrap();
+    assert!(listed.status.success(), "the token still reads: {stderr}");
+    assert!(stderr.contains(&warning), "{stderr}");
+
+    // Readable by its owner alone, it is taken without a word.
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let listed = cli(&["runs", "list"]);
+    assert!(listed.status.success());
+    assert_eq!(String::from_utf8(listed.stderr).unwrap(), "");
+}

@@ -169,9 +169,7 @@ async fn head_config(args: &ServeArgs) -> Result<(HeadConfig, Option<Arc<ServerT
     } else if let Some(url) = &postgres {
         StateConfig::postgres(url.clone())
     } else {
-        std::fs::create_dir_all(&args.data_dir).map_err(|e| {
-            format!("cannot create data directory {}: {e}", args.data_dir.display())
-        })?;
+        private_data_dir(&args.data_dir)?;
         StateConfig::sqlite(args.data_dir.join(STORE_FILE))
     };
     config = config.with_cluster(args.cluster.clone());
@@ -422,4 +420,45 @@ pub(super) fn shutdown_signals() -> Result<impl std::future::Future<Output = ()>
             _ = terminate.recv() => tracing::info!("SIGTERM: shutting down"),
         }
     })
+}
+
+/// Creates the data directory `dir` readable by its owner alone (`0700`):
+/// its store holds every run and the hashes of the head's tokens. An
+/// existing directory that group or others may enter is tightened to
+/// `0700` when this process's user owns it; one owned by another user is
+/// left as it is, with a warning naming it and its mode.
+fn private_data_dir(dir: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| format!("cannot create data directory {}: {e}", dir.display()))?;
+    let meta = std::fs::metadata(dir)
+        .map_err(|e| format!("cannot inspect data directory {}: {e}", dir.display()))?;
+    let mode = meta.mode() & 0o777;
+    if mode & 0o077 == 0 {
+        return Ok(());
+    }
+    // The owner of `/proc/self` is this process's user.
+    let ours = std::fs::metadata("/proc/self").is_ok_and(|me| me.uid() == meta.uid());
+    let tightened = ours
+        && std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode & 0o700)).is_ok();
+    if tightened {
+        tracing::info!(
+            data_dir = %dir.display(),
+            "the data directory was {mode:03o}, open to other users; it is now {:03o}",
+            mode & 0o700
+        );
+    } else {
+        tracing::warn!(
+            data_dir = %dir.display(),
+            "the data directory {} is {mode:03o}: other local users may read its store \
+             (every run and the token hashes); it is not this user's to tighten, so make it \
+             0700 yourself",
+            dir.display()
+        );
+    }
+    Ok(())
 }

@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use trainstate_schema::limits::MAX_HEALTH_RANKS;
+use trainstate_schema::limits::{MAX_HEALTH_RANKS, MAX_STEP_TIME_MS};
 use trainstate_schema::{HealthState, RunHealth, RunId, RunStatus, Straggler};
 
 use crate::decisions::liveness::Liveness;
@@ -341,6 +341,9 @@ fn stragglers(
         };
         let judged = progress.expect_until_ms <= now_ms
             && now_ms.saturating_sub(progress.last_advance_ms) < STRAGGLER_AFTER_MS;
+        // Both times are bounded before they are divided, so that the
+        // ratio is finite however far apart legal step times are.
+        let (step_time_ms, peers_ms) = (bounded(step_time_ms), bounded(peers_ms));
         let ratio = step_time_ms / peers_ms;
         let is_straggler = if !judged {
             before.is_some()
@@ -359,7 +362,7 @@ fn stragglers(
             }
         };
         if is_straggler {
-            named.push(Straggler::new(rank, to_micros(step_time_ms), to_micros(peers_ms)));
+            named.push(Straggler::new(rank, step_time_ms, peers_ms));
         }
     }
     // A rank named before that has no step time now (its first reports to
@@ -382,9 +385,17 @@ fn median(values: impl Iterator<Item = f64>) -> Option<f64> {
     }
 }
 
-/// `ms` to the microsecond.
-fn to_micros(ms: f64) -> f64 {
-    (ms * 1000.0).round() / 1000.0
+/// The finest time per step a straggler's record holds: one microsecond,
+/// the grain its times are written to.
+const FINEST_STEP_TIME_MS: f64 = 0.001;
+
+/// `ms` to the microsecond, and within [`FINEST_STEP_TIME_MS`] and
+/// [`MAX_STEP_TIME_MS`]: a legal report's time may be far finer than a
+/// microsecond, and a ratio to a time rounded to 0 would be infinite,
+/// which no health record may hold. Bounded so, the largest ratio is
+/// 604,800,000,000 and always finite.
+fn bounded(ms: f64) -> f64 {
+    ((ms * 1000.0).round() / 1000.0).clamp(FINEST_STEP_TIME_MS, MAX_STEP_TIME_MS as f64)
 }
 
 /// `health` naming `stragglers`, its detail saying so in words.

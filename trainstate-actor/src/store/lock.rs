@@ -3,9 +3,12 @@
 //! store that an earlier head opened is never silently started empty.
 
 use std::collections::HashSet;
+use std::fs::Permissions;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+
+use super::private::{owned_here, warn_open_to_others};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -112,17 +115,28 @@ fn lock_data_dir(dir: &Path, lock_file: &str) -> Result<File, String> {
     // target) and again after, against the file actually opened, before a
     // byte is written.
     refuse_symlink(&path)?;
+    // Created readable and writable by this user alone, like the store.
     let mut file = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
+        .mode(0o600)
         .open(&path)
         .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
     let opened = file.metadata().map_err(|e| format!("cannot inspect {}: {e}", path.display()))?;
     let named = refuse_symlink(&path)?;
     if named.is_none_or(|named| (named.dev(), named.ino()) != (opened.dev(), opened.ino())) {
         return Err(format!("{} changed while it was being opened; refusing it", path.display()));
+    }
+    // A lock file an earlier version left open to others is tightened
+    // through the handle opened, never through a path that could change.
+    if opened.mode() & 0o077 != 0 {
+        if owned_here(&opened) {
+            let _ = file.set_permissions(Permissions::from_mode(0o600));
+        } else {
+            warn_open_to_others(&path, opened.mode());
+        }
     }
     if file.try_lock().is_err() {
         let mut holder = String::new();

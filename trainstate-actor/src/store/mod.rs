@@ -36,6 +36,7 @@ pub(crate) mod load;
 pub(crate) mod lock;
 pub(crate) mod memory;
 pub(crate) mod metrics;
+pub(crate) mod private;
 pub(crate) mod sqlite;
 pub(crate) mod stacks;
 

@@ -2,6 +2,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -12,6 +13,7 @@ use trainstate_schema::{ActorStatus, RunId, RunStatus, TrainRunInfo};
 use super::columns::{StoredColumns, check};
 use super::load::{Loaded, StoredRow, log_quarantined, parse_rows};
 use super::metrics::{LastProgress, MetricBatch, MetricReader, SeriesState, into_series};
+use super::private;
 use super::stacks::{CaptureReader, StoredCapture, assemble, parse_header};
 use super::{
     ChangedRun, Committed, Feed, JobChanges, Position, Store, TOKEN_COLUMNS, token_from_columns,
@@ -279,6 +281,28 @@ pub(crate) struct SqliteStore {
     quarantine: bool,
 }
 
+/// Keeps the database at `path` and its WAL and shared-memory files
+/// readable and writable by their owner alone (`0600`): they hold every
+/// run and the hashes of the head's tokens. A missing database is created
+/// so before SQLite opens it, and SQLite gives the WAL and shared-memory
+/// files it creates the database's mode; files an earlier version left
+/// open to others are tightened (see [`private::owner_only`]).
+fn owner_only_store(path: &Path) {
+    let created = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path);
+    if let Err(err) = created
+        && err.kind() != std::io::ErrorKind::AlreadyExists
+    {
+        // SQLite says why it cannot create the database, naming it.
+        tracing::debug!(store = %path.display(), error = %err, "cannot create the store file");
+    }
+    private::owner_only(path);
+    for suffix in ["-wal", "-shm"] {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        private::owner_only(Path::new(&name));
+    }
+}
+
 /// Where runs that do not load are moved by `--quarantine-corrupt`.
 pub(crate) const QUARANTINE_TABLE: &str = "quarantined_runs";
 
@@ -289,6 +313,7 @@ impl SqliteStore {
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
             | OpenFlags::SQLITE_OPEN_CREATE
             | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        owner_only_store(path);
         let mut conn = Connection::open_with_flags(path, flags).map_err(at)?;
         let mode: String =
             conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0)).map_err(at)?;
@@ -313,6 +338,8 @@ impl SqliteStore {
                 supported: SCHEMA_VERSION,
             },
         })?;
+        // The WAL and shared-memory files exist now.
+        owner_only_store(path);
         Ok(Self { conn, path: path.to_path_buf(), quarantine: false })
     }
 

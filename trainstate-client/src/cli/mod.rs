@@ -94,11 +94,44 @@ pub enum RunsCommand {
 }
 
 /// The token in `path`, without surrounding whitespace; the error names
-/// `--token-file`.
+/// `--token-file`. A file that group or others may read is still taken,
+/// with a warning on stderr naming it and its mode (see
+/// [`token_file_warning`]).
 pub fn read_token_file(path: &Path) -> Result<String, String> {
-    std::fs::read_to_string(path)
+    let token = std::fs::read_to_string(path)
         .map(|token| token.trim().to_owned())
-        .map_err(|e| format!("cannot read --token-file {}: {e}", path.display()))
+        .map_err(|e| format!("cannot read --token-file {}: {e}", path.display()))?;
+    if let Some(warning) = token_file_warning(path) {
+        eprintln!("trainstate: warning: {warning}");
+    }
+    Ok(token)
+}
+
+/// The warning a token file at `path` deserves: `Some` when group or
+/// others may read it. Warned, not refused (as `ssh` refuses a key): a
+/// token file shared on purpose (a group's read-only token on a shared
+/// mount) and jobs started from files made before this check keep
+/// working, and the warning says how to close it.
+#[cfg(unix)]
+pub fn token_file_warning(path: &Path) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+
+    let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
+    (mode & 0o044 != 0).then(|| {
+        format!(
+            "--token-file {} is {mode:03o}: other local users can read the token; \
+             make it readable by its owner alone (chmod 600 {})",
+            path.display(),
+            path.display()
+        )
+    })
+}
+
+/// The warning a token file at `path` deserves: none where file modes do
+/// not say who may read it.
+#[cfg(not(unix))]
+pub fn token_file_warning(_path: &Path) -> Option<String> {
+    None
 }
 
 /// The CAs in `--ca-cert`'s file, if one is given; the error names the flag.
