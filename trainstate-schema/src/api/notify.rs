@@ -245,8 +245,9 @@ pub struct NotifyTargetInfo {
     pub name: String,
     /// What it is.
     pub kind: NotifyTargetKind,
-    /// Where it sends, without secrets: no user name, password or query;
-    /// for Slack (whose webhook URLs are secrets) the scheme and host only.
+    /// Where it sends, without secrets: the scheme, host and port only,
+    /// followed by `/…` when a path or query was left out (a webhook's
+    /// path often holds its secret), for every kind of target.
     pub url: String,
     /// The events it sends.
     pub events: Vec<NotifyEventKind>,
