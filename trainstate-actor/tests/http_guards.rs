@@ -255,27 +255,155 @@ async fn regression_connections_beyond_the_cap_wait_for_a_free_place() {
     use tokio::io::AsyncWriteExt;
     let server = server(HttpConfig::default().with_max_connections(1)).await;
     let url = format!("{}/healthz", server.url);
-    // Connection A is accepted and served, then kept alive: the only place.
-    let mut a =
-        tokio::net::TcpStream::connect(server.url.trim_start_matches("http://")).await.unwrap();
-    let request = b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n";
-    a.write_all(request).await.unwrap();
-    let (status, body) = read_answer(&mut a).await.unwrap();
-    check_answer(&Method::GET, &url, status, &body);
-    // B waits in the backlog while A holds the place...
-    let b = tokio::spawn(async move {
+    // Connection A holds the only place with a request in flight: an open
+    // event stream, which is never closed to make room.
+    let mut a = connect_from("127.0.0.1", &server).await;
+    a.write_all(b"GET /api/train/events HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n").await.unwrap();
+    let head = read_head(&mut a).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    // B waits in the backlog while A's stream is open, well past the time
+    // a waiting connection would have been closed for it...
+    let mut b = tokio::spawn(async move {
         crate::contract::send(&Client::new(), Method::GET, &url, None, None).await
     });
-    for _ in 0..3 {
-        a.write_all(request).await.unwrap();
-        let (status, _) = read_answer(&mut a).await.unwrap();
-        assert_eq!(status, StatusCode::OK);
-        assert!(!b.is_finished(), "a second connection was served beside the first");
-    }
+    let waited = tokio::time::timeout(std::time::Duration::from_secs(3), &mut b).await;
+    assert!(waited.is_err(), "a second connection was served beside an open stream");
     // ...and is served once A closes.
     drop(a);
     let (status, _) = tokio::time::timeout(HANG, b).await.unwrap().unwrap();
     assert_eq!(status, StatusCode::OK);
+    server.stop().await;
+}
+
+/// A connection to `server` from the loopback address `from` (any of
+/// 127.0.0.0/8 is this machine), as a client on another host would be.
+async fn connect_from(from: &str, server: &Server) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    let to = server.url.trim_start_matches("http://").parse().unwrap();
+    socket.connect(to).await.unwrap()
+}
+
+/// Reads an answer's status line and headers (for a streamed answer).
+async fn read_head(stream: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(HANG, stream.read(&mut byte)).await.unwrap().unwrap();
+        assert_ne!(n, 0, "closed before an answer: {}", String::from_utf8_lossy(&buf));
+        buf.push(byte[0]);
+    }
+    String::from_utf8(buf).unwrap()
+}
+
+/// Waits until the head closes `stream` (reads give end of file).
+async fn closed_by_head(mut stream: tokio::net::TcpStream) {
+    use tokio::io::AsyncReadExt;
+    let mut sink = [0u8; 1024];
+    while !matches!(stream.read(&mut sink).await, Ok(0) | Err(_)) {}
+}
+
+/// A slow client's connection from `from`, over and over: it opens, sends
+/// half a request's headers, and opens again as soon as it is closed.
+/// Counts the times it opened and was closed.
+fn slow_client(
+    from: &'static str,
+    server: &Server,
+    opened: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    closed: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> tokio::task::JoinHandle<()> {
+    use tokio::io::AsyncWriteExt;
+    let url = server.url.clone();
+    tokio::spawn(async move {
+        loop {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+            let Ok(mut stream) =
+                socket.connect(url.trim_start_matches("http://").parse().unwrap()).await
+            else {
+                return;
+            };
+            let _ = stream.write_all(b"GET /api/train/runs HTTP/1.1\r\nhost: 127.0").await;
+            opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            closed_by_head(stream).await;
+            closed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    })
+}
+
+#[tokio::test]
+async fn regression_slow_connections_from_several_addresses_give_way_to_another_client() {
+    use tokio::io::AsyncWriteExt;
+    // Only making room can free a place: the header-read timeout is far
+    // longer than the test waits.
+    let http = HttpConfig::default()
+        .with_max_connections(32)
+        .with_max_connections_per_client(8)
+        .with_header_read_timeout(std::time::Duration::from_secs(600));
+    let server = server(http).await;
+    // Eight slow connections from each of six addresses: more than the cap.
+    let opened = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let closed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let addresses = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.6", "127.0.0.7"];
+    let slow: Vec<_> = addresses
+        .iter()
+        .flat_map(|from| (0..8).map(|_| slow_client(from, &server, opened.clone(), closed.clone())))
+        .collect();
+    // Every slow connection is open (the kernel queues those beyond the
+    // cap) before the other client's, which queues behind them.
+    let all_open = async {
+        while opened.load(std::sync::atomic::Ordering::Relaxed) < slow.len() {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(HANG, all_open).await.unwrap();
+    // Another client's request is answered all the same...
+    let mut other = connect_from("127.0.0.9", &server).await;
+    other.write_all(b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n").await.unwrap();
+    let answer = tokio::time::timeout(std::time::Duration::from_secs(30), read_answer(&mut other))
+        .await
+        .expect("another client waited behind slow connections until their timeout");
+    assert_eq!(answer.map(|(status, _)| status), Some(StatusCode::OK));
+    // ...because slow connections were closed to make room for it.
+    let some_closed = async {
+        while closed.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(HANG, some_closed).await.expect("no slow connection was closed");
+    for task in slow {
+        task.abort();
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn regression_idle_connections_give_way_when_the_cap_is_nearly_full() {
+    use tokio::io::AsyncWriteExt;
+    let http = HttpConfig::default()
+        .with_max_connections(4)
+        .with_header_read_timeout(std::time::Duration::from_secs(600));
+    let server = server(http).await;
+    let request = b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n";
+    // Four kept-alive connections, each served once and then idle: every place.
+    let mut idle = Vec::new();
+    for _ in 0..4 {
+        let mut stream = connect_from("127.0.0.2", &server).await;
+        stream.write_all(request).await.unwrap();
+        assert_eq!(read_answer(&mut stream).await.map(|a| a.0), Some(StatusCode::OK));
+        idle.push(stream);
+    }
+    // A new client is served without waiting for the idle timeout...
+    let mut other = connect_from("127.0.0.3", &server).await;
+    other.write_all(request).await.unwrap();
+    let answer = tokio::time::timeout(std::time::Duration::from_secs(30), read_answer(&mut other))
+        .await
+        .expect("a new client waited behind idle connections until their timeout");
+    assert_eq!(answer.map(|(status, _)| status), Some(StatusCode::OK));
+    // ...because an idle one was closed for it (the oldest first).
+    let first = idle.remove(0);
+    tokio::time::timeout(HANG, closed_by_head(first)).await.unwrap();
     server.stop().await;
 }
 

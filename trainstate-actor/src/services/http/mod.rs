@@ -387,7 +387,9 @@ pub(crate) struct App {
 /// [`HttpConfig::max_connections`] are open at once, and further clients wait
 /// in the listen backlog until one closes; a connection from a client that
 /// already has [`HttpConfig::max_connections_per_client`] open is closed at
-/// once.
+/// once. When places run low, connections waiting without a request (idle
+/// or still sending their headers) give way to new ones (see the
+/// `admission` module).
 pub async fn serve(
     listener: TcpListener,
     service: Arc<StateService>,
@@ -467,15 +469,21 @@ pub async fn serve_while_loading(
             () = &mut shutdown => break,
         };
         // A client over its own limit is closed at once (`stream` dropped).
-        let Some(admitted) = place.admit(peer.ip()) else { continue };
+        let Some(mut admitted) = place.admit(peer.ip()) else { continue };
+        admission.make_room();
         let _ = stream.set_nodelay(true);
         let io = TokioIo::new(transport.io(stream));
+        let requests = admitted.requests();
         let ready = phase.borrow().router();
         if let Some(app) = ready {
-            let connection =
-                graceful.watch(http.serve_connection(io, TowerToHyperService::new(app)));
+            let service = admission::Tracked::new(TowerToHyperService::new(app), requests);
+            let connection = graceful.watch(http.serve_connection(io, service));
             tasks.spawn(async move {
-                let _ = connection.await;
+                // Closed to make room: dropping the connection closes it.
+                tokio::select! {
+                    _ = connection => {}
+                    _ = &mut admitted.shed => {}
+                }
                 drop(admitted);
             });
         } else {
@@ -484,9 +492,13 @@ pub async fn serve_while_loading(
             let held = hyper::service::service_fn(move |request| {
                 loading::held(phase.clone(), stopping.clone(), hold, request)
             });
-            let connection = graceful.watch(http.serve_connection(io, held));
+            let service = admission::Tracked::new(held, requests);
+            let connection = graceful.watch(http.serve_connection(io, service));
             tasks.spawn(async move {
-                let _ = connection.await;
+                tokio::select! {
+                    _ = connection => {}
+                    _ = &mut admitted.shed => {}
+                }
                 drop(admitted);
             });
         }
