@@ -602,6 +602,92 @@ async fn waiting_groups_are_bounded() {
 }
 
 #[tokio::test]
+async fn regression_rendezvous_groups_from_some_clients_never_lock_out_another_clients_launch() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let service = launch_state_actor(config("rdv-share", &clock)).await.unwrap();
+    let state = service.handle();
+    let group = workers(2, 2, "s-");
+    let from = |client: &str| Some(client.to_owned());
+    // 10,050 one-rank joins from nine addresses fill the waiting groups.
+    let attackers: Vec<String> = (1..=9).map(|i| format!("10.0.0.{i}")).collect();
+    // Past the bound, the attackers only push out each other's groups (or
+    // are refused, naming the bound): together they never hold more.
+    for i in 0..10_050 {
+        let client = &attackers[i % attackers.len()];
+        let joined = state.join_rendezvous_from(join(&format!("g{i}"), &group, 0), from(client));
+        match joined.await {
+            Ok(_) => {}
+            Err(StateError::Unavailable { reason }) => {
+                assert!(reason.contains("10000 groups are waiting"), "{reason}");
+            }
+            Err(err) => panic!("{err}"),
+        }
+    }
+    // Another client's launch opens its group and completes all the same,
+    // the oldest group of the client holding the most making room...
+    let launch = state.join_rendezvous_from(join("real", &group, 0), from("10.0.1.1")).await;
+    let launch = launch.expect("another client's launch is never locked out");
+    assert_eq!(launch.run_status, None);
+    let done = state.join_rendezvous_from(join("real", &group, 1), from("10.0.1.2")).await;
+    assert_eq!(done.unwrap().run_status, Some(RunStatus::Running));
+    // ...and re-joining does not win a closed group back for the attacker
+    // holding the most: it is refused while it holds as many as any other.
+    let biggest = &attackers[0];
+    let mut again = Vec::new();
+    for i in 0..20 {
+        let rejoin = state.join_rendezvous_from(join(&format!("g{i}"), &group, 0), from(biggest));
+        again.push(rejoin.await);
+    }
+    assert!(
+        again.iter().any(|a| matches!(a, Err(StateError::Unavailable { .. }))),
+        "re-joining from the address holding the most is refused: {:?}",
+        again.iter().filter(|a| a.is_ok()).count()
+    );
+    service.shutdown().await;
+}
+
+#[tokio::test]
+async fn regression_rendezvous_groups_are_shared_out_by_the_address_joins_come_from() {
+    let server = Server::start(
+        StateConfig::in_memory().with_name(unique_name("rdv-peer")),
+        HttpConfig::default(),
+    )
+    .await;
+    let state = server.service.handle();
+    let group = workers(2, 2, "p-");
+    // 127.0.0.2 holds every waiting group (in-process joins counted as its).
+    for i in 0..10_000 {
+        let joined =
+            state.join_rendezvous_from(join(&format!("g{i}"), &group, 0), Some("127.0.0.2".into()));
+        joined.await.unwrap();
+    }
+    let worker = serde_json::to_value(&group[0]).unwrap();
+    let join_body = json!({"world_size": 2, "worker": worker, "name": "train", "job_id": "42"});
+    let join_from = |from: &'static str, key: &'static str| {
+        let (url, body) = (server.url.clone(), join_body.clone());
+        async move {
+            let client = Client::builder().local_address(from.parse().ok()).build().unwrap();
+            let response = client
+                .post(format!("{url}/api/train/rendezvous/{key}/join"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            (response.status(), response.json::<Value>().await.unwrap())
+        }
+    };
+    // Over HTTP from that address, a new group is refused, naming the bound...
+    let (status, refused) = join_from("127.0.0.2", "more").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{refused}");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("10000 groups"), "{refused}");
+    // ...and from another address it opens.
+    let (status, opened) = join_from("127.0.0.3", "real").await;
+    assert_eq!(status, StatusCode::OK, "{opened}");
+    assert_eq!(opened["joined"], json!(1));
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn the_cause_is_the_rank_that_failed_first_in_time_whatever_arrives_first() {
     let clock = Arc::new(ManualClock::new(T0));
     let service = launch_state_actor(config("rdv-first", &clock)).await.unwrap();

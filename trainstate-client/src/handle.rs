@@ -606,8 +606,19 @@ impl StateHandle {
     /// a group that has closed or a run that has ended is refused
     /// ([`StateError::Refused`]).
     pub async fn join_rendezvous(&self, join: Join) -> Result<RendezvousResponse, StateError> {
+        self.join_rendezvous_from(join, None).await
+    }
+
+    /// [`Self::join_rendezvous`] for a join that came from `client` (an
+    /// address, as a head's HTTP service saw it).
+    pub async fn join_rendezvous_from(
+        &self,
+        join: Join,
+        client: Option<String>,
+    ) -> Result<RendezvousResponse, StateError> {
         let join = Box::new(join);
-        self.call(|reply| StateMessage::Rendezvous(RendezvousMessage::Join { join, reply })).await
+        self.call(|reply| StateMessage::Rendezvous(RendezvousMessage::Join { join, client, reply }))
+            .await
     }
 
     /// Says rank `rank` of `attempt_id` is alive: renews the run's lease and

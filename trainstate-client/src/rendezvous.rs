@@ -387,6 +387,10 @@ pub enum RendezvousMessage {
     Join {
         /// The join.
         join: Box<Join>,
+        /// The client address the join came from, as the head saw it (an
+        /// IPv4 address, or an IPv6 /64), or `None` for a join made in the
+        /// head's process: no client's joins keep another's groups out.
+        client: Option<String>,
         /// Where the group stands.
         reply: Reply<RendezvousResponse>,
     },

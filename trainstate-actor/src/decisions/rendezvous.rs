@@ -81,17 +81,25 @@ fn node_warning(
     Some(format!("node {node} is a suspect: {reason}; see /api/train/nodes/{node}"))
 }
 
+/// Who sent a join, for the bounds on waiting groups: the client address
+/// the head saw (an IPv4 address, or an IPv6 /64), or `None` for joins
+/// made in the head's process.
+type Client = Option<String>;
+
 /// How long a tracked group whose run is not (yet) in the committed view is
 /// kept: past this, its run was deleted or evicted.
 const UNCOMMITTED_GRACE_MS: u64 = 60_000;
 
 /// The most groups that may wait for ranks at once: past it, a join that
-/// would open another is refused, 503 `unavailable` naming the bound.
+/// would open another closes the oldest group of the client that opened
+/// the most, or, when its own client opened as many, is refused, 503
+/// `unavailable` naming the bound.
 pub(crate) const MAX_PENDING_GROUPS: usize = 10_000;
 
 /// The most bytes of workers (as JSON) that waiting groups may hold, all
-/// groups together: past it, a join that would add one is refused, 503
-/// `unavailable` naming the bound. 64 MiB holds 65,536 ranks of 1 KiB.
+/// groups together: past it, a join that would add one makes room as for
+/// [`MAX_PENDING_GROUPS`], or is refused, 503 `unavailable` naming the
+/// bound. 64 MiB holds 65,536 ranks of 1 KiB.
 pub(crate) const MAX_PENDING_BYTES: usize = 64 << 20;
 
 /// How long after the first failure of an attempt is reported the head
@@ -204,6 +212,10 @@ pub(crate) struct Rendezvous {
     wakeup: bool,
     /// The bytes of the workers that waiting groups hold.
     pending_bytes: usize,
+    /// How many waiting groups each client opened.
+    held_by_client: HashMap<Client, usize>,
+    /// The client of the join being handled.
+    joining: Client,
     /// The head's cluster, stamped on the runs the rendezvous registers as
     /// on every other registration.
     cluster: Option<String>,
@@ -224,6 +236,8 @@ impl Rendezvous {
             mono_ms: 0,
             wakeup: false,
             pending_bytes: 0,
+            held_by_client: HashMap::new(),
+            joining: None,
         }
     }
 }
@@ -358,6 +372,8 @@ struct Pending {
     /// The suspect nodes ranks joined from (at most [`MAX_NOTED_SUSPECTS`]),
     /// which the run's status detail notes when the group completes.
     suspects: Vec<String>,
+    /// The client (address) whose join opened the group.
+    client: Client,
 }
 
 struct Member {
@@ -928,7 +944,8 @@ impl Rendezvous {
     ) -> Reaction {
         self.mono_ms = runs.lease_now(now_ms);
         let (reply, step) = match message {
-            RendezvousMessage::Join { join, reply } => {
+            RendezvousMessage::Join { join, client, reply } => {
+                self.joining = client;
                 (reply, self.join(*join, runs, view, admitted, lease_ms, now_ms))
             }
             RendezvousMessage::Heartbeat { id, rank, attempt_id, progress, reply } => {
@@ -1029,12 +1046,9 @@ impl Rendezvous {
         }
         pending.placement.check(&join.worker)?;
         if held + bytes > MAX_PENDING_BYTES {
-            return Err(StateError::unavailable(format!(
-                "groups waiting for ranks hold {} MiB of workers, the rendezvous's bound of {} MiB: no rank joins until groups complete or close; retry",
-                held >> 20,
-                MAX_PENDING_BYTES >> 20
-            )));
+            self.make_room(Some((&key, bytes)))?;
         }
+        let pending = self.pending.get_mut(&key).expect("a group waits under the key");
         if (pending.members.len() as u32) + 1 == pending.world_size {
             // This join completes the group: it will write.
             admitted?;
@@ -1090,7 +1104,7 @@ impl Rendezvous {
             None => None,
         };
         let Some((id, status)) = found else {
-            self.check_room()?;
+            self.make_room(None)?;
             let run_id = join
                 .run_id
                 .clone()
@@ -1123,7 +1137,7 @@ impl Rendezvous {
                     // A launcher that gives every launch the same key (a
                     // multi-node torchrun without --rdzv-id): a process
                     // that is none of an ended run's ranks is a new launch.
-                    self.check_room()?;
+                    self.make_room(None)?;
                     self.keys.remove(&join.key);
                     let run_id = join
                         .run_id
@@ -1153,21 +1167,79 @@ impl Rendezvous {
                 join.key
             )),
             Some(std::cmp::Ordering::Greater) => {
-                self.check_room()?;
+                self.make_room(None)?;
                 self.open(key.clone(), id, true, join, now_ms);
                 Ok(None)
             }
         }
     }
 
-    /// Refuses to open another group past [`MAX_PENDING_GROUPS`].
-    fn check_room(&self) -> Result<(), StateError> {
-        if self.pending.len() >= MAX_PENDING_GROUPS {
-            return Err(StateError::unavailable(format!(
-                "{MAX_PENDING_GROUPS} groups are waiting for ranks, the rendezvous's bound: no new group opens until one completes or closes (a group none of whose ranks is heard from for a lease closes); retry"
-            )));
+    /// Makes room for the joining client's group past the bounds on
+    /// waiting groups ([`MAX_PENDING_GROUPS`], or with `bytes` more,
+    /// [`MAX_PENDING_BYTES`]): while a bound would be passed, the waiting
+    /// group opened longest ago by the client holding the most is closed,
+    /// never the group `except` (the one being joined). When the joining
+    /// client holds as many as any other, nothing is closed and the join
+    /// is refused, 503 `unavailable` naming the bound: so no client, from
+    /// however many joins, keeps another's launch out.
+    fn make_room(&mut self, join: Option<(&GroupKey, usize)>) -> Result<(), StateError> {
+        let bytes = join.map_or(0, |(_, bytes)| bytes);
+        loop {
+            let groups_full = join.is_none() && self.pending.len() >= MAX_PENDING_GROUPS;
+            let bytes_full = self.pending_bytes + bytes > MAX_PENDING_BYTES;
+            if !groups_full && !bytes_full {
+                return Ok(());
+            }
+            if !self.close_for_room(join.map(|(key, _)| key)) {
+                let held = self.held_by_client.get(&self.joining).copied().unwrap_or(0);
+                return Err(StateError::unavailable(if groups_full {
+                    format!(
+                        "{MAX_PENDING_GROUPS} groups are waiting for ranks, the rendezvous's bound, and this client opened {held} of them, as many as any other: no new group opens for it until one completes or closes (a group none of whose ranks is heard from for a lease closes); retry"
+                    )
+                } else {
+                    format!(
+                        "groups waiting for ranks hold {} MiB of workers, the rendezvous's bound of {} MiB, and this client opened {held} of them, as many as any other: no rank joins until groups complete or close; retry",
+                        self.pending_bytes >> 20,
+                        MAX_PENDING_BYTES >> 20
+                    )
+                }));
+            }
         }
-        Ok(())
+    }
+
+    /// Closes the waiting group opened longest ago by the client that
+    /// opened the most, unless the joining client opened as many (or the
+    /// only candidate is `except`). Returns whether one was closed.
+    fn close_for_room(&mut self, except: Option<&GroupKey>) -> bool {
+        let joining = self.held_by_client.get(&self.joining).copied().unwrap_or(0);
+        let Some((biggest, held)) = self
+            .held_by_client
+            .iter()
+            .filter(|(client, _)| **client != self.joining)
+            .max_by_key(|(client, held)| (**held, std::cmp::Reverse((*client).clone())))
+            .map(|(client, held)| (client.clone(), *held))
+        else {
+            return false;
+        };
+        if held <= joining {
+            return false;
+        }
+        let oldest = self
+            .pending
+            .iter()
+            .filter(|(key, p)| p.client == biggest && Some(*key) != except)
+            .min_by_key(|(key, p)| (p.deadline_from_ms, p.started_ms, (*key).clone()))
+            .map(|(key, _)| key.clone());
+        let Some(key) = oldest else {
+            return false;
+        };
+        tracing::debug!(
+            key = %key.0,
+            client = biggest.as_deref().unwrap_or("in-process"),
+            "closed a waiting rendezvous group to make room for another client's"
+        );
+        self.remove_pending(&key);
+        true
     }
 
     /// Opens a group under `key` for run `run_id`.
@@ -1192,13 +1264,21 @@ impl Rendezvous {
                 members: BTreeMap::new(),
                 placement: Placement::default(),
                 suspects: Vec::new(),
+                client: self.joining.clone(),
             },
         );
+        *self.held_by_client.entry(self.joining.clone()).or_insert(0) += 1;
     }
 
     fn remove_pending(&mut self, key: &GroupKey) -> Option<Pending> {
         let pending = self.pending.remove(key)?;
         self.pending_bytes -= pending.bytes;
+        if let Some(held) = self.held_by_client.get_mut(&pending.client) {
+            *held -= 1;
+            if *held == 0 {
+                self.held_by_client.remove(&pending.client);
+            }
+        }
         self.pending_runs.remove(&(pending.run_id.clone(), key.1.to_string()));
         Some(pending)
     }

@@ -19,8 +19,12 @@ pub(crate) enum RendezvousCall {
     Join {
         /// The rendezvous key.
         key: String,
-        /// The join.
-        request: JoinRequest,
+        /// The join (boxed: it is the largest call).
+        request: Box<JoinRequest>,
+        /// The client address the receiving head saw (see
+        /// [`trainstate_client::RendezvousMessage::Join`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        client: Option<String>,
     },
     /// A rank's heartbeat.
     Heartbeat {
@@ -48,7 +52,9 @@ impl RendezvousCall {
     #[cfg_attr(not(all(feature = "server", feature = "postgres")), allow(dead_code))]
     pub(crate) fn check(&self) -> Result<(), StateError> {
         match self {
-            Self::Join { key, request } => Join::from_request(key, request.clone()).map(drop),
+            Self::Join { key, request, .. } => {
+                Join::from_request(key, (**request).clone()).map(drop)
+            }
             Self::Heartbeat { id, request, .. } => {
                 run_id(id)?;
                 check_progress(request)

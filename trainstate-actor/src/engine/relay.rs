@@ -71,8 +71,8 @@ async fn apply(
     handle: &StateHandle,
 ) -> Result<RendezvousResponse, StateError> {
     match call {
-        RendezvousCall::Join { key, request } => {
-            handle.join_rendezvous(Join::from_request(&key, request)?).await
+        RendezvousCall::Join { key, request, client } => {
+            handle.join_rendezvous_from(Join::from_request(&key, *request)?, client).await
         }
         RendezvousCall::Heartbeat { id, rank, request } => match request.progress {
             Some(progress) => {

@@ -14,7 +14,8 @@ impl Remote {
     /// Answers one rendezvous request over HTTP.
     pub(super) async fn rendezvous(&self, message: RendezvousMessage, timeout: Duration) {
         match message {
-            RendezvousMessage::Join { join, reply } => {
+            // The head this is sent to sees the client's address itself.
+            RendezvousMessage::Join { join, client: _, reply } => {
                 let _ = reply.send(self.join(&join, timeout).await);
             }
             RendezvousMessage::Heartbeat { id, rank, attempt_id, progress, reply } => {

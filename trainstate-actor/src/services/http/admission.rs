@@ -99,6 +99,23 @@ pub(crate) enum ClientKey {
     V6Prefix([u8; 8]),
 }
 
+/// The address a request came from, in its extensions.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Peer(pub(crate) IpAddr);
+
+impl std::fmt::Display for ClientKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::V4(octets) => std::net::Ipv4Addr::from(*octets).fmt(f),
+            Self::V6Prefix(prefix) => {
+                let mut octets = [0; 16];
+                octets[..8].copy_from_slice(prefix);
+                write!(f, "{}/64", std::net::Ipv6Addr::from(octets))
+            }
+        }
+    }
+}
+
 impl ClientKey {
     pub(crate) fn of(ip: IpAddr) -> Self {
         match ip.to_canonical() {
@@ -305,14 +322,16 @@ impl Drop for ClientShare {
 /// A connection's service that reports its requests to [`Requests`]: a
 /// request is in flight from its start until its response's body has been
 /// sent (or given up), so an event stream counts as one long request.
+/// It also puts the connection's [`Peer`] in each request's extensions.
 pub(crate) struct Tracked<S> {
     inner: S,
     requests: Requests,
+    peer: Peer,
 }
 
 impl<S> Tracked<S> {
-    pub(crate) fn new(inner: S, requests: Requests) -> Self {
-        Self { inner, requests }
+    pub(crate) fn new(inner: S, requests: Requests, peer: IpAddr) -> Self {
+        Self { inner, requests, peer: Peer(peer) }
     }
 }
 
@@ -331,9 +350,10 @@ where
         Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send + 'static>,
     >;
 
-    fn call(&self, request: axum::http::Request<hyper::body::Incoming>) -> Self::Future {
+    fn call(&self, mut request: axum::http::Request<hyper::body::Incoming>) -> Self::Future {
         use http_body_util::BodyExt as _;
 
+        request.extensions_mut().insert(self.peer);
         let Some(in_flight) = self.requests.start() else {
             // Chosen to make room just as this request arrived: it is not
             // served, and the connection closes.

@@ -476,7 +476,8 @@ pub async fn serve_while_loading(
         let requests = admitted.requests();
         let ready = phase.borrow().router();
         if let Some(app) = ready {
-            let service = admission::Tracked::new(TowerToHyperService::new(app), requests);
+            let service =
+                admission::Tracked::new(TowerToHyperService::new(app), requests, peer.ip());
             let connection = graceful.watch(http.serve_connection(io, service));
             tasks.spawn(async move {
                 // Closed to make room: dropping the connection closes it.
@@ -492,7 +493,7 @@ pub async fn serve_while_loading(
             let held = hyper::service::service_fn(move |request| {
                 loading::held(phase.clone(), stopping.clone(), hold, request)
             });
-            let service = admission::Tracked::new(held, requests);
+            let service = admission::Tracked::new(held, requests, peer.ip());
             let connection = graceful.watch(http.serve_connection(io, service));
             tasks.spawn(async move {
                 tokio::select! {

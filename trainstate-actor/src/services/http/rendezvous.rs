@@ -5,14 +5,15 @@
 //! answers: here, or, on a shared store whose groups another head owns,
 //! through that head (`engine/relay.rs`).
 
-use axum::Json;
 use axum::extract::{Path, State};
+use axum::{Extension, Json};
 use trainstate_client::api::{
     JoinRequest, RENDEZVOUS_KEY_PATTERN, RankEndRequest, RankHeartbeatRequest, RendezvousResponse,
     is_rendezvous_key,
 };
 
 use super::AppState;
+use super::admission::{ClientKey, Peer};
 use super::body::JsonBody;
 use crate::engine::error::ApiError;
 use crate::engine::supervisor::RendezvousCall;
@@ -36,12 +37,15 @@ async fn answer(
 pub(crate) async fn join(
     State(app): State<AppState>,
     Path(key): Path<String>,
+    peer: Option<Extension<Peer>>,
     JsonBody(request): JsonBody<JoinRequest>,
 ) -> Result<Json<RendezvousResponse>, ApiError> {
     if !is_rendezvous_key(&key) {
         return Err(ApiError::invalid("key", format!("must match {RENDEZVOUS_KEY_PATTERN}")));
     }
-    answer(&app, RendezvousCall::Join { key, request }).await
+    // Waiting groups are shared out by the address a join came from.
+    let client = peer.map(|Extension(Peer(ip))| ClientKey::of(ip).to_string());
+    answer(&app, RendezvousCall::Join { key, request: Box::new(request), client }).await
 }
 
 pub(crate) async fn heartbeat_rank(
