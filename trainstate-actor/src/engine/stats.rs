@@ -64,6 +64,9 @@ pub struct NotifyStats {
     pub position: AtomicU64,
     /// Events read and not yet delivered (at most the backlog bound).
     pub pending: AtomicU64,
+    /// When the oldest of them was read to be sent (Unix ms of the
+    /// service's clock); 0 when none is pending.
+    pub oldest_pending_ms: AtomicU64,
     /// Events delivered.
     pub sent: AtomicU64,
     /// Tries that failed (each is tried again).
@@ -85,6 +88,7 @@ impl NotifyStats {
             sending: Default::default(),
             position: AtomicU64::default(),
             pending: AtomicU64::default(),
+            oldest_pending_ms: AtomicU64::default(),
             sent: AtomicU64::default(),
             failures: AtomicU64::default(),
             dropped: AtomicU64::default(),
