@@ -913,7 +913,12 @@ async fn regression_one_slow_receiver_gets_four_events_at_once_and_its_wait_show
     let client = Client::new();
     let name = format!("webhook-{}", receiver.url.trim_start_matches("http://"));
     let oldest = "trainstate_notify_oldest_pending_seconds";
-    assert_eq!(metric(&client, &head, oldest, &name).await, Some(0.0), "nothing pending");
+    eventually("the gauge shown, nothing pending", DEADLINE, || {
+        let client = client.clone();
+        let (head, name) = (&head, &name);
+        async move { (metric(&client, head, oldest, name).await == Some(0.0)).then_some(()) }
+    })
+    .await;
 
     // A run that restarts, then errors: its two events go in order, one
     // at a time.
