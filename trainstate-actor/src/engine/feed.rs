@@ -109,6 +109,11 @@ pub(crate) struct QueuePolicy {
     pub(crate) first_backoff: Duration,
     /// The longest wait between two tries, but what a receiver asks for.
     pub(crate) max_backoff: Duration,
+    /// Count in what is pending the runs changed after what was read: while
+    /// the queue is full, the store is read ahead only to count them, and
+    /// the count is of runs, each once however often it changed (each is
+    /// sent as it is now). Otherwise what is pending is the queue's items.
+    pub(crate) count_ahead: bool,
 }
 
 /// The counters a feed keeps of its sink, for `/metrics` and the API.
@@ -299,6 +304,16 @@ struct Sending<I> {
     /// Failed tries so far: a send that started after the latest failure
     /// and was delivered shows the receiver is back.
     failure_round: u64,
+    /// (`count_ahead`) The runs changed after `read_at` as far as the store
+    /// was read ahead, by id, each where it was last seen.
+    ahead: HashMap<String, Position>,
+    /// The store was read ahead up to here.
+    ahead_at: Position,
+    /// The last read ahead filled its batch: there is more to count.
+    ahead_more: bool,
+    /// A commit was announced since the last read ahead.
+    ahead_changed: bool,
+    last_ahead: Option<Instant>,
 }
 
 /// One item to send, and where reading must resume to find it again.
@@ -378,6 +393,13 @@ impl<S: Sink> Driver<S> {
                 state.last_read = Some(now);
                 state.more = false;
             }
+            if self.read_ahead_due(state, now)
+                && let Err(err) = self.read_ahead(state).await
+            {
+                tracing::warn!(feed = %self.sink.name(), error = %err, "cannot count the changed runs; retrying");
+                state.last_ahead = Some(now);
+                state.ahead_more = false;
+            }
             if self.sink.concurrency() > 1 {
                 self.launch(state);
             } else if !state.queue.is_empty()
@@ -403,7 +425,7 @@ impl<S: Sink> Driver<S> {
             }
             let mut stopped = self.stopped.clone();
             tokio::select! {
-                _ = changes.recv() => state.changed = true,
+                _ = changes.recv() => (state.changed, state.ahead_changed) = (true, true),
                 () = tokio::time::sleep_until(wake) => {}
                 _ = stopped.changed() => {}
                 Some(flown) = state.in_flight.join_next(), if !state.in_flight.is_empty() => {
@@ -431,7 +453,7 @@ impl<S: Sink> Driver<S> {
         let now = Instant::now();
         Ok(Sending {
             read_at: position.clone(),
-            saved: position,
+            saved: position.clone(),
             queue: VecDeque::new(),
             queued: HashSet::new(),
             runs: HashMap::new(),
@@ -447,6 +469,11 @@ impl<S: Sink> Driver<S> {
             in_flight: JoinSet::new(),
             flying_runs: HashSet::new(),
             failure_round: 0,
+            ahead: HashMap::new(),
+            ahead_at: position,
+            ahead_more: true,
+            ahead_changed: false,
+            last_ahead: None,
         })
     }
 
@@ -499,7 +526,40 @@ impl<S: Sink> Driver<S> {
         if state.dirty {
             wake = wake.min(state.last_save + SAVE_EVERY);
         }
+        if self.ahead_wanted(state) {
+            wake = wake.min(state.last_ahead.map_or(now, |at| at + MIN_READ_GAP));
+        }
         wake
+    }
+
+    /// True when the runs changed behind a full queue are to be counted:
+    /// the feed counts them, the queue has no room to read them into, and
+    /// the store may hold more of them than was counted.
+    fn ahead_wanted(&self, state: &Sending<S::Item>) -> bool {
+        self.policy.count_ahead && !self.room(state) && (state.ahead_more || state.ahead_changed)
+    }
+
+    fn read_ahead_due(&self, state: &Sending<S::Item>, now: Instant) -> bool {
+        self.ahead_wanted(state) && state.last_ahead.is_none_or(|at| at + MIN_READ_GAP <= now)
+    }
+
+    /// Reads one batch of the runs changed after what was read (and
+    /// counted), only to count them.
+    async fn read_ahead(
+        &mut self,
+        state: &mut Sending<S::Item>,
+    ) -> Result<(), crate::store::StoreError> {
+        state.ahead_changed = false;
+        state.last_ahead = Some(Instant::now());
+        let from = state.ahead_at.clone().max(state.read_at.clone());
+        let batch = self.writer.changes_after(&self.feed, from, BATCH).await?;
+        state.ahead_more = batch.len() == BATCH;
+        for changed in batch {
+            state.ahead_at = changed.at.clone();
+            state.ahead.insert(changed.at.id.clone(), changed.at);
+        }
+        self.show_pending(state);
+        Ok(())
     }
 
     /// Reads one batch of changed runs and queues their new items.
@@ -521,6 +581,10 @@ impl<S: Sink> Driver<S> {
                 }
             }
         }
+        // What was read is no longer ahead of the reading; a run that changed
+        // since it was counted is counted where it changed.
+        let read_at = state.read_at.clone();
+        state.ahead.retain(|_, at| *at > read_at);
         if dropped > 0 {
             self.counters.dropped(dropped);
             let error = format!(
@@ -543,7 +607,14 @@ impl<S: Sink> Driver<S> {
     /// Tells the counters how many items wait and since when.
     fn show_pending(&self, state: &Sending<S::Item>) {
         let oldest = state.queue.iter().map(|q| q.queued_ms).min();
-        self.counters.pending(state.queue.len() as u64, oldest);
+        let count = if self.policy.count_ahead {
+            let mut runs: HashSet<&str> = state.queue.iter().map(|q| q.item.run_id()).collect();
+            runs.extend(state.ahead.keys().map(String::as_str));
+            runs.len()
+        } else {
+            state.queue.len()
+        };
+        self.counters.pending(count as u64, oldest);
     }
 
     /// Queues the items of one run read that the sink wants and has

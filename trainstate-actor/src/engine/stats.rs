@@ -41,9 +41,9 @@ pub struct ForwardStats {
     pub retries: AtomicU64,
     /// The sequence number of the store's commit forwarded up to.
     pub position: AtomicU64,
-    /// Runs read from the store to forward and not yet accepted (or
-    /// refused) by the hub: the rest of the batch being sent, so at most
-    /// one batch (256); more changes may wait in the store behind it.
+    /// Runs with a change not yet accepted (or refused) by the hub: those
+    /// of the batch being sent and those changed in the store behind it,
+    /// each run once however often it changed (it is sent as it is now).
     pub pending: AtomicU64,
     /// When the hub last accepted a run, in Unix milliseconds of the
     /// service's clock; 0 until it first does.

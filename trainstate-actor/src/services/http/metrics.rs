@@ -486,7 +486,9 @@ impl HttpMetrics {
         let read = |counter: &std::sync::atomic::AtomicU64| counter.load(Ordering::Relaxed);
         registry.register(
             "forward_pending",
-            "Runs read to forward and not yet accepted by the hub (at most one batch, 256)",
+            "Runs with a change not yet accepted by the hub, read or still in the store behind \
+             the batch being sent; each run counted once however often it changed, since it is \
+             sent once, as it is now",
             ConstGauge::new(read(&stats.pending) as i64),
         );
         registry.register(

@@ -93,6 +93,7 @@ impl Sink for Delivery {
             drop_oldest: true,
             first_backoff: FIRST_BACKOFF,
             max_backoff: MAX_BACKOFF,
+            count_ahead: false,
         }
     }
 
