@@ -363,3 +363,41 @@ async fn regression_forwarding_shows_pending_sent_failures_and_last_success_on_m
     head.stop().await;
     hub.stop().await;
 }
+
+/// Finding 11c of round three: `trainstate_forward_pending` counted only
+/// the batch being sent. With the hub unreachable, a head that had read
+/// its first run showed 1 pending however many runs changed behind it.
+/// Now every run with a change waiting is counted, each once however
+/// often it changed (the forwarder sends a run once, as it is now).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_forward_pending_counts_every_run_waiting_not_only_the_batch_in_flight() {
+    use trainstate_actor::forward::{ForwardConfig, start_forwarding};
+    let dir = tempfile::tempdir().unwrap();
+    // A hub no one listens on.
+    let hub = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", listener.local_addr().unwrap())
+    };
+    let head_config = trainstate_actor::StateConfig::sqlite(dir.path().join("head.db"))
+        .with_name(format!("head-{}", RunId::new_v7()))
+        .with_cluster(Some("c1".into()));
+    let head = Server::start(head_config, HttpConfig::default()).await;
+    let forward = ForwardConfig::new(hub, "c1").with_call_timeout(Duration::from_millis(300));
+    let forwarder = start_forwarding(&head.service, forward).unwrap();
+    let http = Client::new();
+    let (pending, failures) = ("trainstate_forward_pending", "trainstate_forward_failures_total");
+
+    // The first run is read and tried: the forwarder holds it.
+    write_runs(&http, &head.url, 0, 1).await;
+    wait_for_metric(&http, &head.url, failures, |v| v >= 1.0).await;
+    // Nine more change behind it, three of them twice (registered, then
+    // finished), as did the first.
+    write_runs(&http, &head.url, 1, 9).await;
+    // Ten runs wait, with fourteen changes among them: ten, each run is
+    // sent once, as it is now.
+    wait_for_metric(&http, &head.url, pending, |v| v == 10.0).await;
+    assert_eq!(forwarder.stats().forwarded.load(std::sync::atomic::Ordering::Relaxed), 0);
+
+    forwarder.stop().await;
+    head.stop().await;
+}

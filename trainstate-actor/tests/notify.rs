@@ -8,8 +8,9 @@
 //! and the backlog of a receiver that is down stays bounded, what is
 //! dropped counted.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -667,8 +668,9 @@ async fn a_webhook_filtered_on_causes_gets_only_the_failures_of_its_classes_and_
     let client = Client::new();
 
     // Three runs the machine failed, one a scheduler preempted, then the
-    // one the code failed. A target sends runs in the order they changed,
-    // so once it has the last one it has judged every other.
+    // one the code failed. A target reads runs in the order they changed,
+    // so once it has the last one and nothing pending, it has judged and
+    // sent every other.
     let mut machine = Vec::new();
     for (i, kind) in ["OOM", "NODE_LOST", "HARDWARE"].into_iter().enumerate() {
         let id = register(&client, &head, &format!("machine-{i}")).await;
@@ -688,6 +690,17 @@ async fn a_webhook_filtered_on_causes_gets_only_the_failures_of_its_classes_and_
         })
         .await;
     }
+    eventually("nothing pending", DEADLINE, || {
+        let client = client.clone();
+        let head = &head;
+        async move {
+            let (_, answer) =
+                send_json(&client, Method::GET, &format!("{}/api/notify", head.url), None).await;
+            let targets = answer["targets"].as_array().cloned().unwrap_or_default();
+            targets.iter().all(|t| t["pending"] == 0).then_some(())
+        }
+    })
+    .await;
     let ids = |receiver: &Receiver| -> Vec<String> {
         receiver.accepted().iter().map(|e| e["event_id"].as_str().unwrap().to_owned()).collect()
     };
@@ -701,10 +714,15 @@ async fn a_webhook_filtered_on_causes_gets_only_the_failures_of_its_classes_and_
     assert_eq!(event["cause"]["class"], "APPLICATION");
     check_schema(event);
 
+    // Events of different runs go side by side: in any order.
     let mut expected: Vec<String> = machine.iter().map(|id| format!("{id}:ERRORED")).collect();
     expected.push(code_event);
-    assert_eq!(ids(&not_preempted), expected, "every failure but the preemption");
-    let oom = &not_preempted.accepted()[0];
+    expected.sort();
+    let mut told = ids(&not_preempted);
+    told.sort();
+    assert_eq!(told, expected, "every failure but the preemption");
+    let accepted = not_preempted.accepted();
+    let oom = accepted.iter().find(|e| e["run_id"] == machine[0].as_str()).unwrap();
     assert_eq!(oom["cause"]["kind"], "OOM");
     assert_eq!(oom["cause"]["class"], "INFRASTRUCTURE");
 
@@ -753,14 +771,18 @@ async fn a_receiver_that_is_down_holds_at_most_the_backlog_and_the_rest_is_count
     assert_eq!(metric(&client, &head, "trainstate_notify_pending", name).await, Some(5.0));
     assert!(head.log().contains("notification events dropped"), "logged: {}", head.log());
 
-    // Back up, it gets the newest five, in order, and nothing else.
+    // Back up, it gets the newest five (side by side, in any order), and
+    // nothing else.
     receiver.answer_with(|_| 200);
     eventually("the five kept delivered", DEADLINE, || {
         std::future::ready(receiver.accepted().len() >= 5)
     })
     .await;
-    let delivered: Vec<Value> = receiver.accepted().iter().map(|e| e["event_id"].clone()).collect();
-    let newest: Vec<Value> = ids[35..].iter().map(|id| json!(format!("{id}:FINISHED"))).collect();
+    let mut delivered: Vec<String> =
+        receiver.accepted().iter().map(|e| e["event_id"].as_str().unwrap().to_owned()).collect();
+    delivered.sort();
+    let mut newest: Vec<String> = ids[35..].iter().map(|id| format!("{id}:FINISHED")).collect();
+    newest.sort();
     assert_eq!(delivered, newest);
     let info = target_info_once_sent(&client, &head, 5).await;
     assert_eq!((info["sent"].as_u64(), info["pending"].as_u64()), (Some(5), Some(0)), "{info}");
@@ -821,4 +843,141 @@ async fn of_two_heads_on_one_postgresql_store_only_the_sweeping_one_sends_and_th
     let mut expected = vec![format!("{first}:ERRORED"), wanted];
     expected.sort();
     assert_eq!(ids, expected, "each event, repeated only as at least once allows");
+}
+
+/// A receiver on a loopback port that holds every request until it is let
+/// go, counting the requests it holds at once and checking that no run
+/// has two of its events in flight together.
+#[derive(Clone)]
+struct Holding {
+    url: String,
+    /// Requests held now, and the most held at once.
+    held: Arc<AtomicUsize>,
+    most: Arc<AtomicUsize>,
+    /// The runs of the requests held now.
+    runs: Arc<Mutex<HashSet<String>>>,
+    /// A run had two events in flight at once.
+    overlapped: Arc<AtomicBool>,
+    /// The event ids, in the order their requests arrived.
+    arrived: Arc<Mutex<Vec<String>>>,
+    /// Answered: the event ids taken.
+    taken: Arc<Mutex<Vec<String>>>,
+    /// Requests are held while this is false.
+    gate: tokio::sync::watch::Sender<bool>,
+}
+
+impl Holding {
+    async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr: SocketAddr = listener.local_addr().unwrap();
+        let holding = Self {
+            url: format!("http://{addr}"),
+            held: Arc::default(),
+            most: Arc::default(),
+            runs: Arc::default(),
+            overlapped: Arc::default(),
+            arrived: Arc::default(),
+            taken: Arc::default(),
+            gate: tokio::sync::watch::Sender::new(false),
+        };
+        let app = axum::Router::new().fallback(hold).with_state(holding.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        holding
+    }
+}
+
+async fn hold(State(holding): State<Holding>, body: Bytes) -> AxumStatus {
+    let event: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let id = event["event_id"].as_str().unwrap_or_default().to_owned();
+    let run = event["run_id"].as_str().unwrap_or_default().to_owned();
+    holding.arrived.lock().unwrap().push(id.clone());
+    if !holding.runs.lock().unwrap().insert(run.clone()) {
+        holding.overlapped.store(true, Ordering::SeqCst);
+    }
+    let now = holding.held.fetch_add(1, Ordering::SeqCst) + 1;
+    holding.most.fetch_max(now, Ordering::SeqCst);
+    let mut gate = holding.gate.subscribe();
+    let _ = gate.wait_for(|open| *open).await;
+    holding.runs.lock().unwrap().remove(&run);
+    holding.held.fetch_sub(1, Ordering::SeqCst);
+    holding.taken.lock().unwrap().push(id);
+    AxumStatus::OK
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_one_slow_receiver_gets_four_events_at_once_and_its_wait_shows() {
+    let receiver = Holding::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let hook = format!("{}/hook", receiver.url);
+    let head = start_head(dir.path(), &["--notify-webhook", &hook]).unwrap();
+    let client = Client::new();
+    let name = format!("webhook-{}", receiver.url.trim_start_matches("http://"));
+    let oldest = "trainstate_notify_oldest_pending_seconds";
+    eventually("the gauge shown, nothing pending", DEADLINE, || {
+        let client = client.clone();
+        let (head, name) = (&head, &name);
+        async move { (metric(&client, head, oldest, name).await == Some(0.0)).then_some(()) }
+    })
+    .await;
+
+    // A run that restarts, then errors: its two events go in order, one
+    // at a time.
+    let ordered = register(&client, &head, "restarts-then-errs").await;
+    let attempt = json!({
+        "attempt_id": "1",
+        "start_time_ms": trainstate_testkit::runs::T0 + 1_000,
+        "workers": workers(2, 4, "second-"),
+    });
+    let url = format!("{}/api/train/runs/{ordered}/attempts", head.url);
+    let (status, answer) = send_json(&client, Method::POST, &url, Some(&attempt)).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    error(&client, &head, &ordered).await;
+    // Eight more runs, an error each.
+    let mut ids = Vec::new();
+    for i in 0..8 {
+        let id = register(&client, &head, &format!("slow-{i}")).await;
+        error(&client, &head, &id).await;
+        ids.push(id);
+    }
+
+    // The receiver holds what it gets: four requests at once, of four runs.
+    eventually("four requests held at once", DEADLINE, || {
+        std::future::ready((receiver.held.load(Ordering::SeqCst) == 4).then_some(()))
+    })
+    .await;
+    // While they are held, the oldest event's wait shows.
+    let waited = eventually("the oldest event's wait shown", DEADLINE, || {
+        let client = client.clone();
+        let (head, name) = (&head, &name);
+        async move { metric(&client, head, oldest, name).await.filter(|age| *age > 0.0) }
+    })
+    .await;
+    assert!(waited > 0.0, "{waited}");
+    eventually("every event read", DEADLINE, || {
+        let client = client.clone();
+        let (head, name) = (&head, &name);
+        async move {
+            let pending = metric(&client, head, "trainstate_notify_pending", name).await;
+            (pending == Some(10.0)).then_some(())
+        }
+    })
+    .await;
+    assert_eq!(receiver.most.load(Ordering::SeqCst), 4, "never more than four in flight");
+
+    // Let go, every event is taken, and nothing waits any more.
+    receiver.gate.send_replace(true);
+    let info = target_info_once_sent(&client, &head, 10).await;
+    assert_eq!(info["failures"], 0, "a slow receiver is no failing one: {info}");
+    assert_eq!(metric(&client, &head, oldest, &name).await, Some(0.0));
+    assert_eq!(receiver.most.load(Ordering::SeqCst), 4, "never more than four in flight");
+    assert!(!receiver.overlapped.load(Ordering::SeqCst), "a run had two events in flight at once");
+    let taken: HashSet<String> = receiver.taken.lock().unwrap().iter().cloned().collect();
+    let mut expected: HashSet<String> = ids.iter().map(|id| format!("{id}:ERRORED")).collect();
+    let (restarting, errored) = (format!("{ordered}:RESTARTING:1"), format!("{ordered}:ERRORED"));
+    expected.extend([restarting.clone(), errored.clone()]);
+    assert_eq!(taken, expected);
+    assert_eq!(receiver.taken.lock().unwrap().len(), 10, "each event once");
+    let arrived = receiver.arrived.lock().unwrap().clone();
+    let at = |id: &str| arrived.iter().position(|a| a == id).unwrap();
+    assert!(at(&restarting) < at(&errored), "a run's events in order: {arrived:?}");
 }

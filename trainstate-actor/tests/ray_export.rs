@@ -1133,3 +1133,49 @@ async fn regression_an_ingester_started_before_its_head_waits_for_it_and_applies
     assert!(ingester.terminate().success(), "{}", site.log());
     assert_eq!(site.summary()["applied"], "8");
 }
+
+#[tokio::test]
+async fn regression_the_ingester_dies_on_sighup_no_more_it_keeps_ingesting() {
+    let site = Site::new();
+    let head = start(&site.data, "127.0.0.1:0", &[]);
+    let client = Client::new();
+    let lines = rays_lines();
+    let mut ingester = site.ingester(&head, false);
+    site.append_lines(&lines[..10]);
+    site.wait_for_line(10).await;
+
+    // The terminal it ran in closes (or a log rotator signals it).
+    let pid = ingester.child.id().to_string();
+    assert!(Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
+    eventually("the SIGHUP logged", DEADLINE, || {
+        let exited = ingester.child.try_wait().unwrap();
+        assert!(exited.is_none(), "SIGHUP stopped the ingester ({exited:?}): {}", site.log());
+        std::future::ready(site.log().contains("SIGHUP: ignored").then_some(()))
+    })
+    .await;
+
+    // What Ray writes after the signal still reaches the head.
+    site.append_lines(&lines[10..]);
+    site.wait_for_end().await;
+    assert_rays_answer(&client, &head).await;
+    assert!(ingester.child.try_wait().unwrap().is_none(), "still running");
+    assert!(ingester.terminate().success(), "SIGTERM still stops it cleanly: {}", site.log());
+}
+
+#[tokio::test]
+async fn regression_the_ray_ingesters_position_file_is_its_owners_alone() {
+    use std::os::unix::fs::PermissionsExt;
+
+    let site = Site::new();
+    let head = start(&site.data, "127.0.0.1:0", &[]);
+    site.append_lines(&rays_lines()[..5]);
+    let mut ingester = site.ingester(&head, true);
+    assert!(ingester.wait().success(), "{}", site.log());
+    assert_eq!(site.position().unwrap().1, 5);
+    let mut lock = site.position.clone().into_os_string();
+    lock.push(".lock");
+    for path in [site.position.clone(), PathBuf::from(lock)] {
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{} is {mode:03o}", path.display());
+    }
+}

@@ -64,6 +64,22 @@ pub(super) fn run(command: IngestCommand) -> ExitCode {
     }
 }
 
+/// SIGHUP (the terminal it ran in closed, a log rotator's signal) does not
+/// stop the ingester: it is logged and ignored. There is nothing to reopen:
+/// the ingester looks for Ray's files afresh at every poll, and logs to
+/// stderr, which whoever rotates its log holds.
+fn ignore_hangups() -> Result<(), String> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangup =
+        signal(SignalKind::hangup()).map_err(|e| format!("cannot listen for SIGHUP: {e}"))?;
+    tokio::spawn(async move {
+        while hangup.recv().await.is_some() {
+            tracing::info!("SIGHUP: ignored; ingesting goes on (SIGINT or SIGTERM stops it)");
+        }
+    });
+    Ok(())
+}
+
 fn fail(message: &str) -> ExitCode {
     eprintln!("trainstate: {message}");
     ExitCode::FAILURE
@@ -71,6 +87,7 @@ fn fail(message: &str) -> ExitCode {
 
 async fn ray_export(args: RayExportArgs) -> Result<(), String> {
     let shutdown = super::serve::shutdown_signals()?;
+    ignore_hangups()?;
     let token = args.token_file.as_deref().map(super::read_token_file).transpose()?;
     let cas = super::read_ca_cert(args.ca_cert.as_deref())?;
     let handle = super::connect("--url", &args.url, token, args.ca_cert.as_deref(), cas.as_ref())?

@@ -10,7 +10,9 @@
 //! delivered, durably ([`crate::store::Store::save_cursor`]) at most once a
 //! [`SAVE_EVERY`]. The cursor moves on only past runs whose items were all
 //! delivered or dropped, so after a crash what was in flight is sent
-//! again, with the same ids: at least once. With a shared store only the
+//! again, with the same ids: at least once. A sink may have several items
+//! in flight at once ([`Sink::concurrency`]), never two of one run: a
+//! run's items go in order, different runs' side by side. With a shared store only the
 //! head that sweeps sends; another takes over from the saved cursor.
 //!
 //! A sink that does not answer never slows a write: the feed only asks the
@@ -22,12 +24,13 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 use trainstate_schema::{HealthState, RunId};
 
@@ -88,6 +91,9 @@ pub(crate) enum Sent {
     Refused(String),
 }
 
+/// One item's send, in flight beside others: it owns what it needs.
+pub(crate) type SendOne = Pin<Box<dyn Future<Output = Sent> + Send + 'static>>;
+
 /// How a feed holds what it has to send.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct QueuePolicy {
@@ -103,6 +109,11 @@ pub(crate) struct QueuePolicy {
     pub(crate) first_backoff: Duration,
     /// The longest wait between two tries, but what a receiver asks for.
     pub(crate) max_backoff: Duration,
+    /// Count in what is pending the runs changed after what was read: while
+    /// the queue is full, the store is read ahead only to count them, and
+    /// the count is of runs, each once however often it changed (each is
+    /// sent as it is now). Otherwise what is pending is the queue's items.
+    pub(crate) count_ahead: bool,
 }
 
 /// The counters a feed keeps of its sink, for `/metrics` and the API.
@@ -111,8 +122,9 @@ pub(crate) trait FeedCounters: Send + Sync {
     fn sending(&self, sending: bool);
     /// The durable cursor is at commit `seq`.
     fn position(&self, seq: u64);
-    /// Items read and not yet delivered.
-    fn pending(&self, count: u64);
+    /// Items read and not yet delivered, and when the oldest of them was
+    /// read (Unix ms of the service's clock; `None` when there is none).
+    fn pending(&self, count: u64, oldest_ms: Option<u64>);
     /// `count` items delivered at `at_ms`.
     fn sent(&self, count: u64, at_ms: u64);
     /// A try failed (it is tried again).
@@ -185,6 +197,22 @@ pub(crate) trait Sink: Send + Sync + 'static {
         front: &'a [&'a Self::Item],
         context: &'a FeedContext,
     ) -> impl Future<Output = (usize, Sent)> + Send + 'a;
+
+    /// How many items it may have in flight at once. Above 1, items are
+    /// sent one a request with [`send_one`](Self::send_one), each of a run
+    /// with nothing else in flight and nothing older queued: a run's items
+    /// go one after the other, oldest first, and different runs' side by
+    /// side. At 1, the front of the queue goes with [`send`](Self::send).
+    fn concurrency(&self) -> usize {
+        1
+    }
+
+    /// Sends `item` alone, beside other items in flight (a sink whose
+    /// [`concurrency`](Self::concurrency) is above 1).
+    fn send_one(&self, item: &Self::Item, _context: &FeedContext) -> SendOne {
+        let refused = format!("{} sends a batch at a time, not one item", item.id());
+        Box::pin(std::future::ready(Sent::Refused(refused)))
+    }
 
     /// When [`tick`](Self::tick) is due next, if ever.
     fn tick_at(&self) -> Option<Instant> {
@@ -269,6 +297,23 @@ struct Sending<I> {
     failure_log: LogThrottle,
     /// Items dropped past the bound, logged at most a line per interval.
     drop_log: LogThrottle,
+    /// The sends in flight (a sink that sends several items at once).
+    in_flight: JoinSet<Flown>,
+    /// The runs of the items in flight: one item a run at a time.
+    flying_runs: HashSet<String>,
+    /// Failed tries so far: a send that started after the latest failure
+    /// and was delivered shows the receiver is back.
+    failure_round: u64,
+    /// (`count_ahead`) The runs changed after `read_at` as far as the store
+    /// was read ahead, by id, each where it was last seen.
+    ahead: HashMap<String, Position>,
+    /// The store was read ahead up to here.
+    ahead_at: Position,
+    /// The last read ahead filled its batch: there is more to count.
+    ahead_more: bool,
+    /// A commit was announced since the last read ahead.
+    ahead_changed: bool,
+    last_ahead: Option<Instant>,
 }
 
 /// One item to send, and where reading must resume to find it again.
@@ -277,6 +322,17 @@ struct Queued<I> {
     /// The position just before its run: the durable cursor never passes
     /// it while the item waits.
     resume: Position,
+    /// When it was read (Unix ms of the service's clock).
+    queued_ms: u64,
+}
+
+/// A send that was in flight, done.
+struct Flown {
+    id: String,
+    run_id: String,
+    /// The failed tries counted when it started.
+    round: u64,
+    sent: Sent,
 }
 
 /// What the loop knows of one run's items beside the store.
@@ -310,7 +366,7 @@ impl<S: Sink> Driver<S> {
                     tracing::info!(feed = %self.sink.name(), "no longer the sweeping head: not sending");
                 }
                 self.counters.sending(false);
-                self.counters.pending(0);
+                self.counters.pending(0, None);
                 if self.pause(IDLE_READ).await {
                     break;
                 }
@@ -337,7 +393,16 @@ impl<S: Sink> Driver<S> {
                 state.last_read = Some(now);
                 state.more = false;
             }
-            if !state.queue.is_empty()
+            if self.read_ahead_due(state, now)
+                && let Err(err) = self.read_ahead(state).await
+            {
+                tracing::warn!(feed = %self.sink.name(), error = %err, "cannot count the changed runs; retrying");
+                state.last_ahead = Some(now);
+                state.ahead_more = false;
+            }
+            if self.sink.concurrency() > 1 {
+                self.launch(state);
+            } else if !state.queue.is_empty()
                 && state.retry_at.is_none_or(|at| at <= Instant::now())
                 && !self.send_front(state).await
             {
@@ -360,9 +425,15 @@ impl<S: Sink> Driver<S> {
             }
             let mut stopped = self.stopped.clone();
             tokio::select! {
-                _ = changes.recv() => state.changed = true,
+                _ = changes.recv() => (state.changed, state.ahead_changed) = (true, true),
                 () = tokio::time::sleep_until(wake) => {}
                 _ = stopped.changed() => {}
+                Some(flown) = state.in_flight.join_next(), if !state.in_flight.is_empty() => {
+                    // A send that panicked is sent again.
+                    if let Ok(flown) = flown {
+                        self.finish(state, flown);
+                    }
+                }
             }
         }
         if let Some(state) = &mut sending
@@ -382,7 +453,7 @@ impl<S: Sink> Driver<S> {
         let now = Instant::now();
         Ok(Sending {
             read_at: position.clone(),
-            saved: position,
+            saved: position.clone(),
             queue: VecDeque::new(),
             queued: HashSet::new(),
             runs: HashMap::new(),
@@ -395,6 +466,14 @@ impl<S: Sink> Driver<S> {
             backoff: self.policy.first_backoff,
             failure_log: LogThrottle::default(),
             drop_log: LogThrottle::default(),
+            in_flight: JoinSet::new(),
+            flying_runs: HashSet::new(),
+            failure_round: 0,
+            ahead: HashMap::new(),
+            ahead_at: position,
+            ahead_more: true,
+            ahead_changed: false,
+            last_ahead: None,
         })
     }
 
@@ -433,7 +512,13 @@ impl<S: Sink> Driver<S> {
             wake = wake.min(self.read_wanted_at(state, now));
         }
         if !state.queue.is_empty() {
-            wake = wake.min(state.retry_at.unwrap_or(now));
+            if self.sink.concurrency() <= 1 {
+                wake = wake.min(state.retry_at.unwrap_or(now));
+            } else if let Some(at) = state.retry_at.filter(|at| *at > now) {
+                // Sent when it passes; otherwise what can be sent was
+                // (`launch`), and the rest waits for a send to finish.
+                wake = wake.min(at);
+            }
         }
         if let Some(at) = self.sink.tick_at() {
             wake = wake.min(at);
@@ -441,7 +526,40 @@ impl<S: Sink> Driver<S> {
         if state.dirty {
             wake = wake.min(state.last_save + SAVE_EVERY);
         }
+        if self.ahead_wanted(state) {
+            wake = wake.min(state.last_ahead.map_or(now, |at| at + MIN_READ_GAP));
+        }
         wake
+    }
+
+    /// True when the runs changed behind a full queue are to be counted:
+    /// the feed counts them, the queue has no room to read them into, and
+    /// the store may hold more of them than was counted.
+    fn ahead_wanted(&self, state: &Sending<S::Item>) -> bool {
+        self.policy.count_ahead && !self.room(state) && (state.ahead_more || state.ahead_changed)
+    }
+
+    fn read_ahead_due(&self, state: &Sending<S::Item>, now: Instant) -> bool {
+        self.ahead_wanted(state) && state.last_ahead.is_none_or(|at| at + MIN_READ_GAP <= now)
+    }
+
+    /// Reads one batch of the runs changed after what was read (and
+    /// counted), only to count them.
+    async fn read_ahead(
+        &mut self,
+        state: &mut Sending<S::Item>,
+    ) -> Result<(), crate::store::StoreError> {
+        state.ahead_changed = false;
+        state.last_ahead = Some(Instant::now());
+        let from = state.ahead_at.clone().max(state.read_at.clone());
+        let batch = self.writer.changes_after(&self.feed, from, BATCH).await?;
+        state.ahead_more = batch.len() == BATCH;
+        for changed in batch {
+            state.ahead_at = changed.at.clone();
+            state.ahead.insert(changed.at.id.clone(), changed.at);
+        }
+        self.show_pending(state);
+        Ok(())
     }
 
     /// Reads one batch of changed runs and queues their new items.
@@ -463,6 +581,10 @@ impl<S: Sink> Driver<S> {
                 }
             }
         }
+        // What was read is no longer ahead of the reading; a run that changed
+        // since it was counted is counted where it changed.
+        let read_at = state.read_at.clone();
+        state.ahead.retain(|_, at| *at > read_at);
         if dropped > 0 {
             self.counters.dropped(dropped);
             let error = format!(
@@ -478,8 +600,21 @@ impl<S: Sink> Driver<S> {
                 );
             }
         }
-        self.counters.pending(state.queue.len() as u64);
+        self.show_pending(state);
         Ok(())
+    }
+
+    /// Tells the counters how many items wait and since when.
+    fn show_pending(&self, state: &Sending<S::Item>) {
+        let oldest = state.queue.iter().map(|q| q.queued_ms).min();
+        let count = if self.policy.count_ahead {
+            let mut runs: HashSet<&str> = state.queue.iter().map(|q| q.item.run_id()).collect();
+            runs.extend(state.ahead.keys().map(String::as_str));
+            runs.len()
+        } else {
+            state.queue.len()
+        };
+        self.counters.pending(count as u64, oldest);
     }
 
     /// Queues the items of one run read that the sink wants and has
@@ -513,9 +648,10 @@ impl<S: Sink> Driver<S> {
         progress.durable = durable;
         progress.derivable = items.derivable;
         progress.queued += new.len();
+        let queued_ms = self.context.now_ms();
         for item in new {
             state.queued.insert(item.id().to_owned());
-            state.queue.push_back(Queued { item, resume: resume.clone() });
+            state.queue.push_back(Queued { item, resume: resume.clone(), queued_ms });
         }
     }
 
@@ -576,8 +712,98 @@ impl<S: Sink> Driver<S> {
                 state.retry_at = None;
             }
         }
-        self.counters.pending(state.queue.len() as u64);
+        self.show_pending(state);
         true
+    }
+
+    /// Starts sending what may be sent now, up to the sink's concurrency:
+    /// in queue order, the oldest queued item of each run that has nothing
+    /// in flight.
+    fn launch(&self, state: &mut Sending<S::Item>) {
+        let concurrency = self.sink.concurrency();
+        if state.in_flight.len() >= concurrency
+            || state.retry_at.is_some_and(|at| at > Instant::now())
+        {
+            return;
+        }
+        // Runs seen in the queue so far: only the first item of each goes.
+        let mut seen: HashSet<&str> = HashSet::new();
+        let mut starts = Vec::new();
+        for queued in &state.queue {
+            if state.in_flight.len() + starts.len() >= concurrency {
+                break;
+            }
+            let run_id = queued.item.run_id();
+            if !seen.insert(run_id) || state.flying_runs.contains(run_id) {
+                continue;
+            }
+            let send = self.sink.send_one(&queued.item, &self.context);
+            starts.push((queued.item.id().to_owned(), run_id.to_owned(), send));
+        }
+        for (id, run_id, send) in starts {
+            state.flying_runs.insert(run_id.clone());
+            let round = state.failure_round;
+            state.in_flight.spawn(async move { Flown { id, run_id, round, sent: send.await } });
+        }
+    }
+
+    /// Takes in how a send in flight went.
+    fn finish(&self, state: &mut Sending<S::Item>, flown: Flown) {
+        let Flown { id, run_id, round, sent } = flown;
+        state.flying_runs.remove(&run_id);
+        // Gone from the queue if dropped past the bound meanwhile.
+        let at = state.queue.iter().position(|q| q.item.id() == id);
+        let now_ms = self.context.now_ms();
+        let name = self.sink.name();
+        match sent {
+            Sent::Delivered => {
+                if let Some(sent) = at.and_then(|at| state.queue.remove(at)) {
+                    handled(state, &sent.item);
+                    self.counters.sent(1, now_ms);
+                }
+                // Started after the latest failure: the receiver is back.
+                if round == state.failure_round && state.retry_at.is_some() {
+                    state.retry_at = None;
+                    state.backoff = self.policy.first_backoff;
+                    let failures = state.failure_log.recovered();
+                    let dropped = state.drop_log.recovered();
+                    tracing::warn!(
+                        feed = %name,
+                        failures_not_yet_logged = failures,
+                        dropped_not_yet_logged = dropped,
+                        total_dropped = self.counters.dropped_total(),
+                        "the receiver takes what it is sent again"
+                    );
+                }
+            }
+            Sent::Retry { error, after } => {
+                self.counters.failed(&error, now_ms);
+                let now = Instant::now();
+                let asked = after.map(|after| now + after.min(MAX_RETRY_AFTER));
+                match state.retry_at.filter(|_| round < state.failure_round) {
+                    // A failure of sends that started together with one
+                    // that failed already: one back-off for them all.
+                    Some(at) => state.retry_at = Some(asked.map_or(at, |asked| asked.max(at))),
+                    None => {
+                        let wait = after.map_or(state.backoff, |after| after.max(state.backoff));
+                        state.retry_at = Some(now + wait.min(MAX_RETRY_AFTER));
+                        state.backoff = (state.backoff * 2).min(self.policy.max_backoff);
+                        state.failure_round += 1;
+                    }
+                }
+                if let Some(due) = state.failure_log.failed(std::time::Instant::now(), 1, &error) {
+                    tracing::warn!(feed = %name, failures = due.count, error = %due.last_error, "cannot send; retrying");
+                }
+            }
+            Sent::Refused(error) => {
+                self.counters.refused(1, &error, now_ms);
+                if let Some(refused) = at.and_then(|at| state.queue.remove(at)) {
+                    tracing::error!(feed = %name, item = %id, error = %error, "the receiver refused it for good; dropped");
+                    handled(state, &refused.item);
+                }
+            }
+        }
+        self.show_pending(state);
     }
 
     /// Saves the cursor (before the oldest item still queued) and the items
@@ -654,7 +880,7 @@ impl FeedCounters for crate::engine::stats::ForwardStats {
         self.position.store(seq, Ordering::Relaxed);
     }
 
-    fn pending(&self, count: u64) {
+    fn pending(&self, count: u64, _: Option<u64>) {
         self.pending.store(count, Ordering::Relaxed);
     }
 
@@ -688,8 +914,9 @@ impl FeedCounters for crate::engine::stats::NotifyStats {
         self.position.store(seq, Ordering::Relaxed);
     }
 
-    fn pending(&self, count: u64) {
+    fn pending(&self, count: u64, oldest_ms: Option<u64>) {
         self.pending.store(count, Ordering::Relaxed);
+        self.oldest_pending_ms.store(oldest_ms.unwrap_or(0), Ordering::Relaxed);
     }
 
     fn sent(&self, count: u64, at_ms: u64) {

@@ -41,9 +41,9 @@ pub struct ForwardStats {
     pub retries: AtomicU64,
     /// The sequence number of the store's commit forwarded up to.
     pub position: AtomicU64,
-    /// Runs read from the store to forward and not yet accepted (or
-    /// refused) by the hub: the rest of the batch being sent, so at most
-    /// one batch (256); more changes may wait in the store behind it.
+    /// Runs with a change not yet accepted (or refused) by the hub: those
+    /// of the batch being sent and those changed in the store behind it,
+    /// each run once however often it changed (it is sent as it is now).
     pub pending: AtomicU64,
     /// When the hub last accepted a run, in Unix milliseconds of the
     /// service's clock; 0 until it first does.
@@ -64,6 +64,9 @@ pub struct NotifyStats {
     pub position: AtomicU64,
     /// Events read and not yet delivered (at most the backlog bound).
     pub pending: AtomicU64,
+    /// When the oldest of them was read to be sent (Unix ms of the
+    /// service's clock); 0 when none is pending.
+    pub oldest_pending_ms: AtomicU64,
     /// Events delivered.
     pub sent: AtomicU64,
     /// Tries that failed (each is tried again).
@@ -85,6 +88,7 @@ impl NotifyStats {
             sending: Default::default(),
             position: AtomicU64::default(),
             pending: AtomicU64::default(),
+            oldest_pending_ms: AtomicU64::default(),
             sent: AtomicU64::default(),
             failures: AtomicU64::default(),
             dropped: AtomicU64::default(),

@@ -15,7 +15,7 @@ use crate::engine::error::LaunchError;
 // The change feed, as services reach it: through this door.
 #[cfg_attr(not(any(feature = "forward", feature = "notify")), allow(unused_imports))]
 pub(crate) use crate::engine::feed::{
-    Feed, FeedContext, FeedCounters, FeedHandle, Item, QueuePolicy, RunItems, Sent, Sink,
+    Feed, FeedContext, FeedCounters, FeedHandle, Item, QueuePolicy, RunItems, SendOne, Sent, Sink,
 };
 use crate::engine::stats::Feeds;
 use crate::engine::stats::StoreStats;

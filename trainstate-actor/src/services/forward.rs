@@ -179,12 +179,14 @@ impl Sink for HubSink {
 
     fn policy(&self) -> QueuePolicy {
         // One batch of runs at a time, none ever dropped: the store holds
-        // the rest until the hub takes them.
+        // the rest until the hub takes them, and they are counted pending
+        // there too, each run once (it is sent as it is now).
         QueuePolicy {
             backlog: 1,
             drop_oldest: false,
             first_backoff: FIRST_BACKOFF,
             max_backoff: MAX_BACKOFF,
+            count_ahead: true,
         }
     }
 

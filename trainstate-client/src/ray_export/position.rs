@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -77,6 +77,8 @@ impl Positions {
     /// under its name (a stale one, or a symlink someone planted) is
     /// removed first, never followed, and it is created exclusively, so a
     /// symlink planted in between fails the write instead of redirecting it.
+    /// It is created readable and writable by its owner alone (`0600`), as
+    /// the head's store is: the paths it names are no one else's to read.
     pub(crate) fn save(&self, path: &Path) -> std::io::Result<()> {
         let mut tmp = path.as_os_str().to_owned();
         tmp.push(".tmp");
@@ -86,7 +88,8 @@ impl Positions {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
                 _ => {}
             }
-            let mut file = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+            let mut file =
+                OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
             let mut json = serde_json::to_vec_pretty(self).expect("positions serialize");
             json.push(b'\n');
             file.write_all(&json)?;
@@ -119,13 +122,15 @@ pub(crate) fn open_lock_file(path: &Path) -> Result<File, String> {
         Ok(meta) if !meta.is_file() => return Err(refuse("is not a regular file")),
         Ok(meta) => meta,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return OpenOptions::new().write(true).create_new(true).open(path).map_err(|e| {
-                if e.kind() == std::io::ErrorKind::AlreadyExists {
-                    refuse("appeared while it was being created")
-                } else {
-                    format!("cannot create {}: {e}", path.display())
-                }
-            });
+            return OpenOptions::new().write(true).create_new(true).mode(0o600).open(path).map_err(
+                |e| {
+                    if e.kind() == std::io::ErrorKind::AlreadyExists {
+                        refuse("appeared while it was being created")
+                    } else {
+                        format!("cannot create {}: {e}", path.display())
+                    }
+                },
+            );
         }
         Err(e) => return Err(format!("cannot inspect {}: {e}", path.display())),
     };

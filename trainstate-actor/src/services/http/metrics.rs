@@ -433,10 +433,15 @@ impl HttpMetrics {
         let failures = Family::<TargetLabels, Counter>::default();
         let dropped = Family::<TargetLabels, Counter>::default();
         let position = Family::<TargetLabels, Gauge>::default();
+        let oldest = Family::<TargetLabels, Gauge<f64, AtomicU64>>::default();
         let read = |counter: &std::sync::atomic::AtomicU64| counter.load(Ordering::Relaxed);
+        let now_ms = service.now_ms();
         for stats in &targets {
             let labels = TargetLabels { target: stats.name().to_owned() };
             pending.get_or_create(&labels).set(read(&stats.pending) as i64);
+            let since_ms = read(&stats.oldest_pending_ms);
+            let age_ms = if since_ms == 0 { 0 } else { now_ms.saturating_sub(since_ms) };
+            oldest.get_or_create(&labels).set(age_ms as f64 / 1000.0);
             sent.get_or_create(&labels).inc_by(read(&stats.sent));
             failures.get_or_create(&labels).inc_by(read(&stats.failures));
             dropped.get_or_create(&labels).inc_by(read(&stats.dropped));
@@ -446,6 +451,13 @@ impl HttpMetrics {
             "notify_pending",
             "Notification events read and not yet delivered, by target (at most the backlog bound)",
             pending,
+        );
+        registry.register(
+            "notify_oldest_pending_seconds",
+            "How long the oldest notification event not yet delivered to a target has waited \
+             since it was read to be sent, by target (0: none pending); a slow or failing \
+             receiver shows here",
+            oldest,
         );
         registry.register("notify_sent", "Notification events delivered, by target", sent);
         registry.register(
@@ -474,7 +486,9 @@ impl HttpMetrics {
         let read = |counter: &std::sync::atomic::AtomicU64| counter.load(Ordering::Relaxed);
         registry.register(
             "forward_pending",
-            "Runs read to forward and not yet accepted by the hub (at most one batch, 256)",
+            "Runs with a change not yet accepted by the hub, read or still in the store behind \
+             the batch being sent; each run counted once however often it changed, since it is \
+             sent once, as it is now",
             ConstGauge::new(read(&stats.pending) as i64),
         );
         registry.register(

@@ -6,6 +6,11 @@
 //! the target fails), retries, and saves the position with the events
 //! delivered; see `crate::engine::feed`.
 //!
+//! A webhook or Slack target has up to [`IN_FLIGHT`] events in flight at
+//! once, each of another run (a run's events go one after the other, oldest
+//! first): one slow receiver's answer no longer holds back every event of
+//! its target. An Alertmanager target sends a batch of alerts at a time.
+//!
 //! What the sink keeps itself: an Alertmanager target's firing stall
 //! alerts, rebuilt from the committed runs when this head starts sending
 //! and sent again every `resend` (Alertmanager resolves an alert that is
@@ -25,8 +30,11 @@ use super::target::NotifyTarget;
 use crate::decisions::log_throttle::LogThrottle;
 use crate::engine::stats::NotifyStats;
 use crate::engine::supervisor::{
-    Feed, FeedContext, FeedCounters, Item, QueuePolicy, RunItems, Sent, Sink,
+    Feed, FeedContext, FeedCounters, Item, QueuePolicy, RunItems, SendOne, Sent, Sink,
 };
+
+/// The most events a webhook or Slack target has in flight at once.
+pub(crate) const IN_FLIGHT: usize = 4;
 
 /// The first wait before a failed send is tried again; it doubles with
 /// each failure, up to [`MAX_BACKOFF`].
@@ -43,7 +51,7 @@ const MAX_ANSWER_SHOWN: usize = 200;
 
 /// A target's delivery: the sink of its feed.
 pub(crate) struct Delivery {
-    pub(crate) target: NotifyTarget,
+    pub(crate) target: Arc<NotifyTarget>,
     pub(crate) client: reqwest::Client,
     pub(crate) stats: Arc<NotifyStats>,
     /// The head's public URL, under which each run's page is linked.
@@ -85,6 +93,7 @@ impl Sink for Delivery {
             drop_oldest: true,
             first_backoff: FIRST_BACKOFF,
             max_backoff: MAX_BACKOFF,
+            count_ahead: false,
         }
     }
 
@@ -128,16 +137,22 @@ impl Sink for Delivery {
                 }
                 (taken, sent)
             }
-            kind => {
+            _ => {
                 let notice = front[0];
-                let body = if kind == NotifyTargetKind::Slack {
-                    serde_json::to_vec(&slack::message(notice))
-                } else {
-                    serde_json::to_vec(&notice.event)
-                };
-                (1, self.try_post(body, Some(notice.id())).await)
+                (1, self.try_post(self.body_of(notice), Some(notice.id())).await)
             }
         }
+    }
+
+    fn concurrency(&self) -> usize {
+        if self.target.kind == NotifyTargetKind::Alertmanager { 1 } else { IN_FLIGHT }
+    }
+
+    fn send_one(&self, notice: &Notice, _: &FeedContext) -> SendOne {
+        let body = self.body_of(notice);
+        let (client, target, id) =
+            (self.client.clone(), self.target.clone(), notice.id().to_owned());
+        Box::pin(async move { post(&client, &target, body, Some(&id)).await })
     }
 
     fn tick_at(&self) -> Option<Instant> {
@@ -266,51 +281,69 @@ impl Delivery {
         }
     }
 
+    /// What a webhook or Slack target is sent of `notice`.
+    fn body_of(&self, notice: &Notice) -> serde_json::Result<Vec<u8>> {
+        if self.target.kind == NotifyTargetKind::Slack {
+            serde_json::to_vec(&slack::message(notice))
+        } else {
+            serde_json::to_vec(&notice.event)
+        }
+    }
+
     /// Posts `body` (JSON) to the target.
     async fn try_post(&self, body: serde_json::Result<Vec<u8>>, event_id: Option<&str>) -> Sent {
-        let body = match body {
-            Ok(body) => body,
-            Err(err) => return Sent::Refused(format!("cannot encode the event: {err}")),
-        };
-        let mut request = self
-            .client
-            .post(self.target.url.clone())
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body);
-        if let Some(id) = event_id {
-            request = request.header("Idempotency-Key", id);
+        post(&self.client, &self.target, body, event_id).await
+    }
+}
+
+/// Posts `body` (JSON) to `target` with `client`.
+async fn post(
+    client: &reqwest::Client,
+    target: &NotifyTarget,
+    body: serde_json::Result<Vec<u8>>,
+    event_id: Option<&str>,
+) -> Sent {
+    let body = match body {
+        Ok(body) => body,
+        Err(err) => return Sent::Refused(format!("cannot encode the event: {err}")),
+    };
+    let mut request = client
+        .post(target.url.clone())
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(body);
+    if let Some(id) = event_id {
+        request = request.header("Idempotency-Key", id);
+    }
+    let response = match request.send().await {
+        Ok(response) => response,
+        // Without the URL: a webhook's path is its secret, whatever
+        // its kind.
+        Err(err) => {
+            let error = target.without_secrets(&error_chain(&err.without_url()));
+            return Sent::Retry { error, after: None };
         }
-        let response = match request.send().await {
-            Ok(response) => response,
-            // Without the URL: a webhook's path is its secret, whatever
-            // its kind.
-            Err(err) => {
-                let error = self.target.without_secrets(&error_chain(&err.without_url()));
-                return Sent::Retry { error, after: None };
-            }
-        };
-        let status = response.status();
-        if status.is_success() {
-            return Sent::Delivered;
-        }
-        let after = response
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
-        // A receiver's answer may echo the path it was asked for (`no hook
-        // /hooks/<key>`): the error recorded and shown never carries it.
-        let answer = self.target.without_secrets(&answer_text(response).await);
-        let error = if answer.is_empty() {
-            format!("HTTP {status}")
-        } else {
-            format!("HTTP {status}: {answer}")
-        };
-        match status.as_u16() {
-            // The payload itself is refused: it would be every time.
-            400 | 413 | 422 => Sent::Refused(error),
-            _ => Sent::Retry { error, after },
-        }
+    };
+    let status = response.status();
+    if status.is_success() {
+        return Sent::Delivered;
+    }
+    let after = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
+        .map(Duration::from_secs);
+    // A receiver's answer may echo the path it was asked for (`no hook
+    // /hooks/<key>`): the error recorded and shown never carries it.
+    let answer = target.without_secrets(&answer_text(response).await);
+    let error = if answer.is_empty() {
+        format!("HTTP {status}")
+    } else {
+        format!("HTTP {status}: {answer}")
+    };
+    match status.as_u16() {
+        // The payload itself is refused: it would be every time.
+        400 | 413 | 422 => Sent::Refused(error),
+        _ => Sent::Retry { error, after },
     }
 }
 

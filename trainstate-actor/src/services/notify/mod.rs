@@ -178,7 +178,7 @@ pub async fn start_notifying(
         let stats = Arc::new(NotifyStats::new(describe(&target)));
         all.push(stats.clone());
         let delivery = Delivery {
-            target,
+            target: Arc::new(target),
             client: client.clone(),
             stats,
             link_base: config.public_url.clone(),
