@@ -58,6 +58,13 @@ fn of_cluster(run: &TrainRunInfo, cluster: &str, status: RunStatus) -> Value {
     serde_json::to_value(draft.validate().unwrap()).unwrap()
 }
 
+/// `run` with the id `id`, which the run-id rule accepts.
+fn with_id(run: &TrainRunInfo, id: &str) -> TrainRunInfo {
+    let mut draft = run.clone().into_draft();
+    draft.id = id.to_owned();
+    draft.validate().unwrap()
+}
+
 /// A concrete path for a route template.
 fn concrete(template: &str) -> String {
     template
@@ -138,14 +145,20 @@ on_both_stores! {
         let (status, answer) = forward(of_cluster(&run_b, "b", RunStatus::Running), token_b.clone()).await;
         assert_eq!(status, StatusCode::OK, "{answer}");
 
-        // a's token cannot abort it, whichever cluster the body claims.
-        for claimed in ["b", "a"] {
-            let (status, answer) =
-                forward(of_cluster(&run_b, claimed, RunStatus::Aborted), token_a.clone()).await;
-            assert_eq!(status, StatusCode::FORBIDDEN, "claiming {claimed}: {answer}");
-            assert_eq!(answer["error"]["code"], "forbidden");
-            assert!(answer["error"]["message"].as_str().unwrap().contains("\"a\""), "{answer}");
-        }
+        // a's token cannot abort it claiming b; claiming a, the aborted
+        // run is a's own, under a's qualified id, and b's is untouched.
+        let (status, answer) =
+            forward(of_cluster(&run_b, "b", RunStatus::Aborted), token_a.clone()).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+        assert_eq!(answer["error"]["code"], "forbidden");
+        assert!(answer["error"]["message"].as_str().unwrap().contains("\"a\""), "{answer}");
+        let (status, answer) =
+            forward(of_cluster(&run_b, "a", RunStatus::Aborted), token_a.clone()).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        assert_eq!(answer["id"], format!("a:{}", run_b.id()));
+        let (_, held) =
+            send(&http, Method::GET, &format!("{}/api/train/runs/{}", hub.url, run_b.id()), None, None).await;
+        assert_eq!((&held["cluster"], &held["run_status"]), (&json!("b"), &json!("RUNNING")));
         // Nor make up a run claiming cluster b.
         let made_up = run("made-up", T0);
         let (status, answer) = forward(of_cluster(&made_up, "b", RunStatus::Running), token_a.clone()).await;
@@ -173,6 +186,87 @@ on_both_stores! {
         let run_a = run("a-run", T0);
         let (status, answer) = forward(of_cluster(&run_a, "a", RunStatus::Running), token_a.clone()).await;
         assert_eq!(status, StatusCode::OK, "{answer}");
+        hub.stop().await;
+    }
+
+    async fn regression_run_ids_squatted_on_the_hub_are_the_squatters_own_and_never_block_the_holder(store) {
+        let fresh = store.fresh("squatted-ids").await;
+        let hub = hub(&fresh, false).await;
+        let http = Client::new();
+        let (_, token_a) = create(&hub.url, &[TokenScope::Write], Some("a")).await;
+        let (_, token_b) = create(&hub.url, &[TokenScope::Write], Some("b")).await;
+        let put = |id: String, body: Value, token: String| {
+            let (http, base) = (http.clone(), hub.url.clone());
+            async move {
+                let url = format!("{base}/api/train/forwarded/{id}");
+                send(&http, Method::PUT, &url, json_body(&body), Some(&token)).await
+            }
+        };
+        let get = |id: String| {
+            let (http, base) = (http.clone(), hub.url.clone());
+            async move {
+                let (status, run) =
+                    send(&http, Method::GET, &format!("{base}/api/train/runs/{id}"), None, None).await;
+                assert_eq!(status, StatusCode::OK, "{id}: {run}");
+                run
+            }
+        };
+
+        // b's run id, learnt from b's event stream, forwarded first by a.
+        let run_b = run("b-run", T0);
+        let id = run_b.id().to_string();
+        let qualified = format!("b:{id}");
+        let squat = trainstate_testkit::runs::run_with(run_b.id(), "squat", "job1", T0, 8);
+        let (status, answer) = put(id.clone(), of_cluster(&squat, "a", RunStatus::Running), token_a.clone()).await;
+        assert_eq!((status, &answer["id"]), (StatusCode::OK, &json!(id)), "{answer}");
+
+        // b's own forward is accepted, under b's qualified id, and every
+        // later one of b's goes there.
+        let (status, answer) = put(id.clone(), of_cluster(&run_b, "b", RunStatus::Running), token_b.clone()).await;
+        assert_eq!(status, StatusCode::OK, "b's forward is not refused: {answer}");
+        assert_eq!((&answer["id"], &answer["cluster"]), (&json!(qualified), &json!("b")));
+        assert_eq!(answer["name"], "b-run");
+        let held = get(id.clone()).await;
+        assert_eq!((&held["cluster"], &held["name"]), (&json!("a"), &json!("squat")));
+        assert_eq!(get(qualified.clone()).await, answer);
+
+        // Each cluster's later forwards change its own run only.
+        let (status, answer) = put(id.clone(), of_cluster(&squat, "a", RunStatus::Aborted), token_a.clone()).await;
+        assert_eq!((status, &answer["id"]), (StatusCode::OK, &json!(id)), "{answer}");
+        assert_eq!(get(qualified.clone()).await["run_status"], "RUNNING", "the squatter never changes b's run");
+        let (status, answer) = put(id.clone(), of_cluster(&run_b, "b", RunStatus::Finished), token_b.clone()).await;
+        assert_eq!((status, &answer["id"]), (StatusCode::OK, &json!(qualified)), "{answer}");
+        assert_eq!(answer["run_status"], "FINISHED");
+        let held = get(id.clone()).await;
+        assert_eq!((&held["name"], &held["run_status"]), (&json!("squat"), &json!("ABORTED")));
+        for (cluster, want) in [("a", &id), ("b", &qualified)] {
+            let url = format!("{}/api/train/runs?cluster={cluster}", hub.url);
+            let (status, listed) = send(&http, Method::GET, &url, None, None).await;
+            assert_eq!(status, StatusCode::OK, "{listed}");
+            let ids: Vec<&Value> = listed["train_runs"].as_array().unwrap().iter().map(|r| &r["id"]).collect();
+            assert_eq!(ids, [&json!(want)], "{cluster}: {listed}");
+        }
+
+        // Nobody else makes a qualified id: not a forward of another
+        // cluster's (whichever cluster it claims), not a registration.
+        let (status, answer) = put(qualified.clone(), of_cluster(&with_id(&squat, &qualified), "a", RunStatus::Running), token_a.clone()).await;
+        assert_eq!((status, &answer["error"]["field"]), (StatusCode::UNPROCESSABLE_ENTITY, &json!("id")), "{answer}");
+        let (status, answer) = put(qualified.clone(), of_cluster(&with_id(&squat, &qualified), "b", RunStatus::Running), token_a.clone()).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+        let (status, answer) = put(format!("a:{id}"), of_cluster(&with_id(&squat, &format!("a:{id}")), "a", RunStatus::Running), token_a.clone()).await;
+        assert_eq!(status, StatusCode::OK, "a run of a's may carry a's own qualifier: {answer}");
+        let fresh_id = format!("b:{}", trainstate_schema::RunId::new_v7());
+        let registered = with_id(&run("invented", T0), &fresh_id);
+        let (status, answer) = send(
+            &http,
+            Method::POST,
+            &format!("{}/api/train/runs", hub.url),
+            json_body(&registered),
+            Some(HEAD_TOKEN),
+        )
+        .await;
+        assert_eq!((status, &answer["error"]["field"]), (StatusCode::UNPROCESSABLE_ENTITY, &json!("id")), "{answer}");
+        assert_eq!(get(qualified.clone()).await["run_status"], "FINISHED");
         hub.stop().await;
     }
 

@@ -608,16 +608,6 @@ impl StateService {
         self.reader.unhealthy()
     }
 
-    /// The cluster of the committed run `id`: `None` when no such run is
-    /// committed here, `Some(None)` for a run of no cluster.
-    pub(crate) fn committed_cluster(
-        &self,
-        id: &trainstate_schema::RunId,
-    ) -> Option<Option<String>> {
-        let view = self.shared.view.read().unwrap_or_else(|e| e.into_inner());
-        view.get(id).map(|record| record.cluster.as_deref().map(str::to_owned))
-    }
-
     /// A Ray Train V2 write, converted and validated off the actor's turn
     /// (on a blocking thread) against the committed version of its run,
     /// with the bytes it weighs: what `StateHandle::upsert_ray_prepared`

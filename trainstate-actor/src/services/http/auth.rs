@@ -14,7 +14,8 @@
 //!
 //! A token bound to a cluster (scope `write` only) may call one write,
 //! `PUT /api/train/forwarded/{id}`, and only for a run of its cluster: the
-//! body must claim it, and a run already stored must belong to it.
+//! body must claim it. The hub keys forwarded runs by their cluster and
+//! their id, so a run another cluster holds is never changed by it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock, Weak};
@@ -267,14 +268,9 @@ fn forbidden(message: String) -> ApiError {
 
 /// Refuses a forwarded run unless the request's token may write it: a
 /// token bound to a cluster writes only runs that claim that cluster
-/// (`claimed`) and, when the run is stored already, belong to it
-/// (`stored`: the stored run's cluster). A run's cluster never changes
-/// after registration, so the stored one is the one that counts.
-pub(crate) fn check_cluster(
-    grant: Option<&Grant>,
-    claimed: Option<&str>,
-    stored: Option<Option<&str>>,
-) -> Result<(), ApiError> {
+/// (`claimed`). Such a run never changes another cluster's: the hub keys
+/// forwarded runs by their cluster and their id (see the actor's `upsert`).
+pub(crate) fn check_cluster(grant: Option<&Grant>, claimed: Option<&str>) -> Result<(), ApiError> {
     let Some(bound) = grant.and_then(|g| g.cluster.as_deref()) else {
         return Ok(());
     };
@@ -284,14 +280,6 @@ pub(crate) fn check_cluster(
             claimed.map_or("no cluster".to_owned(), |c| format!("{c:?}"))
         ))
         .with_field("cluster"));
-    }
-    if let Some(stored) = stored
-        && stored != Some(bound)
-    {
-        return Err(forbidden(format!(
-            "this token is bound to cluster {bound:?}, and the stored run belongs to {}",
-            stored.map_or("no cluster".to_owned(), |c| format!("cluster {c:?}"))
-        )));
     }
     Ok(())
 }
@@ -400,14 +388,11 @@ mod tests {
     #[test]
     fn a_bound_token_writes_only_its_clusters_runs() {
         let bound = Grant { scopes: Vec::new(), cluster: Some("a".into()) };
-        assert!(check_cluster(Some(&bound), Some("a"), None).is_ok());
-        assert!(check_cluster(Some(&bound), Some("a"), Some(Some("a"))).is_ok());
-        assert!(check_cluster(Some(&bound), Some("b"), None).is_err());
-        assert!(check_cluster(Some(&bound), None, None).is_err());
-        assert!(check_cluster(Some(&bound), Some("a"), Some(Some("b"))).is_err());
-        assert!(check_cluster(Some(&bound), Some("a"), Some(None)).is_err());
+        assert!(check_cluster(Some(&bound), Some("a")).is_ok());
+        assert!(check_cluster(Some(&bound), Some("b")).is_err());
+        assert!(check_cluster(Some(&bound), None).is_err());
         let unbound = Grant { scopes: Vec::new(), cluster: None };
-        assert!(check_cluster(Some(&unbound), Some("b"), Some(Some("c"))).is_ok());
-        assert!(check_cluster(None, None, None).is_ok());
+        assert!(check_cluster(Some(&unbound), Some("b")).is_ok());
+        assert!(check_cluster(None, None).is_ok());
     }
 }
