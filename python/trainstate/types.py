@@ -263,6 +263,7 @@ _CreateTokenRequestOptional = TypedDict(
     {
         "cluster": "Optional[str]",
         "name": "Optional[str]",
+        "expires_in_ms": "Optional[int]",
     },
     total=False,
 )
@@ -1633,6 +1634,8 @@ _TokenInfoOptional = TypedDict(
         "name": "Optional[str]",
         "cluster": "Optional[str]",
         "revoked_at_ms": "Optional[int]",
+        "expires_at_ms": "Optional[int]",
+        "expired": "bool",
     },
     total=False,
 )

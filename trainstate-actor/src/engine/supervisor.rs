@@ -480,8 +480,8 @@ fn startup_reason(err: SpawnErr) -> String {
 pub(crate) use crate::{
     decisions::state::RayWrite,
     decisions::tokens::{
-        SecretHash, StoredToken, check_request as check_token_request, constant_time_eq,
-        hash_secret, new_id_and_secret,
+        Idempotency, SecretHash, StoredToken, check_request as check_token_request,
+        constant_time_eq, hash_secret, idempotency_key_hash, new_id_and_secret, request_hash,
     },
     engine::reader::Found,
     engine::view::{Snapshot, Start},
