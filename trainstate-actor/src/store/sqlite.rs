@@ -1099,6 +1099,38 @@ mod tests {
     }
 
     #[test]
+    fn tokens_stored_before_expiry_and_idempotency_keys_open_and_never_expire() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("trainstate.db");
+        let hash = "ab".repeat(32);
+        {
+            // The store as the schema before the token columns (9) wrote it.
+            let mut conn = Connection::open(&path).unwrap();
+            for migration in &MIGRATIONS[..9] {
+                let tx = conn.transaction().unwrap();
+                match migration {
+                    Migration::Sql(sql) => tx.execute_batch(sql).unwrap(),
+                    Migration::Rewrite(rewrite) => rewrite(&tx).unwrap(),
+                }
+                tx.commit().unwrap();
+            }
+            conn.pragma_update(None, "user_version", 9).unwrap();
+            conn.execute(
+                "INSERT INTO tokens (id, name, scopes, cluster, secret_sha256, created_at_ms)
+                 VALUES ('00000000000000aa', 'old', 'read', NULL, ?1, 5)",
+                params![hash],
+            )
+            .unwrap();
+        }
+        let mut store = SqliteStore::open(&path, Synchronous::Full).unwrap();
+        let tokens = store.tokens().unwrap();
+        assert_eq!(tokens.len(), 1);
+        assert_eq!((tokens[0].expires_at_ms, &tokens[0].idempotency), (None, &None));
+        assert!(!tokens[0].expired(u64::MAX));
+        assert_eq!(tokens[0].hash_hex(), hash);
+    }
+
+    #[test]
     fn a_store_of_the_previous_schema_gets_its_columns_once_and_loads_from_them() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("trainstate.db");
