@@ -155,7 +155,7 @@ Resources = Dict[str, float]
 """Resource name (CPU, GPU, memory, ...) to amount. Names are unique; amounts are finite and zero or more."""
 
 RunId = str
-"""The id of one training run. New ids are UUID v7 as 32 lowercase hex characters; ids made elsewhere are accepted when they match the pattern."""
+"""The id of one training run. New ids are UUID v7 as 32 lowercase hex characters; ids made elsewhere are accepted when they match the pattern. On a hub, a run of a second cluster whose id another cluster's run holds is stored as `<qualifier>:<id>`, its cluster's qualifier before its id."""
 
 RunStatus = Literal["INITIALIZING", "SCHEDULING", "RUNNING", "RESTARTING", "RESIZING", "FINISHED", "ERRORED", "ABORTED", "STARTED"]
 """The lifecycle status of a run, spelled as Ray spells it (Ray Train V2's statuses). INITIALIZING, SCHEDULING, RUNNING, RESTARTING and RESIZING are live; FINISHED, ERRORED and ABORTED are terminal and final. A V1 document's run_status shows every live status as RUNNING."""
@@ -263,6 +263,7 @@ _CreateTokenRequestOptional = TypedDict(
     {
         "cluster": "Optional[str]",
         "name": "Optional[str]",
+        "expires_in_ms": "Optional[int]",
     },
     total=False,
 )
@@ -1633,6 +1634,8 @@ _TokenInfoOptional = TypedDict(
         "name": "Optional[str]",
         "cluster": "Optional[str]",
         "revoked_at_ms": "Optional[int]",
+        "expires_at_ms": "Optional[int]",
+        "expired": "bool",
     },
     total=False,
 )

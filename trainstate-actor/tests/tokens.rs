@@ -2,8 +2,11 @@
 //! cluster forwards only that cluster's runs, a revoked token is refused,
 //! and a secret is never stored in clear.
 
+use std::sync::Arc;
+
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{Value, json};
+use trainstate_actor::ManualClock;
 use trainstate_actor::http::HttpConfig;
 use trainstate_client::StateHandle;
 use trainstate_client::api::{CreateTokenRequest, TokenScope};
@@ -56,6 +59,13 @@ fn of_cluster(run: &TrainRunInfo, cluster: &str, status: RunStatus) -> Value {
     let mut draft = run.into_draft();
     draft.cluster = Some(cluster.to_owned());
     serde_json::to_value(draft.validate().unwrap()).unwrap()
+}
+
+/// `run` with the id `id`, which the run-id rule accepts.
+fn with_id(run: &TrainRunInfo, id: &str) -> TrainRunInfo {
+    let mut draft = run.clone().into_draft();
+    draft.id = id.to_owned();
+    draft.validate().unwrap()
 }
 
 /// A concrete path for a route template.
@@ -138,14 +148,20 @@ on_both_stores! {
         let (status, answer) = forward(of_cluster(&run_b, "b", RunStatus::Running), token_b.clone()).await;
         assert_eq!(status, StatusCode::OK, "{answer}");
 
-        // a's token cannot abort it, whichever cluster the body claims.
-        for claimed in ["b", "a"] {
-            let (status, answer) =
-                forward(of_cluster(&run_b, claimed, RunStatus::Aborted), token_a.clone()).await;
-            assert_eq!(status, StatusCode::FORBIDDEN, "claiming {claimed}: {answer}");
-            assert_eq!(answer["error"]["code"], "forbidden");
-            assert!(answer["error"]["message"].as_str().unwrap().contains("\"a\""), "{answer}");
-        }
+        // a's token cannot abort it claiming b; claiming a, the aborted
+        // run is a's own, under a's qualified id, and b's is untouched.
+        let (status, answer) =
+            forward(of_cluster(&run_b, "b", RunStatus::Aborted), token_a.clone()).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+        assert_eq!(answer["error"]["code"], "forbidden");
+        assert!(answer["error"]["message"].as_str().unwrap().contains("\"a\""), "{answer}");
+        let (status, answer) =
+            forward(of_cluster(&run_b, "a", RunStatus::Aborted), token_a.clone()).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        assert_eq!(answer["id"], format!("a:{}", run_b.id()));
+        let (_, held) =
+            send(&http, Method::GET, &format!("{}/api/train/runs/{}", hub.url, run_b.id()), None, None).await;
+        assert_eq!((&held["cluster"], &held["run_status"]), (&json!("b"), &json!("RUNNING")));
         // Nor make up a run claiming cluster b.
         let made_up = run("made-up", T0);
         let (status, answer) = forward(of_cluster(&made_up, "b", RunStatus::Running), token_a.clone()).await;
@@ -173,6 +189,190 @@ on_both_stores! {
         let run_a = run("a-run", T0);
         let (status, answer) = forward(of_cluster(&run_a, "a", RunStatus::Running), token_a.clone()).await;
         assert_eq!(status, StatusCode::OK, "{answer}");
+        hub.stop().await;
+    }
+
+    async fn regression_run_ids_squatted_on_the_hub_are_the_squatters_own_and_never_block_the_holder(store) {
+        let fresh = store.fresh("squatted-ids").await;
+        let hub = hub(&fresh, false).await;
+        let http = Client::new();
+        let (_, token_a) = create(&hub.url, &[TokenScope::Write], Some("a")).await;
+        let (_, token_b) = create(&hub.url, &[TokenScope::Write], Some("b")).await;
+        let put = |id: String, body: Value, token: String| {
+            let (http, base) = (http.clone(), hub.url.clone());
+            async move {
+                let url = format!("{base}/api/train/forwarded/{id}");
+                send(&http, Method::PUT, &url, json_body(&body), Some(&token)).await
+            }
+        };
+        let get = |id: String| {
+            let (http, base) = (http.clone(), hub.url.clone());
+            async move {
+                let (status, run) =
+                    send(&http, Method::GET, &format!("{base}/api/train/runs/{id}"), None, None).await;
+                assert_eq!(status, StatusCode::OK, "{id}: {run}");
+                run
+            }
+        };
+
+        // b's run id, learnt from b's event stream, forwarded first by a.
+        let run_b = run("b-run", T0);
+        let id = run_b.id().to_string();
+        let qualified = format!("b:{id}");
+        let squat = trainstate_testkit::runs::run_with(run_b.id(), "squat", "job1", T0, 8);
+        let (status, answer) = put(id.clone(), of_cluster(&squat, "a", RunStatus::Running), token_a.clone()).await;
+        assert_eq!((status, &answer["id"]), (StatusCode::OK, &json!(id)), "{answer}");
+
+        // b's own forward is accepted, under b's qualified id, and every
+        // later one of b's goes there.
+        let (status, answer) = put(id.clone(), of_cluster(&run_b, "b", RunStatus::Running), token_b.clone()).await;
+        assert_eq!(status, StatusCode::OK, "b's forward is not refused: {answer}");
+        assert_eq!((&answer["id"], &answer["cluster"]), (&json!(qualified), &json!("b")));
+        assert_eq!(answer["name"], "b-run");
+        let held = get(id.clone()).await;
+        assert_eq!((&held["cluster"], &held["name"]), (&json!("a"), &json!("squat")));
+        assert_eq!(get(qualified.clone()).await, answer);
+
+        // Each cluster's later forwards change its own run only.
+        let (status, answer) = put(id.clone(), of_cluster(&squat, "a", RunStatus::Aborted), token_a.clone()).await;
+        assert_eq!((status, &answer["id"]), (StatusCode::OK, &json!(id)), "{answer}");
+        assert_eq!(get(qualified.clone()).await["run_status"], "RUNNING", "the squatter never changes b's run");
+        let (status, answer) = put(id.clone(), of_cluster(&run_b, "b", RunStatus::Finished), token_b.clone()).await;
+        assert_eq!((status, &answer["id"]), (StatusCode::OK, &json!(qualified)), "{answer}");
+        assert_eq!(answer["run_status"], "FINISHED");
+        let held = get(id.clone()).await;
+        assert_eq!((&held["name"], &held["run_status"]), (&json!("squat"), &json!("ABORTED")));
+        for (cluster, want) in [("a", &id), ("b", &qualified)] {
+            let url = format!("{}/api/train/runs?cluster={cluster}", hub.url);
+            let (status, listed) = send(&http, Method::GET, &url, None, None).await;
+            assert_eq!(status, StatusCode::OK, "{listed}");
+            let ids: Vec<&Value> = listed["train_runs"].as_array().unwrap().iter().map(|r| &r["id"]).collect();
+            assert_eq!(ids, [&json!(want)], "{cluster}: {listed}");
+        }
+
+        // Nobody else makes a qualified id: not a forward of another
+        // cluster's (whichever cluster it claims), not a registration.
+        let (status, answer) = put(qualified.clone(), of_cluster(&with_id(&squat, &qualified), "a", RunStatus::Running), token_a.clone()).await;
+        assert_eq!((status, &answer["error"]["field"]), (StatusCode::UNPROCESSABLE_ENTITY, &json!("id")), "{answer}");
+        let (status, answer) = put(qualified.clone(), of_cluster(&with_id(&squat, &qualified), "b", RunStatus::Running), token_a.clone()).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+        let (status, answer) = put(format!("a:{id}"), of_cluster(&with_id(&squat, &format!("a:{id}")), "a", RunStatus::Running), token_a.clone()).await;
+        assert_eq!(status, StatusCode::OK, "a run of a's may carry a's own qualifier: {answer}");
+        let fresh_id = format!("b:{}", trainstate_schema::RunId::new_v7());
+        let registered = with_id(&run("invented", T0), &fresh_id);
+        let (status, answer) = send(
+            &http,
+            Method::POST,
+            &format!("{}/api/train/runs", hub.url),
+            json_body(&registered),
+            Some(HEAD_TOKEN),
+        )
+        .await;
+        assert_eq!((status, &answer["error"]["field"]), (StatusCode::UNPROCESSABLE_ENTITY, &json!("id")), "{answer}");
+        assert_eq!(get(qualified.clone()).await["run_status"], "FINISHED");
+        hub.stop().await;
+    }
+
+    async fn regression_a_token_create_retried_with_its_idempotency_key_creates_one_token_even_across_a_restart(store) {
+        let fresh = store.fresh("idempotent-create").await;
+        let mut hub = hub(&fresh, true).await;
+        let http = Client::new();
+        let admin = StateHandle::connect(&hub.url, Some(HEAD_TOKEN.into())).unwrap();
+        let request = CreateTokenRequest::new(vec![TokenScope::Read]).with_name(Some("dashboards".into()));
+        let key = "retry-0123456789abcdef";
+        let first = admin.create_token_with_key(&request, key).await.unwrap();
+        // The retry of a create whose answer was lost (a 503 after the
+        // token was stored) answers the same token and secret.
+        let again = admin.create_token_with_key(&request, key).await.unwrap();
+        assert_eq!((&again.token.id, &again.secret), (&first.token.id, &first.secret));
+        assert_eq!(admin.list_tokens().await.unwrap().tokens.len(), 1);
+
+        // Another request with the same key: 409 naming the key; a
+        // malformed key: 422 naming the header. Neither creates a token.
+        let post = |body: Value, key: &'static str| {
+            let (http, url) = (http.clone(), format!("{}/api/tokens", hub.url));
+            async move {
+                let response = http
+                    .post(url)
+                    .bearer_auth(HEAD_TOKEN)
+                    .header("Idempotency-Key", key)
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
+                (response.status(), response.json::<Value>().await.unwrap())
+            }
+        };
+        let (status, answer) = post(json!({"scopes": ["read", "write"]}), key).await;
+        assert_eq!(status, StatusCode::CONFLICT, "{answer}");
+        assert_eq!(answer["error"]["field"], "Idempotency-Key");
+        assert!(answer["error"]["message"].as_str().unwrap().contains(key), "{answer}");
+        let (status, answer) = post(json!({"scopes": ["read"]}), "short").await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+        assert_eq!(answer["error"]["field"], "Idempotency-Key");
+        assert_eq!(admin.list_tokens().await.unwrap().tokens.len(), 1);
+
+        // The key is kept with the token: after a restart, the same.
+        hub.stop().await;
+        hub = crate::tokens::hub(&fresh, true).await;
+        let admin = StateHandle::connect(&hub.url, Some(HEAD_TOKEN.into())).unwrap();
+        let after = admin.create_token_with_key(&request, key).await.unwrap();
+        assert_eq!((&after.token.id, &after.secret), (&first.token.id, &first.secret));
+        assert_eq!(admin.list_tokens().await.unwrap().tokens.len(), 1);
+        let (status, _) =
+            send(&http, Method::GET, &format!("{}/api/train/runs", hub.url), None, Some(&after.secret)).await;
+        assert_eq!(status, StatusCode::OK, "the secret answered again is the token's");
+        // A new key makes a new token.
+        let other = admin.create_token(&request).await.unwrap();
+        assert_ne!(other.token.id, first.token.id);
+        assert_eq!(admin.list_tokens().await.unwrap().tokens.len(), 2);
+        hub.stop().await;
+    }
+
+    async fn regression_tokens_never_expire_now_one_past_its_expiry_is_refused_on_the_heads_clock(store) {
+        let fresh = store.fresh("token-expiry").await;
+        let clock = Arc::new(ManualClock::new(T0));
+        let http_config = HttpConfig::default()
+            .with_token(Some(HEAD_TOKEN.into()))
+            .with_protected_reads(true);
+        let hub = Server::start(fresh.config().with_clock(clock.clone()), http_config).await;
+        let http = Client::new();
+        let admin = StateHandle::connect(&hub.url, Some(HEAD_TOKEN.into())).unwrap();
+        let expiring = admin
+            .create_token(&CreateTokenRequest::new(vec![TokenScope::Read]).with_expires_in_ms(Some(60_000)))
+            .await
+            .unwrap();
+        assert_eq!((expiring.token.expires_at_ms, expiring.token.expired), (Some(T0 + 60_000), false));
+        let (_, forever) = create(&hub.url, &[TokenScope::Read], None).await;
+        let runs = format!("{}/api/train/runs", hub.url);
+        let read = |secret: String| {
+            let (http, runs) = (http.clone(), runs.clone());
+            async move { send(&http, Method::GET, &runs, None, Some(&secret)).await }
+        };
+        clock.advance_ms(59_999);
+        assert_eq!(read(expiring.secret.clone()).await.0, StatusCode::OK);
+
+        // At its expiry it is refused exactly like an unknown token.
+        clock.advance_ms(1);
+        let refused = read(expiring.secret.clone()).await;
+        assert_eq!(refused.0, StatusCode::UNAUTHORIZED, "{}", refused.1);
+        assert_eq!(refused, read("tsk_unknown".into()).await);
+        assert_eq!(read(forever).await.0, StatusCode::OK, "a token without expiry never expires");
+        // Both were created at the same time: listed in either order.
+        let listed = admin.list_tokens().await.unwrap().tokens;
+        let mut shown: Vec<_> = listed.iter().map(|t| (t.expires_at_ms, t.expired)).collect();
+        shown.sort();
+        assert_eq!(shown, [(None, false), (Some(T0 + 60_000), true)]);
+
+        // Bad lifetimes are refused naming the field, and create nothing.
+        let tokens = format!("{}/api/tokens", hub.url);
+        for lifetime in [json!(0), json!(999), json!(315_360_000_001u64), json!("30d"), json!(-1)] {
+            let body = json!({"scopes": ["read"], "expires_in_ms": lifetime});
+            let (status, answer) = send(&http, Method::POST, &tokens, json_body(&body), Some(HEAD_TOKEN)).await;
+            assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {answer}");
+            assert_eq!(answer["error"]["field"], "expires_in_ms", "{body}: {answer}");
+        }
+        assert_eq!(admin.list_tokens().await.unwrap().tokens.len(), 2);
         hub.stop().await;
     }
 

@@ -308,14 +308,34 @@ impl StateHandle {
     /// Creates a bearer token on the head service (`POST /api/tokens`; the
     /// handle's token needs the scope `admin`). The answer holds the secret,
     /// which the head never shows again. A remote handle's only.
-    #[cfg_attr(not(feature = "http"), allow(unused_variables))]
+    ///
+    /// The call makes a random idempotency key and sends it with every try,
+    /// so retries after a lost answer create one token, not two.
     pub async fn create_token(
         &self,
         request: &crate::api::CreateTokenRequest,
     ) -> Result<crate::api::CreateTokenResponse, StateError> {
+        // Two UUID v7: 148 random bits, as 64 hex digits.
+        let key = format!("{}{}", RunId::new_v7(), RunId::new_v7());
+        self.create_token_with_key(request, &key).await
+    }
+
+    /// [`StateHandle::create_token`] with the caller's idempotency key
+    /// (16 to 128 visible ASCII characters, best random): a repeat with
+    /// the same key and request, even from another process, answers the
+    /// token the first created, with its secret; with another request, a
+    /// `Conflict`.
+    #[cfg_attr(not(feature = "http"), allow(unused_variables))]
+    pub async fn create_token_with_key(
+        &self,
+        request: &crate::api::CreateTokenRequest,
+        idempotency_key: &str,
+    ) -> Result<crate::api::CreateTokenResponse, StateError> {
         match &*self.inner {
             #[cfg(feature = "http")]
-            Transport::Remote(remote) => remote.create_token(request, self.timeout).await,
+            Transport::Remote(remote) => {
+                remote.create_token(request, idempotency_key, self.timeout).await
+            }
             Transport::Local(_) => Err(tokens_are_remote()),
         }
     }

@@ -45,6 +45,8 @@ struct Call<'a> {
     /// Query parameters of routes other than the listing's.
     params: Vec<(&'static str, String)>,
     body: Option<Vec<u8>>,
+    /// Headers of its own (an idempotency key), sent with every try.
+    headers: Vec<(&'static str, String)>,
     run_id: Option<&'a RunId>,
 }
 
@@ -66,6 +68,7 @@ impl<'a> Call<'a> {
             query: None,
             params: Vec::new(),
             body: None,
+            headers: Vec::new(),
             run_id,
         }
     }
@@ -144,6 +147,9 @@ impl Remote {
             }
             if let Some(token) = &self.token {
                 request = request.bearer_auth(token);
+            }
+            for (name, value) in &call.headers {
+                request = request.header(*name, value);
             }
             if let Some(body) = &call.body {
                 request = request.header("content-type", "application/json").body(body.clone());
@@ -321,12 +327,16 @@ impl Remote {
         parse(&self.send(Call::to(Operation::GetLinks, &[], None), timeout).await?)
     }
 
+    /// Every try carries the same idempotency key, so a retry after a lost
+    /// answer (a timeout, a 503) answers the token the first try created.
     pub(crate) async fn create_token(
         &self,
         request: &CreateTokenRequest,
+        idempotency_key: &str,
         timeout: Duration,
     ) -> Result<CreateTokenResponse, StateError> {
-        let call = Call::to(Operation::CreateToken, &[], None).body(request);
+        let mut call = Call::to(Operation::CreateToken, &[], None).body(request);
+        call.headers.push((crate::api::IDEMPOTENCY_KEY_HEADER, idempotency_key.to_owned()));
         parse(&self.send(call, timeout).await?)
     }
 

@@ -86,7 +86,7 @@ pub use goodput::{
     ratio as goodput_ratio,
 };
 pub use health::{HealthChange, HealthState, RunHealth, StallCapture, Straggler};
-pub use id::{RUN_ID_PATTERN, RunId};
+pub use id::{MAX_RUN_ID_QUALIFIER_LEN, RUN_ID_PATTERN, RunId};
 pub use json::JsonValue;
 pub use model::{NewRun, RunAttempt, TrainDatasetInfo, TrainRunInfo, TrainWorkerInfo};
 pub use resources::Resources;

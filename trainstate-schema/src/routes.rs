@@ -358,6 +358,21 @@ const ADMIN_ERRORS: &[ErrorCode] = &[
     ErrorCode::Timeout,
 ];
 
+/// The errors of a token's creation: those of administration, and a
+/// conflict (an idempotency key used with another request).
+const CREATE_TOKEN_ERRORS: &[ErrorCode] = &[
+    ErrorCode::BadRequest,
+    ErrorCode::Unauthorized,
+    ErrorCode::Forbidden,
+    ErrorCode::NotFound,
+    ErrorCode::Conflict,
+    ErrorCode::UnsupportedMediaType,
+    ErrorCode::PayloadTooLarge,
+    ErrorCode::Invalid,
+    ErrorCode::Unavailable,
+    ErrorCode::Timeout,
+];
+
 const NODE: PathParam = PathParam {
     name: "node",
     description: "The node: a worker's `node_name`, or its `node_id` where it has none. At most 1,024 characters, no control characters.",
@@ -822,7 +837,7 @@ pub fn routes() -> Vec<Route> {
                 "forwardRun",
                 Put,
                 "/api/train/forwarded/{id}",
-                "Store a run forwarded by the head of another cluster (`trainstate serve --forward-to`), as it is: the write of a hub. It must name its cluster. Repeating it is a no-op; a run never goes back to an earlier state, and its static metadata and cluster never change (409). A new live run past the head's bound on live runs (--max-live-runs) is refused with 503 overloaded and not stored.",
+                "Store a run forwarded by the head of another cluster (`trainstate serve --forward-to`), as it is: the write of a hub. It must name its cluster. Runs are keyed by cluster and id: when a run of another cluster holds the id, the run is stored (and answered) as `<cluster>:<id>`, where its later forwards go; an id qualified by another cluster is refused (422 naming `id`). Repeating it is a no-op; a run never goes back to an earlier state, and its static metadata never changes (409). A new live run past the head's bound on live runs (--max-live-runs) is refused with 503 overloaded and not stored.",
                 Write,
             )
         },
@@ -833,13 +848,13 @@ pub fn routes() -> Vec<Route> {
                 description: "Created; the secret is in this answer only.",
                 body: Body::Json(schema_of::<CreateTokenResponse>),
             }],
-            errors: ADMIN_ERRORS,
+            errors: CREATE_TOKEN_ERRORS,
             ..route(
                 Operation::CreateToken,
                 "createToken",
                 Post,
                 "/api/tokens",
-                "Create a bearer token with scopes (read, write, admin), optionally bound to one cluster (scope write only: it may then only forward that cluster's runs). The secret is answered once; the head keeps its SHA-256 hash. Not idempotent: each call creates a token.",
+                "Create a bearer token with scopes (read, write, admin), optionally bound to one cluster (scope write only: it may then only forward that cluster's runs), optionally expiring (`expires_in_ms` from its creation, on the head's clock; past it the token is refused like an unknown one). The secret is answered once; the head keeps its SHA-256 hash. With an `Idempotency-Key` header (16 to 128 visible ASCII characters, best random), a repeat of the same request with the same key answers the token the first created, with its secret, and creates none, across restarts too; another request with that key is 409 naming the key. Without one, each call creates a token.",
                 Admin,
             )
         },

@@ -9,9 +9,10 @@ pub(crate) type Mutation = fn(&mut Value);
 /// (what is wrong, how to break the valid run, the field the error must name,
 /// a word the message must contain)
 pub(crate) const CASES: &[(&str, Mutation, &str, &str)] = &[
-    ("run id with a slash", |d| d["id"] = "a/b".into(), "id", "^[A-Za-z0-9_-]"),
-    ("empty run id", |d| d["id"] = "".into(), "id", "^[A-Za-z0-9_-]"),
-    ("run id over 128", |d| d["id"] = "a".repeat(129).into(), "id", "^[A-Za-z0-9_-]"),
+    ("run id with a slash", |d| d["id"] = "a/b".into(), "id", "[A-Za-z0-9_-]{1,128}$"),
+    ("empty run id", |d| d["id"] = "".into(), "id", "[A-Za-z0-9_-]{1,128}$"),
+    ("run id over 128", |d| d["id"] = "a".repeat(129).into(), "id", "[A-Za-z0-9_-]{1,128}$"),
+    ("run id qualified twice", |d| d["id"] = "a:b:c".into(), "id", "[A-Za-z0-9_-]{1,128}$"),
     ("empty job id", |d| d["job_id"] = "".into(), "job_id", "empty"),
     ("control char in name", |d| d["name"] = "a\u{7}b".into(), "name", "control"),
     ("name over 1,024", |d| d["name"] = "é".repeat(1025).into(), "name", "1024"),
@@ -217,7 +218,7 @@ pub(crate) const CASES: &[(&str, Mutation, &str, &str)] = &[
         "bad restored_from",
         |d| d["restored_from"] = "no way".into(),
         "restored_from",
-        "^[A-Za-z0-9_-]",
+        "[A-Za-z0-9_-]{1,128}$",
     ),
     (
         "health naming over 1,024 stragglers",

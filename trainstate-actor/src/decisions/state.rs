@@ -28,6 +28,8 @@ use crate::decisions::retention::Retention;
 mod progress;
 mod ray;
 mod remote;
+
+use remote::refuse_qualified;
 #[cfg(test)]
 mod tests;
 
@@ -229,11 +231,20 @@ impl Runs {
         self.by_id.len().saturating_sub(self.ended.len())
     }
 
+    /// Refuses a new run this head does not take from a writer of its own
+    /// cluster: one with a qualified id (only a hub's forwarding makes
+    /// those, see [`Runs::upsert`]), or a live run past the bound on live
+    /// runs (see [`Runs::refuse_past_live_bound`]).
+    fn refuse_if_live_runs_full(&self, record: &RunRecord) -> Result<(), StateError> {
+        refuse_qualified(&record.id)?;
+        self.refuse_past_live_bound(record)
+    }
+
     /// Refuses a new live run past the bound on live runs
     /// ([`Retention::max_live_runs`]), whatever its source: live runs are
     /// never evicted, so they are bounded here, at admission. A run already
     /// known, or one that arrives ended, is not refused.
-    fn refuse_if_live_runs_full(&self, record: &RunRecord) -> Result<(), StateError> {
+    fn refuse_past_live_bound(&self, record: &RunRecord) -> Result<(), StateError> {
         if record.status.is_terminal() || self.by_id.contains_key(&record.id) {
             return Ok(());
         }
@@ -316,6 +327,7 @@ impl Runs {
         new: NewRun,
         now_ms: u64,
     ) -> Result<Outcome<Registration>, StateError> {
+        refuse_qualified(new.run().id())?;
         self.registered_times_not_ahead(new.run(), now_ms)?;
         let lease_from_ms = self.lease_now(now_ms);
         if let Some(entry) = self.by_id.get_mut(new.run().id()) {

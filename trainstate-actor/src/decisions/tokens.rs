@@ -11,7 +11,10 @@
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use sha2::{Digest, Sha256};
-use trainstate_client::api::{CreateTokenRequest, MAX_TOKEN_NAME_LEN, TokenInfo, TokenScope};
+use trainstate_client::api::{
+    CreateTokenRequest, MAX_TOKEN_EXPIRES_IN_MS, MAX_TOKEN_NAME_LEN, MIN_TOKEN_EXPIRES_IN_MS,
+    TokenInfo, TokenScope,
+};
 
 /// The prefix of every secret the head makes, so that a leaked one is
 /// recognisable (by a person or a secret scanner).
@@ -30,11 +33,86 @@ pub(crate) struct StoredToken {
     pub(crate) hash: SecretHash,
     pub(crate) created_at_ms: u64,
     pub(crate) revoked_at_ms: Option<u64>,
+    /// When it expires (Unix ms, on the head's clock); `None`: never.
+    pub(crate) expires_at_ms: Option<u64>,
+    /// The idempotency key it was created with, if any.
+    pub(crate) idempotency: Option<Idempotency>,
+}
+
+/// What a token created with an idempotency key keeps of it, so that a
+/// repeat answers the same token, with its secret, and creates none: the
+/// key's hash (to find it), the request's hash (a different request with
+/// the same key is refused) and the secret sealed by the key (only a
+/// caller with the key recovers it; the store alone does not).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Idempotency {
+    pub(crate) key_hash: SecretHash,
+    pub(crate) request_hash: SecretHash,
+    pub(crate) sealed_secret: SecretHash,
+}
+
+impl Idempotency {
+    /// What a token `id` with `secret`, created by `request` with `key`, keeps.
+    pub(crate) fn new(key: &str, request: &CreateTokenRequest, id: &str, secret: &str) -> Self {
+        let secret_bytes = secret_bytes(secret);
+        Self {
+            key_hash: hash_secret(key),
+            request_hash: request_hash(request),
+            sealed_secret: xor(&secret_bytes, &seal_pad(key, id)),
+        }
+    }
+
+    /// The secret, unsealed with `key`.
+    pub(crate) fn secret(&self, key: &str, id: &str) -> String {
+        let bytes = xor(&self.sealed_secret, &seal_pad(key, id));
+        format!("{SECRET_PREFIX}{}", URL_SAFE_NO_PAD.encode(bytes))
+    }
+}
+
+/// The hash of an idempotency key, as the store finds a token by it.
+pub(crate) fn idempotency_key_hash(key: &str) -> SecretHash {
+    hash_secret(key)
+}
+
+/// The hash of a creation request, whatever key it came with.
+pub(crate) fn request_hash(request: &CreateTokenRequest) -> SecretHash {
+    let text = serde_json::to_vec(request).expect("a token request serializes");
+    Sha256::digest(&text).into()
+}
+
+/// The 32 random bytes of a secret the head made.
+fn secret_bytes(secret: &str) -> SecretHash {
+    let mut bytes = [0u8; 32];
+    let decoded = URL_SAFE_NO_PAD
+        .decode(secret.strip_prefix(SECRET_PREFIX).unwrap_or(secret))
+        .unwrap_or_default();
+    let n = decoded.len().min(32);
+    bytes[..n].copy_from_slice(&decoded[..n]);
+    bytes
+}
+
+/// The pad that seals the secret of the token `id` under `key`.
+fn seal_pad(key: &str, id: &str) -> SecretHash {
+    let mut hasher = Sha256::new();
+    hasher.update(b"trainstate token secret sealed by its idempotency key\0");
+    hasher.update(key.as_bytes());
+    hasher.update(b"\0");
+    hasher.update(id.as_bytes());
+    hasher.finalize().into()
+}
+
+fn xor(a: &SecretHash, b: &SecretHash) -> SecretHash {
+    std::array::from_fn(|i| a[i] ^ b[i])
+}
+
+/// A hash as the stores keep it: 64 lower-case hex digits.
+pub(crate) fn hex(hash: &SecretHash) -> String {
+    hash.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl StoredToken {
-    /// Its description, without the hash.
-    pub(crate) fn info(&self) -> TokenInfo {
+    /// Its description at `now_ms` (on the head's clock), without the hash.
+    pub(crate) fn info(&self, now_ms: u64) -> TokenInfo {
         TokenInfo::new(
             self.id.clone(),
             self.name.clone(),
@@ -43,6 +121,12 @@ impl StoredToken {
             self.created_at_ms,
             self.revoked_at_ms,
         )
+        .with_expiry(self.expires_at_ms, self.expired(now_ms))
+    }
+
+    /// True once the head's clock (`now_ms`) has reached its expiry.
+    pub(crate) fn expired(&self, now_ms: u64) -> bool {
+        self.expires_at_ms.is_some_and(|at| now_ms >= at)
     }
 
     /// The scopes as the stores keep them: `read,write`.
@@ -52,7 +136,7 @@ impl StoredToken {
 
     /// The hash as the stores keep it: 64 lower-case hex digits.
     pub(crate) fn hash_hex(&self) -> String {
-        self.hash.iter().map(|b| format!("{b:02x}")).collect()
+        hex(&self.hash)
     }
 }
 
@@ -139,6 +223,17 @@ pub(crate) fn check_request(request: &CreateTokenRequest) -> Result<(), (&'stati
             ),
         ));
     }
+    if let Some(ms) = request.expires_in_ms
+        && !(MIN_TOKEN_EXPIRES_IN_MS..=MAX_TOKEN_EXPIRES_IN_MS).contains(&ms)
+    {
+        return Err((
+            "expires_in_ms",
+            format!(
+                "a token's lifetime is {MIN_TOKEN_EXPIRES_IN_MS} ms (one second) to \
+                 {MAX_TOKEN_EXPIRES_IN_MS} ms (ten years), not {ms}"
+            ),
+        ));
+    }
     Ok(())
 }
 
@@ -163,7 +258,12 @@ mod tests {
             hash: hash_secret(&secret_a),
             created_at_ms: 1,
             revoked_at_ms: None,
+            expires_at_ms: Some(10),
+            idempotency: None,
         };
+        assert!(!token.expired(9) && token.expired(10));
+        assert_eq!(token.info(10).expires_at_ms, Some(10));
+        assert!(token.info(10).expired);
         assert_eq!(hash_from_hex(&token.hash_hex()).unwrap(), token.hash);
         assert_eq!(scopes_from_text(&token.scopes_text()).unwrap(), token.scopes);
         assert!(hash_from_hex("zz").is_err());
@@ -190,6 +290,23 @@ mod tests {
         );
         let named = CreateTokenRequest::new(vec![TokenScope::Read]).with_name(Some("a\nb".into()));
         assert_eq!(check_request(&named).unwrap_err().0, "name");
+        for ms in [0, 999, MAX_TOKEN_EXPIRES_IN_MS + 1] {
+            let expiring =
+                CreateTokenRequest::new(vec![TokenScope::Read]).with_expires_in_ms(Some(ms));
+            assert_eq!(check_request(&expiring).unwrap_err().0, "expires_in_ms", "{ms}");
+        }
+    }
+
+    #[test]
+    fn a_sealed_secret_opens_with_its_key_only() {
+        let (id, secret) = new_id_and_secret().unwrap();
+        let request = CreateTokenRequest::new(vec![TokenScope::Read]);
+        let kept = Idempotency::new("0123456789abcdef", &request, &id, &secret);
+        assert_eq!(kept.secret("0123456789abcdef", &id), secret);
+        assert_ne!(kept.secret("0123456789abcdeF", &id), secret);
+        assert_ne!(hex(&kept.sealed_secret), hex(&secret_bytes(&secret)));
+        let other = CreateTokenRequest::new(vec![TokenScope::Write]);
+        assert_ne!(request_hash(&request), request_hash(&other));
     }
 
     #[test]

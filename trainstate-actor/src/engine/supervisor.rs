@@ -480,8 +480,8 @@ fn startup_reason(err: SpawnErr) -> String {
 pub(crate) use crate::{
     decisions::state::RayWrite,
     decisions::tokens::{
-        SecretHash, StoredToken, check_request as check_token_request, constant_time_eq,
-        hash_secret, new_id_and_secret,
+        Idempotency, SecretHash, StoredToken, check_request as check_token_request,
+        constant_time_eq, hash_secret, idempotency_key_hash, new_id_and_secret, request_hash,
     },
     engine::reader::Found,
     engine::view::{Snapshot, Start},
@@ -606,16 +606,6 @@ impl StateService {
     /// Why the head is unhealthy, if it is.
     pub(crate) fn unhealthy(&self) -> Option<trainstate_client::StateError> {
         self.reader.unhealthy()
-    }
-
-    /// The cluster of the committed run `id`: `None` when no such run is
-    /// committed here, `Some(None)` for a run of no cluster.
-    pub(crate) fn committed_cluster(
-        &self,
-        id: &trainstate_schema::RunId,
-    ) -> Option<Option<String>> {
-        let view = self.shared.view.read().unwrap_or_else(|e| e.into_inner());
-        view.get(id).map(|record| record.cluster.as_deref().map(str::to_owned))
     }
 
     /// A Ray Train V2 write, converted and validated off the actor's turn

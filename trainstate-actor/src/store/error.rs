@@ -91,6 +91,10 @@ pub enum StoreError {
     /// forwarded or notified from it.
     #[error("an in-memory store keeps no positions to forward or notify from")]
     NoCursors,
+    /// A token with the same idempotency key is stored already (another
+    /// creation with that key came first).
+    #[error("a token with this idempotency key is stored already")]
+    DuplicateIdempotencyKey,
     /// A fault injected by a test ("the disk is full").
     #[error("injected fault: {0}")]
     Injected(&'static str),

@@ -88,6 +88,13 @@ impl Store for MemoryStore {
     }
 
     fn insert_token(&mut self, token: &StoredToken) -> Result<(), StoreError> {
+        // Unique, as the other stores' column is.
+        let key = token.idempotency.as_ref().map(|k| k.key_hash);
+        if key.is_some()
+            && self.tokens.iter().any(|t| t.idempotency.as_ref().map(|k| k.key_hash) == key)
+        {
+            return Err(StoreError::DuplicateIdempotencyKey);
+        }
         self.tokens.push(token.clone());
         Ok(())
     }

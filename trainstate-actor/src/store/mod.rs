@@ -54,7 +54,7 @@ use trainstate_schema::RunId;
 
 use crate::decisions::change::{PendingEvent, RemoteChange, StoreOp};
 use crate::decisions::record::RunRecord;
-use crate::decisions::tokens::{StoredToken, hash_from_hex, scopes_from_text};
+use crate::decisions::tokens::{Idempotency, StoredToken, hash_from_hex, hex, scopes_from_text};
 use crate::store::config::{PostgresConfig, StoreConfig};
 pub(crate) use error::StoreError;
 use metrics::{MetricBatch, MetricReader};
@@ -307,29 +307,68 @@ pub(crate) fn open(config: &StoreConfig, quarantine: bool) -> Result<Box<dyn Sto
 }
 
 /// The columns both stores keep a token in, in this order: id, name,
-/// scopes, cluster, secret_sha256, created_at_ms, revoked_at_ms.
-pub(crate) const TOKEN_COLUMNS: &str =
-    "id, name, scopes, cluster, secret_sha256, created_at_ms, revoked_at_ms";
+/// scopes, cluster, secret_sha256, created_at_ms, revoked_at_ms,
+/// expires_at_ms, idempotency_key_sha256, request_sha256, secret_sealed.
+pub(crate) const TOKEN_COLUMNS: &str = "id, name, scopes, cluster, secret_sha256, created_at_ms, \
+     revoked_at_ms, expires_at_ms, idempotency_key_sha256, request_sha256, secret_sealed";
+
+/// A token's stored columns (see [`TOKEN_COLUMNS`]), as both stores read them.
+pub(crate) struct TokenRow {
+    pub(crate) id: String,
+    pub(crate) name: Option<String>,
+    pub(crate) scopes: String,
+    pub(crate) cluster: Option<String>,
+    pub(crate) hash: String,
+    pub(crate) created_at_ms: i64,
+    pub(crate) revoked_at_ms: Option<i64>,
+    pub(crate) expires_at_ms: Option<i64>,
+    pub(crate) idempotency_key_sha256: Option<String>,
+    pub(crate) request_sha256: Option<String>,
+    pub(crate) secret_sealed: Option<String>,
+}
+
+impl TokenRow {
+    /// The columns of `token`, to store it.
+    pub(crate) fn of(token: &StoredToken) -> Self {
+        let kept = token.idempotency.as_ref();
+        Self {
+            id: token.id.clone(),
+            name: token.name.clone(),
+            scopes: token.scopes_text(),
+            cluster: token.cluster.clone(),
+            hash: token.hash_hex(),
+            created_at_ms: token.created_at_ms as i64,
+            revoked_at_ms: token.revoked_at_ms.map(|t| t as i64),
+            expires_at_ms: token.expires_at_ms.map(|t| t.min(i64::MAX as u64) as i64),
+            idempotency_key_sha256: kept.map(|k| hex(&k.key_hash)),
+            request_sha256: kept.map(|k| hex(&k.request_hash)),
+            secret_sealed: kept.map(|k| hex(&k.sealed_secret)),
+        }
+    }
+}
 
 /// A token from its stored columns (see [`TOKEN_COLUMNS`]).
-pub(crate) fn token_from_columns(
-    id: String,
-    name: Option<String>,
-    scopes: &str,
-    cluster: Option<String>,
-    hash: &str,
-    created_at_ms: i64,
-    revoked_at_ms: Option<i64>,
-) -> Result<StoredToken, StoreError> {
+pub(crate) fn token_from_columns(row: TokenRow) -> Result<StoredToken, StoreError> {
+    let id = row.id;
     let damaged = |e: String| StoreError::CorruptRecord(format!("stored token {id}: {e}"));
+    let idempotency = match (row.idempotency_key_sha256, row.request_sha256, row.secret_sealed) {
+        (Some(key), Some(request), Some(sealed)) => Some(Idempotency {
+            key_hash: hash_from_hex(&key).map_err(damaged)?,
+            request_hash: hash_from_hex(&request).map_err(damaged)?,
+            sealed_secret: hash_from_hex(&sealed).map_err(damaged)?,
+        }),
+        _ => None,
+    };
     Ok(StoredToken {
-        scopes: scopes_from_text(scopes).map_err(damaged)?,
-        hash: hash_from_hex(hash).map_err(damaged)?,
+        scopes: scopes_from_text(&row.scopes).map_err(damaged)?,
+        hash: hash_from_hex(&row.hash).map_err(damaged)?,
+        name: row.name,
+        cluster: row.cluster,
+        created_at_ms: row.created_at_ms.max(0) as u64,
+        revoked_at_ms: row.revoked_at_ms.map(|t| t.max(0) as u64),
+        expires_at_ms: row.expires_at_ms.map(|t| t.max(0) as u64),
+        idempotency,
         id,
-        name,
-        cluster,
-        created_at_ms: created_at_ms.max(0) as u64,
-        revoked_at_ms: revoked_at_ms.map(|t| t.max(0) as u64),
     })
 }
 

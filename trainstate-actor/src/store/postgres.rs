@@ -50,7 +50,7 @@ use super::metrics::{LastProgress, MetricBatch, MetricReader, SeriesState, into_
 use super::stacks::{CaptureReader, StoredCapture, assemble, parse_header};
 use super::{
     ChangedRun, Committed, Feed, Followed, JobChanges, Position, SharedStore, SharedStoreHandle,
-    Store, TOKEN_COLUMNS, event_kind, token_from_columns,
+    Store, TOKEN_COLUMNS, TokenRow, event_kind, token_from_columns,
 };
 use crate::decisions::change::{RemoteChange, StoreOp};
 use crate::decisions::record::{RunColumns, RunRecord};
@@ -190,6 +190,15 @@ const MIGRATIONS: &[&str] = &[
         stack TEXT NOT NULL,
         PRIMARY KEY (run_id, capture_id, rank)
     );",
+    // 9: a token's expiry (Unix ms on the head's clock; null: never) and,
+    // for one created with an idempotency key, the key's hash (unique), the
+    // request's hash and the secret sealed by the key. Tokens stored before
+    // never expire and have no key.
+    "ALTER TABLE trainstate_tokens
+        ADD COLUMN expires_at_ms BIGINT,
+        ADD COLUMN idempotency_key_sha256 TEXT UNIQUE,
+        ADD COLUMN request_sha256 TEXT,
+        ADD COLUMN secret_sealed TEXT;",
 ];
 
 /// The columns a load reads, in the order [`stored_row`] takes them.
@@ -943,23 +952,27 @@ impl Store for PgStore {
 
     fn insert_token(&mut self, token: &StoredToken) -> Result<(), StoreError> {
         let pool = self.pool.clone();
-        let token = token.clone();
+        let row = TokenRow::of(token);
         self.call("storing a token", async move {
             let client = pool.get().await.map_err(pg)?;
             client
                 .execute(
                     &format!(
                         "INSERT INTO trainstate_tokens ({TOKEN_COLUMNS})
-                         VALUES ($1, $2, $3, $4, $5, $6, $7)"
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
                     ),
                     &[
-                        &token.id,
-                        &token.name,
-                        &token.scopes_text(),
-                        &token.cluster,
-                        &token.hash_hex(),
-                        &(token.created_at_ms as i64),
-                        &token.revoked_at_ms.map(|t| t as i64),
+                        &row.id,
+                        &row.name,
+                        &row.scopes,
+                        &row.cluster,
+                        &row.hash,
+                        &row.created_at_ms,
+                        &row.revoked_at_ms,
+                        &row.expires_at_ms,
+                        &row.idempotency_key_sha256,
+                        &row.request_sha256,
+                        &row.secret_sealed,
                     ],
                 )
                 .await
@@ -1079,15 +1092,19 @@ impl SharedStore for PgStore {
 
 /// A token from its row (see [`TOKEN_COLUMNS`]).
 fn token_of_row(row: &tokio_postgres::Row) -> Result<StoredToken, String> {
-    token_from_columns(
-        row.get(0),
-        row.get(1),
-        row.get::<_, &str>(2),
-        row.get(3),
-        row.get::<_, &str>(4),
-        row.get(5),
-        row.get(6),
-    )
+    token_from_columns(TokenRow {
+        id: row.get(0),
+        name: row.get(1),
+        scopes: row.get(2),
+        cluster: row.get(3),
+        hash: row.get(4),
+        created_at_ms: row.get(5),
+        revoked_at_ms: row.get(6),
+        expires_at_ms: row.get(7),
+        idempotency_key_sha256: row.get(8),
+        request_sha256: row.get(9),
+        secret_sealed: row.get(10),
+    })
     .map_err(|e| e.to_string())
 }
 

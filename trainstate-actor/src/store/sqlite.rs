@@ -16,7 +16,8 @@ use super::metrics::{LastProgress, MetricBatch, MetricReader, SeriesState, into_
 use super::private;
 use super::stacks::{CaptureReader, StoredCapture, assemble, parse_header};
 use super::{
-    ChangedRun, Committed, Feed, JobChanges, Position, Store, TOKEN_COLUMNS, token_from_columns,
+    ChangedRun, Committed, Feed, JobChanges, Position, Store, TOKEN_COLUMNS, TokenRow,
+    token_from_columns,
 };
 use crate::decisions::change::StoreOp;
 use crate::decisions::record::{RunColumns, RunRecord};
@@ -145,6 +146,17 @@ const MIGRATIONS: &[Migration] = &[
         stack TEXT NOT NULL,
         PRIMARY KEY (run_id, capture_id, rank)
     ) WITHOUT ROWID;",
+    ),
+    // 10: a token's expiry (Unix ms on the head's clock; null: never) and,
+    // for one created with an idempotency key, the key's hash (unique), the
+    // request's hash and the secret sealed by the key. Tokens stored before
+    // never expire and have no key.
+    Migration::Sql(
+        "ALTER TABLE tokens ADD COLUMN expires_at_ms INTEGER;
+    ALTER TABLE tokens ADD COLUMN idempotency_key_sha256 TEXT;
+    ALTER TABLE tokens ADD COLUMN request_sha256 TEXT;
+    ALTER TABLE tokens ADD COLUMN secret_sealed TEXT;
+    CREATE UNIQUE INDEX tokens_by_idempotency_key ON tokens (idempotency_key_sha256);",
     ),
 ];
 
@@ -843,19 +855,25 @@ impl Store for SqliteStore {
     }
 
     fn insert_token(&mut self, token: &StoredToken) -> Result<(), StoreError> {
+        let row = TokenRow::of(token);
         self.conn
             .execute(
                 &format!(
-                    "INSERT INTO tokens ({TOKEN_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
+                    "INSERT INTO tokens ({TOKEN_COLUMNS})
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
                 ),
                 params![
-                    token.id,
-                    token.name,
-                    token.scopes_text(),
-                    token.cluster,
-                    token.hash_hex(),
-                    token.created_at_ms as i64,
-                    token.revoked_at_ms.map(|t| t as i64),
+                    row.id,
+                    row.name,
+                    row.scopes,
+                    row.cluster,
+                    row.hash,
+                    row.created_at_ms,
+                    row.revoked_at_ms,
+                    row.expires_at_ms,
+                    row.idempotency_key_sha256,
+                    row.request_sha256,
+                    row.secret_sealed,
                 ],
             )
             .map(drop)
@@ -882,21 +900,21 @@ impl SqliteStore {
             "SELECT {TOKEN_COLUMNS} FROM tokens {filter} ORDER BY created_at_ms, id"
         ))?;
         let rows = stmt.query_map(params, |row| {
-            Ok((
-                row.get::<_, String>(0)?,
-                row.get::<_, Option<String>>(1)?,
-                row.get::<_, String>(2)?,
-                row.get::<_, Option<String>>(3)?,
-                row.get::<_, String>(4)?,
-                row.get::<_, i64>(5)?,
-                row.get::<_, Option<i64>>(6)?,
-            ))
+            Ok(TokenRow {
+                id: row.get(0)?,
+                name: row.get(1)?,
+                scopes: row.get(2)?,
+                cluster: row.get(3)?,
+                hash: row.get(4)?,
+                created_at_ms: row.get(5)?,
+                revoked_at_ms: row.get(6)?,
+                expires_at_ms: row.get(7)?,
+                idempotency_key_sha256: row.get(8)?,
+                request_sha256: row.get(9)?,
+                secret_sealed: row.get(10)?,
+            })
         })?;
-        rows.map(|row| {
-            let (id, name, scopes, cluster, hash, created, revoked) = row?;
-            token_from_columns(id, name, &scopes, cluster, &hash, created, revoked)
-        })
-        .collect()
+        rows.map(|row| token_from_columns(row?)).collect()
     }
 }
 
@@ -1078,6 +1096,38 @@ mod tests {
             .unwrap();
         assert_eq!(kept, ("http://hub:8266".into(), changed[0].at.seq as i64, id(1)));
         assert_eq!(store.load_cursor(&hub).unwrap(), changed[0].at);
+    }
+
+    #[test]
+    fn tokens_stored_before_expiry_and_idempotency_keys_open_and_never_expire() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("trainstate.db");
+        let hash = "ab".repeat(32);
+        {
+            // The store as the schema before the token columns (9) wrote it.
+            let mut conn = Connection::open(&path).unwrap();
+            for migration in &MIGRATIONS[..9] {
+                let tx = conn.transaction().unwrap();
+                match migration {
+                    Migration::Sql(sql) => tx.execute_batch(sql).unwrap(),
+                    Migration::Rewrite(rewrite) => rewrite(&tx).unwrap(),
+                }
+                tx.commit().unwrap();
+            }
+            conn.pragma_update(None, "user_version", 9).unwrap();
+            conn.execute(
+                "INSERT INTO tokens (id, name, scopes, cluster, secret_sha256, created_at_ms)
+                 VALUES ('00000000000000aa', 'old', 'read', NULL, ?1, 5)",
+                params![hash],
+            )
+            .unwrap();
+        }
+        let mut store = SqliteStore::open(&path, Synchronous::Full).unwrap();
+        let tokens = store.tokens().unwrap();
+        assert_eq!(tokens.len(), 1);
+        assert_eq!((tokens[0].expires_at_ms, &tokens[0].idempotency), (None, &None));
+        assert!(!tokens[0].expired(u64::MAX));
+        assert_eq!(tokens[0].hash_hex(), hash);
     }
 
     #[test]

@@ -51,6 +51,39 @@ impl std::fmt::Display for TokenScope {
 /// The longest token name, in characters.
 pub const MAX_TOKEN_NAME_LEN: usize = 256;
 
+/// The longest lifetime a token may be given at its creation, in ms: ten
+/// years of 365 days.
+pub const MAX_TOKEN_EXPIRES_IN_MS: u64 = 10 * 365 * 86_400_000;
+
+/// The shortest lifetime a token may be given at its creation, in ms.
+pub const MIN_TOKEN_EXPIRES_IN_MS: u64 = 1_000;
+
+/// The header that makes `POST /api/tokens` idempotent (the IETF
+/// `Idempotency-Key` draft): a repeat with the same key answers the token
+/// the first request created, with its secret, and creates none.
+pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
+
+/// The shortest idempotency key, in characters: a key also unseals the
+/// secret a repeat answers, so it is meant to be random.
+pub const MIN_IDEMPOTENCY_KEY_LEN: usize = 16;
+
+/// The longest idempotency key, in characters.
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 128;
+
+/// Checks an idempotency key: [`MIN_IDEMPOTENCY_KEY_LEN`] to
+/// [`MAX_IDEMPOTENCY_KEY_LEN`] visible ASCII characters (no space).
+pub fn check_idempotency_key(key: &str) -> Result<(), String> {
+    let visible = key.bytes().all(|b| b.is_ascii_graphic());
+    if (MIN_IDEMPOTENCY_KEY_LEN..=MAX_IDEMPOTENCY_KEY_LEN).contains(&key.len()) && visible {
+        Ok(())
+    } else {
+        Err(format!(
+            "an idempotency key is {MIN_IDEMPOTENCY_KEY_LEN} to {MAX_IDEMPOTENCY_KEY_LEN} visible \
+             ASCII characters, best random"
+        ))
+    }
+}
+
 /// Body of `POST /api/tokens`: the token to create.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
@@ -68,12 +101,23 @@ pub struct CreateTokenRequest {
     /// characters, no control characters).
     #[serde(default)]
     pub name: Option<String>,
+    /// How long the token is valid, in ms from its creation on the head's
+    /// clock (1 s to ten years); past it the token is refused like an
+    /// unknown one. Absent: it never expires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_in_ms: Option<u64>,
 }
 
 impl CreateTokenRequest {
-    /// A request for a token with `scopes`, unbound and unnamed.
+    /// A request for a token with `scopes`, unbound, unnamed, that never expires.
     pub fn new(scopes: Vec<TokenScope>) -> Self {
-        Self { scopes, cluster: None, name: None }
+        Self { scopes, cluster: None, name: None, expires_in_ms: None }
+    }
+
+    /// The same request, for a token valid `expires_in_ms` ms from its creation.
+    pub fn with_expires_in_ms(mut self, expires_in_ms: Option<u64>) -> Self {
+        self.expires_in_ms = expires_in_ms;
+        self
     }
 
     /// The same request, bound to `cluster`.
@@ -106,6 +150,13 @@ pub struct TokenInfo {
     pub created_at_ms: u64,
     /// When it was revoked (Unix ms); null while it is valid.
     pub revoked_at_ms: Option<u64>,
+    /// When it expires (Unix ms, on the head's clock); null: never.
+    #[serde(default)]
+    pub expires_at_ms: Option<u64>,
+    /// True once the head's clock has reached `expires_at_ms`: the token is
+    /// refused like an unknown one.
+    #[serde(default)]
+    pub expired: bool,
 }
 
 impl TokenInfo {
@@ -118,7 +169,23 @@ impl TokenInfo {
         created_at_ms: u64,
         revoked_at_ms: Option<u64>,
     ) -> Self {
-        Self { id: id.into(), name, scopes, cluster, created_at_ms, revoked_at_ms }
+        Self {
+            id: id.into(),
+            name,
+            scopes,
+            cluster,
+            created_at_ms,
+            revoked_at_ms,
+            expires_at_ms: None,
+            expired: false,
+        }
+    }
+
+    /// The same description, with when it expires and whether it has.
+    pub fn with_expiry(mut self, expires_at_ms: Option<u64>, expired: bool) -> Self {
+        self.expires_at_ms = expires_at_ms;
+        self.expired = expired;
+        self
     }
 }
 

@@ -6,6 +6,13 @@
 //! is *foreign*: it changes only through forwarding, and this head never
 //! aborts it for a missing heartbeat (its own head does that).
 //!
+//! A hub keys forwarded runs by their cluster and their id, so two
+//! clusters' runs never collide: the first cluster to forward an id holds
+//! it, and a run of any other cluster with that id is stored under the
+//! qualified id `<qualifier>:<id>` ([`qualifier`]), where every later
+//! forward of that cluster's run goes. No one can take an id from the
+//! cluster that holds it, nor write another cluster's qualified id.
+//!
 //! Leases are decided on this head's monotonic clock, but the heartbeats
 //! other heads of a shared store received arrive as their wall times. Each
 //! is converted on receipt: a heartbeat `age` ms old by this head's wall
@@ -24,8 +31,9 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use sha2::{Digest, Sha256};
 use trainstate_client::{EventKind, RunDocument, StateError};
-use trainstate_schema::TrainRunInfo;
+use trainstate_schema::{RunId, TrainRunInfo};
 
 use super::{Change, Entry, Outcome, Runs};
 use crate::decisions::change::{Absorb, PendingEvent, StoreOp};
@@ -38,6 +46,33 @@ pub(super) use crate::decisions::liveness::NEVER_SWEPT;
 /// the version it was decided on.
 pub(super) fn note_base(record: &RunRecord, previous: &RunRecord) {
     record.base.store(previous.version, Ordering::Relaxed);
+}
+
+/// The qualifier of `cluster`'s runs in qualified ids: the cluster's name
+/// when it is 1 to 64 letters, digits, `_` or `-`, else `cluster-` and the
+/// first 16 hex digits of its name's SHA-256 hash.
+pub(crate) fn qualifier(cluster: &str) -> String {
+    if RunId::is_qualifier(cluster) {
+        return cluster.to_owned();
+    }
+    let hash = Sha256::digest(cluster.as_bytes());
+    let hex: String = hash[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("cluster-{hex}")
+}
+
+/// Refuses a qualified id from anyone but a hub's forwarding, which makes
+/// them (an error naming `id`).
+pub(super) fn refuse_qualified(id: &RunId) -> Result<(), StateError> {
+    match id.qualifier() {
+        None => Ok(()),
+        Some(qualifier) => Err(StateError::invalid(
+            "id",
+            format!(
+                "{id:?} has the form of a qualified id (of cluster {qualifier:?}): only a hub \
+                 makes those, for runs other clusters forward; a run's own id has no ':'"
+            ),
+        )),
+    }
 }
 
 /// True when `record` belongs to another cluster than `home`.
@@ -201,6 +236,10 @@ impl Runs {
     /// (a terminal status stays final, but for a lost-controller abort that
     /// the run's own head replaced; a live run never loses attempts), and
     /// never changes static metadata or the run's cluster.
+    ///
+    /// The run is keyed by its cluster and its id ([`Runs::keyed_id`]): when
+    /// another cluster's run holds its id, it is stored under its qualified
+    /// id instead.
     pub(crate) fn upsert(
         &mut self,
         run: TrainRunInfo,
@@ -220,9 +259,11 @@ impl Runs {
                 ),
             });
         }
+        let keyed = self.keyed_id(run.id(), &cluster)?;
         // Heartbeat times are the run's own head's business.
         let mut draft = run.into_draft();
         draft.last_heartbeat_ms = None;
+        draft.id = keyed.as_str().to_owned();
         let run = draft.validate()?;
         let record = RunRecord::new(&run)?;
         let id = record.id.clone();
@@ -275,7 +316,7 @@ impl Runs {
             }
         };
         if kind == EventKind::Registered {
-            self.refuse_if_live_runs_full(&record)?;
+            self.refuse_past_live_bound(&record)?;
             self.refuse_if_evicted_at_once(&record)?;
         }
         self.put(record.clone(), NEVER_SWEPT);
@@ -288,5 +329,34 @@ impl Runs {
             self.evict_over_capacity(&mut change.ops, &mut change.events);
         }
         Ok(Outcome::Changed(change))
+    }
+
+    /// The id a run of `cluster` forwarded as `id` is stored under: `id`
+    /// while no run of another cluster holds it, else (and from then on)
+    /// its qualified id. A forwarded id that is qualified already must carry
+    /// its own cluster's qualifier (a hub forwarding to another hub); any
+    /// other is refused, naming `id`.
+    fn keyed_id(&self, id: &RunId, cluster: &str) -> Result<RunId, StateError> {
+        let qualifier = qualifier(cluster);
+        if let Some(given) = id.qualifier() {
+            if given != qualifier {
+                return Err(StateError::invalid(
+                    "id",
+                    format!(
+                        "{id:?} has the form of another cluster's qualified id; a run of \
+                         cluster {cluster:?} is qualified by {qualifier:?} only"
+                    ),
+                ));
+            }
+            return Ok(id.clone());
+        }
+        let qualified = RunId::qualified(&qualifier, id)?;
+        if self.by_id.contains_key(&qualified) {
+            return Ok(qualified);
+        }
+        match self.by_id.get(id) {
+            Some(entry) if entry.record.cluster.as_deref() != Some(cluster) => Ok(qualified),
+            _ => Ok(id.clone()),
+        }
     }
 }

@@ -14,7 +14,8 @@
 //!
 //! A token bound to a cluster (scope `write` only) may call one write,
 //! `PUT /api/train/forwarded/{id}`, and only for a run of its cluster: the
-//! body must claim it, and a run already stored must belong to it.
+//! body must claim it. The hub keys forwarded runs by their cluster and
+//! their id, so a run another cluster holds is never changed by it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock, Weak};
@@ -22,12 +23,13 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{MatchedPath, Path, Query, Request, State};
-use axum::http::{Method, StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tokio::sync::{OnceCell, watch};
 use trainstate_client::api::{
-    CreateTokenRequest, CreateTokenResponse, ErrorCode, TokenInfo, TokenListResponse, TokenScope,
+    CreateTokenRequest, CreateTokenResponse, ErrorCode, IDEMPOTENCY_KEY_HEADER, TokenInfo,
+    TokenListResponse, TokenScope, check_idempotency_key,
 };
 use trainstate_schema::routes::{Access, HttpMethod, Operation};
 
@@ -35,8 +37,8 @@ use super::AppState;
 use super::body::JsonBody;
 use crate::engine::error::ApiError;
 use crate::engine::supervisor::{
-    SecretHash, StateService, StoredToken, check_token_request, constant_time_eq, hash_secret,
-    new_id_and_secret,
+    Idempotency, SecretHash, StateService, StoredToken, check_token_request, constant_time_eq,
+    hash_secret, idempotency_key_hash, new_id_and_secret, request_hash,
 };
 
 /// How often a head sharing its store reads the tokens again, so that a
@@ -56,6 +58,8 @@ pub(crate) struct Grant {
 struct Valid {
     hash: SecretHash,
     grant: Grant,
+    /// When it expires (Unix ms, on the head's clock); `None`: never.
+    expires_at_ms: Option<u64>,
 }
 
 /// The access rule of every route, and the tokens this head accepts.
@@ -124,13 +128,16 @@ impl Auth {
             |e| ApiError::new(ErrorCode::Unavailable, format!("cannot read the tokens: {e}")),
         )?;
         let hash = hash_secret(secret);
+        let now_ms = service.now_ms();
         let mut found = None;
         if self.head_token.is_some_and(|head| constant_time_eq(&head, &hash)) {
             found = Some(Grant { scopes: TokenScope::ALL.to_vec(), cluster: None });
         }
         let valid = self.valid.read().unwrap_or_else(|e| e.into_inner()).clone();
         for token in valid.iter() {
-            if constant_time_eq(&token.hash, &hash) && found.is_none() {
+            // An expired token is refused like an unknown one.
+            let expired = token.expires_at_ms.is_some_and(|at| now_ms >= at);
+            if constant_time_eq(&token.hash, &hash) && found.is_none() && !expired {
                 found = Some(token.grant.clone());
             }
         }
@@ -142,6 +149,7 @@ fn valid(token: &StoredToken) -> Valid {
     Valid {
         hash: token.hash,
         grant: Grant { scopes: token.scopes.clone(), cluster: token.cluster.clone() },
+        expires_at_ms: token.expires_at_ms,
     }
 }
 
@@ -267,14 +275,9 @@ fn forbidden(message: String) -> ApiError {
 
 /// Refuses a forwarded run unless the request's token may write it: a
 /// token bound to a cluster writes only runs that claim that cluster
-/// (`claimed`) and, when the run is stored already, belong to it
-/// (`stored`: the stored run's cluster). A run's cluster never changes
-/// after registration, so the stored one is the one that counts.
-pub(crate) fn check_cluster(
-    grant: Option<&Grant>,
-    claimed: Option<&str>,
-    stored: Option<Option<&str>>,
-) -> Result<(), ApiError> {
+/// (`claimed`). Such a run never changes another cluster's: the hub keys
+/// forwarded runs by their cluster and their id (see the actor's `upsert`).
+pub(crate) fn check_cluster(grant: Option<&Grant>, claimed: Option<&str>) -> Result<(), ApiError> {
     let Some(bound) = grant.and_then(|g| g.cluster.as_deref()) else {
         return Ok(());
     };
@@ -285,38 +288,105 @@ pub(crate) fn check_cluster(
         ))
         .with_field("cluster"));
     }
-    if let Some(stored) = stored
-        && stored != Some(bound)
-    {
-        return Err(forbidden(format!(
-            "this token is bound to cluster {bound:?}, and the stored run belongs to {}",
-            stored.map_or("no cluster".to_owned(), |c| format!("cluster {c:?}"))
-        )));
-    }
     Ok(())
 }
 
-/// `POST /api/tokens`.
+/// `POST /api/tokens`. With an `Idempotency-Key` header, a repeat of the
+/// same request with the same key (a retry after a lost answer, on this
+/// head or another, before or after a restart) answers the token the first
+/// one created, with its secret, and creates none; another request with
+/// that key is a 409 naming the key.
 pub(crate) async fn create_token(
     State(app): State<AppState>,
+    headers: HeaderMap,
     JsonBody(request): JsonBody<CreateTokenRequest>,
 ) -> Result<Response, ApiError> {
     administered(&app)?;
     check_token_request(&request).map_err(|(field, rule)| ApiError::invalid(field, rule))?;
+    let key = idempotency_key(&headers)?;
+    if let Some(key) = &key
+        && let Some(answer) = replay(&app, key, &request).await?
+    {
+        return Ok(answer);
+    }
     let (id, secret) = new_id_and_secret().map_err(|e| ApiError::new(ErrorCode::Internal, e))?;
     let token = StoredToken {
+        idempotency: key.as_deref().map(|key| Idempotency::new(key, &request, &id, &secret)),
+        expires_at_ms: request.expires_in_ms.map(|ms| app.service.now_ms().saturating_add(ms)),
         id,
-        name: request.name,
-        scopes: request.scopes,
-        cluster: request.cluster,
+        name: request.name.clone(),
+        scopes: request.scopes.clone(),
+        cluster: request.cluster.clone(),
         hash: hash_secret(&secret),
         created_at_ms: 0,
         revoked_at_ms: None,
     };
-    let stored = app.service.insert_token(token).await.map_err(unavailable)?;
+    let stored = match app.service.insert_token(token).await {
+        Ok(stored) => stored,
+        Err(err) => {
+            // Another creation with the same key may have come first.
+            if let Some(key) = &key
+                && let Some(answer) = replay(&app, key, &request).await?
+            {
+                return Ok(answer);
+            }
+            return Err(unavailable(err));
+        }
+    };
     app.auth.refresh(&app.service).await.map_err(unavailable)?;
-    let answer = CreateTokenResponse::new(stored.info(), secret);
+    let answer = CreateTokenResponse::new(stored.info(app.service.now_ms()), secret);
     Ok((StatusCode::CREATED, Json(answer)).into_response())
+}
+
+/// The idempotency key of a creation, if it has one; a malformed one is
+/// refused naming the header.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get(IDEMPOTENCY_KEY_HEADER) else { return Ok(None) };
+    let key = value.to_str().map_err(|_| {
+        ApiError::invalid(IDEMPOTENCY_KEY_HEADER, "is visible ASCII characters".to_owned())
+    })?;
+    check_idempotency_key(key).map_err(|rule| ApiError::invalid(IDEMPOTENCY_KEY_HEADER, rule))?;
+    Ok(Some(key.to_owned()))
+}
+
+/// The answer to a repeat of a creation with `key`, if a token was created
+/// with it: the same token (as it is now) and its secret, unsealed by the
+/// key; a 409 naming the key when it came with another request.
+async fn replay(
+    app: &AppState,
+    key: &str,
+    request: &CreateTokenRequest,
+) -> Result<Option<Response>, ApiError> {
+    let tokens = app.service.tokens().await.map_err(unavailable)?;
+    let key_hash = idempotency_key_hash(key);
+    let Some((token, kept)) = tokens.iter().find_map(|token| {
+        token.idempotency.as_ref().filter(|kept| kept.key_hash == key_hash).map(|k| (token, k))
+    }) else {
+        return Ok(None);
+    };
+    if kept.request_hash != request_hash(request) {
+        return Err(ApiError::new(
+            ErrorCode::Conflict,
+            format!(
+                "the idempotency key {key:?} created token {} with another request; a new \
+                 request needs a new key",
+                token.id
+            ),
+        )
+        .with_field(IDEMPOTENCY_KEY_HEADER));
+    }
+    let secret = kept.secret(key, &token.id);
+    if hash_secret(&secret) != token.hash {
+        return Err(ApiError::new(
+            ErrorCode::Internal,
+            format!("the secret of token {} does not unseal with its key", token.id),
+        ));
+    }
+    // The first creation may have been stored without this head's taking
+    // it in (its answer was lost): take it in now.
+    app.auth.refresh(&app.service).await.map_err(unavailable)?;
+    let answer = CreateTokenResponse::new(token.info(app.service.now_ms()), secret);
+    Ok(Some((StatusCode::CREATED, Json(answer)).into_response()))
 }
 
 /// `GET /api/tokens`.
@@ -325,7 +395,8 @@ pub(crate) async fn list_tokens(
 ) -> Result<Json<TokenListResponse>, ApiError> {
     administered(&app)?;
     let tokens = app.service.tokens().await.map_err(unavailable)?;
-    Ok(Json(TokenListResponse::new(tokens.iter().map(StoredToken::info).collect())))
+    let now_ms = app.service.now_ms();
+    Ok(Json(TokenListResponse::new(tokens.iter().map(|t| t.info(now_ms)).collect())))
 }
 
 /// `DELETE /api/tokens/{id}`: refused by this head from its answer on.
@@ -339,7 +410,7 @@ pub(crate) async fn revoke_token(
         return Err(ApiError::not_found(format!("no token has the id {id:?}")));
     };
     app.auth.refresh(&app.service).await.map_err(unavailable)?;
-    Ok(Json(revoked.info()))
+    Ok(Json(revoked.info(app.service.now_ms())))
 }
 
 /// Tokens are administered only on a head that checks them.
@@ -400,14 +471,11 @@ mod tests {
     #[test]
     fn a_bound_token_writes_only_its_clusters_runs() {
         let bound = Grant { scopes: Vec::new(), cluster: Some("a".into()) };
-        assert!(check_cluster(Some(&bound), Some("a"), None).is_ok());
-        assert!(check_cluster(Some(&bound), Some("a"), Some(Some("a"))).is_ok());
-        assert!(check_cluster(Some(&bound), Some("b"), None).is_err());
-        assert!(check_cluster(Some(&bound), None, None).is_err());
-        assert!(check_cluster(Some(&bound), Some("a"), Some(Some("b"))).is_err());
-        assert!(check_cluster(Some(&bound), Some("a"), Some(None)).is_err());
+        assert!(check_cluster(Some(&bound), Some("a")).is_ok());
+        assert!(check_cluster(Some(&bound), Some("b")).is_err());
+        assert!(check_cluster(Some(&bound), None).is_err());
         let unbound = Grant { scopes: Vec::new(), cluster: None };
-        assert!(check_cluster(Some(&unbound), Some("b"), Some(Some("c"))).is_ok());
-        assert!(check_cluster(None, None, None).is_ok());
+        assert!(check_cluster(Some(&unbound), Some("b")).is_ok());
+        assert!(check_cluster(None, None).is_ok());
     }
 }
