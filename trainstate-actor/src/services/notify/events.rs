@@ -205,8 +205,12 @@ pub(crate) fn derive(run: &StoredRun, link_base: Option<&str>) -> Vec<Notice> {
         };
         notices.push(Notice { event, ends_stall: None, awaits_capture: false });
     }
-    // The latest restart is the one that put the run in its restart loop.
+    // The latest restart is the one that put the run in its restart loop,
+    // once its attempt is there: a run counts a restart when it turns
+    // RESTARTING, before the restart's attempt starts, and the restart
+    // before it must not be told as the loop meanwhile.
     if let Some(goodput) = run.goodput.as_ref().filter(|g| g.restart_loop)
+        && restarts_with_attempts(run, goodput) >= goodput.restarts_since_checkpoint
         && let Some(latest) = notices.last_mut()
     {
         latest.event.restart_loop = true;
@@ -329,6 +333,17 @@ pub(crate) fn derive(run: &StoredRun, link_base: Option<&str>) -> Vec<Notice> {
 
 /// What a restart event says of a run in a restart loop, first: how many
 /// attempts failed since its last checkpoint mark, or since its start.
+/// How many of the restarts since the checkpoint (or the run's start)
+/// have their attempt in the run: the attempts after the mark's.
+fn restarts_with_attempts(run: &StoredRun, goodput: &RunGoodput) -> u32 {
+    let marked = goodput
+        .checkpoint
+        .as_ref()
+        .and_then(|mark| run.attempts.iter().position(|a| a.attempt_id == mark.attempt_id))
+        .unwrap_or(0);
+    u32::try_from(run.attempts.len().saturating_sub(marked + 1)).unwrap_or(u32::MAX)
+}
+
 fn restart_loop_words(goodput: &RunGoodput) -> String {
     let failed = goodput.restarts_since_checkpoint;
     match &goodput.checkpoint {
@@ -615,6 +630,11 @@ mod tests {
         assert_eq!(notices[1].fault(), Fault::STALL);
     }
 
+    /// A run's document with `attempts` and `goodput`.
+    fn doc_json(attempts: &[serde_json::Value], goodput: &serde_json::Value) -> serde_json::Value {
+        json!({"run_status": "RUNNING", "attempts": attempts, "goodput": goodput})
+    }
+
     #[test]
     fn an_ended_run_carries_its_goodput_and_the_latest_restart_tells_of_a_restart_loop() {
         let goodput = json!({
@@ -642,6 +662,13 @@ mod tests {
             "{}",
             notices[2].event.detail
         );
+        // Turned RESTARTING for the third time, before that restart's
+        // attempt: no restart told so far is the loop's.
+        let mut between = doc_json(&attempts[..3], &goodput);
+        between["run_status"] = json!("RESTARTING");
+        let loops: Vec<bool> =
+            derive(&run(between), None).iter().map(|n| n.event.restart_loop).collect();
+        assert_eq!(loops, [false, false], "the second restart is not the loop's");
         let ended = notices.last().unwrap();
         assert_eq!(ended.kind(), NotifyEventKind::Errored);
         let carried = ended.event.goodput.as_ref().unwrap();
