@@ -21,8 +21,11 @@ pub struct Retention {
     pub max_runs: usize,
     /// Ended runs older than this (since their end) are evicted.
     pub max_age: Option<Duration>,
-    /// The most bytes of JSON the runs kept may take together. When
-    /// exceeded, the oldest ended runs are evicted, as for `max_runs`.
+    /// The most bytes the runs kept may take together: their JSON, their
+    /// stack captures and their metric histories (at
+    /// `HISTORY_POINT_BYTES` a point kept). When exceeded, the oldest ended
+    /// runs are evicted, as for `max_runs`. It also bounds one run's
+    /// histories, all its attempts together (see `store/metrics.rs`).
     pub max_bytes: u64,
     /// The most live (not ended) runs, of every source: a registration,
     /// a run Ray Train V2 creates, a run the rendezvous forms or one

@@ -109,11 +109,14 @@ pub(crate) struct Runs {
     shared_heard: HashMap<RunId, (u64, u64)>,
     /// When every shared heartbeat was last read, on the monotonic clock.
     shared_read_mono_ms: Option<u64>,
-    /// The bytes of JSON of every run in `by_id`, and of their stack
-    /// captures, for retention by bytes.
+    /// The bytes of JSON of every run in `by_id`, of their stack captures
+    /// and of their metric histories, for retention by bytes.
     bytes: u64,
     /// The bytes of each run's stack captures (runs that have some).
     capture_bytes: HashMap<RunId, u64>,
+    /// The bytes of each run's metric histories (runs that have some), as
+    /// the store last answered (see [`crate::store::metrics`]).
+    history_bytes: HashMap<RunId, u64>,
     /// The wall clock's reading of the actor's current turn; `None` until
     /// set (pure-state tests), when the times given to each call stand in.
     wall_ms: Option<u64>,
@@ -157,6 +160,7 @@ impl Runs {
             shared_read_mono_ms: None,
             bytes: 0,
             capture_bytes: HashMap::new(),
+            history_bytes: HashMap::new(),
             wall_ms: None,
             liveness,
         };
@@ -290,6 +294,7 @@ impl Runs {
         }
         self.bytes -= record_bytes(&entry.record);
         self.bytes -= self.capture_bytes.remove(id).unwrap_or(0);
+        self.bytes -= self.history_bytes.remove(id).unwrap_or(0);
         self.ended.remove(&(entry.record.start_time_ms, id.clone()));
         Some(entry.record)
     }
@@ -719,6 +724,52 @@ impl Runs {
         }
         let before = self.capture_bytes.insert(id.clone(), bytes).unwrap_or(0);
         self.bytes = self.bytes + bytes - before;
+    }
+
+    /// Counts `bytes` of metric histories for run `id` against the
+    /// retained bytes (instead of what was counted before), as the store
+    /// answered a flush or a load; a run not kept counts none. A run whose
+    /// histories bring the retained bytes past their bound makes the oldest
+    /// ended runs evicted, with theirs, at the next write or sweep.
+    pub(crate) fn set_history_bytes(&mut self, id: &RunId, bytes: u64) {
+        if !self.by_id.contains_key(id) {
+            return;
+        }
+        let before = self.history_bytes.insert(id.clone(), bytes).unwrap_or(0);
+        self.bytes = self.bytes + bytes - before;
+    }
+
+    /// The bytes of every run's stack captures and metric histories: what
+    /// a reload of the runs' records keeps counting.
+    pub(crate) fn side_bytes(&self) -> [HashMap<RunId, u64>; 2] {
+        [self.capture_bytes.clone(), self.history_bytes.clone()]
+    }
+
+    /// Counts again the bytes [`Runs::side_bytes`] took, for the runs kept.
+    pub(crate) fn restore_side_bytes(&mut self, [captures, histories]: [HashMap<RunId, u64>; 2]) {
+        for (id, bytes) in captures {
+            self.set_capture_bytes(&id, bytes);
+        }
+        for (id, bytes) in histories {
+            self.set_history_bytes(&id, bytes);
+        }
+    }
+
+    /// True when more runs, or more bytes of runs, are kept than retention
+    /// allows and an ended run could be evicted.
+    pub(crate) fn over_capacity(&self) -> bool {
+        let over =
+            self.by_id.len() > self.retention.max_runs || self.bytes > self.retention.max_bytes;
+        over && !self.ended.is_empty()
+    }
+
+    /// Evicts the oldest ended runs while more is kept than retention
+    /// allows: what the actor writes when the store's answer to a flush of
+    /// metric points brought the retained bytes past their bound.
+    pub(crate) fn evict_excess(&mut self) -> Change<()> {
+        let mut change = Change { ops: Vec::new(), events: Vec::new(), answer: () };
+        self.evict_over_capacity(&mut change.ops, &mut change.events);
+        change
     }
 
     /// Writes `capture` into a live run's STALLED health (the stack

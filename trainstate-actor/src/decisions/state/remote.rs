@@ -87,6 +87,7 @@ impl Runs {
             }
             Absorb::Reload(records) => {
                 let liveness = self.liveness.clone();
+                let side_bytes = self.side_bytes();
                 *self = Runs::load_at(
                     records,
                     now_ms,
@@ -96,8 +97,14 @@ impl Runs {
                     liveness,
                 );
                 self.exempt_foreign(home);
+                self.restore_side_bytes(side_bytes);
             }
             Absorb::Heard(id, at_ms) => self.heard_elsewhere(id, at_ms, now_ms),
+            Absorb::Histories(bytes) => {
+                for (id, bytes) in bytes {
+                    self.set_history_bytes(&id, bytes);
+                }
+            }
         }
     }
 
