@@ -115,8 +115,11 @@ pub(crate) struct Runs {
     /// The bytes of each run's stack captures (runs that have some).
     capture_bytes: HashMap<RunId, u64>,
     /// The bytes of each run's metric histories (runs that have some), as
-    /// the store last answered (see [`crate::store::metrics`]).
+    /// the store last answered (see `store/metrics.rs`).
     history_bytes: HashMap<RunId, u64>,
+    /// The part of `bytes` that live runs take (their JSON, captures and
+    /// histories), for [`Retention::live_bytes_bound`].
+    live_bytes: u64,
     /// The wall clock's reading of the actor's current turn; `None` until
     /// set (pure-state tests), when the times given to each call stand in.
     wall_ms: Option<u64>,
@@ -161,6 +164,7 @@ impl Runs {
             bytes: 0,
             capture_bytes: HashMap::new(),
             history_bytes: HashMap::new(),
+            live_bytes: 0,
             wall_ms: None,
             liveness,
         };
@@ -248,12 +252,61 @@ impl Runs {
         Ok(())
     }
 
+    /// The bytes run `id` takes (its JSON, captures and histories) when it
+    /// is live; 0 for an ended run or one not kept.
+    fn live_part(&self, id: &RunId) -> u64 {
+        match self.by_id.get(id) {
+            Some(entry) if !entry.record.status.is_terminal() => {
+                record_bytes(&entry.record) + self.side_bytes_of(id)
+            }
+            _ => 0,
+        }
+    }
+
+    /// The bytes of run `id`'s stack captures and metric histories.
+    fn side_bytes_of(&self, id: &RunId) -> u64 {
+        self.capture_bytes.get(id).copied().unwrap_or(0)
+            + self.history_bytes.get(id).copied().unwrap_or(0)
+    }
+
+    /// Refuses a write that would make `record` its run's version when
+    /// that grows the live runs past their bound on bytes
+    /// ([`Retention::live_bytes_bound`]): live runs are never evicted, so
+    /// their bytes are bounded here, at every write that grows them (a new
+    /// live run, a new attempt's worker table, any larger version). A write
+    /// that ends a run, or leaves it no larger, is always taken.
+    fn refuse_if_live_bytes_full(&self, record: &RunRecord) -> Result<(), StateError> {
+        if record.status.is_terminal() {
+            return Ok(());
+        }
+        let before = self.live_part(&record.id);
+        let after = record_bytes(record) + self.side_bytes_of(&record.id);
+        if after <= before {
+            return Ok(());
+        }
+        let max = self.retention.live_bytes_bound();
+        let live = self.live_bytes;
+        let would_be = live - before + after;
+        if would_be <= max {
+            return Ok(());
+        }
+        Err(StateError::unavailable(format!(
+            "the head keeps at most {max} bytes of live runs (--max-live-bytes, which defaults \
+             to --max-retained-bytes): the live runs take {live} bytes and this write would bring \
+             them to {would_be} ({} bytes for run {}); nothing was stored; retry when a live run \
+             ends",
+            after, record.id
+        )))
+    }
+
     fn put(&mut self, record: Arc<RunRecord>, last_heard_ms: u64) {
+        let live_before = self.live_part(&record.id);
         self.follow_progress(&record);
         if record.status.is_terminal() {
             self.ended.insert((record.start_time_ms, record.id.clone()));
         }
         let id = record.id.clone();
+        let id_of_put = id.clone();
         let lease_from_ms = match last_heard_ms {
             NEVER_SWEPT => NEVER_SWEPT,
             wall_ms => self.lease_now(wall_ms),
@@ -284,9 +337,12 @@ impl Runs {
             }
             remote::note_base(&self.by_id[&previous.record.id].record, &previous.record);
         }
+        let live_after = self.live_part(&id_of_put);
+        self.live_bytes = self.live_bytes - live_before + live_after;
     }
 
     fn remove(&mut self, id: &RunId) -> Option<Arc<RunRecord>> {
+        self.live_bytes -= self.live_part(id);
         let entry = self.by_id.remove(id)?;
         self.liveness.remove_beat(id);
         if self.controller_board(id).is_some() {
@@ -346,6 +402,7 @@ impl Runs {
 
         let record = self.recorded(new.into_run(now_ms), now_ms)?;
         self.refuse_if_live_runs_full(&record)?;
+        self.refuse_if_live_bytes_full(&record)?;
         self.refuse_if_evicted_at_once(&record)?;
         let id = record.id.clone();
         self.put(record.clone(), now_ms);
@@ -600,6 +657,7 @@ impl Runs {
     ) -> Result<Change<RunDocument>, StateError> {
         bound_attempt_history(&mut draft, MAX_ATTEMPT_HISTORY_BYTES);
         let record = self.recorded(draft.validate()?, now_ms)?;
+        self.refuse_if_live_bytes_full(&record)?;
         // A write from the controller is a sign of life, like a heartbeat.
         self.put(record.clone(), now_ms);
         Ok(Change {
@@ -722,8 +780,10 @@ impl Runs {
         if !self.by_id.contains_key(id) {
             return;
         }
+        let live_before = self.live_part(id);
         let before = self.capture_bytes.insert(id.clone(), bytes).unwrap_or(0);
         self.bytes = self.bytes + bytes - before;
+        self.live_bytes = self.live_bytes - live_before + self.live_part(id);
     }
 
     /// Counts `bytes` of metric histories for run `id` against the
@@ -735,8 +795,10 @@ impl Runs {
         if !self.by_id.contains_key(id) {
             return;
         }
+        let live_before = self.live_part(id);
         let before = self.history_bytes.insert(id.clone(), bytes).unwrap_or(0);
         self.bytes = self.bytes + bytes - before;
+        self.live_bytes = self.live_bytes - live_before + self.live_part(id);
     }
 
     /// The bytes of every run's stack captures and metric histories: what
@@ -804,10 +866,13 @@ impl Runs {
     /// sign of life).
     fn replace_keeping_beat(&mut self, record: Arc<RunRecord>) {
         let bytes = record_bytes(&record);
-        let Some(entry) = self.by_id.get_mut(&record.id) else { return };
+        let id = record.id.clone();
+        let live_before = self.live_part(&id);
+        let Some(entry) = self.by_id.get_mut(&id) else { return };
         let previous = std::mem::replace(&mut entry.record, record);
         self.bytes = self.bytes + bytes - record_bytes(&previous);
         remote::note_base(&entry.record, &previous);
+        self.live_bytes = self.live_bytes - live_before + self.live_part(&id);
     }
 
     /// Deletes an ended run.

@@ -285,6 +285,7 @@ impl Runs {
             self.refuse_if_live_runs_full(&record)?;
             self.refuse_if_evicted_at_once(&record)?;
         }
+        self.refuse_if_live_bytes_full(&record)?;
         self.put(record.clone(), NEVER_SWEPT);
         let mut change = Change {
             ops: vec![StoreOp::Put(record.clone())],
