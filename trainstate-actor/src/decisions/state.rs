@@ -222,7 +222,7 @@ impl Runs {
         for entry in self.by_id.values() {
             if let Some(beat) = entry.live_beat().filter(|b| b.lease_from_ms() != NEVER_SWEPT) {
                 beat.raise(0, from);
-                renewed += usize::from(entry.record.leased);
+                renewed += 1;
             }
         }
         renewed
@@ -900,7 +900,10 @@ impl Runs {
 
     /// Aborts every live run whose lease expired (on the monotonic clock),
     /// and evicts ended runs past the retention age (on the wall clock: ages
-    /// are of stored times).
+    /// are of stored times). Every live run this head sweeps is leased, a
+    /// run Ray Train V2 writes too: each of its writes renews its lease, as
+    /// a heartbeat does, and one its source stopped telling about is
+    /// aborted like a run whose controller was lost (see [`lost_detail`]).
     pub(crate) fn sweep(&mut self, now_ms: u64) -> Change<Vec<RunId>> {
         let lease_ms = self.lease.as_millis() as u64;
         let lease_now = self.lease_now(now_ms);
@@ -909,7 +912,7 @@ impl Runs {
         let expired: Vec<(Arc<RunRecord>, u64, u64)> = self
             .by_id
             .values()
-            .filter(|e| !e.record.status.is_terminal() && e.record.leased)
+            .filter(|e| !e.record.status.is_terminal())
             .filter_map(|e| {
                 let silent_ms = lease_now.saturating_sub(e.lease_from_ms());
                 let heard = e.last_heard_ms().unwrap_or_default();
@@ -1195,12 +1198,22 @@ fn of_rendezvous(record: &RunRecord) -> bool {
 }
 
 /// Why a run whose lease ran out is aborted, in words for the person who
-/// reads it: a run of the rendezvous has ranks, not a controller.
+/// reads it: a run of the rendezvous has ranks, not a controller; a run
+/// Ray Train V2 writes (its record not `leased` by heartbeats of its
+/// controller) is told about by its source, Ray's writes or the ingester
+/// of Ray's export events.
 fn lost_detail(record: &RunRecord, last_heard_ms: u64, silent_ms: u64, lease: Duration) -> String {
     let last = crate::decisions::time_text::iso_ms(last_heard_ms);
     let silent = crate::decisions::time_text::seconds(silent_ms);
     let lease = crate::decisions::time_text::seconds(lease.as_millis() as u64);
-    if of_rendezvous(record) {
+    if !record.leased {
+        format!(
+            "Nothing was heard about this Ray Train V2 run for {silent} (last at {last}), longer \
+             than the head's lease of {lease}: its source (Ray's writes, or `trainstate ingest \
+             ray-export`, which renews the leases of the runs it follows) stopped telling about \
+             it, so its controller is presumed lost."
+        )
+    } else if of_rendezvous(record) {
         format!(
             "No rank of this run has been heard from since {last} ({silent} before this was \
              concluded, longer than the head's lease of {lease}): the job was killed outright, \
