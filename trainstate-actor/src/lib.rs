@@ -65,7 +65,8 @@ pub use engine::config::STORE_SCHEMA_VERSION;
 pub use engine::config::{
     DEFAULT_EVENT_BACKLOG, DEFAULT_EVENT_BACKLOG_BYTES, DEFAULT_HEALTH_TICK, DEFAULT_LEASE,
     DEFAULT_MAX_IN_FLIGHT_WRITES, DEFAULT_MAX_RETAINED_BYTES, DEFAULT_MAX_RUNS,
-    DEFAULT_STALL_AFTER, PostgresConfig, Retention, StateConfig, StoreConfig, Synchronous,
+    DEFAULT_STALL_AFTER, HISTORY_POINT_BYTES, PostgresConfig, Retention, StateConfig, StoreConfig,
+    Synchronous,
 };
 pub use engine::error::LaunchError;
 #[cfg(feature = "fault-injection")]

@@ -312,3 +312,89 @@ async fn regression_a_registration_saying_heartbeats_false_is_still_aborted_afte
     assert_eq!(stored.cause().unwrap().kind, CauseKind::LostController);
     server.stop().await;
 }
+
+/// Round three: live runs had a count bound but no byte bound (20 live
+/// runs of 8,000 workers made a 212 MiB store under a 48 MiB
+/// `--max-retained-bytes`). With `--max-live-bytes` (here
+/// `Retention::with_max_live_bytes`), a registration that would bring the
+/// live runs past it is refused with 503 naming the bound, the flag and
+/// the figures, and nothing is stored; a live run that would grow past it
+/// (a new attempt's worker table) is refused the same way and stays as it
+/// was; a write that ends a run is taken, and then the refused run
+/// registers.
+#[tokio::test]
+async fn regression_live_runs_past_the_byte_bound_are_refused_naming_the_flag_until_one_ends() {
+    use reqwest::{Client, Method, StatusCode};
+    use serde_json::json;
+    use trainstate_actor::http::HttpConfig;
+    use trainstate_client::NewAttempt;
+
+    use crate::common::{Server, json, run_with, unique_name, workers};
+    use crate::contract::send;
+
+    const MAX_LIVE_BYTES: u64 = 60_000;
+    let clock = Arc::new(ManualClock::new(T0));
+    let retention =
+        Retention::max_runs(100).with_max_bytes(10_000_000).with_max_live_bytes(MAX_LIVE_BYTES);
+    let config = StateConfig::in_memory()
+        .with_name(unique_name("live-bytes"))
+        .with_clock(clock.clone())
+        .with_retention(retention);
+    let server = Server::start(config, HttpConfig::default()).await;
+    let client = Client::new();
+    let state = server.service.handle();
+    let body =
+        |value: &serde_json::Value| Some(("application/json", serde_json::to_vec(value).unwrap()));
+    let runs_url = format!("{}/api/train/runs", server.url);
+    let refused = |status: StatusCode, answer: &serde_json::Value| {
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
+        assert_eq!(answer["error"]["code"], "unavailable", "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("at most {MAX_LIVE_BYTES} bytes of live runs"))
+                && message.contains("--max-live-bytes")
+                && message.contains("the live runs take "),
+            "{message}"
+        );
+    };
+
+    // Live runs of 32 workers each, until the next would pass the bound.
+    let mut live = Vec::new();
+    let over = loop {
+        assert!(live.len() < 50, "never refused: the live runs' bytes are not bounded");
+        let id = trainstate_schema::RunId::new_v7();
+        let r = run_with(&id, &format!("live{}", live.len()), "job", T0 + live.len() as u64, 32);
+        let (status, answer) = send(&client, Method::POST, &runs_url, body(&json(&r)), None).await;
+        if status == StatusCode::CREATED {
+            live.push(r);
+            continue;
+        }
+        refused(status, &answer);
+        break r;
+    };
+    assert!(live.len() >= 2, "{} live runs fit", live.len());
+    let url = format!("{runs_url}/{}", over.id());
+    let (status, _) = send(&client, Method::GET, &url, None, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "nothing was stored");
+    let listed = state.list(trainstate_client::RunQuery::default()).await.unwrap();
+    assert_eq!(listed.runs.len(), live.len());
+
+    // A live run growing past the bound (a new attempt of 256 workers) is
+    // refused the same way, and stays as it was.
+    let grown = NewAttempt::new("1", T0 + 1_000, workers(256, 8, "big-"));
+    let err = state.start_attempt(live[0].id().clone(), grown).await.unwrap_err();
+    assert!(matches!(err, trainstate_client::StateError::Unavailable { .. }), "{err}");
+    assert!(err.to_string().contains("--max-live-bytes"), "{err}");
+    let kept = state.get_run(live[0].id().clone()).await.unwrap();
+    assert_eq!(kept.attempts().len(), 1, "the attempt was not stored");
+    assert_eq!(kept.workers().len(), 32);
+
+    // A write that ends a run is taken; its bytes no longer count as live.
+    let status_url = format!("{runs_url}/{}/status", live[0].id());
+    let (status, answer) =
+        send(&client, Method::POST, &status_url, body(&json!({"status": "FINISHED"})), None).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let (status, answer) = send(&client, Method::POST, &runs_url, body(&json(&over)), None).await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    server.stop().await;
+}

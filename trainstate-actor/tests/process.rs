@@ -611,6 +611,13 @@ fn regression_flags_that_lied_or_crashed_are_refused_before_listening() {
         // Round two: the live bound is at least 1 and at most --max-runs.
         (&["--max-live-runs", "0"], "--max-live-runs must be at least 1"),
         (&["--max-runs", "10", "--max-live-runs", "11"], "at most --max-runs (10)"),
+        // Round three: the live byte bound is at least 1 and at most
+        // --max-retained-bytes.
+        (&["--max-live-bytes", "0"], "--max-live-bytes must be at least 1"),
+        (
+            &["--max-retained-bytes", "1000", "--max-live-bytes", "1001"],
+            "at most --max-retained-bytes (1000)",
+        ),
     ];
     for (flags, expected) in cases {
         let refused = start_head(dir.path(), flags)

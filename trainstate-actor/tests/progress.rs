@@ -420,3 +420,120 @@ async fn per_rank_series_are_off_by_default_and_bounded_when_asked() {
     );
     f.stop().await;
 }
+
+/// The points run `id` keeps in the SQLite store at `path`, all attempts
+/// together, and the attempts they are of: what the store holds, read
+/// from its own tables.
+fn stored_points(path: &std::path::Path, id: &RunId) -> (u64, Vec<String>) {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let points: i64 = conn
+        .query_row(
+            "SELECT COUNT(*) FROM metric_points p JOIN metric_series s ON p.series_id = s.id
+             WHERE s.run_id = ?1",
+            [id.as_str()],
+            |row| row.get(0),
+        )
+        .unwrap();
+    let mut attempts = conn
+        .prepare("SELECT DISTINCT attempt_id FROM metric_series WHERE run_id = ?1 ORDER BY 1")
+        .unwrap();
+    let attempts = attempts
+        .query_map([id.as_str()], |row| row.get(0))
+        .unwrap()
+        .collect::<Result<Vec<String>, _>>()
+        .unwrap();
+    (points as u64, attempts)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_histories_are_bounded_per_run_across_attempts_and_counted_in_retained_bytes() {
+    use trainstate_actor::{Clock, HISTORY_POINT_BYTES, Retention};
+    const RANKS: u32 = 8;
+    const NAMES: usize = 4;
+    const REPORTS: u64 = 25;
+    // Each attempt reports 800 points (38,400 bytes): one fits the bound,
+    // eight (307,200 bytes) would not.
+    const PER_ATTEMPT: u64 = RANKS as u64 * NAMES as u64 * REPORTS;
+    const BOUND: u64 = 100_000;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("trainstate.db");
+    let clock = Arc::new(ManualClock::new(T0));
+    let sqlite = |what: &str, max_bytes: u64| {
+        StateConfig::sqlite(&path)
+            .with_name(unique_name(what))
+            .with_clock(clock.clone())
+            .with_lease(LEASE)
+            .with_sweep_interval(Duration::from_secs(3600))
+            .with_retention(Retention::max_runs(100).with_max_bytes(max_bytes))
+    };
+    let f = Fixture::start(sqlite("histories-bounded", BOUND), HttpConfig::default()).await;
+    let handle = f.server.service.handle();
+    let id = f.register(&controller_run("ctl-histories", RANKS)).await;
+
+    let mut step = 0;
+    for attempt in 0..8u64 {
+        if attempt > 0 {
+            clock.advance_ms(1_000);
+            let workers = workers(RANKS, RANKS, &format!("a{attempt}-"));
+            let next = NewAttempt::new(attempt.to_string(), clock.now_ms(), workers);
+            handle.start_attempt(id.clone(), next).await.unwrap();
+        }
+        for _ in 0..REPORTS {
+            step += 1;
+            clock.advance_ms(10);
+            let ranks = (0..RANKS)
+                .map(|rank| {
+                    let mut progress = at(step);
+                    for name in 0..NAMES {
+                        progress.metrics.insert(format!("m{name}"), step as f64);
+                    }
+                    (rank, progress)
+                })
+                .collect();
+            handle.report_progress(&id, Some(attempt.to_string()), ranks).await.unwrap();
+        }
+        // Every point of this attempt reaches the store with a flush.
+        let url = f.url(&format!("/api/train/runs/{id}/metrics"));
+        eventually("the attempt's points in the store", DEADLINE, || {
+            let (client, url) = (f.client.clone(), url.clone());
+            async move {
+                let (status, answer) = send(&client, Method::GET, &url, None, None).await;
+                assert_eq!(status, StatusCode::OK, "{answer}");
+                let series = answer["series"].as_array().unwrap();
+                let points: usize =
+                    series.iter().map(|s| s["points"].as_array().unwrap().len()).sum();
+                points as u64 == PER_ATTEMPT
+            }
+        })
+        .await;
+        let (points, attempts) = stored_points(&path, &id);
+        assert!(
+            points * HISTORY_POINT_BYTES <= BOUND,
+            "attempt {attempt}: {points} points ({} bytes) kept under a bound of {BOUND} \
+             bytes, of attempts {attempts:?}",
+            points * HISTORY_POINT_BYTES
+        );
+        assert!(attempts.contains(&attempt.to_string()), "{attempts:?}");
+    }
+    // The newest attempt keeps every point, the one before it too (both fit),
+    // the older ones gave way.
+    let (points, attempts) = stored_points(&path, &id);
+    assert_eq!(attempts, ["6", "7"]);
+    assert_eq!(points, 2 * PER_ATTEMPT);
+    let history_bytes = points * HISTORY_POINT_BYTES;
+
+    // Ended, the run's histories count against the retained bytes when the
+    // store is loaded again: under a bound its JSON alone fits but not with
+    // its histories, the sweep evicts it, histories and all.
+    handle.set_status(id.clone(), StatusUpdate::finished()).await.unwrap();
+    let json_bytes = serde_json::to_vec(&f.get(&id).await).unwrap().len() as u64;
+    f.stop().await;
+    let tight = json_bytes + history_bytes / 2;
+    let f = Fixture::start(sqlite("histories-loaded", tight), HttpConfig::default()).await;
+    f.sweep().await;
+    let url = f.url(&format!("/api/train/runs/{id}"));
+    let (status, answer) = send(&f.client, Method::GET, &url, None, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "evicted with its histories: {answer}");
+    f.stop().await;
+    assert_eq!(stored_points(&path, &id), (0, Vec::new()));
+}

@@ -1179,3 +1179,58 @@ async fn regression_the_ray_ingesters_position_file_is_its_owners_alone() {
         assert_eq!(mode, 0o600, "{} is {mode:03o}", path.display());
     }
 }
+
+/// Round three: Ray V2 runs were never swept. Now they are leased, and the
+/// ingester, while it follows Ray's events, renews the leases of the live
+/// V2 runs (Ray writes a run only when it changes): a RUNNING run outlives
+/// several leases while the ingester runs, and is aborted
+/// `LOST_CONTROLLER`, in words naming Ray Train V2, once it stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_ray_v2_runs_are_kept_by_the_ingesters_renewals_and_aborted_without_them() {
+    let site = Site::new();
+    let head = start(&site.data, "127.0.0.1:0", &["--lease", "2s"]);
+    let client = Client::new();
+    site.append_lines(&[]);
+    let mut ingester = site.ingester(&head, false);
+
+    let id = trainstate_schema::RunId::new_v7().to_string();
+    let now_ns =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+            as u64;
+    let run = json!({"id": id, "name": "v2-renewed", "job_id": "01000000",
+        "controller_actor_id": "c0ffee", "status": "RUNNING", "start_time_ns": now_ns});
+    let url = format!("{}/api/train/v2/runs/{id}", head.url);
+    let body = Some(("application/json", serde_json::to_vec(&run).unwrap()));
+    let (status, answer) = send(&client, Method::PUT, &url, body, None).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+
+    // Renewed past three leases, and still RUNNING.
+    let v1_url = format!("{}/api/train/runs/{id}", head.url);
+    let written_ms = now_ns / 1_000_000;
+    let until = Instant::now() + DEADLINE;
+    loop {
+        let (status, run) = send(&client, Method::GET, &v1_url, None, None).await;
+        assert_eq!(status, StatusCode::OK, "{run}");
+        assert_eq!(run["run_status"], "RUNNING", "{run}\n{}", site.log());
+        if run["last_heartbeat_ms"].as_u64().is_some_and(|t| t > written_ms + 6_000) {
+            break;
+        }
+        assert!(Instant::now() < until, "never renewed: {run}\n{}", site.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Without the ingester, nothing tells about it: aborted.
+    ingester.terminate();
+    let until = Instant::now() + DEADLINE;
+    let run = loop {
+        let (_, run) = send(&client, Method::GET, &v1_url, None, None).await;
+        if run["run_status"] == "ABORTED" {
+            break run;
+        }
+        assert!(Instant::now() < until, "never aborted: {run}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(run["cause"]["kind"], "LOST_CONTROLLER", "{run}");
+    let detail = run["status_detail"].as_str().unwrap();
+    assert!(detail.contains("this Ray Train V2 run"), "{detail}");
+}

@@ -284,9 +284,18 @@ async fn regression_retention_by_bytes_evicts_the_oldest_ended_runs_first() {
     let kept = ids(state.list(RunQuery::all()).await.unwrap());
     assert_eq!(kept, sorted(&[by_start(2), by_start(3), by_start(4)]), "the three newest stay");
 
-    // A live run is never evicted, whatever its size: ended ones go first.
+    // A live run is never evicted, so one larger than the bound is refused
+    // (round three: the bytes of live runs are bounded too, by default by
+    // the same bound), and nothing of it is kept.
+    let too_large = run_of(&RunId::new_v7(), T0, spread_workers(500, "", 200));
+    let err = state.register(too_large).await.unwrap_err();
+    assert!(matches!(err, StateError::Unavailable { .. }), "{err}");
+    assert!(err.to_string().contains("--max-live-bytes"), "{err}");
+    let kept = ids(state.list(RunQuery::all()).await.unwrap());
+    assert_eq!(kept, sorted(&[by_start(2), by_start(3), by_start(4)]), "nothing was stored");
+    // One that fits the bound alone is taken: ended ones go first.
     let live_id = RunId::new_v7();
-    let live = run_of(&live_id, T0, spread_workers(500, "", 200));
+    let live = run_of(&live_id, T0, spread_workers(300, "", 200));
     state.register(live.clone()).await.unwrap();
     let kept = ids(state.list(RunQuery::all()).await.unwrap());
     assert_eq!(kept, sorted(&[&live]), "only the live run fits; it stays");

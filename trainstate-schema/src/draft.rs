@@ -278,10 +278,11 @@ pub struct TrainRunInfoDraft {
     /// nested at most 16 deep, at most about 64 KiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_settings: Option<JsonValue>,
-    /// Extension: false for a run whose reporter does not heartbeat (Ray Train V2's
-    /// controller, through its writes or its export events), set by the head. The head
-    /// does not abort such a run for a lost controller; its reporter ends it (Ray's
-    /// death events through the ingester). A registration's value is ignored: no client
+    /// Extension: false for a run whose controller does not heartbeat (Ray Train V2's,
+    /// through its writes or its export events), set by the head. Such a run is leased
+    /// all the same: each V2 write renews it, and so does the ingester of Ray's export
+    /// events while it follows them; one nothing tells about for longer than the lease
+    /// is aborted for a lost controller. A registration's value is ignored: no client
     /// may opt out of its lease. Absent: true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heartbeats: Option<bool>,

@@ -480,8 +480,8 @@ impl TrainRunInfo {
     pub fn run_settings(&self) -> Option<&JsonValue> {
         self.run_settings.as_ref()
     }
-    /// False when the run's reporter does not heartbeat: the head then does
-    /// not abort it for a lost controller.
+    /// False when the run's controller does not heartbeat (Ray Train V2's):
+    /// its source renews its lease instead (see the draft's `heartbeats`).
     pub fn heartbeats(&self) -> bool {
         self.heartbeats
     }

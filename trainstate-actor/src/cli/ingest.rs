@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use trainstate_client::ray_export::{IngestConfig, IngestError, ingest};
+use trainstate_client::{RunQuery, StateHandle};
+use trainstate_schema::RunStatus;
 
 /// How long one write may take, retries to an unreachable head included,
 /// before the ingester says so and sends it again (writes are idempotent).
@@ -102,7 +104,14 @@ async fn ray_export(args: RayExportArgs) -> Result<(), String> {
         once = args.once,
         "ingesting Ray's export events"
     );
-    let report = ingest(&handle, &config, shutdown).await.map_err(|e| match e {
+    // While it follows Ray's events, the ingester renews the leases of the
+    // live V2 runs: Ray's controller writes only on a change, and the head
+    // aborts a run nothing told about for longer than its lease.
+    let report = tokio::select! {
+        report = ingest(&handle, &config, shutdown) => report,
+        () = renew_v2_leases(&handle) => unreachable!("the renewals never end"),
+    };
+    let report = report.map_err(|e| match e {
         IngestError::NotAHead { .. } => format!("--url: {e}"),
         e => e.to_string(),
     })?;
@@ -126,4 +135,45 @@ async fn ray_export(args: RayExportArgs) -> Result<(), String> {
         "stopped"
     );
     Ok(())
+}
+
+/// Renews, three times a lease, the lease of every live run the head
+/// keeps that Ray Train V2 writes (a run whose controller does not
+/// heartbeat): the ingester tells the head they are still followed. A run
+/// whose end the ingester never reads (it stopped, or Ray's events
+/// stopped) is then aborted by the head once its lease passes. Never
+/// returns; failures are logged and tried again at the next round.
+async fn renew_v2_leases(handle: &StateHandle) {
+    // Until a heartbeat's answer tells the head's lease, often enough for
+    // the shortest lease a head takes (1 s).
+    let mut every = Duration::from_millis(300);
+    let live: Vec<RunStatus> = RunStatus::ALL.iter().copied().filter(|s| s.is_live()).collect();
+    loop {
+        let mut query = RunQuery::new().statuses(live.iter().copied()).limit(1_000);
+        loop {
+            let page = match handle.list(query.clone()).await {
+                Ok(page) => page,
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot list the live runs to renew their leases");
+                    break;
+                }
+            };
+            for document in &page.runs {
+                let Ok(run) = document.parse() else { continue };
+                if run.heartbeats() {
+                    continue;
+                }
+                match handle.heartbeat(run.id().clone()).await {
+                    Ok(lease) => every = (lease / 3).max(Duration::from_millis(250)),
+                    Err(err) => tracing::debug!(run = %run.id(), error = %err, "lease not renewed"),
+                }
+            }
+            match page.next_cursor {
+                Some(cursor) => query = query.after(cursor),
+                None => break,
+            }
+        }
+        // A pace, not a synchronisation: the renewals go on at their period.
+        tokio::time::sleep(every).await;
+    }
 }

@@ -115,10 +115,16 @@ struct ServeArgs {
     /// refused (503 overloaded) until one ends. Default: --max-runs; at most --max-runs.
     #[arg(long, env = "TRAINSTATE_MAX_LIVE_RUNS")]
     max_live_runs: Option<usize>,
-    /// The most bytes of JSON of the runs kept (in memory and in the store);
-    /// the oldest ended runs are evicted first. Live runs are never evicted.
+    /// The most bytes of the runs kept (their JSON, stack captures and metric
+    /// histories, in memory and in the store); the oldest ended runs are evicted
+    /// first. Live runs are never evicted: see --max-live-bytes.
     #[arg(long, env = "TRAINSTATE_MAX_RETAINED_BYTES", default_value_t = trainstate_actor::DEFAULT_MAX_RETAINED_BYTES)]
     max_retained_bytes: u64,
+    /// The most bytes the live (not ended) runs may take together; a write that
+    /// would grow them past it is refused (503 unavailable) until a run ends.
+    /// Default: --max-retained-bytes; at most --max-retained-bytes.
+    #[arg(long, env = "TRAINSTATE_MAX_LIVE_BYTES")]
+    max_live_bytes: Option<u64>,
     /// Evict ended runs older than this (e.g. 30d is not accepted; use 720h).
     #[arg(long, env = "TRAINSTATE_MAX_AGE", value_parser = duration::parse)]
     max_age: Option<Duration>,

@@ -176,6 +176,9 @@ async fn head_config(args: &ServeArgs) -> Result<(HeadConfig, Option<Arc<ServerT
     let mut retention = Retention::max_runs(args.max_runs)
         .with_max_bytes(args.max_retained_bytes)
         .with_max_live_runs(args.max_live_runs.unwrap_or(args.max_runs));
+    if let Some(live_bytes) = args.max_live_bytes {
+        retention = retention.with_max_live_bytes(live_bytes);
+    }
     if let Some(age) = args.max_age {
         retention = retention.with_max_age(age);
     }
@@ -333,6 +336,18 @@ fn check_limits(args: &ServeArgs) -> Result<(), String> {
                 "--max-live-runs {live}: at most --max-runs ({}): live runs are never evicted, \
                  so more of them than --max-runs would keep more runs than it allows",
                 args.max_runs
+            ));
+        }
+    }
+    if let Some(live) = args.max_live_bytes {
+        if live == 0 {
+            return Err("--max-live-bytes must be at least 1".into());
+        }
+        if live > args.max_retained_bytes {
+            return Err(format!(
+                "--max-live-bytes {live}: at most --max-retained-bytes ({}): live runs are never \
+                 evicted, so more bytes of them would keep more than it allows",
+                args.max_retained_bytes
             ));
         }
     }

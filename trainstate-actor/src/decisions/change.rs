@@ -84,4 +84,7 @@ pub(crate) enum Absorb {
     Reload(Vec<Arc<RunRecord>>),
     /// Some head heard from the run's controller at this time.
     Heard(RunId, u64),
+    /// The bytes of metric histories these runs keep now, as the store
+    /// answered a flush of their points.
+    Histories(Vec<(RunId, u64)>),
 }

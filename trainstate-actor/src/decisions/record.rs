@@ -28,7 +28,10 @@ pub(crate) struct RunRecord {
     pub(crate) end_time_ms: Option<u64>,
     pub(crate) status: RunStatus,
     pub(crate) lost_controller: bool,
-    /// The run's reporter heartbeats: the lease sweep may abort it.
+    /// The run's controller heartbeats (false for a run Ray Train V2
+    /// writes, whose source renews its lease with each write instead).
+    /// Every live run is swept either way; this only chooses the words of
+    /// a lost-controller abort.
     pub(crate) leased: bool,
     pub(crate) job_id: Box<str>,
     pub(crate) name: Box<str>,

@@ -21,14 +21,25 @@ pub struct Retention {
     pub max_runs: usize,
     /// Ended runs older than this (since their end) are evicted.
     pub max_age: Option<Duration>,
-    /// The most bytes of JSON the runs kept may take together. When
-    /// exceeded, the oldest ended runs are evicted, as for `max_runs`.
+    /// The most bytes the runs kept may take together: their JSON, their
+    /// stack captures and their metric histories (at
+    /// `HISTORY_POINT_BYTES` a point kept). When exceeded, the oldest ended
+    /// runs are evicted, as for `max_runs`. It also bounds one run's
+    /// histories, all its attempts together (see `store/metrics.rs`).
     pub max_bytes: u64,
     /// The most live (not ended) runs, of every source: a registration,
     /// a run Ray Train V2 creates, a run the rendezvous forms or one
     /// forwarded to a hub past it is refused (`overloaded`) and nothing is
     /// stored. Defaults to `max_runs`, so the runs kept never outnumber it.
     pub max_live_runs: usize,
+    /// The most bytes the live runs may take together (their JSON, stack
+    /// captures and metric histories, as for `max_bytes`): a write that
+    /// would grow the live runs past it (a new live run, a new attempt's
+    /// worker table, any larger version of a live run) is refused
+    /// (`unavailable`, naming the bound) and nothing changes; a write that
+    /// ends a run or does not grow it is always taken. `None`: `max_bytes`,
+    /// so live runs, which are never evicted, never take the store past it.
+    pub max_live_bytes: Option<u64>,
 }
 
 impl Retention {
@@ -41,7 +52,21 @@ impl Retention {
             max_age: None,
             max_bytes: DEFAULT_MAX_RETAINED_BYTES,
             max_live_runs: max_runs,
+            max_live_bytes: None,
         }
+    }
+
+    /// Keeps at most `max_live_bytes` bytes of live runs (instead of
+    /// `max_bytes`).
+    pub fn with_max_live_bytes(mut self, max_live_bytes: u64) -> Self {
+        self.max_live_bytes = Some(max_live_bytes);
+        self
+    }
+
+    /// The bound on the bytes of live runs: `max_live_bytes`, or else
+    /// `max_bytes`.
+    pub fn live_bytes_bound(&self) -> u64 {
+        self.max_live_bytes.unwrap_or(self.max_bytes)
     }
 
     /// Keeps at most `max_live_runs` live runs (instead of `max_runs`).
@@ -50,8 +75,8 @@ impl Retention {
         self
     }
 
-    /// Keeps at most `max_bytes` bytes of runs' JSON (live runs are kept
-    /// whatever their size).
+    /// Keeps at most `max_bytes` bytes of runs (live runs are bounded at
+    /// their writes instead: see `max_live_bytes`).
     pub fn with_max_bytes(mut self, max_bytes: u64) -> Self {
         self.max_bytes = max_bytes;
         self

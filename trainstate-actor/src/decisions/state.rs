@@ -111,11 +111,17 @@ pub(crate) struct Runs {
     shared_heard: HashMap<RunId, (u64, u64)>,
     /// When every shared heartbeat was last read, on the monotonic clock.
     shared_read_mono_ms: Option<u64>,
-    /// The bytes of JSON of every run in `by_id`, and of their stack
-    /// captures, for retention by bytes.
+    /// The bytes of JSON of every run in `by_id`, of their stack captures
+    /// and of their metric histories, for retention by bytes.
     bytes: u64,
     /// The bytes of each run's stack captures (runs that have some).
     capture_bytes: HashMap<RunId, u64>,
+    /// The bytes of each run's metric histories (runs that have some), as
+    /// the store last answered (see `store/metrics.rs`).
+    history_bytes: HashMap<RunId, u64>,
+    /// The part of `bytes` that live runs take (their JSON, captures and
+    /// histories), for [`Retention::live_bytes_bound`].
+    live_bytes: u64,
     /// The wall clock's reading of the actor's current turn; `None` until
     /// set (pure-state tests), when the times given to each call stand in.
     wall_ms: Option<u64>,
@@ -159,6 +165,8 @@ impl Runs {
             shared_read_mono_ms: None,
             bytes: 0,
             capture_bytes: HashMap::new(),
+            history_bytes: HashMap::new(),
+            live_bytes: 0,
             wall_ms: None,
             liveness,
         };
@@ -216,7 +224,7 @@ impl Runs {
         for entry in self.by_id.values() {
             if let Some(beat) = entry.live_beat().filter(|b| b.lease_from_ms() != NEVER_SWEPT) {
                 beat.raise(0, from);
-                renewed += usize::from(entry.record.leased);
+                renewed += 1;
             }
         }
         renewed
@@ -255,12 +263,61 @@ impl Runs {
         Ok(())
     }
 
+    /// The bytes run `id` takes (its JSON, captures and histories) when it
+    /// is live; 0 for an ended run or one not kept.
+    fn live_part(&self, id: &RunId) -> u64 {
+        match self.by_id.get(id) {
+            Some(entry) if !entry.record.status.is_terminal() => {
+                record_bytes(&entry.record) + self.side_bytes_of(id)
+            }
+            _ => 0,
+        }
+    }
+
+    /// The bytes of run `id`'s stack captures and metric histories.
+    fn side_bytes_of(&self, id: &RunId) -> u64 {
+        self.capture_bytes.get(id).copied().unwrap_or(0)
+            + self.history_bytes.get(id).copied().unwrap_or(0)
+    }
+
+    /// Refuses a write that would make `record` its run's version when
+    /// that grows the live runs past their bound on bytes
+    /// ([`Retention::live_bytes_bound`]): live runs are never evicted, so
+    /// their bytes are bounded here, at every write that grows them (a new
+    /// live run, a new attempt's worker table, any larger version). A write
+    /// that ends a run, or leaves it no larger, is always taken.
+    fn refuse_if_live_bytes_full(&self, record: &RunRecord) -> Result<(), StateError> {
+        if record.status.is_terminal() {
+            return Ok(());
+        }
+        let before = self.live_part(&record.id);
+        let after = record_bytes(record) + self.side_bytes_of(&record.id);
+        if after <= before {
+            return Ok(());
+        }
+        let max = self.retention.live_bytes_bound();
+        let live = self.live_bytes;
+        let would_be = live - before + after;
+        if would_be <= max {
+            return Ok(());
+        }
+        Err(StateError::unavailable(format!(
+            "the head keeps at most {max} bytes of live runs (--max-live-bytes, which defaults \
+             to --max-retained-bytes): the live runs take {live} bytes and this write would bring \
+             them to {would_be} ({} bytes for run {}); nothing was stored; retry when a live run \
+             ends",
+            after, record.id
+        )))
+    }
+
     fn put(&mut self, record: Arc<RunRecord>, last_heard_ms: u64) {
+        let live_before = self.live_part(&record.id);
         self.follow_progress(&record);
         if record.status.is_terminal() {
             self.ended.insert((record.start_time_ms, record.id.clone()));
         }
         let id = record.id.clone();
+        let id_of_put = id.clone();
         let lease_from_ms = match last_heard_ms {
             NEVER_SWEPT => NEVER_SWEPT,
             wall_ms => self.lease_now(wall_ms),
@@ -291,9 +348,12 @@ impl Runs {
             }
             remote::note_base(&self.by_id[&previous.record.id].record, &previous.record);
         }
+        let live_after = self.live_part(&id_of_put);
+        self.live_bytes = self.live_bytes - live_before + live_after;
     }
 
     fn remove(&mut self, id: &RunId) -> Option<Arc<RunRecord>> {
+        self.live_bytes -= self.live_part(id);
         let entry = self.by_id.remove(id)?;
         self.liveness.remove_beat(id);
         if self.controller_board(id).is_some() {
@@ -301,6 +361,7 @@ impl Runs {
         }
         self.bytes -= record_bytes(&entry.record);
         self.bytes -= self.capture_bytes.remove(id).unwrap_or(0);
+        self.bytes -= self.history_bytes.remove(id).unwrap_or(0);
         self.ended.remove(&(entry.record.start_time_ms, id.clone()));
         Some(entry.record)
     }
@@ -353,6 +414,7 @@ impl Runs {
 
         let record = self.recorded(new.into_run(now_ms), now_ms)?;
         self.refuse_if_live_runs_full(&record)?;
+        self.refuse_if_live_bytes_full(&record)?;
         self.refuse_if_evicted_at_once(&record)?;
         let id = record.id.clone();
         self.put(record.clone(), now_ms);
@@ -607,6 +669,7 @@ impl Runs {
     ) -> Result<Change<RunDocument>, StateError> {
         bound_attempt_history(&mut draft, MAX_ATTEMPT_HISTORY_BYTES);
         let record = self.recorded(draft.validate()?, now_ms)?;
+        self.refuse_if_live_bytes_full(&record)?;
         // A write from the controller is a sign of life, like a heartbeat.
         self.put(record.clone(), now_ms);
         Ok(Change {
@@ -729,8 +792,58 @@ impl Runs {
         if !self.by_id.contains_key(id) {
             return;
         }
+        let live_before = self.live_part(id);
         let before = self.capture_bytes.insert(id.clone(), bytes).unwrap_or(0);
         self.bytes = self.bytes + bytes - before;
+        self.live_bytes = self.live_bytes - live_before + self.live_part(id);
+    }
+
+    /// Counts `bytes` of metric histories for run `id` against the
+    /// retained bytes (instead of what was counted before), as the store
+    /// answered a flush or a load; a run not kept counts none. A run whose
+    /// histories bring the retained bytes past their bound makes the oldest
+    /// ended runs evicted, with theirs, at the next write or sweep.
+    pub(crate) fn set_history_bytes(&mut self, id: &RunId, bytes: u64) {
+        if !self.by_id.contains_key(id) {
+            return;
+        }
+        let live_before = self.live_part(id);
+        let before = self.history_bytes.insert(id.clone(), bytes).unwrap_or(0);
+        self.bytes = self.bytes + bytes - before;
+        self.live_bytes = self.live_bytes - live_before + self.live_part(id);
+    }
+
+    /// The bytes of every run's stack captures and metric histories: what
+    /// a reload of the runs' records keeps counting.
+    pub(crate) fn side_bytes(&self) -> [HashMap<RunId, u64>; 2] {
+        [self.capture_bytes.clone(), self.history_bytes.clone()]
+    }
+
+    /// Counts again the bytes [`Runs::side_bytes`] took, for the runs kept.
+    pub(crate) fn restore_side_bytes(&mut self, [captures, histories]: [HashMap<RunId, u64>; 2]) {
+        for (id, bytes) in captures {
+            self.set_capture_bytes(&id, bytes);
+        }
+        for (id, bytes) in histories {
+            self.set_history_bytes(&id, bytes);
+        }
+    }
+
+    /// True when more runs, or more bytes of runs, are kept than retention
+    /// allows and an ended run could be evicted.
+    pub(crate) fn over_capacity(&self) -> bool {
+        let over =
+            self.by_id.len() > self.retention.max_runs || self.bytes > self.retention.max_bytes;
+        over && !self.ended.is_empty()
+    }
+
+    /// Evicts the oldest ended runs while more is kept than retention
+    /// allows: what the actor writes when the store's answer to a flush of
+    /// metric points brought the retained bytes past their bound.
+    pub(crate) fn evict_excess(&mut self) -> Change<()> {
+        let mut change = Change { ops: Vec::new(), events: Vec::new(), answer: () };
+        self.evict_over_capacity(&mut change.ops, &mut change.events);
+        change
     }
 
     /// Writes `capture` into a live run's STALLED health (the stack
@@ -765,10 +878,13 @@ impl Runs {
     /// sign of life).
     fn replace_keeping_beat(&mut self, record: Arc<RunRecord>) {
         let bytes = record_bytes(&record);
-        let Some(entry) = self.by_id.get_mut(&record.id) else { return };
+        let id = record.id.clone();
+        let live_before = self.live_part(&id);
+        let Some(entry) = self.by_id.get_mut(&id) else { return };
         let previous = std::mem::replace(&mut entry.record, record);
         self.bytes = self.bytes + bytes - record_bytes(&previous);
         remote::note_base(&entry.record, &previous);
+        self.live_bytes = self.live_bytes - live_before + self.live_part(&id);
     }
 
     /// Deletes an ended run.
@@ -796,7 +912,10 @@ impl Runs {
 
     /// Aborts every live run whose lease expired (on the monotonic clock),
     /// and evicts ended runs past the retention age (on the wall clock: ages
-    /// are of stored times).
+    /// are of stored times). Every live run this head sweeps is leased, a
+    /// run Ray Train V2 writes too: each of its writes renews its lease, as
+    /// a heartbeat does, and one its source stopped telling about is
+    /// aborted like a run whose controller was lost (see [`lost_detail`]).
     pub(crate) fn sweep(&mut self, now_ms: u64) -> Change<Vec<RunId>> {
         let lease_ms = self.lease.as_millis() as u64;
         let lease_now = self.lease_now(now_ms);
@@ -805,7 +924,7 @@ impl Runs {
         let expired: Vec<(Arc<RunRecord>, u64, u64)> = self
             .by_id
             .values()
-            .filter(|e| !e.record.status.is_terminal() && e.record.leased)
+            .filter(|e| !e.record.status.is_terminal())
             .filter_map(|e| {
                 let silent_ms = lease_now.saturating_sub(e.lease_from_ms());
                 let heard = e.last_heard_ms().unwrap_or_default();
@@ -1091,12 +1210,22 @@ fn of_rendezvous(record: &RunRecord) -> bool {
 }
 
 /// Why a run whose lease ran out is aborted, in words for the person who
-/// reads it: a run of the rendezvous has ranks, not a controller.
+/// reads it: a run of the rendezvous has ranks, not a controller; a run
+/// Ray Train V2 writes (its record not `leased` by heartbeats of its
+/// controller) is told about by its source, Ray's writes or the ingester
+/// of Ray's export events.
 fn lost_detail(record: &RunRecord, last_heard_ms: u64, silent_ms: u64, lease: Duration) -> String {
     let last = crate::decisions::time_text::iso_ms(last_heard_ms);
     let silent = crate::decisions::time_text::seconds(silent_ms);
     let lease = crate::decisions::time_text::seconds(lease.as_millis() as u64);
-    if of_rendezvous(record) {
+    if !record.leased {
+        format!(
+            "Nothing was heard about this Ray Train V2 run for {silent} (last at {last}), longer \
+             than the head's lease of {lease}: its source (Ray's writes, or `trainstate ingest \
+             ray-export`, which renews the leases of the runs it follows) stopped telling about \
+             it, so its controller is presumed lost."
+        )
+    } else if of_rendezvous(record) {
         format!(
             "No rank of this run has been heard from since {last} ({silent} before this was \
              concluded, longer than the head's lease of {lease}): the job was killed outright, \

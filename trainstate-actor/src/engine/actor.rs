@@ -446,7 +446,7 @@ impl ActorState {
         // refuses what is decided now, so the working state can never be
         // behind the generation its writes are stamped with.
         let generation = self.writer.shared.generation.load(Ordering::SeqCst);
-        self.absorb(now);
+        let histories = self.absorb(now);
         if generation != self.generation {
             let committed = {
                 let view = self.writer.shared.view.read().unwrap_or_else(|e| e.into_inner());
@@ -463,15 +463,27 @@ impl ActorState {
             );
             self.generation = generation;
         }
+        // Metric histories count against the retained bytes: when a flush
+        // brought them past the bound, the oldest ended runs go now, with
+        // their histories, not at the next registration.
+        if histories && self.writer.shared.sweeps() && self.runs.over_capacity() {
+            let change = self.runs.evict_excess();
+            let (tx, _unanswered) = oneshot::channel();
+            self.write(Ok(Outcome::Changed(change)), tx.into());
+        }
     }
 
     /// Takes in what the writer reported: other heads' changes, refused
-    /// writes' stored versions, other heads' heartbeats.
-    fn absorb(&mut self, now: u64) {
+    /// writes' stored versions, other heads' heartbeats, the bytes of
+    /// histories a flush left. True when the latter were among them.
+    fn absorb(&mut self, now: u64) -> bool {
         let home = self.config.cluster.as_deref();
+        let mut histories = false;
         for item in self.writer.shared.take_inbox() {
+            histories |= matches!(item, crate::decisions::change::Absorb::Histories(_));
             self.runs.absorb(item, now, home);
         }
+        histories
     }
 
     /// Before deciding on a run this head does not know: with a shared
@@ -571,9 +583,23 @@ impl ActorState {
 /// The stack captures the store keeps, read at the actor's start on the
 /// store's reader (a connection of its own): their index, and the captures
 /// still pending whole, which complete at their deadline. Each run's
-/// captured bytes count against the retained bytes.
+/// captured bytes, and the bytes of its metric histories, count against
+/// the retained bytes.
 async fn load_captures(writer: &Arc<Writer>, runs: &mut Runs) -> Captures {
     let reader = writer.shared.metric_reader.clone();
+    let histories = {
+        let reader = reader.clone();
+        tokio::task::spawn_blocking(move || reader.history_bytes()).await
+    };
+    match histories {
+        Ok(Ok(bytes)) => {
+            for (id, bytes) in bytes {
+                runs.set_history_bytes(&id, bytes);
+            }
+        }
+        Ok(Err(err)) => tracing::error!(error = %err, "cannot read the stored metric histories"),
+        Err(err) => tracing::error!(error = %err, "cannot read the stored metric histories"),
+    }
     let read = tokio::task::spawn_blocking(move || {
         let index = reader.capture_index()?;
         let mut pending = Vec::new();

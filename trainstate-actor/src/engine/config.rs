@@ -9,6 +9,7 @@ use trainstate_client::DEFAULT_STATE_ACTOR_NAME;
 use crate::decisions::clock::{Clock, SystemClock};
 pub use crate::decisions::retention::{DEFAULT_MAX_RETAINED_BYTES, DEFAULT_MAX_RUNS, Retention};
 pub use crate::store::config::{PostgresConfig, StoreConfig, Synchronous};
+pub use crate::store::metrics::HISTORY_POINT_BYTES;
 
 /// The schema version of the SQLite store this build writes.
 pub const STORE_SCHEMA_VERSION: u32 = crate::store::sqlite::SCHEMA_VERSION;

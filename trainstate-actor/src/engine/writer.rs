@@ -21,7 +21,7 @@ use crate::engine::config::StateConfig;
 use crate::engine::error::StoreError;
 use crate::engine::stats::StoreStats;
 use crate::engine::view::View;
-use crate::store::metrics::MetricReader;
+use crate::store::metrics::{HistoryBound, MetricReader};
 use crate::store::{
     self, ChangedRun, Committed, Feed, Followed, JobChanges, Position, SharedStoreHandle, Store,
 };
@@ -196,6 +196,7 @@ impl Writer {
         let quarantine = config.quarantine_corrupt;
         let queue = jobs.clone();
         let clock = config.clock.clone();
+        let history_bound = HistoryBound::new(config.retention.max_bytes);
         #[cfg(feature = "fault-injection")]
         let faults = config.faults.clone();
         let handle = std::thread::Builder::new()
@@ -230,6 +231,7 @@ impl Writer {
                     last_failure: String::new(),
                     failure_log: FailureLog::default(),
                     metrics_flushed: Instant::now(),
+                    history_bound,
                     #[cfg(feature = "fault-injection")]
                     faults,
                 };
@@ -438,6 +440,8 @@ struct WriterThread {
     failure_log: FailureLog,
     /// When the metric points pending were last handed to the store.
     metrics_flushed: Instant,
+    /// The bound on each run's metric histories, all attempts together.
+    history_bound: HistoryBound,
     #[cfg(feature = "fault-injection")]
     faults: Arc<crate::engine::faults::Faults>,
 }
@@ -526,16 +530,18 @@ impl WriterThread {
         }
         let points: u64 = batches.iter().map(|b| b.points.len() as u64).sum();
         let started = Instant::now();
-        let appended = self.store.append_metrics(&batches);
+        let appended = self.store.append_metrics(&batches, self.history_bound);
         // Readers served the last progress of boards gone from memory until
         // now; from here on, from the store.
         liveness.flushed_retired(retired);
         let micros = started.elapsed().as_micros() as u64;
         stats.metric_flush_micros.fetch_add(micros, Ordering::Relaxed);
         match appended {
-            Ok(()) => {
+            Ok(history_bytes) => {
                 stats.metric_flushes.fetch_add(1, Ordering::Relaxed);
                 stats.metric_points.fetch_add(points, Ordering::Relaxed);
+                // The actor counts them against the retained bytes.
+                self.shared.push_inbox([Absorb::Histories(history_bytes)]);
             }
             Err(err) => {
                 stats.metric_points_dropped.fetch_add(points, Ordering::Relaxed);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use trainstate_schema::RunId;
 
-use super::metrics::{MemoryHistories, MetricBatch, MetricReader};
+use super::metrics::{HistoryBound, MemoryHistories, MetricBatch, MetricReader};
 use super::{ChangedRun, Committed, Feed, JobChanges, Position, Store};
 use crate::decisions::change::StoreOp;
 use crate::decisions::record::RunRecord;
@@ -50,11 +50,14 @@ impl Store for MemoryStore {
         Ok(Committed::default())
     }
 
-    fn append_metrics(&mut self, batches: &[MetricBatch]) -> Result<(), StoreError> {
+    fn append_metrics(
+        &mut self,
+        batches: &[MetricBatch],
+        bound: HistoryBound,
+    ) -> Result<Vec<(RunId, u64)>, StoreError> {
         let stored: Vec<MetricBatch> =
             batches.iter().filter(|b| self.runs.contains_key(&b.run_id)).cloned().collect();
-        self.histories.append(&stored);
-        Ok(())
+        Ok(self.histories.append(&stored, bound))
     }
 
     fn metric_reader(&mut self) -> Result<Arc<dyn MetricReader>, StoreError> {

@@ -10,16 +10,85 @@
 //! store on demand ([`MetricReader`]), on a connection of their own, so the
 //! head keeps no history in memory and a restart keeps every point flushed
 //! before it.
+//!
+//! A run's histories are bounded per run, across its attempts
+//! ([`HistoryBound`]): together they keep at most what one attempt's may
+//! (every name a run may report, each at [`MAX_METRIC_POINTS`]), and never
+//! more than the retained bytes (`--max-retained-bytes`). When a flush
+//! brings a run's histories past the bound, the histories of its attempts
+//! older than the one whose points are flushed give way, whole, the oldest
+//! first ([`attempts_giving_way`]); the attempt written to is never cut for
+//! them. What a run's histories take ([`HISTORY_POINT_BYTES`] a point
+//! kept) counts against the retained bytes, beside its JSON and its stack
+//! captures, so evicting an ended run frees its histories too.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use trainstate_schema::RunId;
 use trainstate_schema::api::{MetricPoint, MetricSeries, MetricsQuery};
-use trainstate_schema::limits::MAX_METRIC_POINTS;
+use trainstate_schema::limits::{MAX_METRIC_NAMES_PER_RUN, MAX_METRIC_POINTS};
 
 pub(crate) use crate::decisions::progress::MetricBatch;
 use crate::store::stacks::{CaptureReader, MemoryCaptures, StoredCapture};
+
+/// The bytes one point of a metric history is counted for against the
+/// retained bytes: about what a row of it takes in SQLite (its series,
+/// sequence number, rank, step and value, with the row's and the index's
+/// overhead), rounded up.
+pub const HISTORY_POINT_BYTES: u64 = 48;
+
+/// The bound on one run's metric histories, all its attempts together, in
+/// points kept: what one attempt's histories may hold (every name a run may
+/// report, [`MAX_METRIC_NAMES_PER_RUN`], each at [`MAX_METRIC_POINTS`]),
+/// and no more than `max_retained_bytes` take at [`HISTORY_POINT_BYTES`]
+/// a point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HistoryBound {
+    pub(crate) points: u64,
+}
+
+impl HistoryBound {
+    /// The bound on a run's histories of a head that keeps at most
+    /// `max_retained_bytes` of runs.
+    pub(crate) fn new(max_retained_bytes: u64) -> Self {
+        let one_attempt = (MAX_METRIC_NAMES_PER_RUN * MAX_METRIC_POINTS) as u64;
+        Self { points: one_attempt.min(max_retained_bytes / HISTORY_POINT_BYTES) }
+    }
+}
+
+impl Default for HistoryBound {
+    fn default() -> Self {
+        Self::new(crate::decisions::retention::DEFAULT_MAX_RETAINED_BYTES)
+    }
+}
+
+/// Which attempts' histories give way after a flush of attempt `writing`'s
+/// points: `attempts` are a run's attempts with histories, the oldest
+/// first (the order their first series were created in), each with the
+/// points it keeps. While the run keeps more points than `bound`, the
+/// oldest attempt older than `writing` gives way, whole. `writing` itself,
+/// and any attempt newer than it (a late flush of an attempt already
+/// replaced never removes its successor's points), is never cut: so the
+/// newest attempt keeps every point it reported, up to its own series'
+/// bounds. Returns the attempts to delete, oldest first.
+pub(crate) fn attempts_giving_way<'a>(
+    attempts: &'a [(String, u64)],
+    writing: &str,
+    bound: HistoryBound,
+) -> Vec<&'a str> {
+    let mut total: u64 = attempts.iter().map(|(_, kept)| kept).sum();
+    let mut gone = Vec::new();
+    for (attempt, kept) in attempts {
+        if total <= bound.points || attempt == writing {
+            break;
+        }
+        total -= kept;
+        gone.push(attempt.as_str());
+    }
+    gone
+}
 
 /// The last progress a run's ranks reported before their board went away:
 /// the attempt it is of, and `rank_progress` as served, in JSON.
@@ -45,6 +114,11 @@ pub(crate) trait MetricReader: CaptureReader + Send + Sync {
     /// The last progress of run `run`'s ranks kept when their board went
     /// away, if any.
     fn last_progress(&self, run: &RunId) -> Result<Option<LastProgress>, String>;
+
+    /// The bytes of histories each run keeps, all its attempts together
+    /// ([`HISTORY_POINT_BYTES`] a point): what a head that loads the store
+    /// counts against the retained bytes.
+    fn history_bytes(&self) -> Result<Vec<(RunId, u64)>, String>;
 }
 
 /// Where one series stands: how many points it was offered, which it keeps.
@@ -104,7 +178,10 @@ impl SeriesState {
 /// The metric histories of the memory-only store, shared with its reader.
 #[derive(Default, Clone)]
 pub(crate) struct MemoryHistories {
-    series: Arc<Mutex<BTreeMap<AttemptKey, AttemptSeries>>>,
+    /// Each attempt's series, with the order its first series was created
+    /// in (what "oldest" means for [`attempts_giving_way`]).
+    series: Arc<Mutex<BTreeMap<AttemptKey, (u64, AttemptSeries)>>>,
+    created: Arc<std::sync::atomic::AtomicU64>,
     last: Arc<Mutex<BTreeMap<RunId, LastProgress>>>,
     /// The stack captures, read by the same reader.
     pub(crate) captures: MemoryCaptures,
@@ -117,9 +194,12 @@ type AttemptKey = (RunId, Box<str>);
 type AttemptSeries = BTreeMap<Arc<str>, (SeriesState, Vec<(u64, MetricPoint)>)>;
 
 impl MemoryHistories {
-    /// Adds the points of `batches`, each series bounded as a store bounds it.
-    pub(crate) fn append(&self, batches: &[MetricBatch]) {
+    /// Adds the points of `batches`, each series and each run's histories
+    /// bounded as a store bounds them; answers the bytes of histories each
+    /// run written to keeps now.
+    pub(crate) fn append(&self, batches: &[MetricBatch], bound: HistoryBound) -> Vec<(RunId, u64)> {
         let mut all = self.series.lock().unwrap_or_else(|e| e.into_inner());
+        let mut kept_by_run = BTreeMap::new();
         for batch in batches {
             if let Some(json) = &batch.last_progress {
                 let last = LastProgress {
@@ -131,7 +211,10 @@ impl MemoryHistories {
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(batch.run_id.clone(), last);
             }
-            let run = all.entry((batch.run_id.clone(), batch.attempt_id.clone())).or_default();
+            let created = &self.created;
+            let (_, run) = all
+                .entry((batch.run_id.clone(), batch.attempt_id.clone()))
+                .or_insert_with(|| (created.fetch_add(1, Ordering::Relaxed), BTreeMap::new()));
             for named in &batch.points {
                 let (state, points) = run.entry(named.name.clone()).or_default();
                 let offer = state.offer();
@@ -142,7 +225,26 @@ impl MemoryHistories {
                     points.push((seq, named.point));
                 }
             }
+            // The run's histories, all attempts together, within the bound.
+            let mut attempts: Vec<(u64, String, u64)> = all
+                .iter()
+                .filter(|((run, _), _)| *run == batch.run_id)
+                .map(|((_, attempt), (order, series))| {
+                    let kept = series.values().map(|(state, _)| state.kept).sum();
+                    (*order, attempt.to_string(), kept)
+                })
+                .collect();
+            attempts.sort();
+            let kept: Vec<(String, u64)> =
+                attempts.into_iter().map(|(_, attempt, kept)| (attempt, kept)).collect();
+            let gone = attempts_giving_way(&kept, &batch.attempt_id, bound);
+            for old in &gone {
+                all.remove(&(batch.run_id.clone(), Box::from(*old)));
+            }
+            let left = kept.iter().filter(|(a, _)| !gone.contains(&a.as_str())).map(|(_, k)| k);
+            kept_by_run.insert(batch.run_id.clone(), left.sum::<u64>() * HISTORY_POINT_BYTES);
         }
+        kept_by_run.into_iter().collect()
     }
 
     /// Forgets every series of run `id`.
@@ -171,7 +273,7 @@ impl MetricReader for MemoryHistories {
         query: &MetricsQuery,
     ) -> Result<Vec<MetricSeries>, String> {
         let all = self.series.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(series) = all.get(&(run.clone(), attempt.into())) else {
+        let Some((_, series)) = all.get(&(run.clone(), attempt.into())) else {
             return Ok(Vec::new());
         };
         Ok(series
@@ -186,6 +288,16 @@ impl MetricReader for MemoryHistories {
 
     fn last_progress(&self, run: &RunId) -> Result<Option<LastProgress>, String> {
         Ok(self.last.lock().unwrap_or_else(|e| e.into_inner()).get(run).cloned())
+    }
+
+    fn history_bytes(&self) -> Result<Vec<(RunId, u64)>, String> {
+        let all = self.series.lock().unwrap_or_else(|e| e.into_inner());
+        let mut bytes: BTreeMap<RunId, u64> = BTreeMap::new();
+        for ((run, _), (_, series)) in all.iter() {
+            let kept: u64 = series.values().map(|(state, _)| state.kept).sum();
+            *bytes.entry(run.clone()).or_default() += kept * HISTORY_POINT_BYTES;
+        }
+        Ok(bytes.into_iter().collect())
     }
 }
 
@@ -247,6 +359,22 @@ mod tests {
             assert!(kept.iter().all(|seq| seq.is_multiple_of(state.stride)), "{offers}");
             assert!(kept.windows(2).all(|w| w[1] - w[0] == state.stride), "{offers}");
         }
+    }
+
+    #[test]
+    fn the_oldest_attempts_give_way_and_the_one_written_never_does() {
+        let bound = HistoryBound { points: 2_000 };
+        let attempts: Vec<(String, u64)> =
+            [("0", 800), ("1", 800), ("2", 800)].map(|(a, k)| (a.to_owned(), k)).into();
+        assert_eq!(attempts_giving_way(&attempts, "2", bound), ["0"]);
+        assert!(attempts_giving_way(&attempts[..2], "1", bound).is_empty(), "within the bound");
+        // A late flush of attempt 0 removes nothing newer than it.
+        assert!(attempts_giving_way(&attempts, "0", bound).is_empty());
+        // An attempt past the bound on its own keeps every point.
+        let alone = [("0".to_owned(), 500), ("1".to_owned(), 3_000)];
+        assert_eq!(attempts_giving_way(&alone, "1", bound), ["0"]);
+        assert_eq!(HistoryBound::new(96_000).points, 2_000);
+        assert_eq!(HistoryBound::default().points, 64_000, "one attempt's, under 1 GiB");
     }
 
     #[test]

@@ -160,9 +160,17 @@ pub(crate) trait Store: Send {
     }
 
     /// Adds the points of `batches` to their runs' metric histories, in one
-    /// transaction, each series bounded by [`metrics::SeriesState`]. The
-    /// points of a run that is not stored (deleted meanwhile) are dropped.
-    fn append_metrics(&mut self, batches: &[MetricBatch]) -> Result<(), StoreError>;
+    /// transaction, each series bounded by [`metrics::SeriesState`] and each
+    /// run's histories, all attempts together, by `bound` (the oldest
+    /// attempts give way: [`metrics::attempts_giving_way`]). The points of
+    /// a run that is not stored (deleted meanwhile) are dropped. Answers
+    /// the bytes of histories each run written to keeps now
+    /// ([`metrics::HISTORY_POINT_BYTES`] a point).
+    fn append_metrics(
+        &mut self,
+        batches: &[MetricBatch],
+        bound: metrics::HistoryBound,
+    ) -> Result<Vec<(RunId, u64)>, StoreError>;
 
     /// A reader of the metric histories, on a connection of its own.
     fn metric_reader(&mut self) -> Result<Arc<dyn MetricReader>, StoreError>;

@@ -46,7 +46,10 @@ use trainstate_schema::{RunId, RunStatus};
 
 use super::columns::{StoredColumns, check};
 use super::load::{Loaded, StoredRow, log_quarantined, parse_rows};
-use super::metrics::{LastProgress, MetricBatch, MetricReader, SeriesState, into_series};
+use super::metrics::{
+    HISTORY_POINT_BYTES, HistoryBound, LastProgress, MetricBatch, MetricReader, SeriesState,
+    attempts_giving_way, into_series,
+};
 use super::stacks::{CaptureReader, StoredCapture, assemble, parse_header};
 use super::{
     ChangedRun, Committed, Feed, Followed, JobChanges, Position, SharedStore, SharedStoreHandle,
@@ -805,9 +808,13 @@ impl Store for PgStore {
         Some(self)
     }
 
-    fn append_metrics(&mut self, batches: &[MetricBatch]) -> Result<(), StoreError> {
+    fn append_metrics(
+        &mut self,
+        batches: &[MetricBatch],
+        bound: HistoryBound,
+    ) -> Result<Vec<(RunId, u64)>, StoreError> {
         let pool = self.pool.clone();
-        self.call("adding metric points", append_metrics(pool, batches))
+        self.call("adding metric points", append_metrics(pool, batches, bound))
     }
 
     fn metric_reader(&mut self) -> Result<Arc<dyn MetricReader>, StoreError> {
@@ -1366,8 +1373,14 @@ async fn commit(
 
 /// Adds the points of `batches` to their series in one transaction (see
 /// [`Store::append_metrics`]): the series' states are read, the offers
-/// decided here, and the points written in bulk.
-async fn append_metrics(pool: Pool, batches: &[MetricBatch]) -> Result<(), PgError> {
+/// decided here, and the points written in bulk; then each run's
+/// histories are brought within `bound`. Answers the bytes of histories
+/// each run written to keeps now.
+async fn append_metrics(
+    pool: Pool,
+    batches: &[MetricBatch],
+    bound: HistoryBound,
+) -> Result<Vec<(RunId, u64)>, PgError> {
     let mut client = pool.get().await.map_err(pg)?;
     let tx = client.transaction().await.map_err(pg)?;
     // Points to write: series id, seq, rank, step, value.
@@ -1483,7 +1496,49 @@ async fn append_metrics(pool: Pool, batches: &[MetricBatch]) -> Result<(), PgErr
         .await
         .map_err(pg)?;
     }
-    tx.commit().await.map_err(pg)
+    // Each run's histories, all attempts together, within the bound: the
+    // attempt written to last in this flush is the one never cut.
+    let mut written: HashMap<&RunId, &str> = HashMap::new();
+    for batch in batches.iter().filter(|b| !b.points.is_empty()) {
+        written.insert(&batch.run_id, &batch.attempt_id);
+    }
+    let mut kept_by_run = Vec::with_capacity(written.len());
+    for (run_id, attempt) in written {
+        let run = run_id.as_str();
+        let kept: Vec<(String, u64)> = tx
+            .query(
+                "SELECT attempt_id, SUM(kept)::bigint FROM trainstate_metric_series
+                 WHERE run_id = $1 GROUP BY attempt_id ORDER BY MIN(id)",
+                &[&run],
+            )
+            .await
+            .map_err(pg)?
+            .into_iter()
+            .map(|row| (row.get::<_, String>(0), row.get::<_, i64>(1).max(0) as u64))
+            .collect();
+        let gone = attempts_giving_way(&kept, attempt, bound);
+        if !gone.is_empty() {
+            tx.execute(
+                "DELETE FROM trainstate_metric_points WHERE series_id IN
+                 (SELECT id FROM trainstate_metric_series
+                  WHERE run_id = $1 AND attempt_id = ANY($2))",
+                &[&run, &gone],
+            )
+            .await
+            .map_err(pg)?;
+            tx.execute(
+                "DELETE FROM trainstate_metric_series WHERE run_id = $1 AND attempt_id = ANY($2)",
+                &[&run, &gone],
+            )
+            .await
+            .map_err(pg)?;
+        }
+        let left: u64 =
+            kept.iter().filter(|(a, _)| !gone.contains(&a.as_str())).map(|(_, k)| k).sum();
+        kept_by_run.push((run_id.clone(), left * HISTORY_POINT_BYTES));
+    }
+    tx.commit().await.map_err(pg)?;
+    Ok(kept_by_run)
 }
 
 /// Reads metric histories with a connection of the store's pool, on the
@@ -1563,6 +1618,38 @@ impl MetricReader for PgMetricReader {
                 Ok(result) => result,
                 Err(_) => {
                     Err(format!("reading a run's last progress took longer than {CALL_TIMEOUT:?}"))
+                }
+            }
+        })
+    }
+
+    fn history_bytes(&self) -> Result<Vec<(RunId, u64)>, String> {
+        let pool = self.pool.clone();
+        self.runtime.block_on(async move {
+            let read = async {
+                let client = pool.get().await.map_err(pg)?;
+                let rows = client
+                    .query(
+                        "SELECT run_id, SUM(kept)::bigint FROM trainstate_metric_series
+                         GROUP BY run_id",
+                        &[],
+                    )
+                    .await
+                    .map_err(pg)?;
+                Ok::<_, PgError>(
+                    rows.into_iter()
+                        .filter_map(|row| {
+                            let run = RunId::parse(&row.get::<_, String>(0)).ok()?;
+                            let kept = row.get::<_, i64>(1).max(0) as u64;
+                            Some((run, kept * HISTORY_POINT_BYTES))
+                        })
+                        .collect(),
+                )
+            };
+            match tokio::time::timeout(CALL_TIMEOUT, read).await {
+                Ok(result) => result,
+                Err(_) => {
+                    Err(format!("reading the histories' sizes took longer than {CALL_TIMEOUT:?}"))
                 }
             }
         })

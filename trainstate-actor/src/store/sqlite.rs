@@ -12,7 +12,10 @@ use trainstate_schema::{ActorStatus, RunId, RunStatus, TrainRunInfo};
 
 use super::columns::{StoredColumns, check};
 use super::load::{Loaded, StoredRow, log_quarantined, parse_rows};
-use super::metrics::{LastProgress, MetricBatch, MetricReader, SeriesState, into_series};
+use super::metrics::{
+    HISTORY_POINT_BYTES, HistoryBound, LastProgress, MetricBatch, MetricReader, SeriesState,
+    attempts_giving_way, into_series,
+};
 use super::private;
 use super::stacks::{CaptureReader, StoredCapture, assemble, parse_header};
 use super::{
@@ -526,10 +529,27 @@ impl SqliteStore {
     }
 
     /// Adds the points of `batches` in one transaction (see
-    /// [`Store::append_metrics`]).
-    fn append_points(&mut self, batches: &[MetricBatch]) -> Result<(), rusqlite::Error> {
+    /// [`Store::append_metrics`]); answers the bytes of histories each run
+    /// written to keeps now.
+    fn append_points(
+        &mut self,
+        batches: &[MetricBatch],
+        bound: HistoryBound,
+    ) -> Result<Vec<(RunId, u64)>, rusqlite::Error> {
         let tx = self.conn.transaction()?;
+        let mut kept_by_run: HashMap<RunId, u64> = HashMap::new();
         {
+            let mut attempts = tx.prepare_cached(
+                "SELECT attempt_id, SUM(kept) FROM metric_series WHERE run_id = ?1
+                 GROUP BY attempt_id ORDER BY MIN(id)",
+            )?;
+            let mut drop_points = tx.prepare_cached(
+                "DELETE FROM metric_points WHERE series_id IN
+                 (SELECT id FROM metric_series WHERE run_id = ?1 AND attempt_id = ?2)",
+            )?;
+            let mut drop_series = tx.prepare_cached(
+                "DELETE FROM metric_series WHERE run_id = ?1 AND attempt_id = ?2",
+            )?;
             let mut stored = tx.prepare_cached("SELECT 1 FROM runs WHERE id = ?1")?;
             let mut states = tx.prepare_cached(
                 "SELECT id, name, stride, seen, kept FROM metric_series
@@ -602,9 +622,23 @@ impl SqliteStore {
                         save.execute(params![*id, stride, seen, kept])?;
                     }
                 }
+                // The run's histories, all attempts together, within the bound.
+                let kept: Vec<(String, u64)> = attempts
+                    .query_map(params![run], |row| {
+                        Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?.max(0) as u64))
+                    })?
+                    .collect::<Result<_, _>>()?;
+                let gone = attempts_giving_way(&kept, attempt, bound);
+                for old in &gone {
+                    drop_points.execute(params![run, old])?;
+                    drop_series.execute(params![run, old])?;
+                }
+                let left = kept.iter().filter(|(a, _)| !gone.contains(&a.as_str())).map(|(_, k)| k);
+                kept_by_run.insert(batch.run_id.clone(), left.sum());
             }
         }
-        tx.commit()
+        tx.commit()?;
+        Ok(kept_by_run.into_iter().map(|(run, kept)| (run, kept * HISTORY_POINT_BYTES)).collect())
     }
 }
 
@@ -664,6 +698,23 @@ impl MetricReader for SqliteMetricReader {
         })
         .optional()
         .map_err(|e| e.to_string())
+    }
+
+    fn history_bytes(&self) -> Result<Vec<(RunId, u64)>, String> {
+        let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        let mut stmt = conn
+            .prepare_cached("SELECT run_id, SUM(kept) FROM metric_series GROUP BY run_id")
+            .map_err(|e| e.to_string())?;
+        let rows: Vec<(String, i64)> = stmt
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+            .and_then(|rows| rows.collect())
+            .map_err(|e| e.to_string())?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(run, kept)| {
+                Some((RunId::parse(&run).ok()?, kept.max(0) as u64 * HISTORY_POINT_BYTES))
+            })
+            .collect())
     }
 }
 
@@ -772,8 +823,12 @@ impl Store for SqliteStore {
         }
     }
 
-    fn append_metrics(&mut self, batches: &[MetricBatch]) -> Result<(), StoreError> {
-        self.append_points(batches).map_err(|err| {
+    fn append_metrics(
+        &mut self,
+        batches: &[MetricBatch],
+        bound: HistoryBound,
+    ) -> Result<Vec<(RunId, u64)>, StoreError> {
+        self.append_points(batches, bound).map_err(|err| {
             if !self.conn.is_autocommit() {
                 let _ = self.conn.execute_batch("ROLLBACK");
             }

@@ -344,6 +344,7 @@ impl Runs {
             }
             RayDecision::Replace(record, kind) => (record, kind),
         };
+        self.refuse_if_live_bytes_full(&record)?;
         // A write from the controller is a sign of life, like a heartbeat.
         self.put(record.clone(), at_ms);
         let mut change = Change {

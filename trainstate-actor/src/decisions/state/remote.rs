@@ -122,6 +122,7 @@ impl Runs {
             }
             Absorb::Reload(records) => {
                 let liveness = self.liveness.clone();
+                let side_bytes = self.side_bytes();
                 *self = Runs::load_at(
                     records,
                     now_ms,
@@ -131,8 +132,14 @@ impl Runs {
                     liveness,
                 );
                 self.exempt_foreign(home);
+                self.restore_side_bytes(side_bytes);
             }
             Absorb::Heard(id, at_ms) => self.heard_elsewhere(id, at_ms, now_ms),
+            Absorb::Histories(bytes) => {
+                for (id, bytes) in bytes {
+                    self.set_history_bytes(&id, bytes);
+                }
+            }
         }
     }
 
@@ -319,6 +326,7 @@ impl Runs {
             self.refuse_past_live_bound(&record)?;
             self.refuse_if_evicted_at_once(&record)?;
         }
+        self.refuse_if_live_bytes_full(&record)?;
         self.put(record.clone(), NEVER_SWEPT);
         let mut change = Change {
             ops: vec![StoreOp::Put(record.clone())],
