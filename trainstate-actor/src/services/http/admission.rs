@@ -351,8 +351,6 @@ where
     >;
 
     fn call(&self, mut request: axum::http::Request<hyper::body::Incoming>) -> Self::Future {
-        use http_body_util::BodyExt as _;
-
         request.extensions_mut().insert(self.peer);
         let Some(in_flight) = self.requests.start() else {
             // Chosen to make room just as this request arrived: it is not
@@ -362,13 +360,37 @@ where
         let answer = self.inner.call(request);
         Box::pin(async move {
             let response = answer.await?;
-            Ok(response.map(|body| {
-                axum::body::Body::new(body.map_frame(move |frame| {
-                    let _in_flight = &in_flight;
-                    frame
-                }))
-            }))
+            Ok(response
+                .map(|body| axum::body::Body::new(TrackedBody { body, _in_flight: in_flight })))
         })
+    }
+}
+
+/// A response's body that ends its request's flight when it is dropped
+/// (sent whole, or given up). It tells hyper its size as the body it wraps
+/// does, so that a sized answer keeps its `content-length` (not chunked).
+struct TrackedBody {
+    body: axum::body::Body,
+    _in_flight: InFlight,
+}
+
+impl axum::body::HttpBody for TrackedBody {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
     }
 }
 
