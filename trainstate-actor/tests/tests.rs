@@ -3,6 +3,7 @@
 mod clocks;
 mod common;
 mod contract;
+mod dashboard;
 mod durability;
 mod event_stream;
 mod events;
